@@ -1,0 +1,1 @@
+"""Checkpoints: the tensor spec implied by a config, validation, reading and generation."""

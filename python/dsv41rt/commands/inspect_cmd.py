@@ -1,0 +1,127 @@
+"""`dsv41rt inspect PATH`: the layer plan, tensor inventory and cache footprint of a model.
+
+PATH is a checkpoint directory (its safetensors headers are read and validated against config.json)
+or a preset name (the tensor inventory is then the one the config implies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections import defaultdict
+
+from ..config import ModelPlan, build_plan, cache_bytes, config_from_dict, load_config, preset_names
+from ..config.plan import Role
+from ..config.presets import preset_config_json
+from ..errors import ConfigError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect", help="print the layer plan, tensors and cache bytes of a checkpoint or preset")
+    p.add_argument("path", help=f"checkpoint directory or preset name ({', '.join(preset_names())})")
+    p.add_argument("--no-validate", action="store_true", help="skip checking tensors against the config")
+    p.set_defaults(run=run)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def _src(x: int | None) -> str:
+    return "-" if x is None else str(x)
+
+
+def plan_table(plan: ModelPlan) -> list[str]:
+    rows = [("layer", "ratio", "role", "kv source", "top-k source", "candidates", "engram", "rope base")]
+    for layer in plan.layers + plan.draft_layers:
+        label = str(layer.index) if layer.stage.value == "backbone" else f"{layer.stage.value}.{layer.index}"
+        role = layer.role.value + (" (hash MoE)" if layer.hash_routed else "")
+        kv = "own" if layer.kv_source == layer.index and layer.role is not Role.SWA else _src(layer.kv_source)
+        topk = "own" if layer.topk_source == layer.index else _src(layer.topk_source)
+        rope = f"{layer.rope_base:g}" + (" + YaRN" if layer.yarn else "")
+        rows.append((label, str(layer.ratio), role, kv, topk, layer.candidates.value or "-",
+                     "yes" if layer.engram else "-", rope))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def _tensor_summary(plan: ModelPlan, path: str | None, validate: bool) -> list[str]:
+    per_dtype: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    if path is None:
+        from ..checkpoint.tensor_spec import physical_tensors
+
+        source = "implied by the config"
+        for t in physical_tensors(plan):
+            per_dtype[t.dtype][0] += 1
+            per_dtype[t.dtype][1] += t.nbytes
+    else:
+        from ..checkpoint.reader import open_tensors
+        from ..checkpoint.validate import validate_checkpoint_tensors
+
+        source = f"in {path}"
+        tensors = open_tensors(path)
+        info = tensors.all_info()
+        if validate:
+            validate_checkpoint_tensors(plan, info, path)
+            source += " (validated against config.json)"
+        for name in info:
+            d = tensors.info(name)
+            per_dtype[d["dtype"]][0] += 1
+            per_dtype[d["dtype"]][1] += d["nbytes"]
+    total_n = sum(v[0] for v in per_dtype.values())
+    total_b = sum(v[1] for v in per_dtype.values())
+    lines = [f"Tensors {source}: {total_n:,} tensors, {_fmt_bytes(total_b)}"]
+    for dtype in sorted(per_dtype):
+        n, b = per_dtype[dtype]
+        lines.append(f"  {dtype:<8} {n:>8,} tensors  {b:>20,} bytes  ({_fmt_bytes(b)})")
+    return lines
+
+
+def _cache_summary(plan: ModelPlan) -> list[str]:
+    cb = cache_bytes(plan)
+    cfg = plan.config
+    return [
+        "Cache footprint (stored quantised):",
+        f"  global KV (compressed KV + index keys): {cb.global_per_token:g} B/token",
+        f"  window rows: {cb.window_row} B per row; {cfg.sliding_window} rows x {cb.window_layers} layers = "
+        f"{cb.window_per_request:,} B per request",
+        f"  compressor pending state: {cb.compressor_state_per_request:,} B per request; "
+        f"engram history: {cb.engram_history_per_request} B per request",
+        f"  per request: {_fmt_bytes(cb.per_request(0))} fixed + {cb.global_per_token:g} B/token "
+        f"(128K tokens: {_fmt_bytes(cb.per_request(131072))}, 1M tokens: {_fmt_bytes(cb.per_request(1 << 20))})",
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    if os.path.isdir(args.path):
+        cfg, ckpt = load_config(args.path), args.path
+    elif args.path in preset_names():
+        cfg, ckpt = config_from_dict(preset_config_json(args.path), source=f"preset {args.path}"), None
+    else:
+        raise ConfigError(f"{args.path!r} is neither a checkpoint directory nor a preset "
+                          f"({', '.join(preset_names())})")
+    plan = build_plan(cfg)
+    counts = plan.role_counts()
+    c = cfg
+    print(f"Model: {cfg.arch.value} from {cfg.source}")
+    print(f"  hidden {c.hidden_size}, {c.num_hidden_layers} layers, {c.num_attention_heads} heads x {c.head_dim} "
+          f"(rope {c.qk_rope_head_dim}), q_lora {c.q_lora_rank}, o_lora {c.o_lora_rank} x {c.o_groups} groups, "
+          f"window {c.sliding_window}, hc_mult {c.hc_mult}")
+    print(f"  MoE: {c.n_routed_experts} experts top-{c.num_experts_per_tok} x {c.moe_intermediate_size} + 1 shared; "
+          f"indexer {c.index_n_heads} x {c.index_head_dim} top-{c.index_topk}; vocab {c.vocab_size}")
+    print("  layer roles: " + ", ".join(f"{counts.get(r, 0)} {r.value}" for r in Role if counts.get(r)))
+    if plan.draft_layers:
+        print(f"  draft stages: {len(plan.draft_layers)} ({plan.draft_layers[0].stage.value})")
+    print()
+    print("\n".join(plan_table(plan)))
+    print()
+    print("\n".join(_tensor_summary(plan, ckpt, not args.no_validate)))
+    print()
+    print("\n".join(_cache_summary(plan)))
+    return 0
