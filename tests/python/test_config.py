@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
-
 from dsv41rt.config import Candidates, Role, build_plan, cache_bytes, config_from_dict, load_config
 from dsv41rt.config.engram_layout import engram_layouts
 from dsv41rt.config.presets import preset_config_json, preset_names
@@ -18,8 +18,15 @@ def plan_of(name: str):
 
 
 def test_every_preset_parses_and_plans() -> None:
-    assert {"deepseek-v4.1-flash", "deepseek-v4-flash", "deepseek-v4-pro", "tiny-v41",
-            "tiny-v41-released-schedule", "tiny-v4", "bench-40"} <= set(preset_names())
+    assert {
+        "deepseek-v4.1-flash",
+        "deepseek-v4-flash",
+        "deepseek-v4-pro",
+        "tiny-v41",
+        "tiny-v41-released-schedule",
+        "tiny-v4",
+        "bench-40",
+    } <= set(preset_names())
     for name in preset_names():
         plan = plan_of(name)
         assert len(plan.layers) == plan.config.num_hidden_layers
@@ -30,12 +37,25 @@ def test_released_v41_flash_schedule_matches_spec_table() -> None:
     counts = plan.role_counts()
     assert (counts[Role.SWA], counts[Role.FULL], counts[Role.REINDEX], counts[Role.REUSE]) == (2, 4, 4, 30)
     # Spec §2.9: (layers, role, kv source, top-k source)
-    table = [((0, 1), Role.SWA, None, None), ((2,), Role.FULL, 2, 2), ((3, 4, 5, 6, 7), Role.REUSE, 2, 2),
-             ((8,), Role.FULL, 8, 8), ((9, 13), Role.REUSE, 8, 8), ((14,), Role.FULL, 14, 14),
-             ((15, 19), Role.REUSE, 14, 14), ((20,), Role.FULL, 20, 20), ((21, 23), Role.REUSE, 20, 20),
-             ((24,), Role.REINDEX, 20, 24), ((25, 27), Role.REUSE, 20, 24), ((28,), Role.REINDEX, 20, 28),
-             ((29, 31), Role.REUSE, 20, 28), ((32,), Role.REINDEX, 20, 32), ((33, 35), Role.REUSE, 20, 32),
-             ((36,), Role.REINDEX, 20, 36), ((37, 39), Role.REUSE, 20, 36)]
+    table = [
+        ((0, 1), Role.SWA, None, None),
+        ((2,), Role.FULL, 2, 2),
+        ((3, 4, 5, 6, 7), Role.REUSE, 2, 2),
+        ((8,), Role.FULL, 8, 8),
+        ((9, 13), Role.REUSE, 8, 8),
+        ((14,), Role.FULL, 14, 14),
+        ((15, 19), Role.REUSE, 14, 14),
+        ((20,), Role.FULL, 20, 20),
+        ((21, 23), Role.REUSE, 20, 20),
+        ((24,), Role.REINDEX, 20, 24),
+        ((25, 27), Role.REUSE, 20, 24),
+        ((28,), Role.REINDEX, 20, 28),
+        ((29, 31), Role.REUSE, 20, 28),
+        ((32,), Role.REINDEX, 20, 32),
+        ((33, 35), Role.REUSE, 20, 32),
+        ((36,), Role.REINDEX, 20, 36),
+        ((37, 39), Role.REUSE, 20, 36),
+    ]
     for layers, role, kv, topk in table:
         for i in layers:
             layer = plan.layers[i]
@@ -93,12 +113,18 @@ BAD_V41 = [
     ({"compress_ratios": [0, 0, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 0, 2, 0]}, "compress_ratios[13] (draft/MTP stage)"),
     ({"kv_source_layer_ids": [2, 5, 7, 9, 3]}, "kv_source_layer_ids must be strictly increasing"),
     ({"kv_source_layer_ids": [2, 5, 7, 9, 11]}, "kv_source_layer_ids [11] must also be in index_source_layer_ids"),
-    ({"kv_source_layer_ids": [0, 2, 5, 7, 9], "index_source_layer_ids": [0, 2, 4, 5, 7, 8, 9, 10]},
-     "layer 0 has compress ratio 0"),
-    ({"kv_source_layer_ids": [5, 7, 9], "index_source_layer_ids": [4, 5, 7, 8, 9, 10]},
-     "layer 2 (compress ratio 2) needs a preceding KV source"),
-    ({"kv_source_layer_ids": [2, 5, 9], "index_source_layer_ids": [2, 4, 5, 8, 9, 10]},
-     "layer 7 (compress ratio 1) needs a preceding KV source with the same ratio"),
+    (
+        {"kv_source_layer_ids": [0, 2, 5, 7, 9], "index_source_layer_ids": [0, 2, 4, 5, 7, 8, 9, 10]},
+        "layer 0 has compress ratio 0",
+    ),
+    (
+        {"kv_source_layer_ids": [5, 7, 9], "index_source_layer_ids": [4, 5, 7, 8, 9, 10]},
+        "layer 2 (compress ratio 2) needs a preceding KV source",
+    ),
+    (
+        {"kv_source_layer_ids": [2, 5, 9], "index_source_layer_ids": [2, 4, 5, 8, 9, 10]},
+        "layer 7 (compress ratio 1) needs a preceding KV source with the same ratio",
+    ),
     ({"kv_source_layer_ids": [2, 5, 7, 9, 40]}, "kv_source_layer_ids refers to layers [40]"),
     ({"candidate_source_layer_id": 10}, "candidate_source_layer_id 10 must be -1 or one of kv_source_layer_ids"),
     ({"engram_num_embeddings": [3252, 100]}, "engram_num_embeddings for layer 8 is 100"),
@@ -178,6 +204,6 @@ def test_tiny_v41_covers_every_structural_feature() -> None:
 
 def test_config_is_frozen() -> None:
     cfg = config_from_dict(preset_config_json("tiny-v41"))
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.hidden_size = 5  # type: ignore[misc]
     assert copy.deepcopy(cfg) == cfg

@@ -8,7 +8,6 @@ produces finite, non-degenerate logits.
 from __future__ import annotations
 
 import pytest
-
 from conftest import require_oracle_packages
 
 pytestmark = pytest.mark.oracle
@@ -34,9 +33,8 @@ def test_nemo_decodes_our_fp8_and_fp4_exactly(tiny_v41_dir: str) -> None:
     require_oracle_packages()
     import numpy as np
     import torch
-    from safetensors import safe_open
-
     from dsv41rt.checkpoint import quantize as q
+    from safetensors import safe_open
 
     with safe_open(f"{tiny_v41_dir}/model.safetensors", framework="pt") as f:
         fp8 = f.get_tensor("layers.3.attn.wq_b.weight")
@@ -44,7 +42,8 @@ def test_nemo_decodes_our_fp8_and_fp4_exactly(tiny_v41_dir: str) -> None:
         fp4 = f.get_tensor("layers.4.ffn.experts.5.w2.weight")
         fp4_scale = f.get_tensor("layers.4.ffn.experts.5.w2.scale")
     # torch decodes FP8 E4M3 and E8M0 itself: an implementation independent of ours.
-    ref8 = fp8.float() * fp8_scale.float().repeat_interleave(32, 0).repeat_interleave(32, 1)[: fp8.shape[0], : fp8.shape[1]]
+    grid = fp8_scale.float().repeat_interleave(32, 0).repeat_interleave(32, 1)
+    ref8 = fp8.float() * grid[: fp8.shape[0], : fp8.shape[1]]
     ours8 = q.dequantize_fp8_blocks(fp8.view(torch.uint8).numpy(), fp8_scale.view(torch.uint8).numpy(), 32, 32)
     np.testing.assert_array_equal(ours8, ref8.numpy())
     table = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])

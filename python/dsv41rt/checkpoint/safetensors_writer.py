@@ -84,8 +84,9 @@ def shard_groups(groups: list[Group], max_shard_bytes: int) -> list[list[Group]]
     return shards
 
 
-def write_checkpoint(out_dir: str, groups: list[Group], max_shard_bytes: int,
-                     progress: Callable[[str], None] | None = None) -> list[str]:
+def write_checkpoint(
+    out_dir: str, groups: list[Group], max_shard_bytes: int, progress: Callable[[str], None] | None = None
+) -> list[str]:
     """Write model.safetensors, or model-0000i-of-0000n.safetensors + model.safetensors.index.json."""
     shards = shard_groups(groups, max_shard_bytes)
     if len(shards) == 1:

@@ -63,7 +63,8 @@ class _Builder:
         self.out: list[LogicalTensor] = []
 
     def add(self, name: str, shape: tuple[int, ...], storage: Storage, block: tuple[int, int] | None = None) -> None:
-        self.out.append(LogicalTensor(name, shape, storage, block or (self.block if storage is Storage.FP8 else (0, 0))))
+        default = self.block if storage is Storage.FP8 else (0, 0)
+        self.out.append(LogicalTensor(name, shape, storage, block or default))
 
     def dense(self, name: str, out_dim: int, in_dim: int) -> None:
         self.add(name, (out_dim, in_dim), Storage.FP8)
@@ -193,7 +194,7 @@ def expected_tensors(plan: ModelPlan) -> list[LogicalTensor]:
     b.add("norm.weight", (c.hidden_size,), Storage.BF16)
     if not c.is_v41:
         b.hc_head("")
-    engram_rows = dict(zip(c.engram.layer_ids, c.engram.num_embeddings)) if c.engram else {}
+    engram_rows = dict(zip(c.engram.layer_ids, c.engram.num_embeddings, strict=True)) if c.engram else {}
     for layer in plan.layers:
         b.block_common(layer)
         if layer.engram:
@@ -216,8 +217,9 @@ def physical_tensors(plan: ModelPlan) -> list[PhysicalTensor]:
             if t.storage is Storage.FP8:
                 br, bc = t.block
                 out.append(PhysicalTensor(t.name, "F8_E4M3", t.shape, t))
-                out.append(PhysicalTensor(scale_name(t.name), "F8_E8M0", (_ceil_div(rows, br), _ceil_div(cols, bc)),
-                                          t, True))
+                out.append(
+                    PhysicalTensor(scale_name(t.name), "F8_E8M0", (_ceil_div(rows, br), _ceil_div(cols, bc)), t, True)
+                )
             else:
                 out.append(PhysicalTensor(t.name, "I8", (rows, cols // 2), t))
                 out.append(PhysicalTensor(scale_name(t.name), "F8_E8M0", (rows, cols // 32), t, True))

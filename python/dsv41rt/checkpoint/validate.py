@@ -57,8 +57,10 @@ def raise_problems(problems: list[str], where: str) -> None:
         return
     shown = problems[:MAX_LISTED]
     more = f"\n  ... and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
-    raise CheckpointError(f"{where}: checkpoint does not match its config ({len(problems)} problems):\n  "
-                          + "\n  ".join(shown) + more, problems)
+    raise CheckpointError(
+        f"{where}: checkpoint does not match its config ({len(problems)} problems):\n  " + "\n  ".join(shown) + more,
+        problems,
+    )
 
 
 def validate_checkpoint_tensors(plan: ModelPlan, found: Mapping[str, tuple[str, Sequence[int]]], where: str) -> None:

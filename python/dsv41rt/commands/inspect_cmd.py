@@ -43,10 +43,20 @@ def plan_table(plan: ModelPlan) -> list[str]:
         kv = "own" if layer.kv_source == layer.index and layer.role is not Role.SWA else _src(layer.kv_source)
         topk = "own" if layer.topk_source == layer.index else _src(layer.topk_source)
         rope = f"{layer.rope_base:g}" + (" + YaRN" if layer.yarn else "")
-        rows.append((label, str(layer.ratio), role, kv, topk, layer.candidates.value or "-",
-                     "yes" if layer.engram else "-", rope))
+        rows.append(
+            (
+                label,
+                str(layer.ratio),
+                role,
+                kv,
+                topk,
+                layer.candidates.value or "-",
+                "yes" if layer.engram else "-",
+                rope,
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return lines
 
@@ -104,17 +114,20 @@ def run(args: argparse.Namespace) -> int:
     elif args.path in preset_names():
         cfg, ckpt = config_from_dict(preset_config_json(args.path), source=f"preset {args.path}"), None
     else:
-        raise ConfigError(f"{args.path!r} is neither a checkpoint directory nor a preset "
-                          f"({', '.join(preset_names())})")
+        raise ConfigError(f"{args.path!r} is neither a checkpoint directory nor a preset ({', '.join(preset_names())})")
     plan = build_plan(cfg)
     counts = plan.role_counts()
     c = cfg
     print(f"Model: {cfg.arch.value} from {cfg.source}")
-    print(f"  hidden {c.hidden_size}, {c.num_hidden_layers} layers, {c.num_attention_heads} heads x {c.head_dim} "
-          f"(rope {c.qk_rope_head_dim}), q_lora {c.q_lora_rank}, o_lora {c.o_lora_rank} x {c.o_groups} groups, "
-          f"window {c.sliding_window}, hc_mult {c.hc_mult}")
-    print(f"  MoE: {c.n_routed_experts} experts top-{c.num_experts_per_tok} x {c.moe_intermediate_size} + 1 shared; "
-          f"indexer {c.index_n_heads} x {c.index_head_dim} top-{c.index_topk}; vocab {c.vocab_size}")
+    print(
+        f"  hidden {c.hidden_size}, {c.num_hidden_layers} layers, {c.num_attention_heads} heads x {c.head_dim} "
+        f"(rope {c.qk_rope_head_dim}), q_lora {c.q_lora_rank}, o_lora {c.o_lora_rank} x {c.o_groups} groups, "
+        f"window {c.sliding_window}, hc_mult {c.hc_mult}"
+    )
+    print(
+        f"  MoE: {c.n_routed_experts} experts top-{c.num_experts_per_tok} x {c.moe_intermediate_size} + 1 shared; "
+        f"indexer {c.index_n_heads} x {c.index_head_dim} top-{c.index_topk}; vocab {c.vocab_size}"
+    )
     print("  layer roles: " + ", ".join(f"{counts.get(r, 0)} {r.value}" for r in Role if counts.get(r)))
     if plan.draft_layers:
         print(f"  draft stages: {len(plan.draft_layers)} ({plan.draft_layers[0].stage.value})")

@@ -20,14 +20,20 @@ def _size(text: str) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("make-checkpoint", help="write a random, well-conditioned checkpoint in the released format",
-                       description="Write config.json, *.safetensors (released names and formats) and tokenizer "
-                                   "files. The same preset and seed always give byte-identical files.")
+    p = sub.add_parser(
+        "make-checkpoint",
+        help="write a random, well-conditioned checkpoint in the released format",
+        description="Write config.json, *.safetensors (released names and formats) and tokenizer "
+        "files. The same preset and seed always give byte-identical files.",
+    )
     p.add_argument("--preset", required=True, choices=sorted(GENERATOR), help="model preset")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--bf16", action="store_true",
-                   help="store quantised weights as their exact BF16 dequantised values (no quantization_config)")
+    p.add_argument(
+        "--bf16",
+        action="store_true",
+        help="store quantised weights as their exact BF16 dequantised values (no quantization_config)",
+    )
     p.add_argument("--max-shard-bytes", type=_size, default=4 << 30, help="shard size limit (default 4G)")
     p.add_argument("--no-tokenizer", action="store_true", help="do not copy tokenizer files")
     p.set_defaults(run=run)
@@ -43,8 +49,17 @@ def run(args: argparse.Namespace) -> int:
         cfg.pop("quantization_config", None)
         cfg.pop("expert_dtype", None)
     t0 = time.time()
-    files = make_checkpoint(cfg, args.out, args.seed, name=args.preset, max_shard_bytes=args.max_shard_bytes,
-                            tokenizer=not args.no_tokenizer, progress=lambda m: print(m, file=sys.stderr))
-    print(f"wrote {args.out}: preset {args.preset}, seed {args.seed}, {len(files)} safetensors file(s) "
-          f"in {time.time() - t0:.1f}s")
+    files = make_checkpoint(
+        cfg,
+        args.out,
+        args.seed,
+        name=args.preset,
+        max_shard_bytes=args.max_shard_bytes,
+        tokenizer=not args.no_tokenizer,
+        progress=lambda m: print(m, file=sys.stderr),
+    )
+    print(
+        f"wrote {args.out}: preset {args.preset}, seed {args.seed}, {len(files)} safetensors file(s) "
+        f"in {time.time() - t0:.1f}s"
+    )
     return 0

@@ -7,7 +7,22 @@ from .presets import preset_config_json, preset_names
 from .schema import Arch, DSparkConfig, EngramConfig, ModelConfig, QuantConfig, RopeScaling
 
 __all__ = [
-    "Arch", "CacheBytes", "Candidates", "DSparkConfig", "EngramConfig", "LayerPlan", "ModelConfig", "ModelPlan",
-    "QuantConfig", "Role", "RopeScaling", "Stage", "build_plan", "cache_bytes", "config_from_dict", "load_config",
-    "preset_config_json", "preset_names",
+    "Arch",
+    "CacheBytes",
+    "Candidates",
+    "DSparkConfig",
+    "EngramConfig",
+    "LayerPlan",
+    "ModelConfig",
+    "ModelPlan",
+    "QuantConfig",
+    "Role",
+    "RopeScaling",
+    "Stage",
+    "build_plan",
+    "cache_bytes",
+    "config_from_dict",
+    "load_config",
+    "preset_config_json",
+    "preset_names",
 ]

@@ -112,14 +112,19 @@ def _quant(top: _Fields, text: _Fields, arch: Arch) -> QuantConfig | None:
         raise ConfigError(f"{top.source}: quantization_config.scale_fmt must be 'ue8m0', got {scale_fmt!r}")
     block = q.ints("weight_block_size")
     if len(block) != 2 or min(block) <= 0:
-        raise ConfigError(f"{top.source}: quantization_config.weight_block_size must be two positive "
-                          f"integers, got {list(block)!r}")
+        raise ConfigError(
+            f"{top.source}: quantization_config.weight_block_size must be two positive integers, got {list(block)!r}"
+        )
     # V4.1 keeps expert_dtype inside quantization_config, the V4 release at top level.
     expert = q.data.get("expert_dtype", top.data.get("expert_dtype", text.data.get("expert_dtype")))
     if expert not in (None, "fp4", "fp8"):
         raise ConfigError(f"{top.source}: expert_dtype must be 'fp4' or 'fp8', got {expert!r}")
-    return QuantConfig(weight_block_size=(block[0], block[1]), expert_dtype=None if expert == "fp8" else expert,
-                       scale_fmt=scale_fmt, activation_scheme=q.str("activation_scheme", "dynamic"))
+    return QuantConfig(
+        weight_block_size=(block[0], block[1]),
+        expert_dtype=None if expert == "fp8" else expert,
+        scale_fmt=scale_fmt,
+        activation_scheme=q.str("activation_scheme", "dynamic"),
+    )
 
 
 def _common(t: _Fields) -> dict[str, Any]:

@@ -100,8 +100,21 @@ def _v41_layer(cfg: ModelConfig, i: int) -> LayerPlan:
         elif i in idx and 0 <= c < i:
             cand = Candidates.USES
     engram = cfg.engram is not None and i in cfg.engram.layer_ids
-    return LayerPlan(i, Stage.BACKBONE, m, role, kv_src, topk_src, cand, engram, base, yarn, False,
-                     cfg.n_routed_experts, cfg.num_experts_per_tok)
+    return LayerPlan(
+        i,
+        Stage.BACKBONE,
+        m,
+        role,
+        kv_src,
+        topk_src,
+        cand,
+        engram,
+        base,
+        yarn,
+        False,
+        cfg.n_routed_experts,
+        cfg.num_experts_per_tok,
+    )
 
 
 def _v4_layer(cfg: ModelConfig, i: int) -> LayerPlan:
@@ -110,8 +123,21 @@ def _v4_layer(cfg: ModelConfig, i: int) -> LayerPlan:
     role = {0: Role.SWA, 4: Role.CSA, 128: Role.HCA}[m]
     kv_src = i if m > 0 else None
     topk_src = i if m == 4 else None
-    return LayerPlan(i, Stage.BACKBONE, m, role, kv_src, topk_src, Candidates.NONE, False, base, yarn,
-                     i < cfg.num_hash_layers, cfg.n_routed_experts, cfg.num_experts_per_tok)
+    return LayerPlan(
+        i,
+        Stage.BACKBONE,
+        m,
+        role,
+        kv_src,
+        topk_src,
+        Candidates.NONE,
+        False,
+        base,
+        yarn,
+        i < cfg.num_hash_layers,
+        cfg.n_routed_experts,
+        cfg.num_experts_per_tok,
+    )
 
 
 def _draft_layers(cfg: ModelConfig) -> tuple[LayerPlan, ...]:

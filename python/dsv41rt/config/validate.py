@@ -33,15 +33,20 @@ def _validate_common(cfg: ModelConfig) -> None:
     if cfg.n_shared_experts != 1:
         raise _fail(cfg, f"n_shared_experts must be 1, got {cfg.n_shared_experts}")
     if cfg.num_attention_heads % cfg.o_groups:
-        raise _fail(cfg, f"num_attention_heads ({cfg.num_attention_heads}) must be divisible by o_groups "
-                         f"({cfg.o_groups})")
+        raise _fail(
+            cfg, f"num_attention_heads ({cfg.num_attention_heads}) must be divisible by o_groups ({cfg.o_groups})"
+        )
     r = cfg.qk_rope_head_dim
     if r % 2 or r > min(cfg.head_dim, cfg.index_head_dim):
-        raise _fail(cfg, f"qk_rope_head_dim ({r}) must be even and <= head_dim ({cfg.head_dim}) and "
-                         f"index_head_dim ({cfg.index_head_dim})")
+        raise _fail(
+            cfg,
+            f"qk_rope_head_dim ({r}) must be even and <= head_dim ({cfg.head_dim}) and "
+            f"index_head_dim ({cfg.index_head_dim})",
+        )
     if cfg.num_experts_per_tok > cfg.n_routed_experts:
-        raise _fail(cfg, f"num_experts_per_tok ({cfg.num_experts_per_tok}) exceeds n_routed_experts "
-                         f"({cfg.n_routed_experts})")
+        raise _fail(
+            cfg, f"num_experts_per_tok ({cfg.num_experts_per_tok}) exceeds n_routed_experts ({cfg.n_routed_experts})"
+        )
     if cfg.scoring_func != "sqrtsoftplus":
         raise _fail(cfg, f"scoring_func must be 'sqrtsoftplus', got {cfg.scoring_func!r}")
     if cfg.topk_method != "noaux_tc":
@@ -56,16 +61,20 @@ def _validate_common(cfg: ModelConfig) -> None:
                 raise _fail(cfg, f"{name} ({getattr(cfg, name)}) must be a multiple of 32 for FP4 experts")
     needed = cfg.num_hidden_layers + cfg.num_nextn_predict_layers
     if len(cfg.compress_ratios) < needed:
-        raise _fail(cfg, f"compress_ratios has {len(cfg.compress_ratios)} entries but num_hidden_layers + "
-                         f"num_nextn_predict_layers = {needed}")
+        raise _fail(
+            cfg,
+            f"compress_ratios has {len(cfg.compress_ratios)} entries but num_hidden_layers + "
+            f"num_nextn_predict_layers = {needed}",
+        )
     for i in range(cfg.num_hidden_layers, needed):
         if cfg.compress_ratios[i] != 0:
             raise _fail(cfg, f"compress_ratios[{i}] (draft/MTP stage) must be 0, got {cfg.compress_ratios[i]}")
     allowed = V41_RATIOS if cfg.is_v41 else V4_RATIOS
     for i, m in enumerate(cfg.compress_ratios):
         if m not in allowed:
-            raise _fail(cfg, f"compress_ratios[{i}] = {m} is not supported for {cfg.arch.value} "
-                             f"(allowed: {list(allowed)})")
+            raise _fail(
+                cfg, f"compress_ratios[{i}] = {m} is not supported for {cfg.arch.value} (allowed: {list(allowed)})"
+            )
     if any(m > 0 for m in cfg.backbone_ratios) and cfg.rope_scaling is None:
         raise _fail(cfg, "rope_scaling (YaRN) is required when any layer has compress ratio > 0")
 
@@ -87,15 +96,20 @@ def _validate_v41_schedule(cfg: ModelConfig) -> None:
         if layer in kv:
             owner_ratio = m
         if owner_ratio != m:
-            raise _fail(cfg, f"layer {layer} (compress ratio {m}) needs a preceding KV source with the same ratio "
-                             f"(the most recent KV source has ratio {owner_ratio})")
+            raise _fail(
+                cfg,
+                f"layer {layer} (compress ratio {m}) needs a preceding KV source with the same ratio "
+                f"(the most recent KV source has ratio {owner_ratio})",
+            )
     c = cfg.candidate_source_layer_id
     if c >= 0:
         if c not in kv:
             raise _fail(cfg, f"candidate_source_layer_id {c} must be -1 or one of kv_source_layer_ids {list(kv)}")
         if cfg.candidate_block_size <= 0 or cfg.candidate_topk_blocks <= 0:
-            raise _fail(cfg, "candidate_block_size and candidate_topk_blocks must be positive when "
-                             "candidate_source_layer_id is set")
+            raise _fail(
+                cfg,
+                "candidate_block_size and candidate_topk_blocks must be positive when candidate_source_layer_id is set",
+            )
 
 
 def _validate_engram(cfg: ModelConfig) -> None:
@@ -104,16 +118,20 @@ def _validate_engram(cfg: ModelConfig) -> None:
         return
     _check_layer_list(cfg, "engram_layer_ids", e.layer_ids, cfg.num_hidden_layers)
     if len(e.num_embeddings) != len(e.layer_ids):
-        raise _fail(cfg, f"engram_num_embeddings has {len(e.num_embeddings)} entries for "
-                         f"{len(e.layer_ids)} engram_layer_ids")
+        raise _fail(
+            cfg, f"engram_num_embeddings has {len(e.num_embeddings)} entries for {len(e.layer_ids)} engram_layer_ids"
+        )
     if not 0 <= e.pad_token_id < cfg.vocab_size:
         raise _fail(cfg, f"engram_pad_token_id {e.pad_token_id} is outside the vocabulary (0..{cfg.vocab_size - 1})")
     if e.head_dim % 32:
         raise _fail(cfg, f"engram_head_dim ({e.head_dim}) must be a multiple of 32 (FP8 row block)")
-    for layout, rows in zip(engram_layouts(e), e.num_embeddings):
+    for layout, rows in zip(engram_layouts(e), e.num_embeddings, strict=True):
         if rows < layout.required_rows:
-            raise _fail(cfg, f"engram_num_embeddings for layer {layout.layer_id} is {rows}, but its hash buckets "
-                             f"need {layout.required_rows} rows (sum of primes {list(layout.primes)})")
+            raise _fail(
+                cfg,
+                f"engram_num_embeddings for layer {layout.layer_id} is {rows}, but its hash buckets "
+                f"need {layout.required_rows} rows (sum of primes {list(layout.primes)})",
+            )
 
 
 def _validate_dspark(cfg: ModelConfig) -> None:
@@ -124,8 +142,11 @@ def _validate_dspark(cfg: ModelConfig) -> None:
     if not d.target_layer_ids:
         raise _fail(cfg, "dspark_target_layer_ids must not be empty when num_nextn_predict_layers > 0")
     if d.num_experts_per_tok > d.n_routed_experts:
-        raise _fail(cfg, f"dspark_num_experts_per_tok ({d.num_experts_per_tok}) exceeds dspark_n_routed_experts "
-                         f"({d.n_routed_experts})")
+        raise _fail(
+            cfg,
+            f"dspark_num_experts_per_tok ({d.num_experts_per_tok}) exceeds dspark_n_routed_experts "
+            f"({d.n_routed_experts})",
+        )
     if d.block_size < 2:
         raise _fail(cfg, f"dspark_block_size must be >= 2 (anchor + at least one draft slot), got {d.block_size}")
     if not 0 <= d.noise_token_id < cfg.vocab_size:
@@ -134,8 +155,7 @@ def _validate_dspark(cfg: ModelConfig) -> None:
 
 def _validate_v4(cfg: ModelConfig) -> None:
     if cfg.num_hash_layers > cfg.num_hidden_layers:
-        raise _fail(cfg, f"num_hash_layers ({cfg.num_hash_layers}) exceeds num_hidden_layers "
-                         f"({cfg.num_hidden_layers})")
+        raise _fail(cfg, f"num_hash_layers ({cfg.num_hash_layers}) exceeds num_hidden_layers ({cfg.num_hidden_layers})")
     if cfg.num_hash_layers and cfg.num_experts_per_tok > cfg.n_routed_experts:
         raise _fail(cfg, "hash layers need num_experts_per_tok <= n_routed_experts")
 

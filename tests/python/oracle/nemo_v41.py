@@ -15,8 +15,15 @@ from typing import Any
 def _backend() -> Any:
     from nemo_automodel.components.models.common.utils import BackendConfig
 
-    return BackendConfig(attn="eager", linear="torch", rms_norm="torch_fp32", experts="torch_mm",
-                         dispatcher="torch", rope_fusion=False, gate_precision="float32")
+    return BackendConfig(
+        attn="eager",
+        linear="torch",
+        rms_norm="torch_fp32",
+        experts="torch_mm",
+        dispatcher="torch",
+        rope_fusion=False,
+        gate_precision="float32",
+    )
 
 
 def build_model(ckpt: str, dtype: str = "float32") -> Any:
