@@ -55,56 +55,57 @@ void register_checkpoint(nb::module_& m) {
       .def_prop_ro("path", &Checkpoint::path)
       .def("names", &Checkpoint::names, "Sorted tensor names.")
       .def("files", &Checkpoint::files, "Sorted paths of the data files.")
-      .def("metadata",
-           [](const Checkpoint& ck) {
-             nb::dict d;
-             for (const auto& [k, v] : ck.metadata()) d[k.c_str()] = v;
-             return d;
-           },
-           "Merged __metadata__ string map.")
-      .def("info",
-           [](const Checkpoint& ck, const std::string& name) {
-             const TensorInfo& t = ck.info(name);
-             nb::dict d;
-             d["dtype"] = safetensors_name(t.dtype);
-             d["shape"] = shape_list(t.shape);
-             d["file"] = t.file;
-             d["nbytes"] = t.nbytes;
-             return d;
-           },
-           nb::arg("name"), "dict(dtype=safetensors dtype string, shape, file, nbytes).")
-      .def("all_info",
-           [](const Checkpoint& ck) {
-             nb::dict d;
-             for (const std::string& name : ck.names()) {
-               const TensorInfo& t = ck.info(name);
-               d[name.c_str()] = nb::make_tuple(safetensors_name(t.dtype), shape_list(t.shape));
-             }
-             return d;
-           },
-           "{name: (dtype string, shape list)} for every tensor.")
-      .def("array",
-           [](nb::handle self, const std::string& name) {
-             const Checkpoint& ck = nb::cast<const Checkpoint&>(self);
-             const TensorInfo& t = ck.info(name);
-             std::vector<size_t> shape(t.shape.begin(), t.shape.end());
-             // The array holds a reference to the Checkpoint object (owner), so the mapping
-             // outlives every view. Read-only: the mapping is PROT_READ.
-             return nb::ndarray<nb::numpy, nb::ro>(ck.tensor_data(name), shape.size(),
-                                                   shape.data(), self, nullptr,
-                                                   numpy_dtype(t.dtype));
-           },
-           nb::arg("name"),
-           "Zero-copy read-only numpy view of a tensor (F32->float32, BF16/F16->uint16, "
-           "F8_E4M3/F8_E8M0/U8->uint8, I8->int8, I32->int32, I64->int64).")
+      .def(
+          "metadata",
+          [](const Checkpoint& ck) {
+            nb::dict d;
+            for (const auto& [k, v] : ck.metadata()) d[k.c_str()] = v;
+            return d;
+          },
+          "Merged __metadata__ string map.")
+      .def(
+          "info",
+          [](const Checkpoint& ck, const std::string& name) {
+            const TensorInfo& t = ck.info(name);
+            nb::dict d;
+            d["dtype"] = safetensors_name(t.dtype);
+            d["shape"] = shape_list(t.shape);
+            d["file"] = t.file;
+            d["nbytes"] = t.nbytes;
+            return d;
+          },
+          nb::arg("name"), "dict(dtype=safetensors dtype string, shape, file, nbytes).")
+      .def(
+          "all_info",
+          [](const Checkpoint& ck) {
+            nb::dict d;
+            for (const std::string& name : ck.names()) {
+              const TensorInfo& t = ck.info(name);
+              d[name.c_str()] = nb::make_tuple(safetensors_name(t.dtype), shape_list(t.shape));
+            }
+            return d;
+          },
+          "{name: (dtype string, shape list)} for every tensor.")
+      .def(
+          "array",
+          [](nb::handle self, const std::string& name) {
+            const Checkpoint& ck = nb::cast<const Checkpoint&>(self);
+            const TensorInfo& t = ck.info(name);
+            std::vector<size_t> shape(t.shape.begin(), t.shape.end());
+            // The array holds a reference to the Checkpoint object (owner), so the mapping
+            // outlives every view. Read-only: the mapping is PROT_READ.
+            return nb::ndarray<nb::numpy, nb::ro>(ck.tensor_data(name), shape.size(), shape.data(),
+                                                  self, nullptr, numpy_dtype(t.dtype));
+          },
+          nb::arg("name"),
+          "Zero-copy read-only numpy view of a tensor (F32->float32, BF16/F16->uint16, "
+          "F8_E4M3/F8_E8M0/U8->uint8, I8->int8, I32->int32, I64->int64).")
       .def("__len__", &Checkpoint::size)
-      .def("__contains__", [](const Checkpoint& ck, const std::string& name) {
-        return ck.contains(name);
-      })
+      .def("__contains__",
+           [](const Checkpoint& ck, const std::string& name) { return ck.contains(name); })
       .def("__repr__", [](const Checkpoint& ck) {
-        return "<dsv41rt._core.Checkpoint '" + ck.path() + "' with " +
-               std::to_string(ck.size()) + " tensors in " + std::to_string(ck.files().size()) +
-               " file(s)>";
+        return "<dsv41rt._core.Checkpoint '" + ck.path() + "' with " + std::to_string(ck.size()) +
+               " tensors in " + std::to_string(ck.files().size()) + " file(s)>";
       });
 }
 

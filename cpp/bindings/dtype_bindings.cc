@@ -23,7 +23,7 @@ using InF32 = nb::ndarray<float, nb::ro, nb::c_contig, nb::device::cpu>;
 using OutArray = nb::ndarray<nb::numpy>;
 
 // The dtypes decode()/encode() accept, in the order dtype_names() lists them.
-constexpr DType kCodecDTypes[] = {DType::kF32,  DType::kBF16,    DType::kF16,
+constexpr DType kCodecDTypes[] = {DType::kF32,     DType::kBF16, DType::kF16,
                                   DType::kFP8E4M3, DType::kE8M0, DType::kFP4E2M1};
 
 DType codec_dtype(const std::string& name) {
@@ -83,8 +83,7 @@ OutArray new_array(const std::vector<size_t>& shape, size_t numel, T** out) {
 OutArray decode(const InArray& codes, const std::string& dtype_name_str) {
   const DType d = codec_dtype(dtype_name_str);
   if (codes.dtype() != code_dtype(d)) {
-    DSV41RT_THROW("decode(", dtype_name_str, ") expects a ", code_dtype_name(d),
-                  " array of codes");
+    DSV41RT_THROW("decode(", dtype_name_str, ") expects a ", code_dtype_name(d), " array of codes");
   }
   size_t n = 0;
   std::vector<size_t> shape;
@@ -153,11 +152,14 @@ OutArray encode(const InF32& values, const std::string& dtype_name_str) {
 }  // namespace
 
 void register_dtype(nb::module_& m) {
-  m.def("dtype_names", [] {
-    std::vector<std::string> names;
-    for (DType d : kCodecDTypes) names.emplace_back(dtype_name(d));
-    return names;
-  }, "Names accepted by decode()/encode(): f32, bf16, f16, fp8_e4m3, e8m0, fp4_e2m1.");
+  m.def(
+      "dtype_names",
+      [] {
+        std::vector<std::string> names;
+        for (DType d : kCodecDTypes) names.emplace_back(dtype_name(d));
+        return names;
+      },
+      "Names accepted by decode()/encode(): f32, bf16, f16, fp8_e4m3, e8m0, fp4_e2m1.");
   m.def("decode", &decode, nb::arg("codes"), nb::arg("dtype"),
         "Decode raw codes to float32 (same shape). Codes: uint16 for bf16/f16, uint8 for "
         "fp8_e4m3/e8m0 and UNPACKED fp4_e2m1 (one code 0..15 per element), float32 for f32.");

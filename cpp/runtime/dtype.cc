@@ -15,11 +15,11 @@ struct DTypeNames {
 };
 
 constexpr DTypeNames kNames[] = {
-    {DType::kF32, "f32", "F32", 32},          {DType::kBF16, "bf16", "BF16", 16},
-    {DType::kF16, "f16", "F16", 16},          {DType::kFP8E4M3, "fp8_e4m3", "F8_E4M3", 8},
-    {DType::kE8M0, "e8m0", "F8_E8M0", 8},     {DType::kFP4E2M1, "fp4_e2m1", nullptr, 4},
-    {DType::kI8, "i8", "I8", 8},              {DType::kI32, "i32", "I32", 32},
-    {DType::kI64, "i64", "I64", 64},          {DType::kU8, "u8", "U8", 8},
+    {DType::kF32, "f32", "F32", 32},      {DType::kBF16, "bf16", "BF16", 16},
+    {DType::kF16, "f16", "F16", 16},      {DType::kFP8E4M3, "fp8_e4m3", "F8_E4M3", 8},
+    {DType::kE8M0, "e8m0", "F8_E8M0", 8}, {DType::kFP4E2M1, "fp4_e2m1", nullptr, 4},
+    {DType::kI8, "i8", "I8", 8},          {DType::kI32, "i32", "I32", 32},
+    {DType::kI64, "i64", "I64", 64},      {DType::kU8, "u8", "U8", 8},
 };
 
 const DTypeNames& entry(DType dtype) {

@@ -25,9 +25,10 @@
 //             Packing: two codes per byte, the EVEN element in the LOW nibble.
 #pragma once
 
+#include <math.h>
+
 #include <cstdint>
 #include <cstring>
-#include <math.h>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -237,8 +238,9 @@ DSV41RT_HOST_DEVICE inline float fp4_e2m1_to_f32(uint8_t code) {
   const uint32_t mag_code = code & 0x7u;
   const uint32_t exp = mag_code >> 1;
   const uint32_t mant = mag_code & 1u;
-  const float mag = exp == 0 ? 0.5f * static_cast<float>(mant)
-                             : static_cast<float>(2u + mant) * static_cast<float>(1u << exp) * 0.25f;
+  const float mag = exp == 0
+                        ? 0.5f * static_cast<float>(mant)
+                        : static_cast<float>(2u + mant) * static_cast<float>(1u << exp) * 0.25f;
   return (code & 0x8u) ? -mag : mag;
 }
 

@@ -112,8 +112,9 @@ const Json::Object& Json::as_object() const {
 
 const Json* Json::find(std::string_view key) const {
   const Object& obj = as_object();
-  auto it = std::lower_bound(obj.begin(), obj.end(), key,
-                             [](const auto& member, std::string_view k) { return member.first < k; });
+  auto it =
+      std::lower_bound(obj.begin(), obj.end(), key,
+                       [](const auto& member, std::string_view k) { return member.first < k; });
   if (it == obj.end() || it->first != key) return nullptr;
   return &it->second;
 }

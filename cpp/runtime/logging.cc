@@ -62,7 +62,8 @@ void set_log_level(LogLevel level) noexcept {
 std::optional<LogLevel> parse_log_level(std::string_view text) noexcept {
   std::string lower;
   try {
-    for (char c : text) lower.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+    for (char c : text)
+      lower.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
   } catch (...) {
     return std::nullopt;
   }

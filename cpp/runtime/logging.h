@@ -57,8 +57,7 @@ inline constexpr LogLevel kLogERROR = LogLevel::kError;
 
 // severity is one of DEBUG, INFO, WARNING, ERROR. The if/else form keeps the macro safe inside
 // unbraced if statements and skips evaluating the streamed operands when disabled.
-#define DSV41RT_LOG(severity)                                                     \
-  if (!::dsv41rt::log_enabled(::dsv41rt::detail::kLog##severity)) {               \
-  } else                                                                          \
-    ::dsv41rt::detail::LogLine(::dsv41rt::detail::kLog##severity, __FILE__, __LINE__) \
-        .stream()
+#define DSV41RT_LOG(severity)                                       \
+  if (!::dsv41rt::log_enabled(::dsv41rt::detail::kLog##severity)) { \
+  } else                                                            \
+    ::dsv41rt::detail::LogLine(::dsv41rt::detail::kLog##severity, __FILE__, __LINE__).stream()

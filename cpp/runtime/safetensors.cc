@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 // Prefix every header problem with the file so multi-shard loads point at the culprit.
 #define FILE_FAIL(code, path, ...) \
   DSV41RT_THROW_CODE(code, "safetensors file '", path, "': ", __VA_ARGS__)
-#define TENSOR_FAIL(path, tensor, ...)                                              \
+#define TENSOR_FAIL(path, tensor, ...)                                                    \
   DSV41RT_THROW_CODE(kInvalidArgument, "safetensors file '", path, "': tensor '", tensor, \
                      "': ", __VA_ARGS__)
 
@@ -82,8 +82,8 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
     const auto* bytes = static_cast<const uint8_t*>(map_);
     const uint64_t header_len = read_u64_le(bytes);
     if (header_len > kSafetensorsMaxHeaderBytes) {
-      FILE_FAIL(kInvalidArgument, path_, "header length ", header_len,
-                " is absurd (limit ", kSafetensorsMaxHeaderBytes, " bytes); not a safetensors file?");
+      FILE_FAIL(kInvalidArgument, path_, "header length ", header_len, " is absurd (limit ",
+                kSafetensorsMaxHeaderBytes, " bytes); not a safetensors file?");
     }
     if (header_len > size_ - 8) {
       FILE_FAIL(kInvalidArgument, path_, "header length ", header_len, " exceeds the file size ",
@@ -118,7 +118,8 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
         }
         continue;
       }
-      if (!entry.is_object()) TENSOR_FAIL(path_, name, "entry must be an object, got ", entry.type_name());
+      if (!entry.is_object())
+        TENSOR_FAIL(path_, name, "entry must be an object, got ", entry.type_name());
       const Json* dtype_json = entry.find("dtype");
       const Json* shape_json = entry.find("shape");
       const Json* offsets_json = entry.find("data_offsets");
@@ -422,8 +423,9 @@ void Checkpoint::finish() {
   for (const auto& [name, idx] : owner_) names_.push_back(name);
   std::vector<const SafetensorsFile*> sorted;
   for (const auto& f : files_) sorted.push_back(f.get());
-  std::sort(sorted.begin(), sorted.end(),
-            [](const SafetensorsFile* a, const SafetensorsFile* b) { return a->path() < b->path(); });
+  std::sort(sorted.begin(), sorted.end(), [](const SafetensorsFile* a, const SafetensorsFile* b) {
+    return a->path() < b->path();
+  });
   for (const SafetensorsFile* f : sorted) {
     for (const auto& [k, v] : f->metadata()) metadata_.emplace(k, v);  // first wins
   }

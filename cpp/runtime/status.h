@@ -84,31 +84,31 @@ std::string str_cat(const Args&... args) {
 
 // DSV41RT_THROW("bad x: ", x) throws Error(kInvalidArgument) with "file.cc:LINE: bad x: 3".
 // Most failures the library reports are about its inputs, hence kInvalidArgument by default.
-#define DSV41RT_THROW(...)                                                                  \
+#define DSV41RT_THROW(...)                                                                    \
   ::dsv41rt::detail::throw_error(::dsv41rt::StatusCode::kInvalidArgument, __FILE__, __LINE__, \
                                  ::dsv41rt::detail::str_cat(__VA_ARGS__))
 
 // DSV41RT_THROW_CODE(kNotFound, "no tensor ", name)
-#define DSV41RT_THROW_CODE(code, ...)                                                \
+#define DSV41RT_THROW_CODE(code, ...)                                             \
   ::dsv41rt::detail::throw_error(::dsv41rt::StatusCode::code, __FILE__, __LINE__, \
                                  ::dsv41rt::detail::str_cat(__VA_ARGS__))
 
 // DSV41RT_CHECK(x > 0, "bad x: ", x): throws Error(kInvalidArgument) when cond is false. The
 // message args are only evaluated on failure. With no message, the condition text is used.
-#define DSV41RT_CHECK(cond, ...)                                                             \
-  do {                                                                                       \
-    if (!(cond)) [[unlikely]] {                                                              \
-      ::dsv41rt::detail::throw_error(                                                        \
-          ::dsv41rt::StatusCode::kInvalidArgument, __FILE__, __LINE__,                       \
+#define DSV41RT_CHECK(cond, ...)                                                                \
+  do {                                                                                          \
+    if (!(cond)) [[unlikely]] {                                                                 \
+      ::dsv41rt::detail::throw_error(                                                           \
+          ::dsv41rt::StatusCode::kInvalidArgument, __FILE__, __LINE__,                          \
           ::dsv41rt::detail::str_cat("check failed: " #cond __VA_OPT__(, ": ", ) __VA_ARGS__)); \
-    }                                                                                        \
+    }                                                                                           \
   } while (0)
 
-#define DSV41RT_CHECK_CODE(code, cond, ...)                                                  \
-  do {                                                                                       \
-    if (!(cond)) [[unlikely]] {                                                              \
-      ::dsv41rt::detail::throw_error(                                                        \
-          ::dsv41rt::StatusCode::code, __FILE__, __LINE__,                                   \
+#define DSV41RT_CHECK_CODE(code, cond, ...)                                                     \
+  do {                                                                                          \
+    if (!(cond)) [[unlikely]] {                                                                 \
+      ::dsv41rt::detail::throw_error(                                                           \
+          ::dsv41rt::StatusCode::code, __FILE__, __LINE__,                                      \
           ::dsv41rt::detail::str_cat("check failed: " #cond __VA_OPT__(, ": ", ) __VA_ARGS__)); \
-    }                                                                                        \
+    }                                                                                           \
   } while (0)

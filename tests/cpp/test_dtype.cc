@@ -1,8 +1,6 @@
 // Exhaustive / edge-case tests of the scalar conversions in runtime/dtype.h. Reference values are
 // computed independently from the format definitions (sign/exponent/mantissa with ldexp), not by
 // calling the code under test.
-#include "runtime/dtype.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/dtype.h"
 #include "runtime/status.h"
 
 namespace dsv41rt {
@@ -109,7 +108,7 @@ TEST(Fp8E4M3, NanZeroAndSubnormals) {
   EXPECT_EQ(f32_to_fp8_e4m3(-nan), 0xFF);
   EXPECT_EQ(f32_to_fp8_e4m3(0.0f), 0x00);
   EXPECT_EQ(f32_to_fp8_e4m3(-0.0f), 0x80);
-  const float sub = std::ldexp(1.0f, -9);  // smallest subnormal
+  const float sub = std::ldexp(1.0f, -9);     // smallest subnormal
   EXPECT_EQ(f32_to_fp8_e4m3(sub / 2), 0x00);  // tie with 0 -> even (0)
   EXPECT_EQ(f32_to_fp8_e4m3(std::nextafter(sub / 2, 1.0f)), 0x01);
   EXPECT_EQ(f32_to_fp8_e4m3(sub / 4), 0x00);
@@ -139,12 +138,30 @@ TEST(Fp4E2M1, TiesToEvenCodeAndClamp) {
     float in;
     int code;
   };
-  const Case cases[] = {{0.25f, 0}, {0.75f, 2}, {1.25f, 2}, {1.75f, 4}, {2.5f, 4},
-                        {3.5f, 6},  {5.0f, 6},  {0.26f, 1}, {0.74f, 1}, {1.3f, 3},
-                        {1.7f, 3},  {2.6f, 5},  {3.4f, 5},  {5.1f, 7},  {6.5f, 7},
-                        {1e9f, 7},  {std::numeric_limits<float>::infinity(), 7},
-                        {-0.25f, 0}, {-0.75f, 10}, {-5.0f, 14}, {-100.0f, 15},
-                        {-std::numeric_limits<float>::infinity(), 15}, {-0.1f, 0}, {-0.0f, 0}};
+  const Case cases[] = {{0.25f, 0},
+                        {0.75f, 2},
+                        {1.25f, 2},
+                        {1.75f, 4},
+                        {2.5f, 4},
+                        {3.5f, 6},
+                        {5.0f, 6},
+                        {0.26f, 1},
+                        {0.74f, 1},
+                        {1.3f, 3},
+                        {1.7f, 3},
+                        {2.6f, 5},
+                        {3.4f, 5},
+                        {5.1f, 7},
+                        {6.5f, 7},
+                        {1e9f, 7},
+                        {std::numeric_limits<float>::infinity(), 7},
+                        {-0.25f, 0},
+                        {-0.75f, 10},
+                        {-5.0f, 14},
+                        {-100.0f, 15},
+                        {-std::numeric_limits<float>::infinity(), 15},
+                        {-0.1f, 0},
+                        {-0.0f, 0}};
   for (const Case& c : cases) EXPECT_EQ(f32_to_fp4_e2m1(c.in), c.code) << "input " << c.in;
   EXPECT_EQ(f32_to_fp4_e2m1(std::numeric_limits<float>::quiet_NaN()), 0);
 }
@@ -295,8 +312,8 @@ TEST(F16, MatchesCompilerFloat16OnRandomInputs) {
 // ---- names and sizes ----
 
 TEST(DTypeNames, RoundTripAndSafetensors) {
-  const char* names[] = {"f32", "bf16", "f16", "fp8_e4m3", "e8m0", "fp4_e2m1",
-                         "i8",  "i32",  "i64", "u8"};
+  const char* names[] = {"f32",      "bf16", "f16", "fp8_e4m3", "e8m0",
+                         "fp4_e2m1", "i8",   "i32", "i64",      "u8"};
   int i = 0;
   for (DType d : kAllDTypes) {
     EXPECT_STREQ(dtype_name(d), names[i++]);

@@ -1,9 +1,8 @@
-#include "runtime/json.h"
-
 #include <gtest/gtest.h>
 
 #include <string>
 
+#include "runtime/json.h"
 #include "runtime/status.h"
 
 namespace dsv41rt {
@@ -106,7 +105,8 @@ TEST(Json, MalformedInputsReportOffsets) {
 TEST(Json, DepthLimit) {
   const std::string ok = std::string(kJsonMaxDepth, '[') + std::string(kJsonMaxDepth, ']');
   EXPECT_NO_THROW(json_parse(ok));
-  const std::string deep = std::string(kJsonMaxDepth + 1, '[') + std::string(kJsonMaxDepth + 1, ']');
+  const std::string deep =
+      std::string(kJsonMaxDepth + 1, '[') + std::string(kJsonMaxDepth + 1, ']');
   EXPECT_NE(parse_error(deep).find("nesting deeper than 64"), std::string::npos);
   // Hostile input far beyond the limit fails fast instead of overflowing the stack.
   EXPECT_NE(parse_error(std::string(1000000, '[')).find("nesting deeper"), std::string::npos);

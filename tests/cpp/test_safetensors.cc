@@ -1,7 +1,5 @@
 // Safetensors loading and header validation. Files are written by a tiny independent writer in
 // this test (u64 LE header length + JSON header + data), including deliberately broken ones.
-#include "runtime/safetensors.h"
-
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -11,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/safetensors.h"
 #include "runtime/status.h"
 
 namespace dsv41rt {
@@ -105,8 +104,11 @@ class SafetensorsTest : public ::testing::Test {
 TEST_F(SafetensorsTest, ValidSingleFileRoundTrip) {
   const std::string w = pattern(2 * 3 * 2, 1), s = pattern(4, 2), idx = pattern(3 * 8, 3);
   write_valid(path("m.safetensors"),
-              {{"w", "BF16", {2, 3}, w}, {"scale", "F8_E8M0", {4}, s}, {"idx", "I64", {3}, idx},
-               {"empty", "F32", {0, 5}, ""}, {"packed", "I8", {2, 2}, pattern(4, 9)}},
+              {{"w", "BF16", {2, 3}, w},
+               {"scale", "F8_E8M0", {4}, s},
+               {"idx", "I64", {3}, idx},
+               {"empty", "F32", {0, 5}, ""},
+               {"packed", "I8", {2, 2}, pattern(4, 9)}},
               R"({"format":"pt","producer":"test"})");
   Checkpoint ck(path("m.safetensors"));
   EXPECT_EQ(ck.names(), (std::vector<std::string>{"empty", "idx", "packed", "scale", "w"}));
@@ -183,24 +185,48 @@ TEST_F(SafetensorsTest, TensorEntryErrorsNameFileAndTensor) {
       {R"({"t2":{"shape":[1],"data_offsets":[0,4]}})", "abcd", {"'t2'", "missing 'dtype'"}},
       {R"({"t3":{"dtype":"F32","data_offsets":[0,4]}})", "abcd", {"'t3'", "missing 'shape'"}},
       {R"({"t4":{"dtype":"F32","shape":[1]}})", "abcd", {"'t4'", "missing 'data_offsets'"}},
-      {R"({"t5":{"dtype":7,"shape":[1],"data_offsets":[0,4]}})", "abcd", {"'t5'", "'dtype' must be a string"}},
-      {R"({"t6":{"dtype":"F32","shape":"1","data_offsets":[0,4]}})", "abcd", {"'t6'", "'shape' must be an array"}},
-      {R"({"t7":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", "abcd", {"'t7'", "shape entries must be integers"}},
-      {R"({"t8":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", "abcd", {"'t8'", "negative shape dimension -1"}},
+      {R"({"t5":{"dtype":7,"shape":[1],"data_offsets":[0,4]}})",
+       "abcd",
+       {"'t5'", "'dtype' must be a string"}},
+      {R"({"t6":{"dtype":"F32","shape":"1","data_offsets":[0,4]}})",
+       "abcd",
+       {"'t6'", "'shape' must be an array"}},
+      {R"({"t7":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})",
+       "abcd",
+       {"'t7'", "shape entries must be integers"}},
+      {R"({"t8":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})",
+       "abcd",
+       {"'t8'", "negative shape dimension -1"}},
       {R"({"t9":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", "abcdefgh", {"'t9'", "'F64'"}},
-      {R"({"t10":{"dtype":"F32","shape":[1],"data_offsets":{}}})", "abcd", {"'t10'", "'data_offsets' must be an array"}},
-      {R"({"t11":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", "abcd", {"'t11'", "[begin, end]"}},
-      {R"({"t12":{"dtype":"F32","shape":[1],"data_offsets":[0,"4"]}})", "abcd", {"'t12'", "[begin, end]"}},
-      {R"({"t13":{"dtype":"F32","shape":[0],"data_offsets":[4,0]}})", "abcd", {"'t13'", "invalid data_offsets [4, 0]"}},
-      {R"({"t14":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", "abcd", {"'t14'", "truncated"}},
-      {R"({"t15":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", "abcd", {"'t15'", "needs 8 bytes"}},
+      {R"({"t10":{"dtype":"F32","shape":[1],"data_offsets":{}}})",
+       "abcd",
+       {"'t10'", "'data_offsets' must be an array"}},
+      {R"({"t11":{"dtype":"F32","shape":[1],"data_offsets":[0]}})",
+       "abcd",
+       {"'t11'", "[begin, end]"}},
+      {R"({"t12":{"dtype":"F32","shape":[1],"data_offsets":[0,"4"]}})",
+       "abcd",
+       {"'t12'", "[begin, end]"}},
+      {R"({"t13":{"dtype":"F32","shape":[0],"data_offsets":[4,0]}})",
+       "abcd",
+       {"'t13'", "invalid data_offsets [4, 0]"}},
+      {R"({"t14":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
+       "abcd",
+       {"'t14'", "truncated"}},
+      {R"({"t15":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})",
+       "abcd",
+       {"'t15'", "needs 8 bytes"}},
       {R"({"t16":{"dtype":"BOOL","shape":[4],"data_offsets":[0,4]}})", "abcd", {"'t16'", "'BOOL'"}},
-      {R"({"t17":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,4]}})", "abcd", {"'t17'", "overflows"}},
+      {R"({"t17":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,4]}})",
+       "abcd",
+       {"'t17'", "overflows"}},
       {R"({"ta":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},"tb":{"dtype":"U8","shape":[8],"data_offsets":[4,12]}})",
-       "0123456789ab", {"'ta'", "'tb'", "overlapping"}},
+       "0123456789ab",
+       {"'ta'", "'tb'", "overlapping"}},
       // A large tensor spanning two others: caught although its neighbours do not overlap.
       {R"({"big":{"dtype":"U8","shape":[12],"data_offsets":[0,12]},"s1":{"dtype":"U8","shape":[2],"data_offsets":[2,4]},"s2":{"dtype":"U8","shape":[2],"data_offsets":[6,8]}})",
-       "0123456789ab", {"'big'", "overlapping"}},
+       "0123456789ab",
+       {"'big'", "overlapping"}},
   };
   int i = 0;
   for (const Case& c : cases) {
@@ -214,9 +240,10 @@ TEST_F(SafetensorsTest, TensorEntryErrorsNameFileAndTensor) {
 }
 
 TEST_F(SafetensorsTest, ZeroSizeTensorsDoNotOverlap) {
-  write_raw(path("z.safetensors"),
-            R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[2,2]},"b":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})",
-            "wxyz");
+  write_raw(
+      path("z.safetensors"),
+      R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[2,2]},"b":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})",
+      "wxyz");
   Checkpoint ck(path("z.safetensors"));
   EXPECT_EQ(ck.size(), 2u);
   EXPECT_EQ(std::memcmp(ck.tensor_data("b"), "wxyz", 4), 0);
@@ -257,22 +284,27 @@ TEST_F(SafetensorsTest, ShardedErrors) {
   write_valid(path("s3.safetensors"), {{"a", "U8", {1}, "q"}});
 
   write_bytes(path("bad.safetensors.index.json"), "{not json");
-  expect_error(path("bad.safetensors.index.json"), {"bad.safetensors.index.json", "not valid JSON"});
+  expect_error(path("bad.safetensors.index.json"),
+               {"bad.safetensors.index.json", "not valid JSON"});
   write_bytes(path("nowm.safetensors.index.json"), R"({"metadata":{}})");
   expect_error(path("nowm.safetensors.index.json"), {"nowm.safetensors.index.json", "weight_map"});
 
-  write_index(path("missing.index.json"), R"({"a":"s1.safetensors","b":"s1.safetensors","q":"gone.safetensors"})");
+  write_index(path("missing.index.json"),
+              R"({"a":"s1.safetensors","b":"s1.safetensors","q":"gone.safetensors"})");
   expect_error(path("missing.index.json"), {"gone.safetensors", "'q'", "does not exist"});
 
-  write_index(path("absent.index.json"),
-              R"({"a":"s1.safetensors","b":"s1.safetensors","c":"s2.safetensors","d":"s2.safetensors"})");
+  write_index(
+      path("absent.index.json"),
+      R"({"a":"s1.safetensors","b":"s1.safetensors","c":"s2.safetensors","d":"s2.safetensors"})");
   expect_error(path("absent.index.json"), {"'d'", "s2.safetensors", "does not contain"});
 
   write_index(path("unlisted.index.json"), R"({"a":"s1.safetensors","c":"s2.safetensors"})");
-  expect_error(path("unlisted.index.json"), {"'b'", "s1.safetensors", "not listed in the weight_map"});
+  expect_error(path("unlisted.index.json"),
+               {"'b'", "s1.safetensors", "not listed in the weight_map"});
 
-  write_index(path("dup.index.json"),
-              R"({"a":"s1.safetensors","b":"s1.safetensors","c":"s2.safetensors","x":"s3.safetensors"})");
+  write_index(
+      path("dup.index.json"),
+      R"({"a":"s1.safetensors","b":"s1.safetensors","c":"s2.safetensors","x":"s3.safetensors"})");
   expect_error(path("dup.index.json"), {"'a'", "s1.safetensors", "s3.safetensors", "two shards"});
 
   write_index(path("escape.index.json"), R"({"a":"../s1.safetensors"})");
@@ -282,7 +314,8 @@ TEST_F(SafetensorsTest, ShardedErrors) {
   expect_error(path("nonstring.index.json"), {"'a'", "must be a string"});
 
   // A broken shard is reported with its own file name.
-  write_raw(path("broken.safetensors"), R"({"k":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", "abcd");
+  write_raw(path("broken.safetensors"),
+            R"({"k":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", "abcd");
   write_index(path("broken.index.json"), R"({"k":"broken.safetensors"})");
   expect_error(path("broken.index.json"), {"broken.safetensors", "'k'", "truncated"});
 }

@@ -1,10 +1,9 @@
-#include "runtime/status.h"
-
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "runtime/logging.h"
+#include "runtime/status.h"
 
 namespace dsv41rt {
 namespace {

@@ -1,6 +1,6 @@
-#include "runtime/tensor_view.h"
-
 #include <gtest/gtest.h>
+
+#include "runtime/tensor_view.h"
 
 namespace dsv41rt {
 namespace {

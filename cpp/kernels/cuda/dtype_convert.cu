@@ -1,5 +1,4 @@
 #include "kernels/cuda/dtype_convert.cuh"
-
 #include "runtime/dtype.h"
 
 namespace dsv41rt::kernels {
@@ -47,8 +46,7 @@ __global__ void fp4_e2m1_packed_to_f32_kernel(const uint8_t* __restrict__ src, i
 
 }  // namespace
 
-cudaError_t decode_fp8_e4m3_to_f32(const uint8_t* src, int64_t n, float* dst,
-                                   cudaStream_t stream) {
+cudaError_t decode_fp8_e4m3_to_f32(const uint8_t* src, int64_t n, float* dst, cudaStream_t stream) {
   if (n <= 0) return n == 0 ? cudaSuccess : cudaErrorInvalidValue;
   fp8_e4m3_to_f32_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, n, dst);
   return cudaGetLastError();
