@@ -103,6 +103,9 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
       FILE_FAIL(kInvalidArgument, path_, "header must be a JSON object, got ", header.type_name());
     }
 
+    int64_t past_end_count = 0;
+    int64_t past_end_max = -1;
+    std::string past_end_name;
     for (const auto& [name, entry] : header.as_object()) {
       if (name == "__metadata__") {
         if (!entry.is_object()) {
@@ -168,8 +171,13 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
                     "] (need 0 <= begin <= end)");
       }
       if (static_cast<uint64_t>(end) > data_size) {
-        TENSOR_FAIL(path_, name, "data_offsets end ", end, " lies beyond the data section (",
-                    data_size, " bytes): file truncated");
+        // Reported after the loop, naming the tensor reaching furthest: with a cut-off file that
+        // is the one whose tail was lost, whatever the alphabetical order.
+        ++past_end_count;
+        if (end > past_end_max) {
+          past_end_max = end;
+          past_end_name = name;
+        }
       }
       int64_t expected = 0;
       try {
@@ -185,6 +193,13 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
       info.nbytes = static_cast<uint64_t>(expected);
       names_.push_back(name);
       tensors_.emplace(name, std::move(info));
+    }
+
+    if (past_end_count > 0) {
+      TENSOR_FAIL(path_, past_end_name, "data_offsets end ", past_end_max,
+                  " lies beyond the data section (", data_size, " bytes): file truncated (",
+                  past_end_count, past_end_count == 1 ? " tensor extends" : " tensors extend",
+                  " past the end)");
     }
 
     // Overlap check: sort non-empty ranges by start; each must begin at or after the furthest

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -237,6 +238,20 @@ TEST_F(SafetensorsTest, TensorEntryErrorsNameFileAndTensor) {
     SCOPED_TRACE(c.header);
     expect_error(path(name), needles);
   }
+}
+
+TEST_F(SafetensorsTest, TruncationNamesTheTensorReachingFurthest) {
+  // "a" sorts first but ends earlier; the cut-off tail belongs to "z".
+  write_valid(path("cut.safetensors"), {{"z_first", "U8", {8}, pattern(8, 1)},
+                                        {"a_mid", "U8", {8}, pattern(8, 2)},
+                                        {"m_last", "U8", {8}, pattern(8, 3)}});
+  const std::string full = [&] {
+    std::ifstream in(path("cut.safetensors"), std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  write_bytes(path("cut.safetensors"), full.substr(0, full.size() - 10));
+  expect_error(path("cut.safetensors"),
+               {"cut.safetensors", "'m_last'", "truncated", "2 tensors extend past the end"});
 }
 
 TEST_F(SafetensorsTest, ZeroSizeTensorsDoNotOverlap) {
