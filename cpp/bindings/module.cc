@@ -1,6 +1,7 @@
 // The dsv41rt._core extension module: wires the exception type and the per-area bindings.
 #include <nanobind/nanobind.h>
 
+#include "runtime/device.h"
 #include "runtime/status.h"
 
 namespace nb = nanobind;
@@ -19,4 +20,6 @@ NB_MODULE(_core, m) {
   nb::exception<dsv41rt::Error>(m, "Error", PyExc_ValueError);
   dsv41rt::bindings::register_dtype(m);
   dsv41rt::bindings::register_checkpoint(m);
+  m.def("cuda_device_count", &dsv41rt::cuda_device_count,
+        "Number of usable CUDA devices (0 for CPU-only builds or without a driver).");
 }

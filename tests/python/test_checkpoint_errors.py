@@ -37,7 +37,7 @@ def test_mismatches_are_reported_together_by_name(tmp_path, tiny_v41_dir: str) -
     def edit(t):
         del t["layers.4.attn.indexer.wq_b.weight"]  # missing
         t["layers.3.attn.compressor.wkv.weight"] = ("BF16", np.zeros((64, 64), np.uint16))  # unexpected (Reuse)
-        t["layers.0.attn_sink"] = ("F32", np.zeros(5, np.float32))  # wrong shape
+        t["layers.0.attn.attn_sink"] = ("F32", np.zeros(5, np.float32))  # wrong shape
         t["layers.0.attn.wq_a.weight"] = ("I8", t["layers.0.attn.wq_a.weight"][1].view(np.int8))  # wrong dtype
 
     rewrite(tiny_v41_dir, str(tmp_path), edit)
@@ -47,7 +47,7 @@ def test_mismatches_are_reported_together_by_name(tmp_path, tiny_v41_dir: str) -
     assert "4 problems" in msg
     assert "missing tensor layers.4.attn.indexer.wq_b.weight" in msg
     assert "unexpected tensor layers.3.attn.compressor.wkv.weight" in msg
-    assert "tensor layers.0.attn_sink has shape [5], expected [4]" in msg
+    assert "tensor layers.0.attn.attn_sink has shape [5], expected [4]" in msg
     assert "tensor layers.0.attn.wq_a.weight has dtype I8, expected F8_E4M3" in msg
     assert len(e.value.problems) == 4
     # The CLI reports the same, with exit code 2 and no traceback.

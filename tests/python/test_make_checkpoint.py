@@ -79,11 +79,11 @@ def test_fp8_block_quantiser_matches_torch() -> None:
 
 def test_fp4_row_quantiser_rounds_ties_to_even() -> None:
     # One row, one 32-block with amax 6 -> scale 1: values sit exactly on FP4 midpoints.
-    row = np.array([[6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -2.5, -5.0, 7.0] + [0.0] * 20], np.float32)
+    row = np.array([[6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -2.5, -5.0, -6.0] + [0.0] * 20], np.float32)
     packed, scales = q.quantize_fp4_rows(row)
     assert scales[0, 0] == 127
     deq = q.dequantize_fp4_rows(packed, scales)[0, :12]
-    np.testing.assert_array_equal(deq, [6, 0, 1, 1, 2, 2, 4, 4, -0.0, -2, -4, 6])
+    np.testing.assert_array_equal(deq, [6, 0, 1, 1, 2, 2, 4, 4, -0.0, -2, -4, -6])
     lo = packed.view(np.uint8)[0, 0] & 0xF
     assert lo == 7  # element 0 (6.0) sits in the low nibble of byte 0
 
@@ -126,7 +126,7 @@ def test_sharded_output_round_trips(tmp_path, tiny_v41_dir: str) -> None:
     )
     index = json.loads((out / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
-    assert len(shards) >= 6 and all((out / s).exists() for s in shards)
+    assert len(shards) >= 3 and all((out / s).exists() for s in shards)
     sharded = open_checkpoint(str(out)).tensors
     single = open_checkpoint(tiny_v41_dir).tensors
     assert sharded.names() == single.names()

@@ -58,8 +58,11 @@ class _Builder:
     def __init__(self, plan: ModelPlan) -> None:
         self.plan, self.cfg = plan, plan.config
         q = self.cfg.quant
-        self.block = q.weight_block_size if q is not None else (0, 0)
-        self.expert_fp4 = q is not None and q.expert_dtype == "fp4"
+        # Without a quantization_config the weights are the BF16 values of the release's grid (the
+        # dequantised codes), so the release's block shape and FP4 experts still define them.
+        release_block = (32, 32) if self.cfg.is_v41 else (128, 128)
+        self.block = q.weight_block_size if q is not None else release_block
+        self.expert_fp4 = q is None or q.expert_dtype == "fp4"
         self.out: list[LogicalTensor] = []
 
     def add(self, name: str, shape: tuple[int, ...], storage: Storage, block: tuple[int, int] | None = None) -> None:
