@@ -10,6 +10,7 @@ namespace dsv41rt::bindings {
 // Defined in dtype_bindings.cc and checkpoint_bindings.cc.
 void register_dtype(nb::module_& m);
 void register_checkpoint(nb::module_& m);
+void register_ops(nb::module_& m);
 }  // namespace dsv41rt::bindings
 
 NB_MODULE(_core, m) {
@@ -20,6 +21,7 @@ NB_MODULE(_core, m) {
   nb::exception<dsv41rt::Error>(m, "Error", PyExc_ValueError);
   dsv41rt::bindings::register_dtype(m);
   dsv41rt::bindings::register_checkpoint(m);
+  dsv41rt::bindings::register_ops(m);
   m.def("cuda_device_count", &dsv41rt::cuda_device_count,
         "Number of usable CUDA devices (0 for CPU-only builds or without a driver).");
 }

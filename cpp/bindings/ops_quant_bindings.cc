@@ -1,0 +1,10 @@
+// dsv41rt._core.ops bindings of the quant ops.
+#include <nanobind/nanobind.h>
+
+namespace nb = nanobind;
+
+namespace dsv41rt::bindings {
+
+void register_ops_quant(nb::module_& ops) { (void)ops; }
+
+}  // namespace dsv41rt::bindings

@@ -1,0 +1,23 @@
+// Contract: dense projections y = x · W^T on FP32 (the CPU reference computes everything in FP32;
+// weights are dequantised from the release formats at load).
+//
+//   x [m, k] row-major, w [n, k] row-major (PyTorch [out, in]), y [m, n] row-major.
+//   `accumulate` adds into y instead of overwriting it.
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/export.h"
+
+namespace dsv41rt::kernels::cpu {
+
+/// y[m, n] (=|+=) x[m, k] · w[n, k]^T. Deterministic for a fixed thread count and shape: each
+/// output element is one k-ordered FP32 dot product (no split-k), so results do not depend on m.
+DSV41RT_API void linear(const float* x, const float* w, int64_t m, int64_t k, int64_t n, float* y,
+                        bool accumulate = false);
+
+/// Grouped projection (V4.1 `wo_a`): x [m, g, k_g], w [g, n_g, k_g] -> y [m, g, n_g], group by group.
+DSV41RT_API void grouped_linear(const float* x, const float* w, int64_t m, int64_t groups, int64_t k_g,
+                                int64_t n_g, float* y);
+
+}  // namespace dsv41rt::kernels::cpu
