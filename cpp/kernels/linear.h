@@ -16,8 +16,9 @@ namespace dsv41rt::kernels::cpu {
 DSV41RT_API void linear(const float* x, const float* w, int64_t m, int64_t k, int64_t n, float* y,
                         bool accumulate = false);
 
-/// Grouped projection (V4.1 `wo_a`): x [m, g, k_g], w [g, n_g, k_g] -> y [m, g, n_g], group by group.
-DSV41RT_API void grouped_linear(const float* x, const float* w, int64_t m, int64_t groups, int64_t k_g,
-                                int64_t n_g, float* y);
+/// Grouped projection (V4.1 `wo_a`): x [m, g, k_g], w [g, n_g, k_g] -> y [m, g, n_g], group by
+/// group.
+DSV41RT_API void grouped_linear(const float* x, const float* w, int64_t m, int64_t groups,
+                                int64_t k_g, int64_t n_g, float* y);
 
 }  // namespace dsv41rt::kernels::cpu

@@ -53,7 +53,8 @@ TEST(Linear, AccumulateAndGrouped) {
     for (int gi = 0; gi < groups; ++gi)
       for (int c = 0; c < ng; ++c) {
         double ref = 0;
-        for (int i = 0; i < kg; ++i) ref += double(x[(r * groups + gi) * kg + i]) * w[(gi * ng + c) * kg + i];
+        for (int i = 0; i < kg; ++i)
+          ref += double(x[(r * groups + gi) * kg + i]) * w[(gi * ng + c) * kg + i];
         EXPECT_NEAR(y[(r * groups + gi) * ng + c], ref, 1e-5);
       }
   std::vector<float> acc(2, 1.0f), xa = {1, 2}, wa = {3, 4, 5, 6};
