@@ -7,7 +7,8 @@ bash scripts/setup.sh
 . "${DSV41RT_VENV:-.venv}/bin/activate"
 
 echo "== C++ tests"
-cmake -S . -B build/cpp-tests -G Ninja -DDSV41RT_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
+# Prints whether the CUDA sources are compiled (they are whenever nvcc exists, GPU or not).
+cmake -S . -B build/cpp-tests -G Ninja -DDSV41RT_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Release | grep "dsv41rt:"
 cmake --build build/cpp-tests -j"$(nproc)"
 ctest --test-dir build/cpp-tests --output-on-failure -j"$(nproc)"
 
