@@ -1,0 +1,70 @@
+// Contract: MoE router, clamped-SwiGLU experts and the routed + shared MoE sum, all FP32
+// (spec §3; reference: NeMo Automodel 0.7.0 moe/layers.py `Gate` / `DeepseekV4VisionGate`,
+// moe/experts.py `GroupedExperts._forward_loop` + `swiglu_clamped_deepep`, gate_precision FP32).
+//
+// Layouts are row-major, weights PyTorch [out, in]:
+//   x [S, H]; gate_w [E, H]; bias [E]; idx / weight [S, k];
+//   w1, w3 [I, H] (gate / up); w2 [H, I] (down).
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/export.h"
+
+namespace dsv41rt::kernels::cpu {
+
+/// softplus exactly as torch.nn.functional.softplus(beta=1, threshold=20): x if x > 20,
+/// else log1p(exp(x)).
+DSV41RT_API float softplus(float x);
+
+/// Score-routed gate (V4 / V4.1, "sqrtsoftplus", noaux_tc, no groups):
+///   logits = x · gate_w^T (FP32), s = sqrt(softplus(logits)),
+///   idx    = top-k of (s + bias) in descending order (bias may be nullptr = zeros); ties are
+///   broken
+///            towards the lower expert index (torch.topk leaves tie order unspecified),
+///   weight = s[idx] / (Σ s[idx] + 1e-20) · routed_scaling_factor   (unbiased scores).
+/// The normalisation is applied only when `normalize && k > 1` (NeMo: norm_topk_prob and topk > 1).
+/// Each row depends only on its own x row (no batch effects). Requires 1 <= k <= E.
+DSV41RT_API void moe_route(const float* x, const float* gate_w, const float* bias, int64_t S,
+                           int64_t H, int64_t E, int64_t k, float routed_scaling_factor,
+                           int32_t* idx, float* weight, bool normalize = true);
+
+/// Hash-routed gate (V4 layers < num_hash_layers, spec §3.2): idx[t] = tid2eid[token_ids[t]]
+/// (tid2eid [vocab, k] int32, entries in [0, E)), weights from the learned gate as in moe_route
+/// (s = sqrt(softplus(x · gate_w^T)), weight = s[idx] / (Σ s[idx] + 1e-20) · scale when
+/// `normalize`; NeMo's DeepseekV4HashGate normalises unconditionally, i.e. normalize = true).
+DSV41RT_API void moe_route_hash(const float* x, const float* gate_w, const int32_t* tid2eid,
+                                const int64_t* token_ids, int64_t S, int64_t H, int64_t E,
+                                int64_t k, int64_t vocab, float routed_scaling_factor, int32_t* idx,
+                                float* weight, bool normalize = true);
+
+/// One clamped-SwiGLU expert on m rows:
+///   g = x · w1^T, u = x · w3^T, g = min(g, L), u = clamp(u, -L, L), h = silu(g) · u,
+///   h *= row_scale[r] (routing weight, applied BEFORE the down projection as NeMo does; nullptr
+///   = 1), y (=|+=) h · w2^T. limit <= 0 disables both clamps (NeMo's swiglu_limit = 0 path).
+/// x [m, H], y [m, H] (must not alias x).
+DSV41RT_API void swiglu_expert(const float* x, const float* w1, const float* w3, const float* w2,
+                               const float* row_scale, int64_t m, int64_t H, int64_t I, float limit,
+                               float* y, bool accumulate = false);
+
+/// Pointers to one expert's FP32 weights: w1, w3 [I, H], w2 [H, I].
+struct SwigluWeights {
+  const float* w1 = nullptr;
+  const float* w3 = nullptr;
+  const float* w2 = nullptr;
+};
+
+/// MoE block output y [S, H] (overwritten):
+///   y[t] = Σ_{e in ascending expert id, each (t, slot) with idx[t, slot] == e}
+///            swiglu_expert_e(x[t], row_scale = weight[t, slot])
+///          + shared(x[t])  (weight 1, intermediate size I_shared; skipped when shared == nullptr).
+/// Routed outputs are summed in FP32 starting from 0 in ascending expert id (NeMo's per-expert
+/// scatter_add loop), then the shared output is added, so every row is bitwise independent of the
+/// batch it is in. experts: array of E entries (only the experts that receive tokens are read).
+/// idx entries must lie in [0, E).
+DSV41RT_API void moe_forward(const float* x, const int32_t* idx, const float* weight, int64_t S,
+                             int64_t H, int64_t k, int64_t E, int64_t I,
+                             const SwigluWeights* experts, const SwigluWeights* shared,
+                             int64_t I_shared, float limit, float* y);
+
+}  // namespace dsv41rt::kernels::cpu
