@@ -48,14 +48,14 @@ def _ops():
     return ops
 
 
-def _moe_config(H: int, I: int, E: int, k: int, scale: float, limit: float):
+def _moe_config(H: int, inter: int, E: int, k: int, scale: float, limit: float):
     import torch
     from nemo_automodel.components.moe.config import MoEConfig
 
     return MoEConfig(
         dim=H,
-        inter_dim=I,
-        moe_inter_dim=I,
+        inter_dim=inter,
+        moe_inter_dim=inter,
         n_routed_experts=E,
         n_shared_experts=1,
         n_activated_experts=k,
@@ -161,10 +161,10 @@ def test_hash_router_matches_nemo(nemo, seed):
     assert err <= REL, f"hash router weights rel err {err:.3g} (seed={seed})"
 
 
-def _random_experts(rng, E, H, I):
-    w1 = (rng.standard_normal((E, I, H)) * 0.3).astype(np.float32)
-    w3 = (rng.standard_normal((E, I, H)) * 0.3).astype(np.float32)
-    w2 = (rng.standard_normal((E, H, I)) * 0.1).astype(np.float32)
+def _random_experts(rng, E, H, inter):
+    w1 = (rng.standard_normal((E, inter, H)) * 0.3).astype(np.float32)
+    w3 = (rng.standard_normal((E, inter, H)) * 0.3).astype(np.float32)
+    w2 = (rng.standard_normal((E, H, inter)) * 0.1).astype(np.float32)
     return w1, w3, w2
 
 
@@ -172,11 +172,11 @@ def test_shared_swiglu_matches_nemo_mlp(nemo, seed):
     import torch
     from nemo_automodel.components.moe.layers import MLP
 
-    m, H, I, L = 17, 40, 24, 10.0
+    m, H, inter, L = 17, 40, 24, 10.0
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((m, H)) * 3).astype(np.float32)  # large enough to hit both clamps
-    w1, w3, w2 = (a[0] for a in _random_experts(rng, 1, H, I))
-    mlp = MLP(H, I, "torch", dtype=torch.float32, swiglu_limit=L).eval()
+    w1, w3, w2 = (a[0] for a in _random_experts(rng, 1, H, inter))
+    mlp = MLP(H, inter, "torch", dtype=torch.float32, swiglu_limit=L).eval()
     with torch.no_grad():
         mlp.gate_proj.weight.copy_(torch.from_numpy(w1))
         mlp.up_proj.weight.copy_(torch.from_numpy(w3))
@@ -194,8 +194,8 @@ def test_shared_swiglu_matches_nemo_mlp(nemo, seed):
     assert err <= REL, f"row-scaled swiglu rel err {err:.3g} (seed={seed})"
 
 
-@pytest.mark.parametrize("S,H,I,E,k", [(40, 64, 32, 8, 2), (9, 48, 24, 16, 6)])
-def test_moe_block_matches_nemo(nemo, seed, S, H, I, E, k):
+@pytest.mark.parametrize("S,H,inter,E,k", [(40, 64, 32, 8, 2), (9, 48, 24, 16, 6)])
+def test_moe_block_matches_nemo(nemo, seed, S, H, inter, E, k):
     import torch
     from nemo_automodel.components.moe.layers import MoE
 
@@ -204,9 +204,9 @@ def test_moe_block_matches_nemo(nemo, seed, S, H, I, E, k):
     x = (rng.standard_normal((S, H)) * 2).astype(np.float32)
     gw = (rng.standard_normal((E, H)) * 0.2).astype(np.float32)
     bias = (rng.standard_normal(E) * 0.1).astype(np.float32)
-    w1, w3, w2 = _random_experts(rng, E, H, I)
-    s1, s3, s2 = (a[0] for a in _random_experts(rng, 1, H, I))
-    cfg = _moe_config(H, I, E, k, scale, L)
+    w1, w3, w2 = _random_experts(rng, E, H, inter)
+    s1, s3, s2 = (a[0] for a in _random_experts(rng, 1, H, inter))
+    cfg = _moe_config(H, inter, E, k, scale, L)
     moe = MoE(cfg, _backend())
     moe.gate = _v41_gate(cfg)
     moe.eval()
