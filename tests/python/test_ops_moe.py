@@ -327,6 +327,6 @@ def test_engram_module_matches_nemo(engram_setup, seed, eps):
     err = _rel_err(y, ref.numpy()[0])
     assert err <= REL, f"engram rel err {err:.3g} > {REL} (seed={seed}, eps={eps})"
     np.testing.assert_array_equal(y[~mask[0]], X[0][~mask[0]], err_msg=f"seed={seed}")
-    # And the update itself (Y - X) to 1e-5 of its own scale, not hidden under |X|.
+    # And the update itself (Y - X) to REL of its own scale, not hidden under |X| (measured <= 2e-6).
     err_d = _rel_err(y - X[0], ref.numpy()[0] - X[0])
-    assert err_d <= 1e-4, f"engram update rel err {err_d:.3g} (seed={seed}, eps={eps})"
+    assert err_d <= REL, f"engram update rel err {err_d:.3g} (seed={seed}, eps={eps})"
