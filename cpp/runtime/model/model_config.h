@@ -1,0 +1,95 @@
+// DeepSeek-V4.1 / V4 model configs parsed from a Hugging Face `config.json`.
+//
+// The C++ twin of python/dsv41rt/config/{parse,validate}.py (the source of truth): V4.1
+// (`model_type: deepseek_v41`) nests the text model under `text_config`, V4 (`deepseek_v4`) is
+// flat. The same fields are required, the same defaults apply and the same rules are enforced;
+// every error is Error(kInvalidArgument) whose message starts with the config file and names the
+// field, e.g. "/ck/config.json: text_config.hidden_size must be an integer, got '64'".
+// tests/python/test_cpp_plan_matches_python.py cross-checks both parsers on every preset.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/export.h"
+
+namespace dsv41rt {
+
+enum class Arch { kV41, kV4 };
+
+// "deepseek_v41" / "deepseek_v4" (the model_type values).
+DSV41RT_API const char* arch_name(Arch arch) noexcept;
+
+// YaRN frequency blend used by every layer with compress ratio > 0.
+struct DSV41RT_API YarnConfig {
+  double factor = 1.0;
+  int64_t original_max_position = 0;
+  double beta_fast = 0.0;
+  double beta_slow = 0.0;
+};
+
+struct DSV41RT_API EngramSpec {
+  std::vector<int> layer_ids;
+  std::vector<int64_t> num_embeddings;  // table rows per Engram layer
+  int max_ngram_size = 0;
+  int64_t vocab_size = 0;
+  int n_heads = 0;
+  int head_dim = 0;
+  int pad_token_id = 0;
+  int64_t compressed_vocab_size = 0;
+};
+
+struct DSV41RT_API DSparkSpec {
+  int num_stages = 0;
+  int block_size = 0;
+  int noise_token_id = 0;
+  std::vector<int> target_layer_ids;
+  int markov_rank = 0;
+  int n_routed_experts = 0;
+  int num_experts_per_tok = 0;
+};
+
+struct DSV41RT_API ModelConfig {
+  Arch arch = Arch::kV41;
+  int64_t vocab_size = 0, hidden_size = 0, moe_intermediate_size = 0;
+  int num_hidden_layers = 0, num_attention_heads = 0, head_dim = 0, qk_rope_head_dim = 0;
+  int q_lora_rank = 0, o_lora_rank = 0, o_groups = 0, n_routed_experts = 0, num_experts_per_tok = 0;
+  double routed_scaling_factor = 0.0, swiglu_limit = 0.0, rms_norm_eps = 0.0;
+  int sliding_window = 0;
+  std::vector<int> compress_ratios;  // backbone layers, then one 0 per draft/MTP stage
+  double rope_theta = 0.0, compress_rope_theta = 0.0;
+  std::optional<YarnConfig> yarn;
+  int index_n_heads = 0, index_head_dim = 0, index_topk = 0;
+  int hc_mult = 0, hc_sinkhorn_iters = 0;
+  double hc_eps = 0.0;
+  int num_nextn_predict_layers = 0;
+  int bos_token_id = 0, eos_token_id = 0;
+  // V4.1 only.
+  std::vector<int> kv_source_layer_ids, index_source_layer_ids;
+  int candidate_source_layer_id = -1, candidate_topk_blocks = 0, candidate_block_size = 0;
+  std::optional<EngramSpec> engram;
+  std::optional<DSparkSpec> dspark;
+  // V4 only.
+  int num_hash_layers = 0;
+  // Storage. Without a quantization_config the weights are the BF16 values of the release's grid,
+  // so the release's block shape (32x32 for V4.1, 128x128 for V4) and FP4 experts still define
+  // them (python/dsv41rt/checkpoint/tensor_spec.py).
+  bool quantized = false;
+  int weight_block_rows = 0, weight_block_cols = 0;
+  bool expert_fp4 = true;
+  std::string source;  // file path, for error messages
+
+  bool is_v41() const noexcept { return arch == Arch::kV41; }
+};
+
+// Parses and validates the text of a config.json; `source` prefixes every error message.
+DSV41RT_API ModelConfig parse_model_config_json(std::string_view json_text,
+                                                const std::string& source);
+
+// Reads <dir>/config.json for a checkpoint directory, or the file itself.
+DSV41RT_API ModelConfig load_model_config(const std::string& checkpoint_dir_or_file);
+
+}  // namespace dsv41rt
