@@ -7,3 +7,11 @@ control plane: configs, checkpoints, the CLI.
 from __future__ import annotations
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):  # lazy: importing dsv41rt must not load the C++ core
+    if name == "Runtime":
+        from .runtime import Runtime
+
+        return Runtime
+    raise AttributeError(name)

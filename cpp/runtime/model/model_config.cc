@@ -290,7 +290,7 @@ void parse_common(const Fields& t, ModelConfig& c, Extras& x) {
   c.num_experts_per_tok = t.int32("num_experts_per_tok", std::nullopt, 1);
   x.scoring_func = t.str("scoring_func", "sqrtsoftplus");
   x.topk_method = t.str("topk_method", "noaux_tc");
-  t.boolean("norm_topk_prob", true);
+  c.norm_topk_prob = t.boolean("norm_topk_prob", true);
   c.routed_scaling_factor = t.number("routed_scaling_factor", std::nullopt, true);
   c.swiglu_limit = t.number("swiglu_limit", 10.0, true);
   c.sliding_window = t.int32("sliding_window", std::nullopt, 1);

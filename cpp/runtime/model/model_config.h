@@ -57,6 +57,7 @@ struct DSV41RT_API ModelConfig {
   int64_t vocab_size = 0, hidden_size = 0, moe_intermediate_size = 0;
   int num_hidden_layers = 0, num_attention_heads = 0, head_dim = 0, qk_rope_head_dim = 0;
   int q_lora_rank = 0, o_lora_rank = 0, o_groups = 0, n_routed_experts = 0, num_experts_per_tok = 0;
+  bool norm_topk_prob = true;  // renormalise the k selected routing scores
   double routed_scaling_factor = 0.0, swiglu_limit = 0.0, rms_norm_eps = 0.0;
   int sliding_window = 0;
   std::vector<int> compress_ratios;  // backbone layers, then one 0 per draft/MTP stage

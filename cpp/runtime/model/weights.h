@@ -1,0 +1,67 @@
+// FP32 weights of the CPU reference backend, dequantised once at load from the release formats
+// (FP8 E4M3 + UE8M0 block scales, packed FP4 + 1x32 scales, BF16/F16/F32), named as released.
+// Engram tables stay in the memory-mapped checkpoint (they are huge at release size) and rows are
+// dequantised on gather.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/export.h"
+#include "runtime/model/layer_plan.h"
+#include "runtime/safetensors.h"
+
+namespace dsv41rt::model {
+
+struct Tensor {
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+  const float* ptr() const { return data.empty() ? nullptr : data.data(); }
+  bool empty() const { return data.empty(); }
+};
+
+struct AttentionWeights {
+  Tensor wq_a, q_norm, wq_b, wkv, kv_norm, wo_a, wo_b, attn_sink;
+  Tensor comp_wkv, comp_wgate, comp_norm;  // Full (V4.1): compressor
+  Tensor idx_wq_b, idx_weights_proj;       // Full + Reindex: indexer queries
+  Tensor idx_wk, idx_k_norm;               // Full: index keys
+};
+
+struct MoeWeights {
+  Tensor gate, bias;
+  std::vector<int32_t> tid2eid;  // V4 hash layers [vocab, k]
+  std::vector<Tensor> w1, w2, w3;
+  Tensor shared_w1, shared_w2, shared_w3;
+};
+
+struct EngramWeights {
+  const uint8_t* table = nullptr;        // FP8 E4M3 [rows, head_dim] in the mapped checkpoint
+  const uint8_t* table_scale = nullptr;  // UE8M0 [rows, head_dim / 32]
+  int64_t rows = 0;
+  Tensor wkv, q_weight, k_weight;
+};
+
+struct BlockWeights {
+  Tensor attn_norm, ffn_norm;
+  Tensor hc_attn_fn, hc_attn_base, hc_attn_scale, hc_ffn_fn, hc_ffn_base, hc_ffn_scale;
+  AttentionWeights attn;
+  MoeWeights moe;
+  std::optional<EngramWeights> engram;
+};
+
+struct ModelWeights {
+  std::shared_ptr<Checkpoint> checkpoint;  // keeps the mapped files (embed, Engram tables) alive
+  const uint16_t* embed_bf16 = nullptr;    // [vocab, hidden] when stored BF16 (decoded on gather)
+  Tensor embed;                            // otherwise dequantised here
+  Tensor head, norm;
+  std::vector<BlockWeights> layers;
+};
+
+/// Loads every backbone tensor the plan needs; throws Error naming the tensor on any mismatch.
+DSV41RT_API ModelWeights load_weights(std::shared_ptr<Checkpoint> checkpoint,
+                                      const ModelPlan& plan);
+
+}  // namespace dsv41rt::model

@@ -1,0 +1,82 @@
+"""`dsv41rt score` and `dsv41rt generate`: run a checkpoint on prompt files (JSON lists of token ids)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+
+from ..errors import Dsv41rtError
+
+
+def load_prompts(path: str) -> list[list[int]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise Dsv41rtError(f"{path}: prompts file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise Dsv41rtError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(data, list) or not data:
+        raise Dsv41rtError(f"{path}: must be a non-empty JSON list of lists of token ids")
+    for i, p in enumerate(data):
+        if not isinstance(p, list) or not p:
+            raise Dsv41rtError(f"{path}: prompt {i} must be a non-empty list of token ids")
+        for j, t in enumerate(p):
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise Dsv41rtError(f"{path}: prompt {i} position {j} is {t!r}, not an integer token id")
+    return data
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="checkpoint directory (config.json + safetensors)")
+    p.add_argument("--prompts", required=True, help="JSON file: a list of lists of token ids")
+    p.add_argument("--out", required=True, help="output file")
+    p.add_argument("--device", default="cpu", choices=["cpu"], help="execution device (default cpu)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("score", help="logits of every position of every prompt, to an .npz")
+    _common(s)
+    s.add_argument("--chunk-size", type=int, default=None, help="prefill in chunks of N tokens")
+    s.set_defaults(run=run_score)
+    g = sub.add_parser("generate", help="greedy continuation of every prompt, to a JSON list")
+    _common(g)
+    g.add_argument("--max-new-tokens", type=int, required=True)
+    g.set_defaults(run=run_generate)
+
+
+def run_score(args: argparse.Namespace) -> int:
+    from ..runtime import Runtime
+
+    prompts = load_prompts(args.prompts)
+    rt = Runtime(args.checkpoint, device=args.device)
+    t0 = time.time()
+    out = {f"logits_{i}": rt.score(p, chunk_size=args.chunk_size) for i, p in enumerate(prompts)}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    np.savez(args.out, **out)
+    n = sum(len(p) for p in prompts)
+    print(f"scored {len(prompts)} prompt(s), {n} tokens in {time.time() - t0:.2f}s -> {args.out}")
+    return 0
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from ..runtime import Runtime
+
+    if args.max_new_tokens < 0:
+        raise Dsv41rtError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    prompts = load_prompts(args.prompts)
+    rt = Runtime(args.checkpoint, device=args.device)
+    t0 = time.time()
+    out = rt.generate(prompts, max_new_tokens=args.max_new_tokens)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(out, f)
+        f.write("\n")
+    print(
+        f"generated {sum(map(len, out))} tokens for {len(prompts)} prompt(s) in {time.time() - t0:.2f}s -> {args.out}"
+    )
+    return 0

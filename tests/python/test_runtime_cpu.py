@@ -1,0 +1,113 @@
+"""The CPU executor: decode == prefill == chunked prefill, dequant-workspace reuse, CLI, bad input.
+
+Tolerance for decode == prefill: bitwise. Every op of the CPU path computes each row (token) with a
+fixed reduction order that does not depend on which other rows share the forward (linear, norms,
+mHC, MoE, indexer scores, attention per query), and cache values go through the same quantisers, so
+a position's logits cannot depend on how the prompt was chunked.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from dsv41rt.checkpoint.generator import make_checkpoint
+from dsv41rt.cli import main
+from dsv41rt.config.presets import preset_config_json
+from dsv41rt.errors import Dsv41rtError
+from dsv41rt.runtime import Runtime
+
+
+@pytest.fixture(scope="module")
+def rt(tiny_v41_dir: str) -> Runtime:
+    return Runtime(tiny_v41_dir)
+
+
+def prompt(n: int, seed: int = 3) -> list[int]:
+    return [0] + [int(x) for x in np.random.default_rng(seed).integers(3, 129000, n - 1)]
+
+
+def test_logits_are_finite_and_shaped(rt: Runtime) -> None:
+    logits = rt.score(prompt(20))
+    assert logits.shape == (20, 129280) and np.isfinite(logits).all()
+    assert 0.5 < logits.std() < 30
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 17])
+def test_chunked_prefill_equals_one_shot(rt: Runtime, chunk: int) -> None:
+    p = prompt(45)  # crosses the window (8), many ratio-2 groups and candidate blocks
+    np.testing.assert_array_equal(rt.score(p, chunk_size=chunk), rt.score(p))
+
+
+def test_prefill_then_decode_equals_one_shot(rt: Runtime) -> None:
+    p = prompt(40, seed=5)
+    full = rt.score(p)
+    h = rt.new_handle()
+    parts = [rt.forward_tokens(h, p[:13])] + [rt.forward_tokens(h, [t]) for t in p[13:]]
+    rt.release_handle(h)
+    np.testing.assert_array_equal(np.concatenate(parts), full)
+
+
+def test_generate_is_greedy_over_score(rt: Runtime) -> None:
+    p = prompt(11, seed=9)
+    gen = rt.generate([p], max_new_tokens=6)[0]
+    seq = list(p)
+    for tok in gen:
+        assert tok == int(np.argmax(rt.score(seq)[-1]))
+        seq.append(tok)
+
+
+def test_dequant_reuse_counts_on_released_schedule(tmp_path) -> None:
+    make_checkpoint(preset_config_json("tiny-v41-released-schedule"), str(tmp_path), 0)
+    rt = Runtime(str(tmp_path))
+    p = prompt(30, seed=2)
+
+    def trace(reuse: bool) -> tuple[list[np.ndarray], dict[str, int]]:
+        rt.set_dequant_reuse(reuse)
+        rt.reset_dequant_counters()
+        h = rt.new_handle()
+        # A prefill forward, then five forwards that each process new tokens (6 forwards in all).
+        outs = [rt.forward_tokens(h, p[:10])] + [rt.forward_tokens(h, p[10 + 4 * i : 14 + 4 * i]) for i in range(5)]
+        rt.release_handle(h)
+        return outs, rt.dequant_counters()
+
+    on, c_on = trace(True)
+    off, c_off = trace(False)
+    print(f"dequant calls: reuse on {c_on['dequant_calls']}, reuse off {c_off['dequant_calls']}")
+    assert c_on["dequant_calls"] == 24 and c_on["reuse_hits"] == 6 * 34
+    assert c_off["dequant_calls"] == 228 and c_off["reuse_hits"] == 0
+    for a, b in zip(on, off, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_bad_input_errors(rt: Runtime) -> None:
+    with pytest.raises(Dsv41rtError, match=r"prompt_ids\[1\] = 129280 is outside the vocabulary"):
+        rt.score([0, 129280])
+    with pytest.raises(Dsv41rtError, match="empty prompt"):
+        rt.score([])
+    with pytest.raises(Dsv41rtError, match="chunk_size must be >= 1"):
+        rt.score([0, 1], chunk_size=0)
+    with pytest.raises(Dsv41rtError, match=r"prompt_ids\[0\] is 'a', not a token id"):
+        rt.add_request(["a"])
+    with pytest.raises(Dsv41rtError, match="unknown request 999"):
+        rt.abort(999)
+
+
+def test_score_and_generate_cli(tmp_path, tiny_v41_dir: str, capsys) -> None:
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps([prompt(5), prompt(9, seed=4)]))
+    out = tmp_path / "s.npz"
+    assert main(["score", "--checkpoint", tiny_v41_dir, "--prompts", str(prompts), "--out", str(out)]) == 0
+    z = np.load(out)
+    assert z["logits_0"].shape == (5, 129280) and z["logits_1"].shape == (9, 129280)
+    gen = tmp_path / "g.json"
+    args = ["generate", "--checkpoint", tiny_v41_dir, "--prompts", str(prompts), "--max-new-tokens", "3"]
+    assert main([*args, "--out", str(gen)]) == 0
+    g = json.loads(gen.read_text())
+    assert len(g) == 2 and all(len(x) == 3 for x in g)
+    assert g[0][0] == int(np.argmax(z["logits_0"][-1]))
+    bad = tmp_path / "bad.json"
+    bad.write_text('[[0, "x"]]')
+    assert main(["score", "--checkpoint", tiny_v41_dir, "--prompts", str(bad), "--out", str(out)]) == 2
+    assert "prompt 0 position 1 is 'x'" in capsys.readouterr().err
