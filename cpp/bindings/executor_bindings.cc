@@ -28,7 +28,7 @@ using model::RequestState;
 class PyExecutor {
  public:
   PyExecutor(const std::string& path, nb::object token_map,
-             const std::vector<nb::dict>& engram_layers) {
+             const std::vector<nb::dict>& engram_layers, bool cache_quant, bool record_decisions) {
     ModelPlan plan = build_model_plan(load_model_config(path));
     auto ck = std::make_shared<Checkpoint>(path);
     EngramTables tables;
@@ -47,7 +47,11 @@ class PyExecutor {
       }
     }
     model::ModelWeights weights = model::load_weights(ck, plan);
-    exec_ = std::make_unique<CpuExecutor>(std::move(plan), std::move(weights), std::move(tables));
+    model::ExecutorOptions options;
+    options.cache_quant = cache_quant;
+    options.record_decisions = record_decisions;
+    exec_ = std::make_unique<CpuExecutor>(std::move(plan), std::move(weights), std::move(tables),
+                                          options);
   }
 
   int64_t new_request() {
@@ -68,6 +72,7 @@ class PyExecutor {
       nb::gil_scoped_release release;  // the forward is pure C++ on owned buffers
       exec_->forward(st, tokens.data(), n, out, all_logits);
     }
+    last_rows_ = size_t(n);
     return nb::ndarray<nb::numpy, float>(out, {size_t(rows), size_t(V)}, owner);
   }
 
@@ -86,6 +91,19 @@ class PyExecutor {
   void reset_counters() { exec_->workspaces().reset_counters(); }
   void set_dequant_reuse(bool on) { exec_->workspaces().set_reuse(on); }
 
+  /// Decisions of the last forward, as int32 arrays [n, k].
+  nb::dict decisions() const {
+    nb::dict out;
+    for (const auto& [name, values] : exec_->decisions()) {
+      auto* data = new int32_t[values.empty() ? 1 : values.size()];
+      std::copy(values.begin(), values.end(), data);
+      nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
+      const size_t rows = last_rows_, cols = rows ? values.size() / rows : 0;
+      out[name.c_str()] = nb::ndarray<nb::numpy, int32_t>(data, {rows, cols}, owner);
+    }
+    return out;
+  }
+
  private:
   RequestState& request(int64_t rid) {
     auto it = requests_.find(rid);
@@ -96,15 +114,17 @@ class PyExecutor {
   std::unique_ptr<CpuExecutor> exec_;
   std::map<int64_t, RequestState> requests_;
   int64_t next_id_ = 1;
+  size_t last_rows_ = 0;
 };
 
 }  // namespace
 
 void register_executor(nb::module_& m) {
   nb::class_<PyExecutor>(m, "Executor", "Eager CPU executor (FP32 reference) of a V4.1 checkpoint.")
-      .def(nb::init<const std::string&, nb::object, const std::vector<nb::dict>&>(),
+      .def(nb::init<const std::string&, nb::object, const std::vector<nb::dict>&, bool, bool>(),
            nb::arg("path"), nb::arg("token_map") = nb::none(),
-           nb::arg("engram_layers") = std::vector<nb::dict>{})
+           nb::arg("engram_layers") = std::vector<nb::dict>{}, nb::arg("cache_quant") = true,
+           nb::arg("record_decisions") = false)
       .def("new_request", &PyExecutor::new_request)
       .def("forward", &PyExecutor::forward, nb::arg("request"), nb::arg("tokens"),
            nb::arg("all_logits") = true)
@@ -112,7 +132,8 @@ void register_executor(nb::module_& m) {
       .def("length", &PyExecutor::length, nb::arg("request"))
       .def("counters", &PyExecutor::counters)
       .def("reset_counters", &PyExecutor::reset_counters)
-      .def("set_dequant_reuse", &PyExecutor::set_dequant_reuse, nb::arg("on"));
+      .def("set_dequant_reuse", &PyExecutor::set_dequant_reuse, nb::arg("on"))
+      .def("decisions", &PyExecutor::decisions);
 }
 
 }  // namespace dsv41rt::bindings

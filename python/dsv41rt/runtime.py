@@ -69,7 +69,15 @@ def _engram_inputs(path: str, opened) -> tuple[np.ndarray | None, list[dict]]:
 class Runtime:
     """A loaded model plus its live requests."""
 
-    def __init__(self, checkpoint: str, device: str = "cpu") -> None:
+    def __init__(
+        self, checkpoint: str, device: str = "cpu", *, cache_quant: bool = True, record_decisions: bool = False
+    ) -> None:
+        """Load `checkpoint` (validated against its config).
+
+        cache_quant=False keeps every cache in FP32 (a debugging deviation from the released numerics,
+        matching the reference's "cache quantisation off" mode); record_decisions keeps each forward's
+        indexer top-k and routed experts for `decisions()`.
+        """
         if device != "cpu":
             raise Dsv41rtError(f"device {device!r} is not supported yet (only 'cpu')")
         opened = open_checkpoint(checkpoint)  # validates config and every tensor, errors by name
@@ -77,7 +85,7 @@ class Runtime:
         token_map, layers = _engram_inputs(checkpoint, opened)
         del opened
         try:
-            self._ex = _core.Executor(checkpoint, token_map, layers)
+            self._ex = _core.Executor(checkpoint, token_map, layers, cache_quant, record_decisions)
         except _core.Error as err:
             raise Dsv41rtError(str(err)) from None
         self._requests: dict[int, _Request] = {}
@@ -172,6 +180,10 @@ class Runtime:
 
     def reset_dequant_counters(self) -> None:
         self._ex.reset_counters()
+
+    def decisions(self) -> dict[str, np.ndarray]:
+        """The last forward's "topk_L<l>" / "experts_L<l>" arrays (sorted rows), if recording."""
+        return dict(self._ex.decisions())
 
     def set_dequant_reuse(self, on: bool) -> None:
         self._ex.set_dequant_reuse(on)

@@ -29,9 +29,44 @@ struct CpuExecutor::Shared {
   int64_t candidates_width = -1;
 };
 
-CpuExecutor::CpuExecutor(ModelPlan plan, ModelWeights weights, EngramTables engram)
-    : plan_(std::move(plan)), weights_(std::move(weights)), engram_(std::move(engram)) {
+namespace {
+
+void copy_pack(const float* x, int64_t rows, int64_t dim, uint8_t* out) {
+  std::memcpy(out, x, size_t(rows * dim) * sizeof(float));
+}
+void copy_unpack(const uint8_t* in, int64_t rows, int64_t dim, float* y) {
+  std::memcpy(y, in, size_t(rows * dim) * sizeof(float));
+}
+
+RowCodec make_codec(bool quant, int64_t dim, int64_t quant_row_bytes,
+                    void (*pack)(const float*, int64_t, int64_t, uint8_t*),
+                    void (*unpack)(const uint8_t*, int64_t, int64_t, float*),
+                    void (*qdq)(const float*, int64_t, int64_t, float*)) {
+  if (!quant) return RowCodec{dim, dim * int64_t(sizeof(float)), copy_pack, copy_unpack, nullptr};
+  return RowCodec{dim, quant_row_bytes, pack, unpack, qdq};
+}
+
+void sorted_copy(const int32_t* src, int64_t n, int64_t k, std::vector<int32_t>& dst) {
+  dst.assign(src, src + n * k);
+  for (int64_t r = 0; r < n; ++r) std::sort(dst.begin() + r * k, dst.begin() + (r + 1) * k);
+}
+
+}  // namespace
+
+CpuExecutor::CpuExecutor(ModelPlan plan, ModelWeights weights, EngramTables engram,
+                         ExecutorOptions options)
+    : plan_(std::move(plan)),
+      weights_(std::move(weights)),
+      engram_(std::move(engram)),
+      options_(options) {
   const ModelConfig& c = plan_.config;
+  const bool q = options_.cache_quant;
+  window_codec_ = make_codec(q, c.head_dim, k::fp8_window_row_bytes(c.head_dim), k::fp8_window_pack,
+                             k::fp8_window_unpack, k::fp8_window_qdq);
+  kv_codec_ = make_codec(q, c.head_dim, k::nvfp4_row_bytes(c.head_dim), k::nvfp4_pack,
+                         k::nvfp4_unpack, k::nvfp4_qdq);
+  key_codec_ = make_codec(q, c.index_head_dim, k::mxfp4_row_bytes(c.index_head_dim), k::mxfp4_pack,
+                          k::mxfp4_unpack, k::mxfp4_qdq);
   if (c.engram) {
     DSV41RT_CHECK(engram_.layers.size() == c.engram->layer_ids.size(), c.source,
                   ": Engram tables for ", engram_.layers.size(), " layers, config has ",
@@ -57,8 +92,8 @@ CpuExecutor::CpuExecutor(ModelPlan plan, ModelWeights weights, EngramTables engr
 RequestState CpuExecutor::new_request() const {
   const ModelConfig& c = plan_.config;
   RequestState s;
-  s.window.assign(plan_.layers.size(), std::vector<uint8_t>(size_t(c.sliding_window) *
-                                                            k::fp8_window_row_bytes(c.head_dim)));
+  s.window.assign(plan_.layers.size(),
+                  std::vector<uint8_t>(size_t(c.sliding_window) * window_codec_.row_bytes));
   for (const LayerPlan& layer : plan_.layers) {
     if (layer.role == LayerRole::kFull) s.sources[layer.index].ratio = layer.ratio;
   }
@@ -142,12 +177,12 @@ void CpuExecutor::compress(const LayerPlan& layer, const AttentionWeights& w, So
   k::linear(latent.data(), w.idx_wk.ptr(), groups, D, DI, keys.data());
   k::rms_norm(keys.data(), w.idx_k_norm.ptr(), groups, DI, float(c.rms_norm_eps), keys.data());
   k::apply_rope(keys.data(), groups, 1, DI, R, pos.data(), freq.data(), false);
-  const int64_t kb = k::mxfp4_row_bytes(DI), vb = k::nvfp4_row_bytes(D);
+  const int64_t kb = key_codec_.row_bytes, vb = kv_codec_.row_bytes;
   src.keys.resize((src.entries + groups) * kb);
-  k::mxfp4_pack(keys.data(), groups, DI, src.keys.data() + src.entries * kb);
+  key_codec_.pack(keys.data(), groups, DI, src.keys.data() + src.entries * kb);
   k::apply_rope(latent.data(), groups, 1, D, R, pos.data(), freq.data(), false);
   src.kv.resize((src.entries + groups) * vb);
-  k::nvfp4_pack(latent.data(), groups, D, src.kv.data() + src.entries * vb);
+  kv_codec_.pack(latent.data(), groups, D, src.kv.data() + src.entries * vb);
   src.entries += groups;
   workspaces_.note_source_write(layer.index);
 }
@@ -170,7 +205,7 @@ void CpuExecutor::attention(const LayerPlan& layer, const AttentionWeights& w, R
   k::linear(x, w.wkv.ptr(), n, H, D, kv.data());
   k::rms_norm(kv.data(), w.kv_norm.ptr(), n, D, eps, kv.data());
   k::apply_rope(kv.data(), n, 1, D, R, pos.data(), freq.data(), false);
-  k::fp8_window_qdq(kv.data(), n, D, kv.data());
+  if (window_codec_.qdq) window_codec_.qdq(kv.data(), n, D, kv.data());
 
   // Key rows: the window positions [w0, P + n) (old ones from the ring, then this chunk's), then
   // the group's compressed entries.
@@ -185,9 +220,9 @@ void CpuExecutor::attention(const LayerPlan& layer, const AttentionWeights& w, R
   }
   std::vector<float> keys((n_window + n_comp) * D);
   std::vector<uint8_t>& ring = state.window[layer.index];
-  const int64_t rb = k::fp8_window_row_bytes(D);
+  const int64_t rb = window_codec_.row_bytes;
   for (int64_t t = w0; t < P; ++t) {
-    k::fp8_window_unpack(ring.data() + (t % W) * rb, 1, D, keys.data() + (t - w0) * D);
+    window_codec_.unpack(ring.data() + (t % W) * rb, 1, D, keys.data() + (t - w0) * D);
   }
   std::copy(kv.begin(), kv.end(), keys.begin() + (P - w0) * D);
 
@@ -198,11 +233,11 @@ void CpuExecutor::attention(const LayerPlan& layer, const AttentionWeights& w, R
     for (int64_t j = lo; j <= t; ++j) idx[s * (W + KI) + (j - lo)] = int32_t(j - w0);
   }
   if (layer.ratio > 0) {
-    const int64_t m = layer.ratio, T = n_comp, vb = k::nvfp4_row_bytes(D);
+    const int64_t m = layer.ratio, T = n_comp;
     // Compressed rows through the per-ratio workspace: dequantised once per forward per source.
     const float* comp = static_cast<const float*>(workspaces_.acquire(
         int(m), layer.kv_source, T, D * int64_t(sizeof(float)), [&](void* dst, int64_t rows) {
-          k::nvfp4_unpack(src->kv.data(), rows, D, static_cast<float*>(dst));
+          kv_codec_.unpack(src->kv.data(), rows, D, static_cast<float*>(dst));
         }));
     std::copy(comp, comp + T * D, keys.begin() + n_window * D);
     if (layer.role == LayerRole::kFull || layer.role == LayerRole::kReindex) {
@@ -210,11 +245,11 @@ void CpuExecutor::attention(const LayerPlan& layer, const AttentionWeights& w, R
       std::vector<float> qi(n * HI * DI), wts(n * HI), ikeys(T * DI), scores(n * T);
       k::linear(qr.data(), w.idx_wq_b.ptr(), n, c.q_lora_rank, HI * DI, qi.data());
       k::apply_rope(qi.data(), n, HI, DI, R, pos.data(), freq.data(), false);
-      k::mxfp4_qdq(qi.data(), n * HI, DI, qi.data());
+      if (key_codec_.qdq) key_codec_.qdq(qi.data(), n * HI, DI, qi.data());  // queries: MXFP4 too
       k::linear(x, w.idx_weights_proj.ptr(), n, H, HI, wts.data());
       const float wscale = float(std::pow(double(DI), -0.5) * std::pow(double(HI), -0.5));
       for (float& v : wts) v *= wscale;
-      k::mxfp4_unpack(src->keys.data(), T, DI, ikeys.data());
+      key_codec_.unpack(src->keys.data(), T, DI, ikeys.data());
       std::vector<int64_t> vis(n);
       for (int64_t s = 0; s < n; ++s) vis[s] = (P + s + 1) / m;
       k::indexer_scores(qi.data(), ikeys.data(), wts.data(), vis.data(), n, HI, DI, T,
@@ -234,6 +269,9 @@ void CpuExecutor::attention(const LayerPlan& layer, const AttentionWeights& w, R
       shared.topk.assign(n * KI, -1);
       k::topk_select(scores.data(), n, T, KI, shared.topk.data());
       shared.topk_source = layer.index;
+      if (options_.record_decisions) {
+        sorted_copy(shared.topk.data(), n, KI, decisions_["topk_L" + std::to_string(layer.index)]);
+      }
     }
     DSV41RT_CHECK(shared.topk_source == layer.topk_source, "layer ", layer.index,
                   " expects the top-k of layer ", layer.topk_source, ", found ",
@@ -257,12 +295,12 @@ void CpuExecutor::attention(const LayerPlan& layer, const AttentionWeights& w, R
 
   // Read first, write last: the ring keeps the newest W positions.
   for (int64_t t = std::max(P, P + n - W); t < P + n; ++t) {
-    k::fp8_window_pack(kv.data() + (t - P) * D, 1, D, ring.data() + (t % W) * rb);
+    window_codec_.pack(kv.data() + (t - P) * D, 1, D, ring.data() + (t % W) * rb);
   }
 }
 
 void CpuExecutor::moe(const LayerPlan& layer, const MoeWeights& w, const float* x, int64_t n,
-                      float* y) const {
+                      float* y) {
   const ModelConfig& c = plan_.config;
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size, E = layer.n_experts,
                 kk = layer.experts_per_tok;
@@ -270,6 +308,9 @@ void CpuExecutor::moe(const LayerPlan& layer, const MoeWeights& w, const float* 
   std::vector<float> weight(n * kk);
   k::moe_route(x, w.gate.ptr(), w.bias.ptr(), n, H, E, kk, float(c.routed_scaling_factor),
                idx.data(), weight.data(), c.norm_topk_prob);
+  if (options_.record_decisions) {
+    sorted_copy(idx.data(), n, kk, decisions_["experts_L" + std::to_string(layer.index)]);
+  }
   std::vector<k::SwigluWeights> experts(E);
   for (int64_t e = 0; e < E; ++e) experts[e] = {w.w1[e].ptr(), w.w3[e].ptr(), w.w2[e].ptr()};
   const k::SwigluWeights shared{w.shared_w1.ptr(), w.shared_w3.ptr(), w.shared_w2.ptr()};
@@ -284,6 +325,7 @@ void CpuExecutor::forward(RequestState& state, const int32_t* tokens, int64_t n,
   const int64_t H = c.hidden_size, hc = c.hc_mult, mix = int64_t(2 + hc) * hc;
   const float eps = float(c.rms_norm_eps), hc_eps = float(c.hc_eps);
   workspaces_.begin_forward();
+  decisions_.clear();
   Shared shared;
 
   std::vector<float> X(n * hc * H), X1(n * hc * H), u(n * H), xn(n * H), yv(n * H);

@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "runtime/dequant_workspace.h"
@@ -30,9 +32,29 @@ struct EngramTables {
   std::vector<Layer> layers;
 };
 
+struct ExecutorOptions {
+  /// Debug switch for parity checks: false keeps every cache (window KV, compressed KV, index keys)
+  /// and the indexer queries in FP32 instead of passing them through the release's quantisers —
+  /// the reference's "cache quantisation off" mode, which is smooth at FP32 level.
+  bool cache_quant = true;
+  /// Record each forward's discrete decisions (indexer top-k and routed experts per layer) so a
+  /// parity test can tell a decision flip from a bug.
+  bool record_decisions = false;
+};
+
+/// How one cache kind is stored: packed release format, or raw FP32 with cache_quant off.
+struct RowCodec {
+  int64_t dim = 0;
+  int64_t row_bytes = 0;
+  void (*pack)(const float*, int64_t, int64_t, uint8_t*) = nullptr;
+  void (*unpack)(const uint8_t*, int64_t, int64_t, float*) = nullptr;
+  void (*qdq)(const float*, int64_t, int64_t, float*) = nullptr;  // nullptr: identity
+};
+
 class DSV41RT_API CpuExecutor {
  public:
-  CpuExecutor(ModelPlan plan, ModelWeights weights, EngramTables engram);
+  CpuExecutor(ModelPlan plan, ModelWeights weights, EngramTables engram,
+              ExecutorOptions options = {});
 
   RequestState new_request() const;
   /// Runs tokens[0..n) at positions state.length.. and appends them to the state. Writes logits
@@ -41,6 +63,9 @@ class DSV41RT_API CpuExecutor {
                bool all_logits = true);
 
   const ModelPlan& plan() const { return plan_; }
+  /// Decisions of the last forward (record_decisions): "topk_L<l>" [n, index_topk] (sorted, -1 =
+  /// none) for index-source layers and "experts_L<l>" [n, k] (sorted) for every layer.
+  const std::map<std::string, std::vector<int32_t>>& decisions() const { return decisions_; }
   DequantWorkspaces& workspaces() { return workspaces_; }
 
  private:
@@ -52,13 +77,16 @@ class DSV41RT_API CpuExecutor {
                  Shared& shared, const float* x, int64_t n, float* y);
   void compress(const LayerPlan& layer, const AttentionWeights& w, SourceState& src, const float* x,
                 int64_t n);
-  void moe(const LayerPlan& layer, const MoeWeights& w, const float* x, int64_t n, float* y) const;
+  void moe(const LayerPlan& layer, const MoeWeights& w, const float* x, int64_t n, float* y);
 
   ModelPlan plan_;
   ModelWeights weights_;
   EngramTables engram_;
   std::vector<std::vector<float>> inv_freq_;  // per layer
   DequantWorkspaces workspaces_;
+  ExecutorOptions options_;
+  RowCodec window_codec_, kv_codec_, key_codec_;
+  std::map<std::string, std::vector<int32_t>> decisions_;
 };
 
 }  // namespace dsv41rt::model
