@@ -180,6 +180,10 @@ def make_checkpoint(
     files = write_checkpoint(out_dir, tensor_groups(plan, seed), max_shard_bytes, progress)
     if tokenizer:
         _copy_tokenizer(out_dir)
+        if cfg.engram is not None:  # warm the Engram token-map cache so the first run starts fast
+            from ..tokenizer.cache import cached_token_map
+
+            cached_token_map(os.path.join(out_dir, "tokenizer.json"))
     with open(os.path.join(out_dir, "dsv41rt_generated.json"), "w") as f:
         json.dump({"preset": name, "seed": seed, "files": files}, f, indent=2)
         f.write("\n")
