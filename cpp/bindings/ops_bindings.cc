@@ -15,6 +15,7 @@ void register_ops_quant(nb::module_& ops);
 void register_ops_norm(nb::module_& ops);
 void register_ops_moe(nb::module_& ops);
 void register_ops_attention(nb::module_& ops);
+void register_ops_sampling(nb::module_& ops);
 
 namespace {
 using F32In = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
@@ -40,6 +41,7 @@ void register_ops(nb::module_& m) {
   register_ops_norm(ops);
   register_ops_moe(ops);
   register_ops_attention(ops);
+  register_ops_sampling(ops);
 }
 
 }  // namespace dsv41rt::bindings

@@ -1,0 +1,121 @@
+// Continuous-batching scheduler (policy only; the engine runs the model). Each step it decides
+// which request chunks run under a token budget, owns admission against the KV pool, and preempts
+// when the pool runs out mid-generation.
+//
+// Policy, per step (schedule()):
+//   1. Running requests that are decoding get one token each (in admission order).
+//   2. Running requests still prefilling continue in chunks (admission order) while budget remains.
+//   3. Waiting requests are admitted FIFO while budget, a free slot and the pages for their next
+//      chunk are available; a request is never admitted out of FIFO order.
+//   Each scheduled chunk's pages are allocated before the step. If a running request cannot get a
+//   page, the most recently admitted running request is preempted (its slot and pages freed, its
+//   computed tokens dropped; it returns to the FRONT of the queue and later recomputes prompt +
+//   generated tokens), repeatedly, until the page is available; a request never preempts itself if
+//   another running request can be preempted instead.
+// A request whose prompt + max_new_tokens exceed max_context, or could never fit in the whole pool,
+// is rejected at submit with an Error naming the limit.
+//
+// Thread-safety: none; owned by the engine thread.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/engine/kv_pool.h"
+#include "runtime/export.h"
+
+namespace dsv41rt::engine {
+
+struct SchedulerConfig {
+  int64_t max_running = 64;    ///< running requests at once (<= pool slots)
+  int64_t token_budget = 512;  ///< tokens per step (prefill chunks + decodes)
+  int64_t max_context = 0;     ///< max prompt + generated tokens per request (0 = pool capacity)
+};
+
+enum class FinishReason { kNone, kLength, kStop, kAborted };
+
+struct SchedRequest {
+  int64_t id = 0;
+  std::vector<int32_t> tokens;  ///< prompt followed by the tokens generated so far
+  int64_t prompt_len = 0;
+  int64_t max_new_tokens = 0;
+  int64_t computed = 0;  ///< leading tokens whose state is in the cache
+  int32_t slot = -1;
+  std::vector<int32_t> pages;
+  int64_t admit_seq = -1;  ///< order of (latest) admission; -1 while waiting
+  int64_t preemptions = 0;
+  bool running = false;
+
+  int64_t generated() const { return int64_t(tokens.size()) - prompt_len; }
+};
+
+/// One unit of work of a step: run tokens[start, start + count) of a request. `samples` is true
+/// when the chunk ends at the last known token, so the model's output there yields a new token.
+struct ScheduledChunk {
+  int64_t request_id = 0;
+  int64_t start = 0;
+  int64_t count = 0;
+  bool samples = false;
+};
+
+struct StepPlan {
+  std::vector<ScheduledChunk> chunks;
+  /// Requests preempted while planning this step: the engine must forget their cached state
+  /// (their slot and pages are already back in the pool).
+  std::vector<int64_t> preempted;
+};
+
+struct SchedulerStats {
+  int64_t waiting = 0, running = 0;
+  int64_t preemptions = 0;       ///< total since start
+  int64_t admitted = 0;          ///< admissions (re-admissions after preemption included)
+  int64_t finished = 0, aborted = 0;
+  int64_t max_waiting_seen = 0;  ///< largest queue length observed at a schedule()
+};
+
+class DSV41RT_API Scheduler {
+ public:
+  Scheduler(SchedulerConfig config, KvPool& pool);
+
+  /// Queues a request; returns its id. Throws Error (kInvalidArgument / kOutOfRange) naming the
+  /// problem for an empty prompt, max_new_tokens < 1, or a request that cannot fit.
+  int64_t submit(std::vector<int32_t> prompt, int64_t max_new_tokens);
+
+  /// Plans the next step (allocating slots/pages, possibly preempting). Empty when idle.
+  StepPlan schedule();
+
+  /// After the engine ran `plan`: marks the chunks' tokens computed.
+  void complete(const StepPlan& plan);
+  /// Appends a sampled token to a request (after complete()).
+  void append_token(int64_t id, int32_t token);
+  /// Finishes a request (length / stop): frees its slot and pages at once.
+  void finish(int64_t id, FinishReason reason);
+  /// Aborts a waiting or running request; frees its pages at once. Throws Error for unknown ids.
+  void abort(int64_t id);
+
+  const SchedRequest& request(int64_t id) const;  ///< throws Error for unknown ids
+  bool has_request(int64_t id) const;
+  bool idle() const;
+  SchedulerStats stats() const;
+  const SchedulerConfig& config() const { return config_; }
+
+  /// Pool invariants over the live requests (KvPool::check_invariants); throws Error.
+  void check_invariants() const;
+
+ private:
+  void release(SchedRequest& r);
+  bool preempt_one(int64_t protect_id);
+
+  SchedulerConfig config_;
+  KvPool& pool_;
+  std::map<int64_t, SchedRequest> requests_;
+  std::deque<int64_t> waiting_;
+  std::vector<int64_t> running_;  // admission order
+  int64_t next_id_ = 1, next_admit_ = 0;
+  SchedulerStats stats_;
+};
+
+}  // namespace dsv41rt::engine
