@@ -1,0 +1,267 @@
+// Scheduler policy (see scheduler.h). Decisions the header leaves open, settled here:
+//   - config().max_context reports the resolved limit: 0 becomes the pool's capacity in tokens.
+//   - max_running above the pool's slot count is not an error; admission also needs a free slot.
+//   - A request counts as decoding when exactly one known token is not yet computed (this includes
+//     the last token of a prompt or of a recompute); it gets its single token in phase 1.
+//   - Preemption victims are the most recently admitted running request other than the one asking
+//     for pages (the header's rule), even when that victim was admitted before the asker. A victim
+//     already planned earlier in the same step loses its chunk (the budget is refunded), so a
+//     request id is never both in plan.chunks and plan.preempted.
+//   - A request preempted during a step is not re-admitted in that same step (it waits at the
+//     front of the queue, so admission stops for this step), which avoids thrashing.
+//   - complete() ignores chunks of requests that were finished or aborted after schedule().
+//   - max_new_tokens must be >= 1; an engine wanting "0 new tokens" handles that without the
+//     scheduler.
+#include "runtime/engine/scheduler.h"
+
+#include <algorithm>
+
+#include "runtime/status.h"
+
+namespace dsv41rt::engine {
+
+Scheduler::Scheduler(SchedulerConfig config, KvPool& pool) : config_(config), pool_(pool) {
+  DSV41RT_CHECK(config_.max_running >= 1, "scheduler: max_running must be >= 1, got ",
+                config_.max_running);
+  DSV41RT_CHECK(config_.token_budget >= 1, "scheduler: token_budget must be >= 1, got ",
+                config_.token_budget);
+  DSV41RT_CHECK(config_.max_context >= 0, "scheduler: max_context must be >= 0, got ",
+                config_.max_context);
+  const PoolUsage u = pool_.usage();
+  DSV41RT_CHECK(u.pages_total >= 1 && u.slots_total >= 1,
+                "scheduler: the KV pool needs at least one page and one slot (has ", u.pages_total,
+                " pages, ", u.slots_total, " slots)");
+  if (config_.max_context == 0) config_.max_context = u.pages_total * pool_.geometry().page_tokens;
+}
+
+int64_t Scheduler::submit(std::vector<int32_t> prompt, int64_t max_new_tokens) {
+  DSV41RT_CHECK(!prompt.empty(), "scheduler: empty prompt");
+  DSV41RT_CHECK(max_new_tokens >= 1, "scheduler: max_new_tokens must be >= 1, got ",
+                max_new_tokens);
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  const int64_t total = prompt_len + max_new_tokens;
+  DSV41RT_CHECK_CODE(kOutOfRange, total <= config_.max_context, "scheduler: prompt of ", prompt_len,
+                     " tokens + max_new_tokens ", max_new_tokens, " = ", total,
+                     " exceeds max_context ", config_.max_context);
+  const PoolUsage u = pool_.usage();
+  DSV41RT_CHECK_CODE(kOutOfRange, pool_.pages_for(total) <= u.pages_total, "scheduler: prompt of ",
+                     prompt_len, " tokens + max_new_tokens ", max_new_tokens, " = ", total,
+                     " tokens can never fit in the KV pool (", u.pages_total, " pages x ",
+                     pool_.geometry().page_tokens, " = ",
+                     u.pages_total * pool_.geometry().page_tokens, " tokens)");
+  const int64_t id = next_id_++;
+  SchedRequest& r = requests_[id];
+  r.id = id;
+  r.tokens = std::move(prompt);
+  r.prompt_len = prompt_len;
+  r.max_new_tokens = max_new_tokens;
+  waiting_.push_back(id);
+  return id;
+}
+
+bool Scheduler::preempt_one(int64_t protect_id) {
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+    if (*it == protect_id) continue;
+    const int64_t victim = *it;
+    SchedRequest& r = requests_.at(victim);
+    release(r);  // frees slot + pages, removes from running_
+    r.computed = 0;
+    r.admit_seq = -1;
+    r.running = false;
+    ++r.preemptions;
+    ++stats_.preemptions;
+    waiting_.push_front(victim);
+    return true;
+  }
+  return false;
+}
+
+void Scheduler::release(SchedRequest& r) {
+  if (r.slot >= 0) {
+    pool_.free_slot(r.slot);
+    r.slot = -1;
+  }
+  pool_.free_pages(r.pages);
+  if (r.running) {
+    running_.erase(std::find(running_.begin(), running_.end(), r.id));
+  } else {
+    auto it = std::find(waiting_.begin(), waiting_.end(), r.id);
+    if (it != waiting_.end()) waiting_.erase(it);
+  }
+}
+
+StepPlan Scheduler::schedule() {
+  StepPlan plan;
+  stats_.max_waiting_seen = std::max(stats_.max_waiting_seen, int64_t(waiting_.size()));
+  int64_t budget = config_.token_budget;
+
+  // Gets pages for tokens [0, end) of running request `r`, preempting others as needed. A victim
+  // that already has a chunk in this plan loses it (and its budget comes back).
+  auto secure_pages = [&](SchedRequest& r, int64_t end) {
+    while (!pool_.ensure_pages(r.pages, end)) {
+      if (!preempt_one(r.id)) return false;
+      const int64_t victim = waiting_.front();
+      plan.preempted.push_back(victim);
+      for (auto it = plan.chunks.begin(); it != plan.chunks.end();) {
+        if (it->request_id == victim) {
+          budget += it->count;
+          it = plan.chunks.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    return true;
+  };
+  auto add_chunk = [&](const SchedRequest& r, int64_t count) {
+    const int64_t known = static_cast<int64_t>(r.tokens.size());
+    plan.chunks.push_back({r.id, r.computed, count, r.computed + count == known});
+    budget -= count;
+  };
+
+  // 1. Decodes (one token each), admission order. running_ may shrink under us: iterate a copy.
+  const std::vector<int64_t> order = running_;
+  for (int64_t id : order) {
+    if (budget < 1) break;
+    SchedRequest& r = requests_.at(id);
+    if (!r.running) continue;  // preempted earlier in this step
+    if (int64_t(r.tokens.size()) - r.computed != 1) continue;
+    if (secure_pages(r, r.computed + 1)) add_chunk(r, 1);
+  }
+  // 2. Prefill chunks of running requests, admission order.
+  for (int64_t id : order) {
+    if (budget < 1) break;
+    SchedRequest& r = requests_.at(id);
+    if (!r.running) continue;
+    const int64_t remaining = int64_t(r.tokens.size()) - r.computed;
+    if (remaining <= 1) continue;
+    const int64_t count = std::min(budget, remaining);
+    if (secure_pages(r, r.computed + count)) add_chunk(r, count);
+  }
+  // 3. Admissions, strictly FIFO, without preempting anyone.
+  const int64_t max_running = std::min(config_.max_running, pool_.usage().slots_total);
+  while (budget >= 1 && !waiting_.empty() && int64_t(running_.size()) < max_running) {
+    const int64_t id = waiting_.front();
+    if (std::find(plan.preempted.begin(), plan.preempted.end(), id) != plan.preempted.end()) {
+      break;  // preempted in this very step: wait for the next one
+    }
+    SchedRequest& r = requests_.at(id);
+    const int64_t count = std::min(budget, int64_t(r.tokens.size()) - r.computed);
+    if (pool_.free_slot_count() < 1) break;
+    if (!pool_.ensure_pages(r.pages, r.computed + count)) break;
+    r.slot = pool_.alloc_slot();
+    r.running = true;
+    r.admit_seq = next_admit_++;
+    waiting_.pop_front();
+    running_.push_back(id);
+    ++stats_.admitted;
+    add_chunk(r, count);
+  }
+  return plan;
+}
+
+void Scheduler::complete(const StepPlan& plan) {
+  for (const ScheduledChunk& c : plan.chunks) {
+    auto it = requests_.find(c.request_id);
+    if (it == requests_.end()) continue;  // finished or aborted since schedule()
+    SchedRequest& r = it->second;
+    DSV41RT_CHECK(r.running, "scheduler: complete() for request ", r.id, ", which is not running");
+    DSV41RT_CHECK(
+        c.start == r.computed && c.count >= 1 && c.start + c.count <= int64_t(r.tokens.size()),
+        "scheduler: chunk [", c.start, ", ", c.start + c.count, ") of request ", r.id,
+        " does not follow its computed prefix (", r.computed, " of ", r.tokens.size(), " tokens)");
+    r.computed += c.count;
+  }
+}
+
+void Scheduler::append_token(int64_t id, int32_t token) {
+  auto it = requests_.find(id);
+  DSV41RT_CHECK_CODE(kNotFound, it != requests_.end(), "scheduler: no request ", id);
+  SchedRequest& r = it->second;
+  DSV41RT_CHECK(r.running && r.computed == int64_t(r.tokens.size()), "scheduler: request ", id,
+                " has no sampled position to append to (computed ", r.computed, " of ",
+                r.tokens.size(), " tokens)");
+  DSV41RT_CHECK_CODE(kOutOfRange, r.generated() < r.max_new_tokens, "scheduler: request ", id,
+                     " already generated max_new_tokens ", r.max_new_tokens);
+  r.tokens.push_back(token);
+}
+
+void Scheduler::finish(int64_t id, FinishReason reason) {
+  auto it = requests_.find(id);
+  DSV41RT_CHECK_CODE(kNotFound, it != requests_.end(), "scheduler: no request ", id);
+  release(it->second);
+  requests_.erase(it);
+  if (reason == FinishReason::kAborted) {
+    ++stats_.aborted;
+  } else {
+    ++stats_.finished;
+  }
+}
+
+void Scheduler::abort(int64_t id) {
+  DSV41RT_CHECK_CODE(kNotFound, requests_.count(id) != 0, "scheduler: abort of unknown request ",
+                     id);
+  finish(id, FinishReason::kAborted);
+}
+
+const SchedRequest& Scheduler::request(int64_t id) const {
+  auto it = requests_.find(id);
+  DSV41RT_CHECK_CODE(kNotFound, it != requests_.end(), "scheduler: no request ", id);
+  return it->second;
+}
+
+bool Scheduler::has_request(int64_t id) const { return requests_.count(id) != 0; }
+
+bool Scheduler::idle() const { return requests_.empty(); }
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s = stats_;
+  s.waiting = static_cast<int64_t>(waiting_.size());
+  s.running = static_cast<int64_t>(running_.size());
+  return s;
+}
+
+void Scheduler::check_invariants() const {
+  std::vector<const std::vector<int32_t>*> tables;
+  std::vector<int32_t> slots;
+  tables.reserve(requests_.size());
+  for (const auto& [id, r] : requests_) {
+    tables.push_back(&r.pages);
+    const int64_t known = static_cast<int64_t>(r.tokens.size());
+    DSV41RT_CHECK_CODE(kInternal, 0 <= r.computed && r.computed <= known, "scheduler: request ", id,
+                       " computed ", r.computed, " of ", known, " tokens");
+    DSV41RT_CHECK_CODE(kInternal, known <= r.prompt_len + r.max_new_tokens, "scheduler: request ",
+                       id, " holds ", known, " tokens, over its limit");
+    if (r.running) {
+      DSV41RT_CHECK_CODE(kInternal, r.slot >= 0 && r.admit_seq >= 0, "scheduler: running request ",
+                         id, " has no slot/admission");
+      DSV41RT_CHECK_CODE(kInternal, int64_t(r.pages.size()) >= pool_.pages_for(r.computed),
+                         "scheduler: request ", id, " computed ", r.computed, " tokens but holds ",
+                         r.pages.size(), " pages");
+      slots.push_back(r.slot);
+    } else {
+      DSV41RT_CHECK_CODE(kInternal, r.slot < 0 && r.pages.empty() && r.computed == 0,
+                         "scheduler: waiting request ", id, " holds pool storage or state");
+    }
+  }
+  DSV41RT_CHECK_CODE(kInternal, running_.size() + waiting_.size() == requests_.size(),
+                     "scheduler: ", running_.size(), " running + ", waiting_.size(),
+                     " waiting != ", requests_.size(), " live requests");
+  int64_t last_seq = -1;
+  for (int64_t id : running_) {
+    auto it = requests_.find(id);
+    DSV41RT_CHECK_CODE(kInternal, it != requests_.end() && it->second.running,
+                       "scheduler: running list holds ", id, ", which is not running");
+    DSV41RT_CHECK_CODE(kInternal, it->second.admit_seq > last_seq,
+                       "scheduler: running list is not in admission order at ", id);
+    last_seq = it->second.admit_seq;
+  }
+  for (int64_t id : waiting_) {
+    auto it = requests_.find(id);
+    DSV41RT_CHECK_CODE(kInternal, it != requests_.end() && !it->second.running,
+                       "scheduler: queue holds ", id, ", which is not waiting");
+  }
+  pool_.check_invariants(tables, slots);
+}
+
+}  // namespace dsv41rt::engine
