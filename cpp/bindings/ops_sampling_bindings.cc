@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
 
 #include <cstdint>
 #include <optional>
@@ -33,10 +34,11 @@ template <typename T>
 T field(nb::handle value, const std::string& key) {
   try {
     return nb::cast<T>(value);
+  } catch (const nb::python_error&) {
   } catch (const nb::cast_error&) {
-    DSV41RT_THROW("sampling params: '", key, "' has the wrong type (",
-                  nb::cast<std::string>(nb::str(value.type())), ")");
   }
+  DSV41RT_THROW("sampling params: '", key, "' has the wrong type or is out of range: ",
+                nb::cast<std::string>(nb::repr(value)));
 }
 
 // Missing keys keep the SamplingParams defaults; an unknown key is an error naming it.
