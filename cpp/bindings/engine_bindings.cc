@@ -1,5 +1,7 @@
-// dsv41rt._core.Executor: the eager CPU executor with per-request state, for the Python Runtime
-// and the score/generate CLI. Requests are integer handles owned by the executor object.
+// dsv41rt._core.Engine: one loaded model (the CPU executor and its KV pool) with two ways in:
+//   - the serving engine: submit / step / cancel / stats (continuous batching, sampling);
+//   - direct handles for scoring and parity tests: new_handle / forward / release run a request's
+//     tokens through the executor without the scheduler (same pool, same state layout).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
@@ -11,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "bindings/sampling_params.h"
+#include "runtime/engine/engine.h"
 #include "runtime/model/executor.h"
 #include "runtime/model/model_config.h"
 #include "runtime/safetensors.h"
@@ -21,22 +25,37 @@ namespace nb = nanobind;
 namespace dsv41rt::bindings {
 namespace {
 
+using engine::Engine;
 using model::CpuExecutor;
 using model::EngramTables;
-using model::RequestState;
+using I32Array = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
-class PyExecutor {
+const char* finish_reason_name(engine::FinishReason r) {
+  switch (r) {
+    case engine::FinishReason::kLength:
+      return "length";
+    case engine::FinishReason::kStop:
+      return "stop";
+    case engine::FinishReason::kAborted:
+      return "abort";
+    default:
+      return nullptr;
+  }
+}
+
+class PyEngine {
  public:
-  PyExecutor(const std::string& path, nb::object token_map,
-             const std::vector<nb::dict>& engram_layers, bool cache_quant, bool record_decisions) {
+  PyEngine(const std::string& path, nb::object token_map,
+           const std::vector<nb::dict>& engram_layers, bool cache_quant, bool record_decisions,
+           int64_t kv_memory_bytes, int64_t max_running, int64_t token_budget, int64_t max_context,
+           int64_t page_tokens) {
     ModelPlan plan = build_model_plan(load_model_config(path));
     auto ck = std::make_shared<Checkpoint>(path);
     EngramTables tables;
     if (plan.config.engram) {
       DSV41RT_CHECK(!token_map.is_none(), path,
                     ": this model has Engram layers; pass the tokenizer's normalised-token map");
-      auto tm = nb::cast<nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>>(
-          token_map);
+      auto tm = nb::cast<I32Array>(token_map);
       tables.token_map.assign(tm.data(), tm.data() + tm.shape(0));
       for (const nb::dict& d : engram_layers) {
         EngramTables::Layer L;
@@ -46,94 +65,206 @@ class PyExecutor {
         tables.layers.push_back(std::move(L));
       }
     }
+    DSV41RT_CHECK(kv_memory_bytes > 0, "kv_memory_bytes must be positive, got ", kv_memory_bytes);
+    DSV41RT_CHECK(max_running >= 1, "max_running must be >= 1, got ", max_running);
+    DSV41RT_CHECK(token_budget >= 1, "token_budget must be >= 1, got ", token_budget);
+    DSV41RT_CHECK(max_context >= 0, "max_context must be >= 0, got ", max_context);
     model::ModelWeights weights = model::load_weights(ck, plan);
     model::ExecutorOptions options;
     options.cache_quant = cache_quant;
     options.record_decisions = record_decisions;
-    exec_ = std::make_unique<CpuExecutor>(std::move(plan), std::move(weights), std::move(tables),
-                                          options);
+    options.kv_memory_bytes = kv_memory_bytes;
+    options.max_requests = max_running;
+    options.page_tokens = page_tokens;
+    auto exec = std::make_shared<CpuExecutor>(std::move(plan), std::move(weights),
+                                              std::move(tables), options);
+    engine_ = std::make_unique<Engine>(
+        exec, engine::EngineConfig{max_running, token_budget, max_context});
   }
 
-  int64_t new_request() {
-    requests_.emplace(next_id_, exec_->new_request());
-    return next_id_++;
+  ~PyEngine() {
+    for (auto& [id, h] : handles_) free_handle(h);
   }
 
-  nb::ndarray<nb::numpy, float> forward(
-      int64_t rid, nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> tokens,
-      bool all_logits) {
-    RequestState& st = request(rid);
+  // ---- engine ---------------------------------------------------------------------------------
+  int64_t submit(std::vector<int32_t> prompt, int64_t max_new_tokens, nb::dict sampling,
+                 std::vector<int32_t> stop_token_ids, bool ignore_eos) {
+    engine::GenerationParams p;
+    p.max_new_tokens = max_new_tokens;
+    p.sampling = sampling_params_from_dict(sampling);
+    p.stop_token_ids = std::move(stop_token_ids);
+    p.ignore_eos = ignore_eos;
+    return engine_->submit(std::move(prompt), p);
+  }
+
+  nb::list step() {
+    std::vector<engine::RequestOutput> outs;
+    {
+      nb::gil_scoped_release release;  // the forward is pure C++ on engine-owned buffers
+      outs = engine_->step();
+    }
+    nb::list result;
+    for (const engine::RequestOutput& o : outs) {
+      nb::dict d;
+      d["id"] = o.id;
+      d["new_tokens"] = o.new_tokens;
+      d["logprobs"] = o.logprobs;
+      d["top_ids"] = o.top_ids;
+      d["top_logprobs"] = o.top_logprobs;
+      d["finished"] = o.finished;
+      const char* reason = finish_reason_name(o.reason);
+      d["finish_reason"] = reason ? nb::cast(std::string(reason)) : nb::none();
+      result.append(d);
+    }
+    return result;
+  }
+
+  void cancel(int64_t id) { engine_->cancel(id); }
+  bool idle() const { return engine_->idle(); }
+  void check_invariants() const { engine_->check_invariants(); }
+
+  std::map<std::string, int64_t> stats() const {
+    const engine::EngineStats s = engine_->stats();
+    return {{"pages_total", s.pool.pages_total},
+            {"pages_used", s.pool.pages_used},
+            {"slots_total", s.pool.slots_total},
+            {"slots_used", s.pool.slots_used},
+            {"pool_bytes", s.pool.bytes_total},
+            {"page_tokens", exec().pool().geometry().page_tokens},
+            {"waiting", s.scheduler.waiting},
+            {"running", s.scheduler.running},
+            {"preemptions", s.scheduler.preemptions},
+            {"admitted", s.scheduler.admitted},
+            {"finished", s.scheduler.finished},
+            {"aborted", s.scheduler.aborted},
+            {"max_waiting_seen", s.scheduler.max_waiting_seen},
+            {"steps", s.steps},
+            {"tokens_computed", s.tokens_computed},
+            {"tokens_generated", s.tokens_generated},
+            {"dequant_calls", s.dequant.dequant_calls},
+            {"reuse_hits", s.dequant.reuse_hits},
+            {"rows_dequantised", s.dequant.rows_dequantised}};
+  }
+
+  std::string describe_pool() { return exec().pool().describe(); }
+
+  // ---- direct handles -------------------------------------------------------------------------
+  int64_t new_handle() {
+    Handle h;
+    h.slot = exec().pool().alloc_slot();
+    DSV41RT_CHECK_CODE(kOutOfRange, h.slot >= 0, "no free request slot: ", exec().pool().describe(),
+                       "; release a handle or finish requests first");
+    handles_.emplace(next_handle_, std::move(h));
+    return next_handle_++;
+  }
+
+  nb::ndarray<nb::numpy, float> forward(int64_t hid, I32Array tokens, bool all_logits) {
+    Handle& h = handle(hid);
     const int64_t n = tokens.shape(0);
-    DSV41RT_CHECK(n > 0, "forward: empty token list for request ", rid);
-    const int64_t V = exec_->plan().config.vocab_size, rows = all_logits ? n : 1;
+    DSV41RT_CHECK(n > 0, "forward: empty token list for handle ", hid);
+    const int64_t V = exec().plan().config.vocab_size, rows = all_logits ? n : 1;
     float* out = new float[rows * V];
     nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
     {
-      nb::gil_scoped_release release;  // the forward is pure C++ on owned buffers
-      exec_->forward(st, tokens.data(), n, out, all_logits);
+      nb::gil_scoped_release release;
+      DSV41RT_CHECK_CODE(kOutOfRange, exec().pool().ensure_pages(h.pages, h.length + n),
+                         "KV pool exhausted: handle ", hid, " needs ", h.length + n, " positions; ",
+                         exec().pool().describe());
+      std::vector<model::BatchItem> batch(1);
+      batch[0].request = {exec().pool().slot_data(h.slot), h.pages.data(), int64_t(h.pages.size()),
+                          h.length};
+      batch[0].tokens = tokens.data();
+      batch[0].n = n;
+      batch[0].logits = out;
+      batch[0].all_logits = all_logits;
+      exec().forward(batch);
+      h.length += n;
     }
-    last_rows_ = size_t(n);
     return nb::ndarray<nb::numpy, float>(out, {size_t(rows), size_t(V)}, owner);
   }
 
-  void release(int64_t rid) {
-    DSV41RT_CHECK_CODE(kNotFound, requests_.erase(rid) == 1, "unknown request ", rid);
+  void release(int64_t hid) {
+    free_handle(handle(hid));
+    handles_.erase(hid);
   }
-  int64_t length(int64_t rid) { return request(rid).length; }
 
-  std::map<std::string, int64_t> counters() const {
-    const DequantCounters& c = exec_->workspaces().counters();
-    return {{"dequant_calls", c.dequant_calls},
-            {"reuse_hits", c.reuse_hits},
-            {"rows_dequantised", c.rows_dequantised},
-            {"reallocations", c.reallocations}};
-  }
-  void reset_counters() { exec_->workspaces().reset_counters(); }
-  void set_dequant_reuse(bool on) { exec_->workspaces().set_reuse(on); }
-
-  /// Decisions of the last forward, as int32 arrays [n, k].
   nb::dict decisions() const {
     nb::dict out;
-    for (const auto& [name, values] : exec_->decisions()) {
+    const auto& all = engine_->executor().decisions();
+    for (const auto& [name, values] : all) {
+      const ModelConfig& c = engine_->executor().plan().config;
+      int64_t cols = c.index_topk;
+      if (name.rfind("experts_L", 0) == 0) {
+        const int layer = std::stoi(name.substr(9));
+        cols = engine_->executor().plan().layers[layer].experts_per_tok;
+      }
       auto* data = new int32_t[values.empty() ? 1 : values.size()];
       std::copy(values.begin(), values.end(), data);
       nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
-      const size_t rows = last_rows_, cols = rows ? values.size() / rows : 0;
-      out[name.c_str()] = nb::ndarray<nb::numpy, int32_t>(data, {rows, cols}, owner);
+      out[name.c_str()] = nb::ndarray<nb::numpy, int32_t>(
+          data, {values.size() / size_t(cols), size_t(cols)}, owner);
     }
     return out;
   }
 
+  void reset_counters() { exec().workspaces().reset_counters(); }
+  void set_dequant_reuse(bool on) { exec().workspaces().set_reuse(on); }
+
  private:
-  RequestState& request(int64_t rid) {
-    auto it = requests_.find(rid);
-    DSV41RT_CHECK_CODE(kNotFound, it != requests_.end(), "unknown request ", rid);
+  struct Handle {
+    int32_t slot = -1;
+    std::vector<int32_t> pages;
+    int64_t length = 0;
+  };
+
+  CpuExecutor& exec() const { return engine_->executor(); }
+
+  void free_handle(Handle& h) {
+    exec().pool().free_pages(h.pages);
+    if (h.slot >= 0) exec().pool().free_slot(h.slot);
+    h.slot = -1;
+  }
+
+  Handle& handle(int64_t hid) {
+    auto it = handles_.find(hid);
+    DSV41RT_CHECK_CODE(kNotFound, it != handles_.end(), "unknown handle ", hid);
     return it->second;
   }
 
-  std::unique_ptr<CpuExecutor> exec_;
-  std::map<int64_t, RequestState> requests_;
-  int64_t next_id_ = 1;
-  size_t last_rows_ = 0;
+  std::unique_ptr<Engine> engine_;
+  std::map<int64_t, Handle> handles_;
+  int64_t next_handle_ = 1;
 };
 
 }  // namespace
 
-void register_executor(nb::module_& m) {
-  nb::class_<PyExecutor>(m, "Executor", "Eager CPU executor (FP32 reference) of a V4.1 checkpoint.")
-      .def(nb::init<const std::string&, nb::object, const std::vector<nb::dict>&, bool, bool>(),
+void register_engine(nb::module_& m) {
+  nb::class_<PyEngine>(m, "Engine",
+                       "A loaded V4.1 checkpoint on the CPU executor: serving engine "
+                       "(submit/step/cancel/stats) and direct handles (forward).")
+      .def(nb::init<const std::string&, nb::object, const std::vector<nb::dict>&, bool, bool,
+                    int64_t, int64_t, int64_t, int64_t, int64_t>(),
            nb::arg("path"), nb::arg("token_map") = nb::none(),
-           nb::arg("engram_layers") = std::vector<nb::dict>{}, nb::arg("cache_quant") = true,
-           nb::arg("record_decisions") = false)
-      .def("new_request", &PyExecutor::new_request)
-      .def("forward", &PyExecutor::forward, nb::arg("request"), nb::arg("tokens"),
+           nb::arg("engram_layers") = std::vector<nb::dict>{}, nb::kw_only(),
+           nb::arg("cache_quant") = true, nb::arg("record_decisions") = false,
+           nb::arg("kv_memory_bytes") = int64_t(256) << 20, nb::arg("max_running") = 64,
+           nb::arg("token_budget") = 512, nb::arg("max_context") = 0, nb::arg("page_tokens") = 64)
+      .def("submit", &PyEngine::submit, nb::arg("prompt"), nb::arg("max_new_tokens"),
+           nb::arg("sampling") = nb::dict(), nb::arg("stop_token_ids") = std::vector<int32_t>{},
+           nb::arg("ignore_eos") = false)
+      .def("step", &PyEngine::step)
+      .def("cancel", &PyEngine::cancel, nb::arg("id"))
+      .def("idle", &PyEngine::idle)
+      .def("stats", &PyEngine::stats)
+      .def("check_invariants", &PyEngine::check_invariants)
+      .def("describe_pool", &PyEngine::describe_pool)
+      .def("new_handle", &PyEngine::new_handle)
+      .def("forward", &PyEngine::forward, nb::arg("handle"), nb::arg("tokens"),
            nb::arg("all_logits") = true)
-      .def("release", &PyExecutor::release, nb::arg("request"))
-      .def("length", &PyExecutor::length, nb::arg("request"))
-      .def("counters", &PyExecutor::counters)
-      .def("reset_counters", &PyExecutor::reset_counters)
-      .def("set_dequant_reuse", &PyExecutor::set_dequant_reuse, nb::arg("on"))
-      .def("decisions", &PyExecutor::decisions);
+      .def("release", &PyEngine::release, nb::arg("handle"))
+      .def("decisions", &PyEngine::decisions)
+      .def("reset_counters", &PyEngine::reset_counters)
+      .def("set_dequant_reuse", &PyEngine::set_dequant_reuse, nb::arg("on"));
 }
 
 }  // namespace dsv41rt::bindings

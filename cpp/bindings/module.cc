@@ -12,7 +12,7 @@ void register_dtype(nb::module_& m);
 void register_checkpoint(nb::module_& m);
 void register_ops(nb::module_& m);
 void register_model_config(nb::module_& m);
-void register_executor(nb::module_& m);
+void register_engine(nb::module_& m);
 }  // namespace dsv41rt::bindings
 
 NB_MODULE(_core, m) {
@@ -25,7 +25,7 @@ NB_MODULE(_core, m) {
   dsv41rt::bindings::register_checkpoint(m);
   dsv41rt::bindings::register_ops(m);
   dsv41rt::bindings::register_model_config(m);
-  dsv41rt::bindings::register_executor(m);
+  dsv41rt::bindings::register_engine(m);
   m.def("cuda_device_count", &dsv41rt::cuda_device_count,
         "Number of usable CUDA devices (0 for CPU-only builds or without a driver).");
 }

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "bindings/sampling_params.h"
 #include "kernels/sampling.h"
 #include "runtime/status.h"
 
@@ -30,48 +31,6 @@ nb::ndarray<nb::numpy, T> new_array(size_t n) {
   return nb::ndarray<nb::numpy, T>(data, {n}, owner);
 }
 
-template <typename T>
-T field(nb::handle value, const std::string& key) {
-  try {
-    return nb::cast<T>(value);
-  } catch (const nb::python_error&) {
-  } catch (const nb::cast_error&) {
-  }
-  DSV41RT_THROW("sampling params: '", key, "' has the wrong type or is out of range: ",
-                nb::cast<std::string>(nb::repr(value)));
-}
-
-// Missing keys keep the SamplingParams defaults; an unknown key is an error naming it.
-SamplingParams parse_params(const nb::dict& d) {
-  SamplingParams p;
-  for (auto [k, v] : d) {
-    DSV41RT_CHECK(nb::isinstance<nb::str>(k), "sampling params: keys must be strings");
-    const std::string key = nb::cast<std::string>(k);
-    if (key == "temperature") {
-      p.temperature = field<float>(v, key);
-    } else if (key == "top_k") {
-      p.top_k = field<int32_t>(v, key);
-    } else if (key == "top_p") {
-      p.top_p = field<float>(v, key);
-    } else if (key == "min_p") {
-      p.min_p = field<float>(v, key);
-    } else if (key == "presence_penalty") {
-      p.presence_penalty = field<float>(v, key);
-    } else if (key == "frequency_penalty") {
-      p.frequency_penalty = field<float>(v, key);
-    } else if (key == "repetition_penalty") {
-      p.repetition_penalty = field<float>(v, key);
-    } else if (key == "seed") {
-      p.seed = field<uint64_t>(v, key);
-    } else if (key == "top_logprobs") {
-      p.top_logprobs = field<int32_t>(v, key);
-    } else {
-      DSV41RT_THROW("sampling params: unknown key '", key, "'");
-    }
-  }
-  return p;
-}
-
 struct History {
   const int32_t* prompt = nullptr;
   int64_t n_prompt = 0;
@@ -89,7 +48,7 @@ History history(const std::optional<Tokens>& prompt, const std::optional<Tokens>
 nb::ndarray<nb::numpy, float> sampling_probs_np(Logits logits, nb::dict params,
                                                 std::optional<Tokens> prompt,
                                                 std::optional<Tokens> output) {
-  const SamplingParams p = parse_params(params);
+  const SamplingParams p = sampling_params_from_dict(params);
   const History h = history(prompt, output);
   const int64_t V = logits.shape(0);
   auto out = new_array<float>(size_t(V));
@@ -101,7 +60,7 @@ nb::ndarray<nb::numpy, float> sampling_probs_np(Logits logits, nb::dict params,
 
 nb::tuple sample_token_np(Logits logits, nb::dict params, std::optional<Tokens> prompt,
                           std::optional<Tokens> output, uint64_t step) {
-  const SamplingParams p = parse_params(params);
+  const SamplingParams p = sampling_params_from_dict(params);
   const History h = history(prompt, output);
   const int64_t V = logits.shape(0);
   kernels::cpu::SampledToken s;

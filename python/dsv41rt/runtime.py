@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -17,6 +16,7 @@ from . import _core
 from .checkpoint.reader import open_checkpoint
 from .config.engram_layout import engram_layouts
 from .errors import Dsv41rtError
+from .sampling import GREEDY, SamplingParams
 from .tokenizer import engram_multipliers
 from .tokenizer.cache import cached_token_map
 
@@ -25,18 +25,9 @@ class StepOutput(NamedTuple):
     request_id: int
     new_tokens: list[int]
     finished: bool
-    finish_reason: str | None  # "length" | "stop" | None
-
-
-@dataclass
-class _Request:
-    handle: int
-    prompt: list[int]
-    max_new_tokens: int
-    stop_token_ids: frozenset[int]
-    generated: list[int] = field(default_factory=list)
-    next_token: int | None = None
-    finished: bool = False
+    finish_reason: str | None  # "length" | "stop" | "abort" | None
+    logprobs: list[float]  # raw logprob of each new token
+    top_logprobs: list[dict[int, float]]  # per new token, when requested
 
 
 def _engram_inputs(path: str, opened) -> tuple[np.ndarray | None, list[dict]]:
@@ -67,13 +58,25 @@ def _engram_inputs(path: str, opened) -> tuple[np.ndarray | None, list[dict]]:
 
 
 class Runtime:
-    """A loaded model plus its live requests."""
+    """A loaded model: the C++ engine (continuous batching, paged KV pool, sampling) behind it."""
 
     def __init__(
-        self, checkpoint: str, device: str = "cpu", *, cache_quant: bool = True, record_decisions: bool = False
+        self,
+        checkpoint: str,
+        device: str = "cpu",
+        *,
+        kv_memory: int = 256 << 20,
+        max_running: int = 64,
+        token_budget: int = 512,
+        max_context: int = 0,
+        cache_quant: bool = True,
+        record_decisions: bool = False,
     ) -> None:
         """Load `checkpoint` (validated against its config).
 
+        kv_memory sizes the KV pool (bytes for request slots + token pages); max_running caps the
+        requests running at once; token_budget caps the tokens per step (prefill chunks + decodes);
+        max_context caps prompt + generated tokens per request (0 = what the pool holds).
         cache_quant=False keeps every cache in FP32 (a debugging deviation from the released numerics,
         matching the reference's "cache quantisation off" mode); record_decisions keeps each forward's
         indexer top-k and routed experts for `decisions()`.
@@ -85,11 +88,22 @@ class Runtime:
         token_map, layers = _engram_inputs(checkpoint, opened)
         del opened
         try:
-            self._ex = _core.Executor(checkpoint, token_map, layers, cache_quant, record_decisions)
+            self._ex = _core.Engine(
+                checkpoint,
+                token_map,
+                layers,
+                cache_quant=cache_quant,
+                record_decisions=record_decisions,
+                kv_memory_bytes=int(kv_memory),
+                max_running=int(max_running),
+                token_budget=int(token_budget),
+                max_context=int(max_context),
+            )
         except _core.Error as err:
             raise Dsv41rtError(str(err)) from None
-        self._requests: dict[int, _Request] = {}
-        self._next_id = 1
+
+    def describe_pool(self) -> str:
+        return self._ex.describe_pool()
 
     # ---- requests -----------------------------------------------------------------------------
     def _check_ids(self, ids: Sequence[int], what: str) -> list[int]:
@@ -103,57 +117,71 @@ class Runtime:
         return out
 
     def add_request(
-        self, prompt_ids: Sequence[int], max_new_tokens: int = 16, stop_token_ids: Sequence[int] | None = None
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int = 16,
+        sampling: SamplingParams | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+        ignore_eos: bool = False,
     ) -> int:
+        """Queue a request (greedy unless `sampling` says otherwise); returns its id."""
         prompt = self._check_ids(prompt_ids, "prompt_ids")
         if not prompt:
             raise Dsv41rtError("prompt_ids must contain at least one token")
-        if max_new_tokens < 0:
-            raise Dsv41rtError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        stops = frozenset(self._check_ids(stop_token_ids or [], "stop_token_ids"))
-        rid = self._next_id
-        self._next_id += 1
-        self._requests[rid] = _Request(self._ex.new_request(), prompt, max_new_tokens, stops)
-        return rid
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise Dsv41rtError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        stops = self._check_ids(stop_token_ids or [], "stop_token_ids")
+        try:
+            return self._ex.submit(prompt, max_new_tokens, (sampling or GREEDY).to_dict(), stops, ignore_eos)
+        except _core.Error as err:
+            raise Dsv41rtError(str(err)) from None
 
     def abort(self, request_id: int) -> None:
-        req = self._requests.pop(request_id, None)
-        if req is None:
-            raise Dsv41rtError(f"unknown request {request_id}")
-        self._ex.release(req.handle)
+        try:
+            self._ex.cancel(request_id)
+        except _core.Error as err:
+            raise Dsv41rtError(str(err)) from None
 
     def step(self) -> list[StepOutput]:
-        """Advance every live request by one token (prefilling new ones first)."""
+        """Run one engine step: new tokens of the requests that advanced, and finished requests."""
         outs = []
-        for rid, req in list(self._requests.items()):
-            if req.finished:
-                continue
-            if req.max_new_tokens == 0:
-                req.finished = True
-                outs.append(StepOutput(rid, [], True, "length"))
-                continue
-            feed = req.prompt if req.next_token is None else [req.next_token]
-            logits = self._ex.forward(req.handle, np.asarray(feed, np.int32), all_logits=False)
-            tok = int(np.argmax(logits[-1]))
-            req.generated.append(tok)
-            req.next_token = tok
-            reason = (
-                "stop" if tok in req.stop_token_ids else "length" if len(req.generated) >= req.max_new_tokens else None
+        for o in self._ex.step():
+            tops = [dict(zip(ids, lps, strict=True)) for ids, lps in zip(o["top_ids"], o["top_logprobs"], strict=True)]
+            outs.append(
+                StepOutput(o["id"], list(o["new_tokens"]), o["finished"], o["finish_reason"], list(o["logprobs"]), tops)
             )
-            req.finished = reason is not None
-            outs.append(StepOutput(rid, [tok], req.finished, reason))
-        for rid in [r for r, q in self._requests.items() if q.finished]:
-            self._ex.release(self._requests.pop(rid).handle)
         return outs
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int = 16) -> list[list[int]]:
-        """Greedy continuation of each prompt (run together, step by step)."""
-        ids = [self.add_request(p, max_new_tokens) for p in prompts]
-        out: dict[int, list[int]] = {i: [] for i in ids}
-        while any(i in self._requests for i in ids):
-            for o in self.step():
-                out[o.request_id].extend(o.new_tokens)
-        return [out[i] for i in ids]
+    def has_unfinished(self) -> bool:
+        return not self._ex.idle()
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int = 16,
+        sampling: SamplingParams | None = None,
+        sequential: bool = False,
+    ) -> list[list[int]]:
+        """Continuations of every prompt: submitted together (continuous batching) or one at a time."""
+        results: dict[int, list[int]] = {}
+        batches = [[p] for p in prompts] if sequential else [list(prompts)]
+        order = []
+        for batch in batches:
+            ids = [self.add_request(p, max_new_tokens, sampling) for p in batch]
+            order += ids
+            for i in ids:
+                results[i] = []
+            while self.has_unfinished():
+                for o in self.step():
+                    if o.request_id in results:
+                        results[o.request_id].extend(o.new_tokens)
+        return [results[i] for i in order]
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._ex.stats())
+
+    def check_invariants(self) -> None:
+        self._ex.check_invariants()
 
     # ---- scoring ------------------------------------------------------------------------------
     def score(self, prompt_ids: Sequence[int], chunk_size: int | None = None) -> np.ndarray:
@@ -163,37 +191,43 @@ class Runtime:
             raise Dsv41rtError("cannot score an empty prompt")
         if chunk_size is not None and chunk_size < 1:
             raise Dsv41rtError(f"chunk_size must be >= 1, got {chunk_size}")
-        handle = self._ex.new_request()
+        handle = self.new_handle()
         try:
             step = chunk_size or len(prompt)
-            parts = [
-                self._ex.forward(handle, np.asarray(prompt[i : i + step], np.int32), all_logits=True)
-                for i in range(0, len(prompt), step)
-            ]
+            parts = [self.forward_tokens(handle, prompt[i : i + step]) for i in range(0, len(prompt), step)]
         finally:
             self._ex.release(handle)
         return np.concatenate(parts, axis=0)
 
-    # ---- diagnostics --------------------------------------------------------------------------
+    # ---- diagnostics / low level --------------------------------------------------------------
     def dequant_counters(self) -> dict[str, int]:
-        return dict(self._ex.counters())
+        s = self.stats()
+        return {k: s[k] for k in ("dequant_calls", "reuse_hits", "rows_dequantised")}
 
     def reset_dequant_counters(self) -> None:
         self._ex.reset_counters()
+
+    def set_dequant_reuse(self, on: bool) -> None:
+        self._ex.set_dequant_reuse(on)
 
     def decisions(self) -> dict[str, np.ndarray]:
         """The last forward's "topk_L<l>" / "experts_L<l>" arrays (sorted rows), if recording."""
         return dict(self._ex.decisions())
 
-    def set_dequant_reuse(self, on: bool) -> None:
-        self._ex.set_dequant_reuse(on)
+    def new_handle(self) -> int:
+        """A direct executor handle (outside the scheduler) for scoring and parity tests."""
+        try:
+            return self._ex.new_handle()
+        except _core.Error as err:
+            raise Dsv41rtError(str(err)) from None
 
     def forward_tokens(self, handle: int, tokens: Sequence[int]) -> np.ndarray:
-        """Low-level: run tokens on an executor request handle (see new_handle)."""
-        return self._ex.forward(handle, np.asarray(self._check_ids(tokens, "tokens"), np.int32), all_logits=True)
-
-    def new_handle(self) -> int:
-        return self._ex.new_request()
+        """Run tokens on a handle at its next positions; logits float32 [len(tokens), vocab]."""
+        ids = np.asarray(self._check_ids(tokens, "tokens"), np.int32)
+        try:
+            return self._ex.forward(handle, ids, all_logits=True)
+        except _core.Error as err:
+            raise Dsv41rtError(str(err)) from None
 
     def release_handle(self, handle: int) -> None:
         self._ex.release(handle)

@@ -1,9 +1,11 @@
-// The eager CPU reference executor of DeepSeek-V4.1 (architecture spec §2-§7): runs the layer
-// plan over one request's tokens, reading and updating that request's state. FP32 throughout;
+// The eager CPU reference executor of DeepSeek-V4.1 (architecture spec §2-§7). FP32 throughout;
 // cache values pass through the release's quantisers exactly as the reference does.
 //
-// A forward processes the next `n` tokens of a request (a whole prompt, a prefill chunk of any
-// size, or one decode token); prefill + decode equals one forward over the same tokens.
+// A forward runs a batch of items; an item is the next `n` tokens of one request (a whole prompt,
+// a prefill chunk of any size, or one decode token) at positions length.., reading and updating
+// that request's paged state (slot + token pages of the executor's KvPool). Every op computes a
+// row with a fixed reduction order independent of the other rows, so a request's logits do not
+// depend on how its prompt was chunked or on what else is in the batch.
 #pragma once
 
 #include <cstdint>
@@ -13,9 +15,10 @@
 #include <vector>
 
 #include "runtime/dequant_workspace.h"
+#include "runtime/engine/kv_pool.h"
 #include "runtime/export.h"
 #include "runtime/model/layer_plan.h"
-#include "runtime/model/request_state.h"
+#include "runtime/model/state_layout.h"
 #include "runtime/model/weights.h"
 
 namespace dsv41rt::model {
@@ -40,15 +43,20 @@ struct ExecutorOptions {
   /// Record each forward's discrete decisions (indexer top-k and routed experts per layer) so a
   /// parity test can tell a decision flip from a bug.
   bool record_decisions = false;
+  /// KV pool: bytes for slots + token pages, the most requests held at once, positions per page
+  /// (a multiple of every compression ratio).
+  int64_t kv_memory_bytes = 256ll << 20;
+  int64_t max_requests = 64;
+  int64_t page_tokens = 64;
 };
 
-/// How one cache kind is stored: packed release format, or raw FP32 with cache_quant off.
-struct RowCodec {
-  int64_t dim = 0;
-  int64_t row_bytes = 0;
-  void (*pack)(const float*, int64_t, int64_t, uint8_t*) = nullptr;
-  void (*unpack)(const uint8_t*, int64_t, int64_t, float*) = nullptr;
-  void (*qdq)(const float*, int64_t, int64_t, float*) = nullptr;  // nullptr: identity
+/// One unit of a batched forward.
+struct BatchItem {
+  RequestView request;  ///< state; request.length = positions already computed
+  const int32_t* tokens = nullptr;
+  int64_t n = 0;
+  float* logits = nullptr;  ///< [n, vocab] (all_logits) or [1, vocab]
+  bool all_logits = true;
 };
 
 class DSV41RT_API CpuExecutor {
@@ -56,36 +64,39 @@ class DSV41RT_API CpuExecutor {
   CpuExecutor(ModelPlan plan, ModelWeights weights, EngramTables engram,
               ExecutorOptions options = {});
 
-  RequestState new_request() const;
-  /// Runs tokens[0..n) at positions state.length.. and appends them to the state. Writes logits
-  /// [n, vocab] (all_logits) or [1, vocab] (the last position only).
-  void forward(RequestState& state, const int32_t* tokens, int64_t n, float* logits,
-               bool all_logits = true);
+  /// Runs every item; each item's request must hold a slot and pages covering length + n.
+  void forward(std::vector<BatchItem>& items);
 
   const ModelPlan& plan() const { return plan_; }
-  /// Decisions of the last forward (record_decisions): "topk_L<l>" [n, index_topk] (sorted, -1 =
-  /// none) for index-source layers and "experts_L<l>" [n, k] (sorted) for every layer.
+  const StateLayout& layout() const { return *layout_; }
+  engine::KvPool& pool() { return *pool_; }
+  /// Decisions of the last forward (record_decisions): "topk_L<l>" [rows, index_topk] (sorted,
+  /// -1 = none) for index-source layers and "experts_L<l>" [rows, k] (sorted) for every layer,
+  /// rows = all tokens of the batch in item order.
   const std::map<std::string, std::vector<int32_t>>& decisions() const { return decisions_; }
   DequantWorkspaces& workspaces() { return workspaces_; }
 
  private:
-  struct Shared;  // per-forward state shared between layers (published top-k, candidates)
+  struct Shared;
+  struct Item;
   void embed(const int32_t* tokens, int64_t n, float* X) const;
-  void engram(int layer_pos, const BlockWeights& w, const std::vector<int64_t>& cids, int64_t n,
-              float* X) const;
-  void attention(const LayerPlan& layer, const AttentionWeights& w, RequestState& state,
-                 Shared& shared, const float* x, int64_t n, float* y);
-  void compress(const LayerPlan& layer, const AttentionWeights& w, SourceState& src, const float* x,
-                int64_t n);
+  void engram(int layer_pos, const BlockWeights& w, const Item& it, float* X) const;
+  void attention(const LayerPlan& layer, const AttentionWeights& w, std::vector<Item>& items,
+                 const float* x, float* y);
+  void compress(const LayerPlan& layer, const AttentionWeights& w, Item& it, const float* x);
+  void item_attention(const LayerPlan& layer, const AttentionWeights& w, Item& it, Shared& shared,
+                      const float* comp, const float* x, const float* qr, float* q, float* kv,
+                      float* y);
   void moe(const LayerPlan& layer, const MoeWeights& w, const float* x, int64_t n, float* y);
 
   ModelPlan plan_;
   ModelWeights weights_;
   EngramTables engram_;
-  std::vector<std::vector<float>> inv_freq_;  // per layer
-  DequantWorkspaces workspaces_;
   ExecutorOptions options_;
-  RowCodec window_codec_, kv_codec_, key_codec_;
+  std::vector<std::vector<float>> inv_freq_;  // per layer
+  std::unique_ptr<StateLayout> layout_;
+  std::unique_ptr<engine::KvPool> pool_;
+  DequantWorkspaces workspaces_;
   std::map<std::string, std::vector<int32_t>> decisions_;
 };
 

@@ -1,0 +1,15 @@
+// Sampling parameters from a Python dict whose keys are the SamplingParams fields (shared by the
+// ops binding and the engine binding).
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include "kernels/sampling.h"
+
+namespace dsv41rt::bindings {
+
+/// Missing keys keep the defaults; an unknown key or a value of the wrong type is an Error naming
+/// the key. Values are range-checked later by validate_sampling_params.
+kernels::cpu::SamplingParams sampling_params_from_dict(const nanobind::dict& d);
+
+}  // namespace dsv41rt::bindings

@@ -1,0 +1,161 @@
+#include "runtime/engine/engine.h"
+
+#include <algorithm>
+#include <map>
+#include <unordered_set>
+
+#include "runtime/status.h"
+
+namespace dsv41rt::engine {
+
+class Engine::Impl {
+ public:
+  Impl(std::shared_ptr<model::CpuExecutor> executor, EngineConfig config)
+      : exec_(std::move(executor)),
+        config_(config),
+        scheduler_(SchedulerConfig{std::min(config.max_running, exec_->pool().usage().slots_total),
+                                   config.token_budget, config.max_context},
+                   exec_->pool()) {}
+
+  int64_t submit(std::vector<int32_t> prompt, const GenerationParams& params) {
+    const ModelConfig& c = exec_->plan().config;
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      DSV41RT_CHECK(prompt[i] >= 0 && prompt[i] < c.vocab_size, "prompt token ", i, " = ",
+                    prompt[i], " is outside the vocabulary [0, ", c.vocab_size, ")");
+    }
+    for (int32_t t : params.stop_token_ids) {
+      DSV41RT_CHECK(t >= 0 && t < c.vocab_size, "stop token id ", t, " is outside the vocabulary");
+    }
+    DSV41RT_CHECK(params.max_new_tokens >= 1, "max_new_tokens must be >= 1, got ",
+                  params.max_new_tokens);
+    kernels::cpu::validate_sampling_params(params.sampling, c.vocab_size);
+    const int64_t id = scheduler_.submit(std::move(prompt), params.max_new_tokens);
+    Meta& m = meta_[id];
+    m.params = params;
+    m.stops.insert(params.stop_token_ids.begin(), params.stop_token_ids.end());
+    if (!params.ignore_eos) m.stops.insert(c.eos_token_id);
+    return id;
+  }
+
+  std::vector<RequestOutput> step() {
+    std::vector<RequestOutput> outputs;
+    for (int64_t id : cancelled_) outputs.push_back(finished_output(id, FinishReason::kAborted));
+    cancelled_.clear();
+    StepPlan plan = scheduler_.schedule();
+    if (plan.chunks.empty()) return outputs;
+    const int64_t V = exec_->plan().config.vocab_size;
+    std::vector<model::BatchItem> batch(plan.chunks.size());
+    logits_.resize(plan.chunks.size() * V);
+    KvPool& pool = exec_->pool();
+    for (size_t i = 0; i < plan.chunks.size(); ++i) {
+      const ScheduledChunk& ch = plan.chunks[i];
+      const SchedRequest& r = scheduler_.request(ch.request_id);
+      model::BatchItem& b = batch[i];
+      b.request = {pool.slot_data(r.slot), r.pages.data(), int64_t(r.pages.size()), ch.start};
+      b.tokens = r.tokens.data() + ch.start;
+      b.n = ch.count;
+      b.logits = logits_.data() + i * V;
+      b.all_logits = false;
+      tokens_computed_ += ch.count;
+    }
+    exec_->forward(batch);
+    scheduler_.complete(plan);
+    ++steps_;
+    for (size_t i = 0; i < plan.chunks.size(); ++i) {
+      const ScheduledChunk& ch = plan.chunks[i];
+      if (!ch.samples) continue;
+      const SchedRequest& r = scheduler_.request(ch.request_id);
+      Meta& m = meta_.at(ch.request_id);
+      const int32_t* toks = r.tokens.data();
+      const kernels::cpu::SampledToken s = kernels::cpu::sample_token(
+          logits_.data() + i * V, V, m.params.sampling, toks, r.prompt_len, toks + r.prompt_len,
+          r.generated(), uint64_t(r.generated()));
+      RequestOutput out;
+      out.id = ch.request_id;
+      out.new_tokens.push_back(s.token);
+      out.logprobs.push_back(s.logprob);
+      if (m.params.sampling.top_logprobs > 0) {
+        out.top_ids.push_back(s.top_ids);
+        out.top_logprobs.push_back(s.top_logprobs);
+      }
+      scheduler_.append_token(ch.request_id, s.token);
+      ++tokens_generated_;
+      const int64_t generated = scheduler_.request(ch.request_id).generated();
+      if (m.stops.count(s.token)) {
+        out.reason = FinishReason::kStop;
+      } else if (generated >= m.params.max_new_tokens) {
+        out.reason = FinishReason::kLength;
+      }
+      if (out.reason != FinishReason::kNone) {
+        out.finished = true;
+        scheduler_.finish(ch.request_id, out.reason);
+        meta_.erase(ch.request_id);
+      }
+      outputs.push_back(std::move(out));
+    }
+    return outputs;
+  }
+
+  void cancel(int64_t id) {
+    DSV41RT_CHECK_CODE(kNotFound, scheduler_.has_request(id), "unknown request ", id);
+    scheduler_.abort(id);
+    meta_.erase(id);
+    cancelled_.push_back(id);
+  }
+
+  bool idle() const { return scheduler_.idle() && cancelled_.empty(); }
+
+  EngineStats stats() const {
+    EngineStats s;
+    s.pool = exec_->pool().usage();
+    s.scheduler = scheduler_.stats();
+    s.dequant = exec_->workspaces().counters();
+    s.steps = steps_;
+    s.tokens_computed = tokens_computed_;
+    s.tokens_generated = tokens_generated_;
+    return s;
+  }
+
+  void check_invariants() const { scheduler_.check_invariants(); }
+  model::CpuExecutor& executor() { return *exec_; }
+
+ private:
+  struct Meta {
+    GenerationParams params;
+    std::unordered_set<int32_t> stops;
+  };
+
+  static RequestOutput finished_output(int64_t id, FinishReason reason) {
+    RequestOutput out;
+    out.id = id;
+    out.finished = true;
+    out.reason = reason;
+    return out;
+  }
+
+  std::shared_ptr<model::CpuExecutor> exec_;
+  EngineConfig config_;
+  Scheduler scheduler_;
+  std::map<int64_t, Meta> meta_;
+  std::vector<int64_t> cancelled_;
+  std::vector<float> logits_;
+  int64_t steps_ = 0, tokens_computed_ = 0, tokens_generated_ = 0;
+};
+
+Engine::Engine(std::shared_ptr<model::CpuExecutor> executor, EngineConfig config)
+    : impl_(std::make_unique<Impl>(std::move(executor), config)) {}
+Engine::~Engine() = default;
+Engine::Engine(Engine&&) noexcept = default;
+Engine& Engine::operator=(Engine&&) noexcept = default;
+
+int64_t Engine::submit(std::vector<int32_t> prompt, const GenerationParams& params) {
+  return impl_->submit(std::move(prompt), params);
+}
+std::vector<RequestOutput> Engine::step() { return impl_->step(); }
+void Engine::cancel(int64_t id) { impl_->cancel(id); }
+bool Engine::idle() const { return impl_->idle(); }
+EngineStats Engine::stats() const { return impl_->stats(); }
+void Engine::check_invariants() const { impl_->check_invariants(); }
+model::CpuExecutor& Engine::executor() { return impl_->executor(); }
+
+}  // namespace dsv41rt::engine

@@ -1,0 +1,78 @@
+// The serving engine: continuous batching over one executor. submit() queues a request; each
+// step() schedules a batch (decodes + prefill chunks under the token budget, admitting and
+// preempting against the KV pool), runs one batched forward, samples every request whose chunk
+// reached its last token, and returns the new tokens and finished requests.
+//
+// Thread-safety: none; one engine thread owns it (the Python binding releases the GIL around
+// step(), and the C API serialises calls).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/sampling.h"
+#include "runtime/engine/scheduler.h"
+#include "runtime/export.h"
+#include "runtime/model/executor.h"
+
+namespace dsv41rt::engine {
+
+struct EngineConfig {
+  int64_t max_running = 64;    ///< requests running at once (also the pool's slot count)
+  int64_t token_budget = 512;  ///< tokens per step
+  int64_t max_context = 0;     ///< 0 = what the pool holds
+};
+
+struct GenerationParams {
+  int64_t max_new_tokens = 16;
+  kernels::cpu::SamplingParams sampling;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;  ///< otherwise the model's eos_token_id also stops
+};
+
+struct RequestOutput {
+  int64_t id = 0;
+  std::vector<int32_t> new_tokens;
+  std::vector<float> logprobs;                   ///< raw logprob of each new token
+  std::vector<std::vector<int32_t>> top_ids;     ///< per new token, when top_logprobs > 0
+  std::vector<std::vector<float>> top_logprobs;  ///< per new token
+  bool finished = false;
+  FinishReason reason = FinishReason::kNone;
+};
+
+struct EngineStats {
+  PoolUsage pool;
+  SchedulerStats scheduler;
+  DequantCounters dequant;
+  int64_t steps = 0;
+  int64_t tokens_computed = 0;  ///< positions run through the model (recomputation included)
+  int64_t tokens_generated = 0;
+};
+
+class DSV41RT_API Engine {
+ public:
+  Engine(std::shared_ptr<model::CpuExecutor> executor, EngineConfig config);
+  ~Engine();
+  Engine(Engine&&) noexcept;
+  Engine& operator=(Engine&&) noexcept;
+
+  /// Queues a request; throws Error naming the bad field (token ids, limits, sampling params).
+  int64_t submit(std::vector<int32_t> prompt, const GenerationParams& params);
+  /// Runs one step; empty when there is nothing to do.
+  std::vector<RequestOutput> step();
+  /// Cancels a waiting or running request and frees its pages at once (kNotFound if unknown).
+  void cancel(int64_t id);
+  bool idle() const;
+  EngineStats stats() const;
+  /// Pool invariants over the live requests; throws Error on a violation.
+  void check_invariants() const;
+  model::CpuExecutor& executor();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dsv41rt::engine
