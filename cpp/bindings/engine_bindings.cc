@@ -131,6 +131,8 @@ class PyEngine {
             {"slots_used", s.pool.slots_used},
             {"pool_bytes", s.pool.bytes_total},
             {"page_tokens", exec().pool().geometry().page_tokens},
+            {"page_bytes", exec().pool().geometry().page_bytes},
+            {"slot_bytes", exec().pool().geometry().slot_bytes},
             {"waiting", s.scheduler.waiting},
             {"running", s.scheduler.running},
             {"preemptions", s.scheduler.preemptions},

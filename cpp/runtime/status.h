@@ -79,6 +79,13 @@ std::string str_cat(const Args&... args) {
 [[noreturn]] DSV41RT_API void throw_error(StatusCode kind, const char* file, int line,
                                           const std::string& message);
 
+// The message of a failed check: the caller's message if there is one, else the condition text.
+inline std::string check_message(const char* condition) { return condition; }
+template <typename First, typename... Rest>
+std::string check_message(const char*, First&& first, Rest&&... rest) {
+  return str_cat(std::forward<First>(first), std::forward<Rest>(rest)...);
+}
+
 }  // namespace detail
 }  // namespace dsv41rt
 
@@ -94,13 +101,14 @@ std::string str_cat(const Args&... args) {
                                  ::dsv41rt::detail::str_cat(__VA_ARGS__))
 
 // DSV41RT_CHECK(x > 0, "bad x: ", x): throws Error(kInvalidArgument) when cond is false. The
-// message args are only evaluated on failure. With no message, the condition text is used.
+// message args are only evaluated on failure. The message is what users read, so the condition
+// text appears only when there is no message.
 #define DSV41RT_CHECK(cond, ...)                                                                \
   do {                                                                                          \
     if (!(cond)) [[unlikely]] {                                                                 \
       ::dsv41rt::detail::throw_error(                                                           \
           ::dsv41rt::StatusCode::kInvalidArgument, __FILE__, __LINE__,                          \
-          ::dsv41rt::detail::str_cat("check failed: " #cond __VA_OPT__(, ": ", ) __VA_ARGS__)); \
+          ::dsv41rt::detail::check_message("check failed: " #cond __VA_OPT__(, ) __VA_ARGS__)); \
     }                                                                                           \
   } while (0)
 
@@ -109,6 +117,6 @@ std::string str_cat(const Args&... args) {
     if (!(cond)) [[unlikely]] {                                                                 \
       ::dsv41rt::detail::throw_error(                                                           \
           ::dsv41rt::StatusCode::code, __FILE__, __LINE__,                                      \
-          ::dsv41rt::detail::str_cat("check failed: " #cond __VA_OPT__(, ": ", ) __VA_ARGS__)); \
+          ::dsv41rt::detail::check_message("check failed: " #cond __VA_OPT__(, ) __VA_ARGS__)); \
     }                                                                                           \
   } while (0)

@@ -69,6 +69,7 @@ class Runtime:
         max_running: int = 64,
         token_budget: int = 512,
         max_context: int = 0,
+        page_tokens: int = 64,
         cache_quant: bool = True,
         record_decisions: bool = False,
     ) -> None:
@@ -76,7 +77,8 @@ class Runtime:
 
         kv_memory sizes the KV pool (bytes for request slots + token pages); max_running caps the
         requests running at once; token_budget caps the tokens per step (prefill chunks + decodes);
-        max_context caps prompt + generated tokens per request (0 = what the pool holds).
+        max_context caps prompt + generated tokens per request (0 = what the pool holds); page_tokens is
+        the KV page size in positions (a multiple of every compression ratio).
         cache_quant=False keeps every cache in FP32 (a debugging deviation from the released numerics,
         matching the reference's "cache quantisation off" mode); record_decisions keeps each forward's
         indexer top-k and routed experts for `decisions()`.
@@ -98,6 +100,7 @@ class Runtime:
                 max_running=int(max_running),
                 token_budget=int(token_budget),
                 max_context=int(max_context),
+                page_tokens=int(page_tokens),
             )
         except _core.Error as err:
             raise Dsv41rtError(str(err)) from None
@@ -161,13 +164,14 @@ class Runtime:
         max_new_tokens: int = 16,
         sampling: SamplingParams | None = None,
         sequential: bool = False,
+        ignore_eos: bool = False,
     ) -> list[list[int]]:
         """Continuations of every prompt: submitted together (continuous batching) or one at a time."""
         results: dict[int, list[int]] = {}
         batches = [[p] for p in prompts] if sequential else [list(prompts)]
         order = []
         for batch in batches:
-            ids = [self.add_request(p, max_new_tokens, sampling) for p in batch]
+            ids = [self.add_request(p, max_new_tokens, sampling, ignore_eos=ignore_eos) for p in batch]
             order += ids
             for i in ids:
                 results[i] = []

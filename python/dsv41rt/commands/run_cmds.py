@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 import numpy as np
 
 from ..errors import Dsv41rtError
+from .make_checkpoint_cmd import _size
 
 
 def load_prompts(path: str) -> list[list[int]]:
@@ -36,6 +38,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", required=True, help="JSON file: a list of lists of token ids")
     p.add_argument("--out", required=True, help="output file")
     p.add_argument("--device", default="cpu", choices=["cpu"], help="execution device (default cpu)")
+    p.add_argument("--kv-memory", type=_size, default=256 << 20, help="KV pool size in bytes (default 256M)")
+    p.add_argument("--max-running", type=int, default=64, help="requests running at once (default 64)")
+    p.add_argument("--token-budget", type=int, default=512, help="tokens per engine step (default 512)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,14 +51,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = sub.add_parser("generate", help="greedy continuation of every prompt, to a JSON list")
     _common(g)
     g.add_argument("--max-new-tokens", type=int, required=True)
+    g.add_argument(
+        "--sequential", action="store_true", help="run the prompts one at a time (default: all at once, batched)"
+    )
+    g.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's end-of-sequence token")
     g.set_defaults(run=run_generate)
 
 
-def run_score(args: argparse.Namespace) -> int:
+def _runtime(args: argparse.Namespace):
     from ..runtime import Runtime
 
+    for name in ("max_running", "token_budget"):
+        if getattr(args, name) < 1:
+            raise Dsv41rtError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    rt = Runtime(
+        args.checkpoint,
+        device=args.device,
+        kv_memory=args.kv_memory,
+        max_running=args.max_running,
+        token_budget=args.token_budget,
+    )
+    print(rt.describe_pool(), file=sys.stderr)  # capacity: tokens and concurrent requests
+    return rt
+
+
+def run_score(args: argparse.Namespace) -> int:
     prompts = load_prompts(args.prompts)
-    rt = Runtime(args.checkpoint, device=args.device)
+    rt = _runtime(args)
     t0 = time.time()
     out = {f"logits_{i}": rt.score(p, chunk_size=args.chunk_size) for i, p in enumerate(prompts)}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
@@ -64,19 +88,22 @@ def run_score(args: argparse.Namespace) -> int:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from ..runtime import Runtime
-
-    if args.max_new_tokens < 0:
-        raise Dsv41rtError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if args.max_new_tokens < 1:
+        raise Dsv41rtError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     prompts = load_prompts(args.prompts)
-    rt = Runtime(args.checkpoint, device=args.device)
+    rt = _runtime(args)
     t0 = time.time()
-    out = rt.generate(prompts, max_new_tokens=args.max_new_tokens)
+    out = rt.generate(
+        prompts, max_new_tokens=args.max_new_tokens, sequential=args.sequential, ignore_eos=args.ignore_eos
+    )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(out, f)
         f.write("\n")
+    stats = rt.stats()
     print(
-        f"generated {sum(map(len, out))} tokens for {len(prompts)} prompt(s) in {time.time() - t0:.2f}s -> {args.out}"
+        f"generated {sum(map(len, out))} tokens for {len(prompts)} prompt(s) in {time.time() - t0:.2f}s "
+        f"({stats['steps']} steps, {stats['preemptions']} preemptions, max queue {stats['max_waiting_seen']}) "
+        f"-> {args.out}"
     )
     return 0
