@@ -76,6 +76,7 @@ class PyEngine {
     options.kv_memory_bytes = kv_memory_bytes;
     options.max_requests = max_running;
     options.page_tokens = page_tokens;
+    options.token_budget = token_budget;
     auto exec = std::make_shared<CpuExecutor>(std::move(plan), std::move(weights),
                                               std::move(tables), options);
     engine_ = std::make_unique<Engine>(
@@ -133,6 +134,8 @@ class PyEngine {
             {"page_tokens", exec().pool().geometry().page_tokens},
             {"page_bytes", exec().pool().geometry().page_bytes},
             {"slot_bytes", exec().pool().geometry().slot_bytes},
+            {"workspace_bytes_per_page", exec().memory_plan().workspace_bytes_per_page},
+            {"scratch_bytes", exec().memory_plan().scratch_bytes},
             {"waiting", s.scheduler.waiting},
             {"running", s.scheduler.running},
             {"preemptions", s.scheduler.preemptions},
@@ -148,7 +151,9 @@ class PyEngine {
             {"rows_dequantised", s.dequant.rows_dequantised}};
   }
 
-  std::string describe_pool() { return exec().pool().describe(); }
+  std::string describe_pool() {
+    return exec().pool().describe() + "\n" + exec().memory_plan().describe();
+  }
 
   // ---- direct handles -------------------------------------------------------------------------
   int64_t new_handle() {

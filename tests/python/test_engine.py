@@ -60,7 +60,7 @@ def test_exhausted_pool_queues_and_preempts_and_stays_correct(tiny_v41_dir: str,
     st = probe.stats()
     del probe
     # Room for 8 slots but only ~2 requests' pages: each request needs ceil((40 + 24) / 16) = 4 pages.
-    budget = 8 * st["slot_bytes"] + 9 * st["page_bytes"]
+    budget = st["scratch_bytes"] + 8 * st["slot_bytes"] + 9 * (st["page_bytes"] + st["workspace_bytes_per_page"])
     rt = Runtime(tiny_v41_dir, kv_memory=budget, page_tokens=16, max_running=8)
     assert rt.stats()["pages_total"] == 9
     prompts = [prompt(40, seed=200 + i) for i in range(8)]
@@ -134,7 +134,22 @@ def test_generate_cli_batched_equals_sequential(tmp_path, tiny_v41_dir: str, cap
     args = ["generate", "--checkpoint", tiny_v41_dir, "--prompts", str(prompts), "--max-new-tokens", "5"]
     assert main([*args, "--out", str(tmp_path / "a.json")]) == 0
     assert main([*args, "--sequential", "--out", str(tmp_path / "b.json")]) == 0
-    assert main([*args, "--kv-memory", "120K", "--max-running", "4", "--out", str(tmp_path / "c.json")]) == 0
+    assert (
+        main(
+            [
+                *args,
+                "--kv-memory",
+                "4M",
+                "--max-running",
+                "2",
+                "--token-budget",
+                "32",
+                "--out",
+                str(tmp_path / "c.json"),
+            ]
+        )
+        == 0
+    )
     a, b, c = (json.loads((tmp_path / f"{x}.json").read_text()) for x in "abc")
     assert a == b == c
     assert "KV pool:" in capsys.readouterr().err

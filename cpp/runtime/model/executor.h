@@ -48,6 +48,22 @@ struct ExecutorOptions {
   int64_t kv_memory_bytes = 256ll << 20;
   int64_t max_requests = 64;
   int64_t page_tokens = 64;
+  /// Tokens per forward the engine will schedule (sizes the activation scratch in the budget).
+  int64_t token_budget = 512;
+};
+
+/// Where the memory budget goes (closed form; see MemoryPlan::plan in executor.cc). Everything
+/// that grows with the pool is charged per page, everything that grows with the batch is fixed.
+struct DSV41RT_API MemoryPlan {
+  int64_t budget_bytes = 0;
+  int64_t slot_bytes = 0, num_slots = 0;  ///< per-request fixed state
+  int64_t page_bytes = 0, num_pages = 0;  ///< compressed KV + index keys of page_tokens positions
+  int64_t page_tokens = 0;
+  int64_t workspace_bytes_per_page =
+      0;                      ///< dequant workspaces + forward buffers that scale with context
+  int64_t scratch_bytes = 0;  ///< activations of one forward (token_budget rows) + logits
+  int64_t bytes_per_token() const { return page_bytes / page_tokens; }
+  std::string describe() const;
 };
 
 /// One unit of a batched forward.
@@ -70,6 +86,7 @@ class DSV41RT_API CpuExecutor {
   const ModelPlan& plan() const { return plan_; }
   const StateLayout& layout() const { return *layout_; }
   engine::KvPool& pool() { return *pool_; }
+  const MemoryPlan& memory_plan() const { return memory_; }
   /// Decisions of the last forward (record_decisions): "topk_L<l>" [rows, index_topk] (sorted,
   /// -1 = none) for index-source layers and "experts_L<l>" [rows, k] (sorted) for every layer,
   /// rows = all tokens of the batch in item order.
@@ -95,6 +112,7 @@ class DSV41RT_API CpuExecutor {
   ExecutorOptions options_;
   std::vector<std::vector<float>> inv_freq_;  // per layer
   std::unique_ptr<StateLayout> layout_;
+  MemoryPlan memory_;
   std::unique_ptr<engine::KvPool> pool_;
   DequantWorkspaces workspaces_;
   std::map<std::string, std::vector<int32_t>> decisions_;
