@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from dsv41rt import _core
 
 pytestmark = pytest.mark.cuda
