@@ -1,0 +1,148 @@
+#include <cmath>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/engram.cuh"
+
+namespace dsv41rt::kernels::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+
+// One thread per position (grid-stride), the CPU loop verbatim.
+__global__ void engram_hash_rows_kernel(const int64_t* __restrict__ ids, int64_t S,
+                                        int64_t max_ngram, int64_t n_heads,
+                                        const int64_t* __restrict__ mult,
+                                        const int64_t* __restrict__ primes,
+                                        const int64_t* __restrict__ offsets, int64_t pad_id,
+                                        int64_t* __restrict__ rows) {
+  const int64_t cols = (max_ngram - 1) * n_heads, hist = max_ngram - 1;
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < S;
+       t += int64_t(gridDim.x) * blockDim.x) {
+    int64_t* out = rows + t * cols;
+    bool blocked = false;
+    uint64_t rolling = 0;
+    for (int64_t s = 0; s < max_ngram; ++s) {
+      const int64_t src = ids[hist + t - s];
+      blocked = blocked || src < 0;
+      const int64_t tok = blocked ? pad_id : src;
+      const uint64_t v = static_cast<uint64_t>(tok) * static_cast<uint64_t>(mult[s]);
+      rolling = s == 0 ? v : (rolling ^ v);
+      if (s == 0) continue;
+      const int64_t r = static_cast<int64_t>(rolling);
+      for (int64_t h = 0; h < n_heads; ++h) {
+        const int64_t c = (s - 1) * n_heads + h;
+        int64_t m = r % primes[c];
+        if (m < 0) m += primes[c];
+        out[c] = m + offsets[c];
+      }
+    }
+  }
+}
+
+// kv[t, o] = emb[t, :] · wkv[o, :], one warp per output element (grid-stride over warps).
+__global__ void engram_kv_kernel(const float* __restrict__ emb, const float* __restrict__ wkv,
+                                 int64_t S, int64_t kvw, int64_t D, float* __restrict__ kv) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
+  for (int64_t o = blockIdx.x * int64_t(blockDim.x / kWarp) + threadIdx.x / kWarp; o < S * kvw;
+       o += warps) {
+    const int64_t t = o / kvw, c = o % kvw;
+    const float* a = emb + t * D;
+    const float* b = wkv + c * D;
+    float acc = 0.0f;
+    for (int64_t i = lane; i < D; i += kWarp) acc += a[i] * b[i];
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) kv[o] = acc;
+  }
+}
+
+// Block-wide FP64 sum of three values (all threads get the totals).
+__device__ void block_sum3(double& a, double& b, double& c) {
+  __shared__ double part[3][32];
+  for (int off = 16; off > 0; off >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, off);
+    b += __shfl_xor_sync(0xffffffffu, b, off);
+    c += __shfl_xor_sync(0xffffffffu, c, off);
+  }
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int warps = (blockDim.x + kWarp - 1) / kWarp;
+  if (lane == 0) part[0][warp] = a, part[1][warp] = b, part[2][warp] = c;
+  __syncthreads();
+  a = b = c = 0.0;
+  for (int w = 0; w < warps; ++w) a += part[0][w], b += part[1][w], c += part[2][w];
+  __syncthreads();  // part is reused by the next call
+}
+
+// One block per (token, stream) (grid-stride): FP64 reductions, the gate, then X += gate · value.
+__global__ void engram_update_kernel(float* __restrict__ X, const float* __restrict__ kv,
+                                     const float* __restrict__ q_weight,
+                                     const float* __restrict__ k_weight,
+                                     const uint8_t* __restrict__ token_mask, int64_t S, int64_t n,
+                                     int64_t H, float eps, float inv_sqrt_h) {
+  const int64_t kvw = (n + 1) * H;
+  const float fH = static_cast<float>(H);
+  for (int64_t b = blockIdx.x; b < S * n; b += gridDim.x) {
+    const int64_t t = b / n, i = b % n;
+    float* xi = X + b * H;
+    const float* ki = kv + t * kvw + i * H;
+    const float* value = kv + t * kvw + n * H;
+    const float* qw = q_weight + i * H;
+    const float* kw = k_weight + i * H;
+    const bool live = token_mask == nullptr || token_mask[t] != 0;  // block-uniform
+    float gate = 0.0f;
+    if (live) {
+      double sx = 0, sk = 0, sd = 0;
+      for (int64_t c = threadIdx.x; c < H; c += blockDim.x) {
+        const float x = xi[c], kk = ki[c];
+        const float w = __fmul_rn(qw[c], kw[c]);
+        sx += double(x) * double(x);
+        sk += double(kk) * double(kk);
+        sd += double(__fmul_rn(x, w)) * double(kk);
+      }
+      block_sum3(sx, sk, sd);
+      const float rstd = (1.0f / sqrtf(static_cast<float>(sx) / fH + eps)) *
+                         (1.0f / sqrtf(static_cast<float>(sk) / fH + eps));
+      const float dot = static_cast<float>(sd) * rstd * inv_sqrt_h;
+      const float a = fabsf(dot);
+      const float mag = sqrtf(a < 1e-6f ? 1e-6f : a);
+      const float z = copysignf(mag, dot);
+      gate = 1.0f / (1.0f + expf(-z));
+    }
+    // Every read of xi above finished before block_sum3's barrier; writes start only now.
+    for (int64_t c = threadIdx.x; c < H; c += blockDim.x) xi[c] = xi[c] + gate * value[c];
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+cudaError_t engram_hash_rows(const int64_t* compressed_ids, int64_t S, int64_t max_ngram,
+                             int64_t n_heads, const int64_t* multipliers, const int64_t* primes,
+                             const int64_t* offsets, int64_t pad_id, int64_t* rows,
+                             cudaStream_t stream) {
+  if (S <= 0) return S == 0 ? cudaSuccess : cudaErrorInvalidValue;
+  if (max_ngram < 2 || n_heads < 1 || pad_id < 0) return cudaErrorInvalidValue;
+  engram_hash_rows_kernel<<<blocks_for(S), kThreads, 0, stream>>>(
+      compressed_ids, S, max_ngram, n_heads, multipliers, primes, offsets, pad_id, rows);
+  return launch_status();
+}
+
+cudaError_t engram_forward(float* X, const float* emb, const float* wkv, const float* q_weight,
+                           const float* k_weight, const uint8_t* token_mask, int64_t S, int64_t n,
+                           int64_t H, int64_t D, float eps, float* kv_workspace,
+                           cudaStream_t stream) {
+  if (S <= 0) return S == 0 ? cudaSuccess : cudaErrorInvalidValue;
+  if (n < 1 || H <= 0 || D <= 0 || !kv_workspace) return cudaErrorInvalidValue;
+  const int64_t kvw = (n + 1) * H;
+  engram_kv_kernel<<<blocks_for(S * kvw * kWarp), kThreads, 0, stream>>>(emb, wkv, S, kvw, D,
+                                                                         kv_workspace);
+  cudaError_t err = launch_status();
+  if (err != cudaSuccess) return err;
+  const float inv_sqrt_h = static_cast<float>(std::pow(static_cast<double>(H), -0.5));
+  const int64_t blocks = S * n < kMaxBlocks ? S * n : kMaxBlocks;
+  engram_update_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      X, kv_workspace, q_weight, k_weight, token_mask, S, n, H, eps, inv_sqrt_h);
+  return launch_status();
+}
+
+}  // namespace dsv41rt::kernels::cuda

@@ -1,0 +1,36 @@
+// CUDA Engram (contract: kernels/engram.h): n-gram hash rows and the gated residual update.
+// Raw device pointers, the caller's stream; nothing is allocated (engram_forward takes its kv
+// workspace from the caller).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "runtime/export.h"
+
+namespace dsv41rt::kernels::cuda {
+
+/// rows [S, (max_ngram - 1) * n_heads] int64, bit-identical to kernels::cpu::engram_hash_rows
+/// (wrapping int64 products in unsigned arithmetic, XOR chain, floor mod, lookback blocking).
+/// compressed_ids [S + max_ngram - 1]; multipliers [max_ngram]; primes, offsets
+/// [(max_ngram - 1) * n_heads] (primes > 0, pad_id >= 0: checked by the caller).
+DSV41RT_API cudaError_t engram_hash_rows(const int64_t* compressed_ids, int64_t S,
+                                         int64_t max_ngram, int64_t n_heads,
+                                         const int64_t* multipliers, const int64_t* primes,
+                                         const int64_t* offsets, int64_t pad_id, int64_t* rows,
+                                         cudaStream_t stream);
+
+/// Floats of workspace engram_forward needs: S * (n + 1) * H (the kv projection).
+inline int64_t engram_forward_workspace(int64_t S, int64_t n, int64_t H) { return S * (n + 1) * H; }
+
+/// In place on X [S, n, H] as kernels::cpu::engram_forward (the three per-stream reductions in
+/// FP64). emb [S, D], wkv [(n + 1) H, D], q_weight / k_weight [n, H], token_mask [S] or nullptr,
+/// kv_workspace: engram_forward_workspace(S, n, H) floats (must not alias the other buffers).
+DSV41RT_API cudaError_t engram_forward(float* X, const float* emb, const float* wkv,
+                                       const float* q_weight, const float* k_weight,
+                                       const uint8_t* token_mask, int64_t S, int64_t n, int64_t H,
+                                       int64_t D, float eps, float* kv_workspace,
+                                       cudaStream_t stream);
+
+}  // namespace dsv41rt::kernels::cuda

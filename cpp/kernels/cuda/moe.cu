@@ -1,0 +1,209 @@
+#include <algorithm>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/moe.cuh"
+
+namespace dsv41rt::kernels::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+
+// torch softplus(threshold 20) as the CPU computes it (log1pf(expf(x))): each step goes through
+// FP64 and is rounded to FP32, which reproduces correctly rounded expf / log1pf.
+__device__ float softplus_ref(float x) {
+  if (x > 20.0f) return x;
+  const float e = static_cast<float>(exp(static_cast<double>(x)));
+  return static_cast<float>(log1p(static_cast<double>(e)));
+}
+
+// Warp-wide FP32 dot product of a[0, n) and b[0, n) (order differs from the CPU; values only).
+__device__ float warp_dot(const float* a, const float* b, int64_t n, int lane) {
+  float acc = 0.0f;
+  for (int64_t c = lane; c < n; c += kWarp) acc += a[c] * b[c];
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  return acc;
+}
+
+// One block per token (grid-stride). Groups of 8 lanes compute one expert's logit with the CPU's
+// exact summation (kernels/cpu/linear.cc `dot`: lane j accumulates elements i + j of every full
+// chunk of 8, then ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)) + tail), all with explicit _rn intrinsics so
+// nvcc cannot contract into FMAs (the CPU build has no FMA). Thread 0 then does the CPU's k-pass
+// strict-greater scan and the weights.
+__global__ void moe_route_kernel(const float* __restrict__ x, const float* __restrict__ gate_w,
+                                 const float* __restrict__ bias, int64_t S, int64_t H, int64_t E,
+                                 int64_t k, float scale, bool normalize, int32_t* __restrict__ idx,
+                                 float* __restrict__ weight) {
+  extern __shared__ float smem[];
+  float* s_sh = smem;                                                     // [E] unbiased scores
+  float* choice_sh = smem + E;                                            // [E] s + bias
+  unsigned char* taken = reinterpret_cast<unsigned char*>(smem + 2 * E);  // [E]
+  const int group = threadIdx.x / 8, j = threadIdx.x % 8;
+  const int groups = blockDim.x / 8;
+  const unsigned gmask = 0xFFu << ((threadIdx.x % kWarp) & ~7);
+  const int64_t nfull = H / 8 * 8;
+  for (int64_t t = blockIdx.x; t < S; t += gridDim.x) {
+    const float* xr = x + t * H;
+    for (int64_t e = group; e < E; e += groups) {
+      const float* wr = gate_w + e * H;
+      float acc = 0.0f;
+      for (int64_t i = 0; i < nfull; i += 8) acc = __fadd_rn(acc, __fmul_rn(xr[i + j], wr[i + j]));
+      float a[8];
+#pragma unroll
+      for (int m = 0; m < 8; ++m) a[m] = __shfl_sync(gmask, acc, m, 8);
+      if (j == 0) {
+        float tail = 0.0f;
+        for (int64_t i = nfull; i < H; ++i) tail = __fadd_rn(tail, __fmul_rn(xr[i], wr[i]));
+        const float logit =
+            __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(a[0], a[1]), __fadd_rn(a[2], a[3])),
+                                __fadd_rn(__fadd_rn(a[4], a[5]), __fadd_rn(a[6], a[7]))),
+                      tail);
+        const float s = __fsqrt_rn(softplus_ref(logit));
+        s_sh[e] = s;
+        choice_sh[e] = bias ? __fadd_rn(s, bias[e]) : s;
+        taken[e] = 0;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int32_t* it = idx + t * k;
+      float* wt = weight + t * k;
+      for (int64_t jj = 0; jj < k; ++jj) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < E; ++e) {
+          if (taken[e]) continue;
+          if (best < 0 || choice_sh[e] > choice_sh[best]) best = e;
+        }
+        taken[best] = 1;
+        it[jj] = static_cast<int32_t>(best);
+        wt[jj] = s_sh[best];
+      }
+      if (normalize && k > 1) {
+        float sum = 0.0f;
+        for (int64_t jj = 0; jj < k; ++jj) sum = __fadd_rn(sum, wt[jj]);
+        const float denom = __fadd_rn(sum, 1e-20f);
+        for (int64_t jj = 0; jj < k; ++jj) wt[jj] = __fdiv_rn(wt[jj], denom);
+      }
+      for (int64_t jj = 0; jj < k; ++jj) wt[jj] = __fmul_rn(wt[jj], scale);
+    }
+    __syncthreads();  // shared scores are rewritten by the next token
+  }
+}
+
+// h[i] = silu(min(g, L)) * clamp(u, -L, L) * scale for one expert, into shared memory.
+__device__ void swiglu_hidden(const float* xs, const float* w1, const float* w3, int64_t H,
+                              int64_t I, float limit, bool has_scale, float scale, float* hs) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int warps = blockDim.x / kWarp;
+  for (int64_t i = warp; i < I; i += warps) {
+    float g = warp_dot(xs, w1 + i * H, H, lane);
+    float u = warp_dot(xs, w3 + i * H, H, lane);
+    if (lane == 0) {
+      if (limit > 0.0f) {
+        g = g > limit ? limit : g;
+        u = u > limit ? limit : (u < -limit ? -limit : u);
+      }
+      const float h = g / (1.0f + expf(-g)) * u;
+      hs[i] = has_scale ? h * scale : h;
+    }
+  }
+}
+
+// yr[c] += h · w2[c, :] for c in [0, H).
+__device__ void swiglu_down(const float* hs, const float* w2, int64_t H, int64_t I, float* yr) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int warps = blockDim.x / kWarp;
+  for (int64_t c = warp; c < H; c += warps) {
+    const float v = warp_dot(hs, w2 + c * I, I, lane);
+    if (lane == 0) yr[c] = yr[c] + v;
+  }
+}
+
+// One block per token (grid-stride): y row = 0, then each routed slot in ascending (expert id,
+// slot) order, then the shared expert. The slot order is recomputed by every thread (uniform).
+__global__ void moe_forward_kernel(const float* __restrict__ x, const int32_t* __restrict__ idx,
+                                   const float* __restrict__ weight, int64_t S, int64_t H,
+                                   int64_t k, int64_t E, int64_t I, const float* __restrict__ w1,
+                                   const float* __restrict__ w3, const float* __restrict__ w2,
+                                   const float* __restrict__ sw1, const float* __restrict__ sw3,
+                                   const float* __restrict__ sw2, int64_t Is, float limit,
+                                   float* __restrict__ y) {
+  extern __shared__ float smem[];
+  float* xs = smem;      // [H]
+  float* hs = smem + H;  // [max(I, Is)]
+  for (int64_t t = blockIdx.x; t < S; t += gridDim.x) {
+    float* yr = y + t * H;
+    for (int64_t c = threadIdx.x; c < H; c += blockDim.x) {
+      xs[c] = x[t * H + c];
+      yr[c] = 0.0f;
+    }
+    __syncthreads();
+    const int32_t* it = idx + t * k;
+    int64_t prev_e = -1, prev_j = -1;
+    for (int64_t n = 0; n < k; ++n) {
+      // Next slot in (expert, slot) order after (prev_e, prev_j).
+      int64_t be = -1, bj = -1;
+      for (int64_t jj = 0; jj < k; ++jj) {
+        const int64_t e = it[jj];
+        const bool after = e > prev_e || (e == prev_e && jj > prev_j);
+        if (after && (be < 0 || e < be || (e == be && jj < bj))) be = e, bj = jj;
+      }
+      prev_e = be, prev_j = bj;
+      if (be < 0 || be >= E) continue;  // invalid id: contract violation, skip (block-uniform)
+      swiglu_hidden(xs, w1 + be * I * H, w3 + be * I * H, H, I, limit, true, weight[t * k + bj],
+                    hs);
+      __syncthreads();
+      swiglu_down(hs, w2 + be * H * I, H, I, yr);
+      __syncthreads();
+    }
+    if (sw1) {
+      swiglu_hidden(xs, sw1, sw3, H, Is, limit, false, 1.0f, hs);
+      __syncthreads();
+      swiglu_down(hs, sw2, H, Is, yr);
+      __syncthreads();
+    }
+  }
+}
+
+int grid_for_rows(int64_t rows) { return static_cast<int>(rows < kMaxBlocks ? rows : kMaxBlocks); }
+
+}  // namespace
+
+cudaError_t moe_route(const float* x, const float* gate_w, const float* bias, int64_t S, int64_t H,
+                      int64_t E, int64_t k, float routed_scaling_factor, bool normalize,
+                      int32_t* idx, float* weight, cudaStream_t stream) {
+  if (S <= 0) return S == 0 ? cudaSuccess : cudaErrorInvalidValue;
+  if (H <= 0 || E <= 0 || k < 1 || k > E) return cudaErrorInvalidValue;
+  const size_t smem = size_t(E) * (2 * sizeof(float) + 1);
+  if (smem > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(
+        moe_route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+  }
+  moe_route_kernel<<<grid_for_rows(S), kThreads, smem, stream>>>(
+      x, gate_w, bias, S, H, E, k, routed_scaling_factor, normalize, idx, weight);
+  return launch_status();
+}
+
+cudaError_t moe_forward(const float* x, const int32_t* idx, const float* weight, int64_t S,
+                        int64_t H, int64_t k, int64_t E, int64_t I, const float* w1,
+                        const float* w3, const float* w2, const float* shared_w1,
+                        const float* shared_w3, const float* shared_w2, int64_t I_shared,
+                        float limit, float* y, cudaStream_t stream) {
+  if (S <= 0) return S == 0 ? cudaSuccess : cudaErrorInvalidValue;
+  if (H <= 0 || k < 1 || E <= 0 || I <= 0) return cudaErrorInvalidValue;
+  const bool shared = shared_w1 != nullptr;
+  if (shared && (!shared_w3 || !shared_w2 || I_shared <= 0)) return cudaErrorInvalidValue;
+  const int64_t imax = shared ? std::max(I, I_shared) : I;
+  const size_t smem = size_t(H + imax) * sizeof(float);
+  if (smem > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(
+        moe_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+  }
+  moe_forward_kernel<<<grid_for_rows(S), kThreads, smem, stream>>>(
+      x, idx, weight, S, H, k, E, I, w1, w3, w2, shared ? shared_w1 : nullptr, shared_w3, shared_w2,
+      shared ? I_shared : 0, limit, y);
+  return launch_status();
+}
+
+}  // namespace dsv41rt::kernels::cuda

@@ -1,0 +1,36 @@
+// CUDA MoE router and routed + shared clamped-SwiGLU experts (contract: kernels/moe.h), FP32.
+// Raw device pointers, the caller's stream; nothing is allocated.
+//   x [S, H]; gate_w [E, H]; bias [E] or nullptr; idx int32 / weight [S, k];
+//   w1, w3 [E, I, H] (stacked gate / up), w2 [E, H, I] (stacked down);
+//   shared_w1, shared_w3 [I_shared, H], shared_w2 [H, I_shared] (all three nullptr = no shared).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "runtime/export.h"
+
+namespace dsv41rt::kernels::cuda {
+
+/// Score routing exactly as kernels::cpu::moe_route: the logits are the CPU's 8-lane FP32 dot
+/// products (same summation order, no FMA contraction), so expert selection matches the CPU
+/// bit for bit up to the last-ulp differences of exp / log1p (rounded through FP64 here).
+/// Requires 1 <= k <= E. One block per token; dynamic shared memory 9 * E bytes.
+DSV41RT_API cudaError_t moe_route(const float* x, const float* gate_w, const float* bias, int64_t S,
+                                  int64_t H, int64_t E, int64_t k, float routed_scaling_factor,
+                                  bool normalize, int32_t* idx, float* weight, cudaStream_t stream);
+
+/// y [S, H] (overwritten) = Σ over the token's k slots (ascending expert id, then slot) of
+/// clamped-SwiGLU expert idx[t, j] with row scale weight[t, j] applied before w2, plus the shared
+/// expert (weight 1) when shared_w1 != nullptr. limit <= 0 disables the clamps. idx entries must
+/// lie in [0, E) (entries outside are skipped, not read). y must not alias x.
+/// One block per token; dynamic shared memory (H + max(I, I_shared)) * 4 bytes.
+DSV41RT_API cudaError_t moe_forward(const float* x, const int32_t* idx, const float* weight,
+                                    int64_t S, int64_t H, int64_t k, int64_t E, int64_t I,
+                                    const float* w1, const float* w3, const float* w2,
+                                    const float* shared_w1, const float* shared_w3,
+                                    const float* shared_w2, int64_t I_shared, float limit, float* y,
+                                    cudaStream_t stream);
+
+}  // namespace dsv41rt::kernels::cuda

@@ -1,0 +1,93 @@
+#include <vector>
+
+#include "kernels/cuda/engram.cuh"
+#include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/testing/device_buffer.cuh"
+#include "kernels/cuda/testing/moe_test_entry.h"
+#include "runtime/status.h"
+
+namespace dsv41rt::kernels::cuda::testing {
+
+void moe_route(const float* x, const float* gate_w, const float* bias, int64_t S, int64_t H,
+               int64_t E, int64_t k, float routed_scaling_factor, bool normalize, int32_t* idx,
+               float* weight) {
+  DSV41RT_CHECK(S >= 0 && H > 0 && E > 0, "moe_route: S=", S, " H=", H, " E=", E);
+  DSV41RT_CHECK(k >= 1 && k <= E, "moe_route: k=", k, " must be in [1, E=", E, "]");
+  DSV41RT_CHECK(S == 0 || (x && gate_w && idx && weight), "moe_route: null pointer");
+  if (S == 0) return;
+  DeviceBuffer<float> dx(x, S * H), dg(gate_w, E * H), db(bias, bias ? E : 0);
+  DeviceBuffer<int32_t> di(S * k);
+  DeviceBuffer<float> dw(S * k);
+  di.poison();
+  dw.poison();
+  finish(cuda::moe_route(dx.get(), dg.get(), bias ? db.get() : nullptr, S, H, E, k,
+                         routed_scaling_factor, normalize, di.get(), dw.get(), nullptr));
+  di.to_host(idx);
+  dw.to_host(weight);
+}
+
+void moe_forward(const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H,
+                 int64_t k, int64_t E, int64_t I, const float* w1, const float* w3, const float* w2,
+                 const float* shared_w1, const float* shared_w3, const float* shared_w2,
+                 int64_t I_shared, float limit, float* y) {
+  DSV41RT_CHECK(S >= 0 && H > 0 && k >= 1 && E > 0 && I > 0, "moe_forward: S=", S, " H=", H,
+                " k=", k, " E=", E, " I=", I);
+  if (S == 0) return;
+  const bool shared = shared_w1 != nullptr;
+  DSV41RT_CHECK(!shared || (shared_w3 && shared_w2 && I_shared > 0),
+                "moe_forward: shared expert weights / I_shared=", I_shared);
+  for (int64_t i = 0; i < S * k; ++i) {
+    DSV41RT_CHECK(idx[i] >= 0 && idx[i] < E, "moe_forward: idx[", i / k, ", ", i % k,
+                  "] = ", idx[i], " outside [0, ", E, ")");
+  }
+  DeviceBuffer<float> dx(x, S * H), dwt(weight, S * k);
+  DeviceBuffer<int32_t> di(idx, S * k);
+  DeviceBuffer<float> d1(w1, E * I * H), d3(w3, E * I * H), d2(w2, E * H * I);
+  const int64_t ns = shared ? I_shared * H : 0;
+  DeviceBuffer<float> s1(shared_w1, ns), s3(shared_w3, ns), s2(shared_w2, ns);
+  DeviceBuffer<float> dy(S * H);
+  dy.poison();
+  finish(cuda::moe_forward(dx.get(), di.get(), dwt.get(), S, H, k, E, I, d1.get(), d3.get(),
+                           d2.get(), shared ? s1.get() : nullptr, shared ? s3.get() : nullptr,
+                           shared ? s2.get() : nullptr, shared ? I_shared : 0, limit, dy.get(),
+                           nullptr));
+  dy.to_host(y);
+}
+
+void engram_hash_rows(const int64_t* compressed_ids, int64_t S, int64_t max_ngram, int64_t n_heads,
+                      const int64_t* multipliers, const int64_t* primes, const int64_t* offsets,
+                      int64_t pad_id, int64_t* rows) {
+  DSV41RT_CHECK(S >= 0 && max_ngram >= 2 && n_heads >= 1, "engram_hash_rows: S=", S,
+                " max_ngram=", max_ngram, " n_heads=", n_heads);
+  DSV41RT_CHECK(pad_id >= 0, "engram_hash_rows: pad_id=", pad_id);
+  const int64_t cols = (max_ngram - 1) * n_heads;
+  for (int64_t c = 0; c < cols; ++c) {
+    DSV41RT_CHECK(primes[c] > 0, "engram_hash_rows: primes[", c, "] = ", primes[c]);
+  }
+  if (S == 0) return;
+  DeviceBuffer<int64_t> dids(compressed_ids, S + max_ngram - 1), dm(multipliers, max_ngram);
+  DeviceBuffer<int64_t> dp(primes, cols), doff(offsets, cols), dr(S * cols);
+  dr.poison();
+  finish(cuda::engram_hash_rows(dids.get(), S, max_ngram, n_heads, dm.get(), dp.get(), doff.get(),
+                                pad_id, dr.get(), nullptr));
+  dr.to_host(rows);
+}
+
+void engram_forward(float* X, const float* emb, const float* wkv, const float* q_weight,
+                    const float* k_weight, const uint8_t* token_mask, int64_t S, int64_t n,
+                    int64_t H, int64_t D, float eps) {
+  DSV41RT_CHECK(S >= 0 && n >= 1 && H > 0 && D > 0, "engram_forward: S=", S, " n=", n, " H=", H,
+                " D=", D);
+  if (S == 0) return;
+  DeviceBuffer<float> dX(X, S * n * H), de(emb, S * D), dwkv(wkv, (n + 1) * H * D);
+  DeviceBuffer<float> dq(q_weight, n * H), dk(k_weight, n * H);
+  DeviceBuffer<uint8_t> dmask(token_mask, token_mask ? S : 0);
+  DeviceBuffer<float> kv(cuda::engram_forward_workspace(S, n, H));
+  kv.poison();
+  finish(cuda::engram_forward(dX.get(), de.get(), dwkv.get(), dq.get(), dk.get(),
+                              token_mask ? dmask.get() : nullptr, S, n, H, D, eps, kv.get(),
+                              nullptr));
+  dX.to_host(X);
+}
+
+}  // namespace dsv41rt::kernels::cuda::testing
