@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
 
 #include <algorithm>
 #include <optional>
@@ -135,6 +136,54 @@ Out<float> engram_forward_np(In<float, 3> X, In<float, 2> emb, In<float, 2> wkv,
   return y;
 }
 
+using Logits = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Tokens = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+struct History {
+  const int32_t* prompt = nullptr;
+  int64_t n_prompt = 0;
+  const int32_t* output = nullptr;
+  int64_t n_output = 0;
+};
+
+History history(const std::optional<Tokens>& prompt, const std::optional<Tokens>& output) {
+  History h;
+  if (prompt) h.prompt = prompt->data(), h.n_prompt = int64_t(prompt->shape(0));
+  if (output) h.output = output->data(), h.n_output = int64_t(output->shape(0));
+  return h;
+}
+
+Out<float> sampling_probs_np(Logits logits, nb::dict params, std::optional<Tokens> prompt,
+                             std::optional<Tokens> output) {
+  const kernels::cpu::SamplingParams p = sampling_params_from_dict(params);
+  const History h = history(prompt, output);
+  const int64_t V = logits.shape(0);
+  auto out = make_out<float>({size_t(V)});
+  nb::gil_scoped_release release;
+  entry::sampling_probs(logits.data(), V, p, h.prompt, h.n_prompt, h.output, h.n_output,
+                        out.data());
+  return out;
+}
+
+nb::tuple sample_token_np(Logits logits, nb::dict params, std::optional<Tokens> prompt,
+                          std::optional<Tokens> output, uint64_t step) {
+  const kernels::cpu::SamplingParams p = sampling_params_from_dict(params);
+  const History h = history(prompt, output);
+  const int64_t V = logits.shape(0);
+  kernels::cpu::SampledToken s;
+  {
+    nb::gil_scoped_release release;
+    s = entry::sample_token(logits.data(), V, p, h.prompt, h.n_prompt, h.output, h.n_output, step);
+  }
+  auto ids = make_out<int32_t>({s.top_ids.size()});
+  auto lps = make_out<float>({s.top_logprobs.size()});
+  for (size_t i = 0; i < s.top_ids.size(); ++i) {
+    ids.data()[i] = s.top_ids[i];
+    lps.data()[i] = s.top_logprobs[i];
+  }
+  return nb::make_tuple(s.token, s.logprob, ids, lps);
+}
+
 }  // namespace
 
 void register_cuda_ops_moe(nb::module_& ops) {
@@ -151,6 +200,13 @@ void register_cuda_ops_moe(nb::module_& ops) {
   ops.def("engram_forward", &engram_forward_np, nb::arg("X"), nb::arg("emb"), nb::arg("wkv"),
           nb::arg("q_weight"), nb::arg("k_weight"), nb::arg("token_mask").none(), nb::arg("eps"),
           "CUDA Engram gated residual update; returns the new X [S, n, H].");
+  ops.def("sampling_probs", &sampling_probs_np, nb::arg("logits"), nb::arg("params"),
+          nb::arg("prompt").none() = nb::none(), nb::arg("output").none() = nb::none(),
+          "CUDA filtered distribution (kernels/sampling.h): float32 [V].");
+  ops.def("sample_token", &sample_token_np, nb::arg("logits"), nb::arg("params"),
+          nb::arg("prompt").none() = nb::none(), nb::arg("output").none() = nb::none(),
+          nb::arg("step") = 0,
+          "CUDA seeded draw: (token, logprob, top_ids int32 [n], top_logprobs float32 [n]).");
 }
 #else
 void register_cuda_ops_moe(nb::module_&) {}

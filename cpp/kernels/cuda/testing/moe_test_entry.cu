@@ -1,7 +1,10 @@
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "kernels/cuda/engram.cuh"
 #include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/sampling.cuh"
 #include "kernels/cuda/testing/device_buffer.cuh"
 #include "kernels/cuda/testing/moe_test_entry.h"
 #include "runtime/status.h"
@@ -88,6 +91,96 @@ void engram_forward(float* X, const float* emb, const float* wkv, const float* q
                               token_mask ? dmask.get() : nullptr, S, n, H, D, eps, kv.get(),
                               nullptr));
   dX.to_host(X);
+}
+
+namespace {
+
+// The CPU reference's argument checks (kernels/cpu/sampling.cc check_inputs), on the host.
+void check_sampling_inputs(const float* logits, int64_t V, const cpu::SamplingParams& p,
+                           const int32_t* prompt, int64_t n_prompt, const int32_t* output,
+                           int64_t n_output) {
+  cpu::validate_sampling_params(p, V);
+  bool any_finite = false;
+  for (int64_t i = 0; i < V; ++i) {
+    const float l = logits[i];
+    DSV41RT_CHECK(!std::isnan(l) && l != INFINITY, "sampling: logits[", i, "] is ", l,
+                  " (only finite values and -inf are allowed)");
+    any_finite |= std::isfinite(l);
+  }
+  DSV41RT_CHECK(any_finite, "sampling: no token has a finite logit");
+  DSV41RT_CHECK(n_prompt >= 0 && n_output >= 0, "sampling: negative token count");
+  DSV41RT_CHECK(n_prompt == 0 || prompt != nullptr, "sampling: prompt is null");
+  DSV41RT_CHECK(n_output == 0 || output != nullptr, "sampling: output is null");
+  for (int64_t i = 0; i < n_prompt; ++i) {
+    DSV41RT_CHECK(prompt[i] >= 0 && prompt[i] < V, "sampling: prompt[", i, "] = ", prompt[i],
+                  " is not a token id in [0, ", V, ")");
+  }
+  for (int64_t i = 0; i < n_output; ++i) {
+    DSV41RT_CHECK(output[i] >= 0 && output[i] < V, "sampling: output[", i, "] = ", output[i],
+                  " is not a token id in [0, ", V, ")");
+  }
+}
+
+// Device copies of one row's inputs (a batch of one).
+struct SamplingRow {
+  SamplingRow(const float* logits, int64_t V, const cpu::SamplingParams& p, const int32_t* prompt,
+              int64_t n_prompt, const int32_t* output, int64_t n_output)
+      : dl(logits, V),
+        dp(&p, 1),
+        dprompt(prompt, n_prompt),
+        doutput(output, n_output),
+        dpoff(std::vector<int64_t>{0, n_prompt}.data(), 2),
+        dooff(std::vector<int64_t>{0, n_output}.data(), 2),
+        ws(cuda::sampling_workspace_bytes(V)) {
+    ws.poison();
+  }
+  DeviceBuffer<float> dl;
+  DeviceBuffer<cpu::SamplingParams> dp;
+  DeviceBuffer<int32_t> dprompt, doutput;
+  DeviceBuffer<int64_t> dpoff, dooff;
+  DeviceBuffer<unsigned char> ws;
+};
+
+}  // namespace
+
+void sampling_probs(const float* logits, int64_t V, const cpu::SamplingParams& p,
+                    const int32_t* prompt, int64_t n_prompt, const int32_t* output,
+                    int64_t n_output, float* probs) {
+  check_sampling_inputs(logits, V, p, prompt, n_prompt, output, n_output);
+  SamplingRow row(logits, V, p, prompt, n_prompt, output, n_output);
+  DeviceBuffer<float> dprobs(V);
+  dprobs.poison();
+  finish(cuda::sampling_probs(row.dl.get(), 1, V, row.dp.get(), row.dprompt.get(), row.dpoff.get(),
+                              row.doutput.get(), row.dooff.get(), row.ws.get(), dprobs.get(),
+                              nullptr));
+  dprobs.to_host(probs);
+}
+
+cpu::SampledToken sample_token(const float* logits, int64_t V, const cpu::SamplingParams& p,
+                               const int32_t* prompt, int64_t n_prompt, const int32_t* output,
+                               int64_t n_output, uint64_t step) {
+  check_sampling_inputs(logits, V, p, prompt, n_prompt, output, n_output);
+  SamplingRow row(logits, V, p, prompt, n_prompt, output, n_output);
+  const int32_t n_top = static_cast<int32_t>(std::min<int64_t>(p.top_logprobs, V));
+  DeviceBuffer<uint64_t> dstep(&step, 1);
+  DeviceBuffer<int32_t> dtok(1), dids(n_top);
+  DeviceBuffer<float> dlp(1), dlps(n_top);
+  dtok.poison();
+  dlp.poison();
+  dids.poison();
+  dlps.poison();
+  finish(cuda::sample_token(row.dl.get(), 1, V, row.dp.get(), row.dprompt.get(), row.dpoff.get(),
+                            row.doutput.get(), row.dooff.get(), dstep.get(), row.ws.get(),
+                            dtok.get(), dlp.get(), n_top, dids.get(), dlps.get(), nullptr));
+  cpu::SampledToken out;
+  dtok.to_host(&out.token);
+  dlp.to_host(&out.logprob);
+  out.top_ids.resize(n_top);
+  out.top_logprobs.resize(n_top);
+  dids.to_host(out.top_ids.data());
+  dlps.to_host(out.top_logprobs.data());
+  DSV41RT_CHECK(out.token >= 0 && out.token < V, "sample_token: device returned token ", out.token);
+  return out;
 }
 
 }  // namespace dsv41rt::kernels::cuda::testing

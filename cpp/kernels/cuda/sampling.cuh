@@ -1,0 +1,44 @@
+// CUDA token sampler (contract: kernels/sampling.h), one block per request row. Same pipeline,
+// FP64 arithmetic and tie orders as kernels::cpu::sampling_probs / sample_token; the sums whose
+// rounding decides the kept set and the drawn token (top-k mass, top-p prefix, total, inverse CDF)
+// are accumulated sequentially in the CPU's order, and the (seed, step) uniform is the CPU's
+// counter-based generator, so the GPU draws the CPU's token for the same inputs.
+// Inputs are assumed valid (kernels::cpu::validate_sampling_params, finite-or-−inf logits with a
+// finite one, token ids in [0, V)): the caller checks them.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/sampling.h"
+#include "runtime/export.h"
+
+namespace dsv41rt::kernels::cuda {
+
+/// Bytes of workspace per row (rows are laid out at this stride; a multiple of 8).
+DSV41RT_API int64_t sampling_workspace_bytes(int64_t V);
+
+/// probs [rows, V]: the filtered distribution of each row.
+///   logits [rows, V]; params [rows] (device array); prompt / output: concatenated token ids of
+///   all rows with offsets [rows + 1] (prompt_offsets / output_offsets may be nullptr = no
+///   history); workspace: rows * sampling_workspace_bytes(V) bytes.
+DSV41RT_API cudaError_t sampling_probs(const float* logits, int64_t rows, int64_t V,
+                                       const cpu::SamplingParams* params, const int32_t* prompt,
+                                       const int64_t* prompt_offsets, const int32_t* output,
+                                       const int64_t* output_offsets, void* workspace, float* probs,
+                                       cudaStream_t stream);
+
+/// tokens [rows] drawn with sampling_uniform(params[r].seed, steps[r]); logprobs [rows] the raw
+/// log_softmax of the drawn token; top_ids / top_logprobs [rows, max_top] (may be nullptr when
+/// max_top == 0): the first min(params[r].top_logprobs, V, max_top) entries of each row are
+/// written (raw logprob descending, ties -> lower id), the rest are left untouched.
+DSV41RT_API cudaError_t sample_token(const float* logits, int64_t rows, int64_t V,
+                                     const cpu::SamplingParams* params, const int32_t* prompt,
+                                     const int64_t* prompt_offsets, const int32_t* output,
+                                     const int64_t* output_offsets, const uint64_t* steps,
+                                     void* workspace, int32_t* tokens, float* logprobs,
+                                     int32_t max_top, int32_t* top_ids, float* top_logprobs,
+                                     cudaStream_t stream);
+
+}  // namespace dsv41rt::kernels::cuda
