@@ -1,0 +1,162 @@
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mhc.cuh"
+
+namespace dsv41rt::kernels::cuda {
+namespace {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kMaxMixSmemBytes = 48 * 1024;
+
+// One block per token s (blockDim a multiple of 32, <= 1024). Dynamic shared memory: z [W]
+// (mixer logits, then the Sinkhorn matrix in z[2n:]) and sums [n].
+__global__ void hc_mix_kernel(const float* __restrict__ X, const float* __restrict__ fn,
+                              const float* __restrict__ base, const float* __restrict__ scale,
+                              int64_t n, int64_t H, float rms_eps, float hc_eps, int iters,
+                              float* __restrict__ pre, float* __restrict__ post,
+                              float* __restrict__ comb) {
+  extern __shared__ float smem[];
+  __shared__ double warp_acc[32];
+  __shared__ float r_shared;
+  const int64_t W = (2 + n) * n, K = n * H;
+  float* z = smem;
+  float* sums = smem + W;
+  const int64_t s = blockIdx.x;
+  const float* f = X + s * K;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+
+  // Σ f² (each square rounded to FP32, summed in double as the CPU rms_inv).
+  double acc = 0.0;
+  for (int64_t i = threadIdx.x; i < K; i += blockDim.x) acc += __fmul_rn(f[i], f[i]);
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(kFullMask, acc, off);
+  if (lane == 0) warp_acc[warp] = acc;
+
+  // mix_j = f · fn[j], one warp per output j (before the RMS scale, as the reference).
+  for (int64_t j = warp; j < W; j += nwarps) {
+    const float* wj = fn + j * K;
+    float d = 0.0f;
+    for (int64_t i = lane; i < K; i += 32) d = __fmaf_rn(f[i], wj[i], d);
+    for (int off = 16; off > 0; off >>= 1) d += __shfl_xor_sync(kFullMask, d, off);
+    if (lane == 0) z[j] = d;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int w = 0; w < nwarps; ++w) total += warp_acc[w];
+    const float mean = __fdiv_rn(static_cast<float>(total), static_cast<float>(K));
+    r_shared = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, rms_eps)));
+  }
+  __syncthreads();
+  const float r = r_shared;
+  const float s0 = scale[0], s1 = scale[1], s2 = scale[2];
+  for (int64_t j = threadIdx.x; j < W; j += blockDim.x) {
+    const float m = __fmul_rn(z[j], r);
+    const float sc = j < n ? s0 : (j < 2 * n ? s1 : s2);
+    z[j] = __fadd_rn(base[j], __fmul_rn(m, sc));  // addcmul: base + (mix * scale)
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    pre[s * n + i] = __fadd_rn(__fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-z[i]))), hc_eps);
+    post[s * n + i] = __fmul_rn(2.0f, __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-z[n + i]))));
+  }
+
+  // Sinkhorn on c = z[2n:] viewed [n, n] (row i = input stream, column o = output stream): one
+  // thread per row for the softmax / row sums and one per column for the column sums, each in the
+  // CPU's sequential order, so the results differ from the CPU only through expf.
+  float* c = z + 2 * n;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    float* row = c + i * n;
+    float mx = row[0];
+    for (int64_t o = 1; o < n; ++o) mx = fmaxf(mx, row[o]);
+    float sum = 0.0f;
+    for (int64_t o = 0; o < n; ++o) {
+      row[o] = expf(__fsub_rn(row[o], mx));
+      sum = __fadd_rn(sum, row[o]);
+    }
+    const float inv = __fdiv_rn(1.0f, sum);
+    for (int64_t o = 0; o < n; ++o) row[o] = __fadd_rn(__fmul_rn(row[o], inv), hc_eps);
+  }
+  __syncthreads();
+  for (int t = 0; t < iters; ++t) {
+    if (t > 0) {  // row normalisation (skipped before the first column normalisation)
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        float sum = 0.0f;
+        for (int64_t o = 0; o < n; ++o) sum = __fadd_rn(sum, c[i * n + o]);
+        sum = __fadd_rn(sum, hc_eps);
+        for (int64_t o = 0; o < n; ++o) c[i * n + o] = __fdiv_rn(c[i * n + o], sum);
+      }
+      __syncthreads();
+    }
+    for (int64_t o = threadIdx.x; o < n; o += blockDim.x) {
+      float sum = 0.0f;
+      for (int64_t i = 0; i < n; ++i) sum = __fadd_rn(sum, c[i * n + o]);
+      sums[o] = __fadd_rn(sum, hc_eps);
+      for (int64_t i = 0; i < n; ++i) c[i * n + o] = __fdiv_rn(c[i * n + o], sums[o]);
+    }
+    __syncthreads();
+  }
+  for (int64_t j = threadIdx.x; j < n * n; j += blockDim.x) comb[s * n * n + j] = c[j];
+}
+
+__global__ void hc_collapse_kernel(const float* __restrict__ X, const float* __restrict__ w,
+                                   int64_t total, int64_t n, int64_t H, float* __restrict__ u) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
+       t += stride) {
+    const int64_t s = t / H, h = t - s * H;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+      acc = __fadd_rn(acc, __fmul_rn(w[s * n + i], X[(s * n + i) * H + h]));
+    }
+    u[t] = acc;
+  }
+}
+
+__global__ void hc_expand_kernel(const float* __restrict__ X, const float* __restrict__ y,
+                                 const float* __restrict__ post, const float* __restrict__ comb,
+                                 int64_t total, int64_t n, int64_t H, float* __restrict__ out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
+       t += stride) {
+    const int64_t so = t / H, h = t - so * H;  // so = s * n + o
+    const int64_t s = so / n, o = so - s * n;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+      acc = __fadd_rn(acc, __fmul_rn(comb[(s * n + i) * n + o], X[(s * n + i) * H + h]));
+    }
+    out[t] = __fadd_rn(__fmul_rn(post[so], y[s * H + h]), acc);
+  }
+}
+
+}  // namespace
+
+cudaError_t hc_mix(const float* X, const float* fn, const float* base, const float* scale,
+                   int64_t S, int64_t n, int64_t H, float rms_eps, float hc_eps, int iters,
+                   float* pre, float* post, float* comb, cudaStream_t stream) {
+  if (S < 0 || n <= 0 || H <= 0 || iters < 1 || S > 0x7fffffff) return cudaErrorInvalidValue;
+  const int64_t smem = ((2 + n) * n + n) * static_cast<int64_t>(sizeof(float));
+  if (smem > kMaxMixSmemBytes) return cudaErrorInvalidValue;
+  if (S == 0) return cudaSuccess;
+  hc_mix_kernel<<<static_cast<unsigned>(S), kThreads, static_cast<size_t>(smem), stream>>>(
+      X, fn, base, scale, n, H, rms_eps, hc_eps, iters, pre, post, comb);
+  return launch_status();
+}
+
+cudaError_t hc_collapse(const float* X, const float* w, int64_t S, int64_t n, int64_t H, float* u,
+                        cudaStream_t stream) {
+  if (S < 0 || n <= 0 || H <= 0) return cudaErrorInvalidValue;
+  if (S == 0) return cudaSuccess;
+  const int64_t total = S * H;
+  hc_collapse_kernel<<<blocks_for(total), kThreads, 0, stream>>>(X, w, total, n, H, u);
+  return launch_status();
+}
+
+cudaError_t hc_expand(const float* X, const float* y, const float* post, const float* comb,
+                      int64_t S, int64_t n, int64_t H, float* out, cudaStream_t stream) {
+  if (S < 0 || n <= 0 || H <= 0) return cudaErrorInvalidValue;
+  if (S == 0) return cudaSuccess;
+  const int64_t total = S * n * H;
+  hc_expand_kernel<<<blocks_for(total), kThreads, 0, stream>>>(X, y, post, comb, total, n, H, out);
+  return launch_status();
+}
+
+}  // namespace dsv41rt::kernels::cuda

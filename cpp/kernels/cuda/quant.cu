@@ -1,0 +1,280 @@
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/quant.cuh"
+#include "runtime/dtype.h"
+
+namespace dsv41rt::kernels::cuda {
+namespace {
+
+// The FP32 constants of kernels/cpu/quant.cc, evaluated the same way (double -> float casts).
+constexpr float kFp8AmaxFloor = static_cast<float>(1e-4);
+constexpr float kInv448 = static_cast<float>(1.0 / 448.0);
+constexpr float kNvfp4AmaxFloor = 6.0f * 0.001953125f;  // 6 * 2^-9, exact
+constexpr float kMxfp4AmaxFloor = 6.0f * 0x1p-126f;     // 6 * 2^-126, exact (normal)
+constexpr float kInv6 = static_cast<float>(1.0 / 6.0);
+constexpr float kF32Max = 3.40282346638528859812e+38f;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+enum class Format { kFp8Window, kNvfp4, kMxfp4 };
+
+template <Format F>
+__host__ __device__ constexpr int block_of() {
+  return F == Format::kNvfp4 ? 16 : 32;
+}
+
+/// Bytes of the data part of a packed row (the scale codes follow).
+template <Format F>
+__host__ __device__ constexpr int64_t data_bytes(int64_t dim) {
+  return F == Format::kFp8Window ? dim : dim / 2;
+}
+
+template <Format F>
+__host__ __device__ constexpr int64_t row_bytes(int64_t dim) {
+  return data_bytes<F>(dim) + dim / block_of<F>();
+}
+
+// NeMo `_power_of_two_ceiling` on the int32 view (see cpu/quant.cc): a NaN gives -0.
+__device__ __forceinline__ float pow2ceil_bits(float v) {
+  const uint32_t bits = f32_to_bits(v);
+  const uint32_t exponent = (bits >> 23) & 255u;
+  const uint32_t increment = (bits & 0x7FFFFFu) != 0 ? 1u : 0u;
+  return f32_from_bits((exponent + increment) << 23);
+}
+
+// torch clamp_min / clamp: NaN propagates (same comparisons as the CPU reference).
+__device__ __forceinline__ float clamp_min(float v, float lo) { return v < lo ? lo : v; }
+__device__ __forceinline__ float clamp(float v, float lo, float hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
+
+// E2M1 code as NeMo rounds it: magnitude (NaN -> level 6), sign of the input kept.
+__device__ __forceinline__ uint8_t e2m1_code(float n) {
+  const float mag = fabsf(n);
+  const uint8_t c = mag != mag ? uint8_t{7} : f32_to_fp4_e2m1(mag);
+  return static_cast<uint8_t>((f32_to_bits(n) >> 31) ? (c | 0x8u) : c);
+}
+
+template <Format F>
+__device__ __forceinline__ float decode_element(uint8_t code) {
+  if constexpr (F == Format::kFp8Window) {
+    return fp8_e4m3_to_f32(code);
+  } else {
+    return fp4_e2m1_to_f32(code);
+  }
+}
+
+struct Quantized {
+  uint8_t code;        // element code
+  uint8_t scale_code;  // storage code of the block scale
+  float s;             // the FP32 block scale
+};
+
+// Quantises one element per lane; the lanes of an aligned group of block_of<F>() lanes form one
+// quantisation block. Must be called by all 32 lanes of the warp (inactive lanes pass
+// active = false and are ignored: a group is either entirely active or entirely inactive).
+template <Format F>
+__device__ __forceinline__ Quantized quantize_lane(float v, bool active) {
+  constexpr int kB = block_of<F>();
+  const float a = active ? fabsf(v) : 0.0f;
+  int nan = a != a ? 1 : 0;
+  float m = nan ? 0.0f : a;
+  // max is exact and order-independent: the group max equals the CPU's sequential max.
+  for (int off = kB / 2; off > 0; off >>= 1) {
+    m = fmaxf(m, __shfl_xor_sync(kFullMask, m, off));
+    nan |= __shfl_xor_sync(kFullMask, nan, off);
+  }
+  const float amax = nan ? f32_from_bits(0x7FC00000u) : m;
+  Quantized q;
+  if constexpr (F == Format::kNvfp4) {
+    q.scale_code = f32_to_fp8_e4m3(__fdiv_rn(clamp_min(amax, kNvfp4AmaxFloor), 6.0f));
+    q.s = fp8_e4m3_to_f32(q.scale_code);
+  } else {
+    const float floor = F == Format::kFp8Window ? kFp8AmaxFloor : kMxfp4AmaxFloor;
+    const float inv = F == Format::kFp8Window ? kInv448 : kInv6;
+    q.s = pow2ceil_bits(__fmul_rn(clamp_min(amax, floor), inv));
+    q.scale_code = amax <= kF32Max ? static_cast<uint8_t>(f32_to_bits(q.s) >> 23) : kE8M0Nan;
+  }
+  const float n = __fdiv_rn(v, q.s);  // true division, as the reference
+  if constexpr (F == Format::kFp8Window) {
+    q.code = f32_to_fp8_e4m3(clamp(n, -448.0f, 448.0f));
+  } else {
+    q.code = e2m1_code(clamp(n, -6.0f, 6.0f));
+  }
+  return q;
+}
+
+// Warp-uniform grid-stride loop over the elements: each warp takes 32 consecutive elements, so
+// quantisation blocks (16 or 32 elements, rows being whole blocks) map onto aligned lane groups.
+// kPack = false: y = QDQ(x) (y may alias x: every element is read and written by one thread).
+// kPack = true: writes the packed rows to `packed`.
+template <Format F, bool kPack>
+__global__ void quantize_kernel(const float* x, int64_t total, int64_t dim, float* y,
+                                uint8_t* packed) {
+  constexpr int kB = block_of<F>();
+  const int lane = threadIdx.x & 31;
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) - lane;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t base = first; base < total; base += stride) {
+    const int64_t i = base + lane;
+    const bool active = i < total;
+    const float v = active ? x[i] : 0.0f;
+    const Quantized q = quantize_lane<F>(v, active);
+    if constexpr (!kPack) {
+      if (active) y[i] = __fmul_rn(decode_element<F>(q.code), q.s);
+    } else {
+      const int64_t r = i / dim, c = i - r * dim;
+      uint8_t* row = packed + r * row_bytes<F>(dim);
+      if constexpr (F == Format::kFp8Window) {
+        if (active) row[c] = q.code;
+      } else {
+        // The odd channel's code comes from the next lane (same block: blocks are even-sized).
+        const unsigned hi = __shfl_down_sync(kFullMask, static_cast<unsigned>(q.code), 1);
+        if (active && (c & 1) == 0) row[c / 2] = fp4_pack(q.code, static_cast<uint8_t>(hi));
+      }
+      if (active && c % kB == 0) row[data_bytes<F>(dim) + c / kB] = q.scale_code;
+    }
+  }
+}
+
+template <Format F>
+__global__ void unpack_kernel(const uint8_t* __restrict__ in, int64_t total, int64_t dim,
+                              float* __restrict__ y) {
+  constexpr int kB = block_of<F>();
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += stride) {
+    const int64_t r = i / dim, c = i - r * dim;
+    const uint8_t* row = in + r * row_bytes<F>(dim);
+    const uint8_t sc = row[data_bytes<F>(dim) + c / kB];
+    const float s = F == Format::kNvfp4 ? fp8_e4m3_to_f32(sc) : e8m0_to_f32(sc);
+    uint8_t code;
+    if constexpr (F == Format::kFp8Window) {
+      code = row[c];
+    } else {
+      code = (c & 1) ? fp4_unpack_hi(row[c / 2]) : fp4_unpack_lo(row[c / 2]);
+    }
+    y[i] = __fmul_rn(decode_element<F>(code), s);
+  }
+}
+
+__global__ void dequant_fp8_blocks_kernel(const uint8_t* __restrict__ codes,
+                                          const uint8_t* __restrict__ scales, int64_t total,
+                                          int64_t cols, int64_t block_rows, int64_t block_cols,
+                                          int64_t scale_cols, float* __restrict__ out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += stride) {
+    const int64_t r = i / cols, c = i - r * cols;
+    const float s = e8m0_to_f32(scales[(r / block_rows) * scale_cols + c / block_cols]);
+    out[i] = __fmul_rn(fp8_e4m3_to_f32(codes[i]), s);
+  }
+}
+
+__global__ void dequant_fp4_rows_kernel(const uint8_t* __restrict__ packed,
+                                        const uint8_t* __restrict__ scales, int64_t total,
+                                        int64_t cols, int64_t scale_cols, float* __restrict__ out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += stride) {
+    const int64_t r = i / cols, c = i - r * cols;
+    const uint8_t byte = packed[r * (cols / 2) + c / 2];
+    const uint8_t code = (c & 1) ? fp4_unpack_hi(byte) : fp4_unpack_lo(byte);
+    const float v = code == 8 ? 0.0f : fp4_e2m1_to_f32(code);  // NeMo's table: code 8 -> +0
+    out[i] = __fmul_rn(v, e8m0_to_f32(scales[r * scale_cols + c / 32]));
+  }
+}
+
+template <Format F>
+bool bad_dims(int64_t rows, int64_t dim) {
+  return rows < 0 || dim <= 0 || dim % block_of<F>() != 0;
+}
+
+template <Format F>
+cudaError_t launch_qdq(const float* x, int64_t rows, int64_t dim, float* y, cudaStream_t stream) {
+  if (bad_dims<F>(rows, dim)) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  const int64_t total = rows * dim;
+  quantize_kernel<F, false><<<blocks_for(total), kThreads, 0, stream>>>(x, total, dim, y, nullptr);
+  return launch_status();
+}
+
+template <Format F>
+cudaError_t launch_pack(const float* x, int64_t rows, int64_t dim, uint8_t* out,
+                        cudaStream_t stream) {
+  if (bad_dims<F>(rows, dim)) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  const int64_t total = rows * dim;
+  quantize_kernel<F, true><<<blocks_for(total), kThreads, 0, stream>>>(x, total, dim, nullptr, out);
+  return launch_status();
+}
+
+template <Format F>
+cudaError_t launch_unpack(const uint8_t* in, int64_t rows, int64_t dim, float* y,
+                          cudaStream_t stream) {
+  if (bad_dims<F>(rows, dim)) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  const int64_t total = rows * dim;
+  unpack_kernel<F><<<blocks_for(total), kThreads, 0, stream>>>(in, total, dim, y);
+  return launch_status();
+}
+
+}  // namespace
+
+cudaError_t fp8_window_qdq(const float* x, int64_t rows, int64_t dim, float* y,
+                           cudaStream_t stream) {
+  return launch_qdq<Format::kFp8Window>(x, rows, dim, y, stream);
+}
+cudaError_t nvfp4_qdq(const float* x, int64_t rows, int64_t dim, float* y, cudaStream_t stream) {
+  return launch_qdq<Format::kNvfp4>(x, rows, dim, y, stream);
+}
+cudaError_t mxfp4_qdq(const float* x, int64_t rows, int64_t dim, float* y, cudaStream_t stream) {
+  return launch_qdq<Format::kMxfp4>(x, rows, dim, y, stream);
+}
+
+cudaError_t fp8_window_pack(const float* x, int64_t rows, int64_t dim, uint8_t* out,
+                            cudaStream_t stream) {
+  return launch_pack<Format::kFp8Window>(x, rows, dim, out, stream);
+}
+cudaError_t fp8_window_unpack(const uint8_t* in, int64_t rows, int64_t dim, float* y,
+                              cudaStream_t stream) {
+  return launch_unpack<Format::kFp8Window>(in, rows, dim, y, stream);
+}
+cudaError_t nvfp4_pack(const float* x, int64_t rows, int64_t dim, uint8_t* out,
+                       cudaStream_t stream) {
+  return launch_pack<Format::kNvfp4>(x, rows, dim, out, stream);
+}
+cudaError_t nvfp4_unpack(const uint8_t* in, int64_t rows, int64_t dim, float* y,
+                         cudaStream_t stream) {
+  return launch_unpack<Format::kNvfp4>(in, rows, dim, y, stream);
+}
+cudaError_t mxfp4_pack(const float* x, int64_t rows, int64_t dim, uint8_t* out,
+                       cudaStream_t stream) {
+  return launch_pack<Format::kMxfp4>(x, rows, dim, out, stream);
+}
+cudaError_t mxfp4_unpack(const uint8_t* in, int64_t rows, int64_t dim, float* y,
+                         cudaStream_t stream) {
+  return launch_unpack<Format::kMxfp4>(in, rows, dim, y, stream);
+}
+
+cudaError_t dequant_fp8_blocks(const uint8_t* codes, const uint8_t* scales, int64_t rows,
+                               int64_t cols, int64_t block_rows, int64_t block_cols, float* out,
+                               cudaStream_t stream) {
+  if (rows < 0 || cols < 0 || block_rows <= 0 || block_cols <= 0) return cudaErrorInvalidValue;
+  const int64_t total = rows * cols;
+  if (total == 0) return cudaSuccess;
+  const int64_t scale_cols = (cols + block_cols - 1) / block_cols;
+  dequant_fp8_blocks_kernel<<<blocks_for(total), kThreads, 0, stream>>>(
+      codes, scales, total, cols, block_rows, block_cols, scale_cols, out);
+  return launch_status();
+}
+
+cudaError_t dequant_fp4_rows(const uint8_t* packed, const uint8_t* scales, int64_t rows,
+                             int64_t cols, float* out, cudaStream_t stream) {
+  if (rows < 0 || cols < 0 || cols % 2 != 0) return cudaErrorInvalidValue;
+  const int64_t total = rows * cols;
+  if (total == 0) return cudaSuccess;
+  dequant_fp4_rows_kernel<<<blocks_for(total), kThreads, 0, stream>>>(packed, scales, total, cols,
+                                                                      (cols + 31) / 32, out);
+  return launch_status();
+}
+
+}  // namespace dsv41rt::kernels::cuda

@@ -1,0 +1,51 @@
+// CUDA cache quantisers and release-weight dequantisation (contract: kernels/quant.h). Every
+// output is BITWISE equal to the CPU reference (kernels/cpu/quant.cc): the same scalar codecs
+// (runtime/dtype.h), the same FP32 operations in the same order (true IEEE division, no FMA
+// contraction on the single products involved), max-reductions being order-independent.
+//
+// Shapes as in kernels/quant.h; all pointers are device pointers. dim must be a positive multiple
+// of the format's block and rows >= 0 (cudaErrorInvalidValue otherwise); y may alias x for QDQ.
+// Packed rows use the CPU byte layout: [data][scale codes] per row, E2M1 even channel in the low
+// nibble.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "runtime/export.h"
+
+namespace dsv41rt::kernels::cuda {
+
+/// Cache QDQ, x [rows, dim] -> y [rows, dim].
+DSV41RT_API cudaError_t fp8_window_qdq(const float* x, int64_t rows, int64_t dim, float* y,
+                                       cudaStream_t stream);
+DSV41RT_API cudaError_t nvfp4_qdq(const float* x, int64_t rows, int64_t dim, float* y,
+                                  cudaStream_t stream);
+DSV41RT_API cudaError_t mxfp4_qdq(const float* x, int64_t rows, int64_t dim, float* y,
+                                  cudaStream_t stream);
+
+/// Packed cache rows: x [rows, dim] -> out [rows, *_row_bytes(dim)] and back.
+DSV41RT_API cudaError_t fp8_window_pack(const float* x, int64_t rows, int64_t dim, uint8_t* out,
+                                        cudaStream_t stream);
+DSV41RT_API cudaError_t fp8_window_unpack(const uint8_t* in, int64_t rows, int64_t dim, float* y,
+                                          cudaStream_t stream);
+DSV41RT_API cudaError_t nvfp4_pack(const float* x, int64_t rows, int64_t dim, uint8_t* out,
+                                   cudaStream_t stream);
+DSV41RT_API cudaError_t nvfp4_unpack(const uint8_t* in, int64_t rows, int64_t dim, float* y,
+                                     cudaStream_t stream);
+DSV41RT_API cudaError_t mxfp4_pack(const float* x, int64_t rows, int64_t dim, uint8_t* out,
+                                   cudaStream_t stream);
+DSV41RT_API cudaError_t mxfp4_unpack(const uint8_t* in, int64_t rows, int64_t dim, float* y,
+                                     cudaStream_t stream);
+
+/// E4M3 codes [rows, cols] with UE8M0 scales [ceil(rows/br), ceil(cols/bc)] -> out [rows, cols].
+DSV41RT_API cudaError_t dequant_fp8_blocks(const uint8_t* codes, const uint8_t* scales,
+                                           int64_t rows, int64_t cols, int64_t block_rows,
+                                           int64_t block_cols, float* out, cudaStream_t stream);
+/// Packed E2M1 [rows, cols/2] with UE8M0 scales [rows, ceil(cols/32)] -> out [rows, cols];
+/// cols even. Code 8 (-0) decodes to +0 as in the CPU reference.
+DSV41RT_API cudaError_t dequant_fp4_rows(const uint8_t* packed, const uint8_t* scales, int64_t rows,
+                                         int64_t cols, float* out, cudaStream_t stream);
+
+}  // namespace dsv41rt::kernels::cuda
