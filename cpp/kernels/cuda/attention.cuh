@@ -1,0 +1,22 @@
+// CUDA sparse attention with a per-head sink (contract: kernels/attention.h), FP32.
+//   q [S, n_heads, D], kv [T, D], indices int32 [S, K] (-1 = skip), sink [n_heads],
+//   out [S, n_heads, D] (device pointers; out must not alias the inputs).
+// Indices outside [-1, T) are device data the launcher cannot check: the kernel skips them like
+// -1 (never reads out of bounds); the CPU reference rejects them instead. A query with no valid
+// index gets a zero output.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "runtime/export.h"
+
+namespace dsv41rt::kernels::cuda {
+
+DSV41RT_API cudaError_t sparse_attention(const float* q, const float* kv, const int32_t* indices,
+                                         const float* sink, int64_t S, int64_t n_heads, int64_t D,
+                                         int64_t T, int64_t K, float scale, float* out,
+                                         cudaStream_t stream);
+
+}  // namespace dsv41rt::kernels::cuda

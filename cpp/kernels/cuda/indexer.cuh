@@ -1,0 +1,34 @@
+// CUDA lightning-indexer scoring, candidate blocks and top-k selection (contract:
+// kernels/indexer.h), FP32. All pointers are device pointers; outputs never alias inputs.
+// candidate_blocks and topk_select reproduce the CPU reference exactly on the same scores
+// (ties to the lower index; -0.0 ranks equal to +0.0). NaN scores are unsupported (the CPU
+// reference's ordering is undefined for them); here a NaN ranks above +inf and is never emitted.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "runtime/export.h"
+
+namespace dsv41rt::kernels::cuda {
+
+/// scores[s, j] = Σ_h w[s,h] · relu(q[s,h,:] · keys[j,:]) for j < n_visible[s], −inf otherwise.
+///   q [S, H, D], keys [T, D], w [S, H], n_visible int64 [S], scores [S, T].
+DSV41RT_API cudaError_t indexer_scores(const float* q, const float* keys, const float* w,
+                                       const int64_t* n_visible, int64_t S, int64_t H, int64_t D,
+                                       int64_t T, float* scores, cudaStream_t stream);
+
+/// mask [S, T] (uint8): 1 for every visible entry of a kept block (block score = max entry
+/// score; the newest visible block forced in; the top min(topk_blocks, n_blocks) blocks with
+/// score > −inf kept, ties to the lower block index).
+DSV41RT_API cudaError_t candidate_blocks(const float* scores, const int64_t* n_visible, int64_t S,
+                                         int64_t T, int64_t topk_blocks, int64_t block_size,
+                                         uint8_t* mask, cudaStream_t stream);
+
+/// indices int32 [S, k]: the min(k, T) top entries (ties to the lower index), finite ones only,
+/// ascending by index, then −1 padding. Any T and k (the row is streamed from global memory).
+DSV41RT_API cudaError_t topk_select(const float* scores, int64_t S, int64_t T, int64_t k,
+                                    int32_t* indices, cudaStream_t stream);
+
+}  // namespace dsv41rt::kernels::cuda
