@@ -7,9 +7,10 @@ boundaries, subnormals, values near the FP32 max). The kernels use the same scal
 (runtime/dtype.h) and the same FP32 operations in the same order (true division, no FMA; the block
 amax is a max, hence order-independent), so nothing may differ.
 Non-finite inputs (inf/NaN in a block) and NaN codes: the same elements are NaN and all others are
-bitwise equal; NaN sign/payload may differ (x86 produces the negative "default NaN" for 0/0 and
-inf/inf where the GPU produces its canonical positive NaN), so packed bytes of such blocks are not
-compared directly: their unpacked values are.
+bitwise equal (NaN payloads may differ). The kernel's x / s reproduces the x86 host's NaN results
+(first NaN operand, else the negative "default NaN" for 0/0 and inf/inf) because the NaN's sign
+reaches the E2M1 code (mxfp4: inf/inf -> -NaN -> -6 * inf); on a non-x86 CPU reference this test
+may differ in those signs. Packed bytes of such blocks are compared through their unpacked values.
 """
 
 from __future__ import annotations

@@ -46,11 +46,24 @@ __device__ __forceinline__ float clamp(float v, float lo, float hi) {
   return v < lo ? lo : (v > hi ? hi : v);
 }
 
-// E2M1 code as NeMo rounds it: magnitude (NaN -> level 6), sign of the input kept.
-__device__ __forceinline__ uint8_t e2m1_code(float n) {
+// E2M1 code as NeMo rounds it: magnitude (NaN -> level 6), sign of the input kept (passed in).
+__device__ __forceinline__ uint8_t e2m1_code(float n, bool negative) {
   const float mag = fabsf(n);
   const uint8_t c = mag != mag ? uint8_t{7} : f32_to_fp4_e2m1(mag);
-  return static_cast<uint8_t>((f32_to_bits(n) >> 31) ? (c | 0x8u) : c);
+  return static_cast<uint8_t>(negative ? (c | 0x8u) : c);
+}
+
+// a / b (IEEE, round to nearest) with the NaN an x86 host (SSE) produces, so that blocks holding
+// inf/NaN quantise like the CPU reference on x86: a NaN operand propagates (the first one, made
+// quiet) and an invalid operation (0/0, inf/inf) gives the negative "default NaN" 0xFFC00000. The
+// GPU would give its canonical +NaN, whose sign then leaks into E2M1/E4M3 codes (inf/inf -> NaN
+// -> level 6 with the NaN's sign -> +-6 * inf).
+__device__ __forceinline__ float div_like_host(float a, float b) {
+  const float q = __fdiv_rn(a, b);
+  if (q == q) return q;
+  if (a != a) return f32_from_bits(f32_to_bits(a) | 0x00400000u);
+  if (b != b) return f32_from_bits(f32_to_bits(b) | 0x00400000u);
+  return f32_from_bits(0xFFC00000u);
 }
 
 template <Format F>
@@ -93,11 +106,15 @@ __device__ __forceinline__ Quantized quantize_lane(float v, bool active) {
     q.s = pow2ceil_bits(__fmul_rn(clamp_min(amax, floor), inv));
     q.scale_code = amax <= kF32Max ? static_cast<uint8_t>(f32_to_bits(q.s) >> 23) : kE8M0Nan;
   }
-  const float n = __fdiv_rn(v, q.s);  // true division, as the reference
+  const float n = div_like_host(v, q.s);  // true division, as the reference
+  // The sign is taken from n before the clamp: the clamp keeps it for every value, but LLVM may
+  // canonicalise a NaN passing through the compare/select (max.NaN), which would drop the sign.
+  const uint8_t sign = static_cast<uint8_t>((f32_to_bits(n) >> 31) << 7);
   if constexpr (F == Format::kFp8Window) {
-    q.code = f32_to_fp8_e4m3(clamp(n, -448.0f, 448.0f));
+    q.code =
+        n != n ? static_cast<uint8_t>(sign | 0x7Fu) : f32_to_fp8_e4m3(clamp(n, -448.0f, 448.0f));
   } else {
-    q.code = e2m1_code(clamp(n, -6.0f, 6.0f));
+    q.code = e2m1_code(clamp(n, -6.0f, 6.0f), sign != 0);
   }
   return q;
 }
