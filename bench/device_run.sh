@@ -13,9 +13,13 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+# The image's default compiler (/opt/gcc) links libstdc++ statically into the extension, next to the
+# libstdc++.so.6 that Python's other extensions load; every C++ exception then crashes the process.
+# The system g++ links it dynamically (bench/device_diag3.sh shows both).
+if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
 echo "== build (pip, CUDA sm_90a)"
 start=$(date +%s)
-python3 -m pip install --no-build-isolation --no-deps -v . >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+python3 -m pip install --no-build-isolation --no-deps -v -C build-dir=/tmp/dsv41rt-build-"$(basename "${CXX:-default}")" . >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 echo "built in $(( $(date +%s) - start )) s"
 python3 -c "from dsv41rt import _core; print('cuda devices seen by libdsv41rt:', _core.cuda_device_count()); print('cuda ops:', sorted(n for n in dir(_core.cuda_ops) if not n.startswith('_')))"
 echo "== CUDA op suite"
