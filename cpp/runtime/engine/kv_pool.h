@@ -4,9 +4,9 @@
 //   - request slots: the fixed-size per-request state (every layer's window ring, the compressor's
 //     pending tokens, the Engram history). One slot per running request.
 //   - token pages: the state that grows with context length. A page covers `page_tokens`
-//     consecutive positions of one request and holds, for every KV source, the compressed-KV entries
-//     and index keys of those positions (page_tokens is a multiple of every compression ratio, so a
-//     page boundary never splits a compression group).
+//     consecutive positions of one request and holds, for every KV source, the compressed-KV
+//     entries and index keys of those positions (page_tokens is a multiple of every compression
+//     ratio, so a page boundary never splits a compression group).
 // A request owns one slot and a page table (page ids in position order). The pool only hands out
 // and takes back storage; what lives inside a slot or page is the executor's layout.
 //
@@ -42,8 +42,8 @@ class DSV41RT_API KvPool {
 
   KvPool(PoolGeometry geometry, int64_t num_pages, int64_t num_slots, Allocator allocator = {});
 
-  /// Sizes a pool from a byte budget: `max_slots` slots (all of them if the budget allows), the rest
-  /// as pages. Throws Error naming the shortfall if not even one slot and one page fit.
+  /// Sizes a pool from a byte budget: `max_slots` slots (all of them if the budget allows), the
+  /// rest as pages. Throws Error naming the shortfall if not even one slot and one page fit.
   static KvPool from_budget(PoolGeometry geometry, int64_t budget_bytes, int64_t max_slots,
                             Allocator allocator = {});
 

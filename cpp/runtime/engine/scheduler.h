@@ -70,8 +70,8 @@ struct StepPlan {
 
 struct SchedulerStats {
   int64_t waiting = 0, running = 0;
-  int64_t preemptions = 0;       ///< total since start
-  int64_t admitted = 0;          ///< admissions (re-admissions after preemption included)
+  int64_t preemptions = 0;  ///< total since start
+  int64_t admitted = 0;     ///< admissions (re-admissions after preemption included)
   int64_t finished = 0, aborted = 0;
   int64_t max_waiting_seen = 0;  ///< largest queue length observed at a schedule()
 };
