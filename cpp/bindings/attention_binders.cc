@@ -1,0 +1,123 @@
+// Implementation of bindings/attention_binders.h (see there).
+#include "bindings/attention_binders.h"
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "runtime/status.h"
+
+namespace nb = nanobind;
+
+namespace dsv41rt::bindings {
+namespace {
+
+template <typename T, size_t N>
+using In = nb::ndarray<const T, nb::ndim<N>, nb::c_contig, nb::device::cpu>;
+
+// A fresh numpy array owning a new[] buffer.
+template <typename T>
+nb::ndarray<nb::numpy, T> new_array(std::initializer_list<size_t> shape) {
+  size_t n = 1;
+  for (size_t d : shape) n *= d;
+  T* data = new T[n > 0 ? n : 1];
+  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<T*>(p); });
+  return nb::ndarray<nb::numpy, T>(data, shape, owner);
+}
+
+nb::ndarray<nb::numpy, float> sparse_attention_np(In<float, 3> q, In<float, 2> kv,
+                                                  In<int32_t, 2> indices, In<float, 1> sink,
+                                                  float scale, AttentionFns::SparseAttention fn) {
+  const int64_t S = q.shape(0), H = q.shape(1), D = q.shape(2), T = kv.shape(0),
+                K = indices.shape(1);
+  DSV41RT_CHECK(
+      kv.shape(1) == size_t(D) && indices.shape(0) == size_t(S) && sink.shape(0) == size_t(H),
+      "sparse_attention: inconsistent shapes");
+  auto out = new_array<float>({size_t(S), size_t(H), size_t(D)});
+  nb::gil_scoped_release release;
+  fn(q.data(), kv.data(), indices.data(), sink.data(), S, H, D, T, K, scale, out.data());
+  return out;
+}
+
+nb::ndarray<nb::numpy, float> compress_pool_np(In<float, 2> values, In<float, 2> scores,
+                                               int64_t ratio, AttentionFns::CompressPool fn) {
+  DSV41RT_CHECK(ratio >= 1 && values.shape(0) % ratio == 0, "compress_pool: ", values.shape(0),
+                " rows is not a whole number of groups of ", ratio);
+  DSV41RT_CHECK(values.shape(0) == scores.shape(0) && values.shape(1) == scores.shape(1),
+                "compress_pool: values and scores differ in shape");
+  const int64_t G = values.shape(0) / ratio, D = values.shape(1);
+  auto out = new_array<float>({size_t(G), size_t(D)});
+  nb::gil_scoped_release release;
+  fn(values.data(), scores.data(), G, ratio, D, out.data());
+  return out;
+}
+
+nb::ndarray<nb::numpy, float> indexer_scores_np(In<float, 3> q, In<float, 2> keys, In<float, 2> w,
+                                                In<int64_t, 1> n_visible,
+                                                AttentionFns::IndexerScores fn) {
+  const int64_t S = q.shape(0), H = q.shape(1), D = q.shape(2), T = keys.shape(0);
+  DSV41RT_CHECK(keys.shape(1) == size_t(D) && w.shape(0) == size_t(S) && w.shape(1) == size_t(H) &&
+                    n_visible.shape(0) == size_t(S),
+                "indexer_scores: inconsistent shapes");
+  auto out = new_array<float>({size_t(S), size_t(T)});
+  nb::gil_scoped_release release;
+  fn(q.data(), keys.data(), w.data(), n_visible.data(), S, H, D, T, out.data());
+  return out;
+}
+
+nb::ndarray<nb::numpy, uint8_t> candidate_blocks_np(In<float, 2> scores, In<int64_t, 1> n_visible,
+                                                    int64_t topk_blocks, int64_t block_size,
+                                                    AttentionFns::CandidateBlocks fn) {
+  const int64_t S = scores.shape(0), T = scores.shape(1);
+  DSV41RT_CHECK(n_visible.shape(0) == size_t(S), "candidate_blocks: n_visible length");
+  auto out = new_array<uint8_t>({size_t(S), size_t(T)});
+  nb::gil_scoped_release release;
+  fn(scores.data(), n_visible.data(), S, T, topk_blocks, block_size, out.data());
+  return out;
+}
+
+nb::ndarray<nb::numpy, int32_t> topk_select_np(In<float, 2> scores, int64_t k,
+                                               AttentionFns::TopkSelect fn) {
+  const int64_t S = scores.shape(0), T = scores.shape(1);
+  auto out = new_array<int32_t>({size_t(S), size_t(k)});
+  nb::gil_scoped_release release;
+  fn(scores.data(), S, T, k, out.data());
+  return out;
+}
+
+}  // namespace
+
+void register_attention_family(nb::module_& ops, const AttentionFns& k) {
+  ops.def(
+      "sparse_attention",
+      [k](In<float, 3> q, In<float, 2> kv, In<int32_t, 2> indices, In<float, 1> sink, float scale) {
+        return sparse_attention_np(q, kv, indices, sink, scale, k.sparse_attention);
+      },
+      nb::arg("q"), nb::arg("kv"), nb::arg("indices"), nb::arg("sink"), nb::arg("scale"));
+  ops.def(
+      "compress_pool",
+      [k](In<float, 2> values, In<float, 2> scores, int64_t ratio) {
+        return compress_pool_np(values, scores, ratio, k.compress_pool);
+      },
+      nb::arg("values"), nb::arg("scores"), nb::arg("ratio"));
+  ops.def(
+      "indexer_scores",
+      [k](In<float, 3> q, In<float, 2> keys, In<float, 2> w, In<int64_t, 1> n_visible) {
+        return indexer_scores_np(q, keys, w, n_visible, k.indexer_scores);
+      },
+      nb::arg("q"), nb::arg("keys"), nb::arg("w"), nb::arg("n_visible"));
+  ops.def(
+      "candidate_blocks",
+      [k](In<float, 2> scores, In<int64_t, 1> n_visible, int64_t topk_blocks, int64_t block_size) {
+        return candidate_blocks_np(scores, n_visible, topk_blocks, block_size, k.candidate_blocks);
+      },
+      nb::arg("scores"), nb::arg("n_visible"), nb::arg("topk_blocks"), nb::arg("block_size"));
+  ops.def(
+      "topk_select",
+      [k](In<float, 2> scores, int64_t kk) { return topk_select_np(scores, kk, k.topk_select); },
+      nb::arg("scores"), nb::arg("k"));
+}
+
+}  // namespace dsv41rt::bindings
