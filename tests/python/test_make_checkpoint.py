@@ -127,6 +127,48 @@ def test_sharded_output_round_trips(tmp_path, tiny_v41_dir: str) -> None:
     index = json.loads((out / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) >= 3 and all((out / s).exists() for s in shards)
+    serial = tmp_path / "serial"  # the same shards written by one process instead of several
+    assert (
+        main(
+            [
+                "make-checkpoint",
+                "--preset",
+                "tiny-v41",
+                "--seed",
+                "1",
+                "--out",
+                str(serial),
+                "--max-shard-bytes",
+                "8M",
+                "--no-tokenizer",
+                "--workers",
+                "1",
+            ]
+        )
+        == 0
+    )
+    assert digests(str(serial)) == digests(str(out))
+    parallel = tmp_path / "parallel"
+    assert (
+        main(
+            [
+                "make-checkpoint",
+                "--preset",
+                "tiny-v41",
+                "--seed",
+                "1",
+                "--out",
+                str(parallel),
+                "--max-shard-bytes",
+                "8M",
+                "--no-tokenizer",
+                "--workers",
+                "3",
+            ]
+        )
+        == 0
+    )
+    assert digests(str(parallel)) == digests(str(out))
     sharded = open_checkpoint(str(out)).tensors
     single = open_checkpoint(tiny_v41_dir).tensors
     assert sharded.names() == single.names()

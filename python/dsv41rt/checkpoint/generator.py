@@ -164,6 +164,7 @@ def make_checkpoint(
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     tokenizer: bool = True,
     progress: Callable[[str], None] | None = None,
+    workers: int = 1,
 ) -> list[str]:
     """Write config.json, safetensors (sharded when large) and tokenizer files into out_dir."""
     if seed < 0:
@@ -177,7 +178,7 @@ def make_checkpoint(
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(config_json, f, indent=2)
         f.write("\n")
-    files = write_checkpoint(out_dir, tensor_groups(plan, seed), max_shard_bytes, progress)
+    files = write_checkpoint(out_dir, tensor_groups(plan, seed), max_shard_bytes, progress, workers)
     if tokenizer:
         _copy_tokenizer(out_dir)
         if cfg.engram is not None:  # warm the Engram token-map cache so the first run starts fast

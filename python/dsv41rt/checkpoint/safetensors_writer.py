@@ -84,25 +84,60 @@ def shard_groups(groups: list[Group], max_shard_bytes: int) -> list[list[Group]]
     return shards
 
 
+# Shards being written by forked workers (set before the fork; producers are closures, which cannot
+# be pickled, so the workers inherit them instead of receiving them).
+_SHARDS: list[list[Group]] = []
+
+
+def _write_shard(out_dir: str, index: int) -> int:
+    name = shard_name(index, len(_SHARDS))
+    return write_file(os.path.join(out_dir, name), _SHARDS[index])
+
+
+def shard_name(index: int, count: int) -> str:
+    return f"model-{index + 1:05d}-of-{count:05d}.safetensors"
+
+
 def write_checkpoint(
-    out_dir: str, groups: list[Group], max_shard_bytes: int, progress: Callable[[str], None] | None = None
+    out_dir: str,
+    groups: list[Group],
+    max_shard_bytes: int,
+    progress: Callable[[str], None] | None = None,
+    workers: int = 1,
 ) -> list[str]:
-    """Write model.safetensors, or model-0000i-of-0000n.safetensors + model.safetensors.index.json."""
+    """Write model.safetensors, or model-0000i-of-0000n.safetensors + model.safetensors.index.json.
+
+    With workers > 1, shards are written by that many forked processes; every shard's bytes depend
+    only on its tensors, so the files are identical to a single-process run.
+    """
+    global _SHARDS
     shards = shard_groups(groups, max_shard_bytes)
     if len(shards) == 1:
         write_file(os.path.join(out_dir, "model.safetensors"), shards[0])
         return ["model.safetensors"]
-    names, weight_map, total = [], {}, 0
-    for i, shard in enumerate(shards):
-        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        total += write_file(os.path.join(out_dir, name), shard)
-        names.append(name)
-        for tensors, _ in shard:
-            for e in tensors:
-                weight_map[e.name] = name
-        if progress:
-            progress(f"wrote {name} ({i + 1}/{len(shards)})")
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    names = [shard_name(i, len(shards)) for i in range(len(shards))]
+    workers = max(1, min(workers, len(shards)))
+    _SHARDS = shards
+    try:
+        if workers == 1:
+            sizes = []
+            for i in range(len(shards)):
+                sizes.append(_write_shard(out_dir, i))
+                if progress:
+                    progress(f"wrote {names[i]} ({i + 1}/{len(shards)})")
+        else:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            ctx = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+                sizes = list(pool.map(_write_shard, [out_dir] * len(shards), range(len(shards))))
+            if progress:
+                progress(f"wrote {len(shards)} shards with {workers} processes")
+    finally:
+        _SHARDS = []
+    weight_map = {e.name: names[i] for i, shard in enumerate(shards) for tensors, _ in shard for e in tensors}
+    index = {"metadata": {"total_size": sum(sizes)}, "weight_map": dict(sorted(weight_map.items()))}
     with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
         json.dump(index, f, indent=2)
         f.write("\n")

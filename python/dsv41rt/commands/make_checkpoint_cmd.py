@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -36,12 +37,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-shard-bytes", type=_size, default=4 << 30, help="shard size limit (default 4G)")
     p.add_argument("--no-tokenizer", action="store_true", help="do not copy tokenizer files")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=min(8, os.cpu_count() or 1),
+        help="processes writing shards in parallel (output is identical for any value)",
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..checkpoint.generator import make_checkpoint
 
+    if args.workers < 1:
+        raise CheckpointError(f"--workers must be >= 1, got {args.workers}")
     if args.seed < 0:
         raise CheckpointError(f"--seed must be non-negative, got {args.seed}")
     cfg = preset_config_json(args.preset)
@@ -56,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         name=args.preset,
         max_shard_bytes=args.max_shard_bytes,
         tokenizer=not args.no_tokenizer,
+        workers=args.workers,
         progress=lambda m: print(m, file=sys.stderr),
     )
     print(
