@@ -26,7 +26,7 @@ namespace dsv41rt::bindings {
 namespace {
 
 using engine::Engine;
-using model::CpuExecutor;
+using model::Executor;
 using model::EngramTables;
 using I32Array = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
@@ -48,7 +48,7 @@ class PyEngine {
   PyEngine(const std::string& path, nb::object token_map,
            const std::vector<nb::dict>& engram_layers, bool cache_quant, bool record_decisions,
            int64_t kv_memory_bytes, int64_t max_running, int64_t token_budget, int64_t max_context,
-           int64_t page_tokens) {
+           int64_t page_tokens, const std::string& device, bool multistream, bool cuda_graphs) {
     ModelPlan plan = build_model_plan(load_model_config(path));
     auto ck = std::make_shared<Checkpoint>(path);
     EngramTables tables;
@@ -77,8 +77,11 @@ class PyEngine {
     options.max_requests = max_running;
     options.page_tokens = page_tokens;
     options.token_budget = token_budget;
-    auto exec = std::make_shared<CpuExecutor>(std::move(plan), std::move(weights),
-                                              std::move(tables), options);
+    options.device = device;
+    options.multistream = multistream;
+    options.cuda_graphs = cuda_graphs;
+    std::shared_ptr<Executor> exec =
+        model::make_executor(std::move(plan), std::move(weights), std::move(tables), options);
     engine_ = std::make_unique<Engine>(
         exec, engine::EngineConfig{max_running, token_budget, max_context});
   }
@@ -150,6 +153,9 @@ class PyEngine {
             {"reuse_hits", s.dequant.reuse_hits},
             {"rows_dequantised", s.dequant.rows_dequantised}};
   }
+
+  std::map<std::string, int64_t> backend_stats() const { return exec().backend_stats(); }
+  std::string device() const { return exec().device(); }
 
   std::string describe_pool() {
     return exec().pool().describe() + "\n" + exec().memory_plan().describe();
@@ -224,7 +230,7 @@ class PyEngine {
     int64_t length = 0;
   };
 
-  CpuExecutor& exec() const { return engine_->executor(); }
+  Executor& exec() const { return engine_->executor(); }
 
   void free_handle(Handle& h) {
     exec().pool().free_pages(h.pages);
@@ -247,15 +253,16 @@ class PyEngine {
 
 void register_engine(nb::module_& m) {
   nb::class_<PyEngine>(m, "Engine",
-                       "A loaded V4.1 checkpoint on the CPU executor: serving engine "
+                       "A loaded V4.1 checkpoint on an executor (cpu or cuda): serving engine "
                        "(submit/step/cancel/stats) and direct handles (forward).")
       .def(nb::init<const std::string&, nb::object, const std::vector<nb::dict>&, bool, bool,
-                    int64_t, int64_t, int64_t, int64_t, int64_t>(),
+                    int64_t, int64_t, int64_t, int64_t, int64_t, const std::string&, bool, bool>(),
            nb::arg("path"), nb::arg("token_map") = nb::none(),
            nb::arg("engram_layers") = std::vector<nb::dict>{}, nb::kw_only(),
            nb::arg("cache_quant") = true, nb::arg("record_decisions") = false,
            nb::arg("kv_memory_bytes") = int64_t(256) << 20, nb::arg("max_running") = 64,
-           nb::arg("token_budget") = 512, nb::arg("max_context") = 0, nb::arg("page_tokens") = 64)
+           nb::arg("token_budget") = 512, nb::arg("max_context") = 0, nb::arg("page_tokens") = 64,
+           nb::arg("device") = "cpu", nb::arg("multistream") = true, nb::arg("cuda_graphs") = true)
       .def("submit", &PyEngine::submit, nb::arg("prompt"), nb::arg("max_new_tokens"),
            nb::arg("sampling") = nb::dict(), nb::arg("stop_token_ids") = std::vector<int32_t>{},
            nb::arg("ignore_eos") = false)
@@ -263,6 +270,8 @@ void register_engine(nb::module_& m) {
       .def("cancel", &PyEngine::cancel, nb::arg("id"))
       .def("idle", &PyEngine::idle)
       .def("stats", &PyEngine::stats)
+      .def("backend_stats", &PyEngine::backend_stats)
+      .def_prop_ro("device", &PyEngine::device)
       .def("check_invariants", &PyEngine::check_invariants)
       .def("describe_pool", &PyEngine::describe_pool)
       .def("new_handle", &PyEngine::new_handle)

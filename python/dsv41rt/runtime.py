@@ -72,6 +72,8 @@ class Runtime:
         page_tokens: int = 64,
         cache_quant: bool = True,
         record_decisions: bool = False,
+        multistream: bool = True,
+        cuda_graphs: bool = True,
     ) -> None:
         """Load `checkpoint` (validated against its config).
 
@@ -83,8 +85,8 @@ class Runtime:
         matching the reference's "cache quantisation off" mode); record_decisions keeps each forward's
         indexer top-k and routed experts for `decisions()`.
         """
-        if device != "cpu":
-            raise Dsv41rtError(f"device {device!r} is not supported yet (only 'cpu')")
+        if not (device in ("cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
+            raise Dsv41rtError(f"unknown device {device!r} (expected 'cpu', 'cuda' or 'cuda:N')")
         opened = open_checkpoint(checkpoint)  # validates config and every tensor, errors by name
         self.config = opened.config
         token_map, layers = _engram_inputs(checkpoint, opened)
@@ -101,6 +103,9 @@ class Runtime:
                 token_budget=int(token_budget),
                 max_context=int(max_context),
                 page_tokens=int(page_tokens),
+                device=device,
+                multistream=bool(multistream),
+                cuda_graphs=bool(cuda_graphs),
             )
         except _core.Error as err:
             raise Dsv41rtError(str(err)) from None
@@ -183,6 +188,15 @@ class Runtime:
 
     def stats(self) -> dict[str, int]:
         return dict(self._ex.stats())
+
+    @property
+    def device(self) -> str:
+        """The executor's device: "cpu" or "cuda:N"."""
+        return str(self._ex.device)
+
+    def backend_stats(self) -> dict[str, int]:
+        """Executor-specific counters (CUDA: weight bytes, eager forwards, graph captures/replays)."""
+        return dict(self._ex.backend_stats())
 
     def check_invariants(self) -> None:
         self._ex.check_invariants()

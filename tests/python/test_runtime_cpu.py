@@ -111,3 +111,11 @@ def test_score_and_generate_cli(tmp_path, tiny_v41_dir: str, capsys) -> None:
     bad.write_text('[[0, "x"]]')
     assert main(["score", "--checkpoint", tiny_v41_dir, "--prompts", str(bad), "--out", str(out)]) == 2
     assert "prompt 0 position 1 is 'x'" in capsys.readouterr().err
+
+
+def test_unknown_or_missing_device_is_a_clear_error(tiny_v41_dir: str) -> None:
+    with pytest.raises(Dsv41rtError, match="unknown device 'tpu'"):
+        Runtime(tiny_v41_dir, "tpu")
+    # No GPU 99 anywhere: the CUDA build says no such device, a CPU-only build says it lacks CUDA.
+    with pytest.raises(Dsv41rtError, match="cuda:99"):
+        Runtime(tiny_v41_dir, "cuda:99")

@@ -52,11 +52,16 @@ __device__ float block_max(float v, float* red) {
 // its own output channels d = tid, tid + blockDim, ... (read-modify-write of out, owned by this
 // block alone, so no races). Running state: m_run (max so far, starting at the sink) and denom
 // (Σ exp(l - m_run), starting with the sink term exp(sink - m_run) = 1).
+// Keys j < T1 are rows of kv, the rest rows j - T1 of kv2 (T = T1 + rows of kv2).
 __global__ void sparse_attention_kernel(const float* __restrict__ q, const float* __restrict__ kv,
+                                        int64_t T1, const float* __restrict__ kv2,
                                         const int32_t* __restrict__ indices,
                                         const float* __restrict__ sink, int64_t H, int64_t D,
                                         int64_t T, int64_t K, float scale,
                                         float* __restrict__ out) {
+  auto key_row = [&](int32_t j) {
+    return int64_t(j) < T1 ? kv + int64_t(j) * D : kv2 + (int64_t(j) - T1) * D;
+  };
   __shared__ float logit[kChunk];
   __shared__ int32_t rows[kChunk];
   __shared__ float red[32];
@@ -80,7 +85,7 @@ __global__ void sparse_attention_kernel(const float* __restrict__ q, const float
     for (int i = warp; i < n; i += nwarps) {
       const int32_t j = rows[i];
       if (j < 0) continue;  // warp-uniform
-      const float* kr = kv + int64_t(j) * D;
+      const float* kr = key_row(j);
       float acc = 0.0f;
       for (int64_t d = lane; d < D; d += 32) acc += qh[d] * kr[d];
       acc = warp_sum(acc);
@@ -107,7 +112,7 @@ __global__ void sparse_attention_kernel(const float* __restrict__ q, const float
       float acc = oh[d] * rescale;
       for (int i = 0; i < n; ++i) {
         const int32_t j = rows[i];
-        if (j >= 0) acc += logit[i] * kv[int64_t(j) * D + d];
+        if (j >= 0) acc += logit[i] * key_row(j)[d];
       }
       oh[d] = acc;
     }
@@ -128,7 +133,19 @@ cudaError_t sparse_attention(const float* q, const float* kv, const int32_t* ind
   if (S == 0) return cudaSuccess;
   if (S > 0x7fffffff / n_heads) return cudaErrorInvalidValue;
   sparse_attention_kernel<<<static_cast<unsigned>(S * n_heads), kThreads, 0, stream>>>(
-      q, kv, indices, sink, n_heads, D, T, K, scale, out);
+      q, kv, T, nullptr, indices, sink, n_heads, D, T, K, scale, out);
+  return launch_status();
+}
+
+cudaError_t sparse_attention_split(const float* q, const float* kv_a, int64_t T_a,
+                                   const float* kv_b, int64_t T_b, const int32_t* indices,
+                                   const float* sink, int64_t S, int64_t n_heads, int64_t D,
+                                   int64_t K, float scale, float* out, cudaStream_t stream) {
+  if (S < 0 || n_heads <= 0 || D <= 0 || T_a < 0 || T_b < 0 || K < 0) return cudaErrorInvalidValue;
+  if (S == 0) return cudaSuccess;
+  if (S > 0x7fffffff / n_heads) return cudaErrorInvalidValue;
+  sparse_attention_kernel<<<static_cast<unsigned>(S * n_heads), kThreads, 0, stream>>>(
+      q, kv_a, T_a, kv_b, indices, sink, n_heads, D, T_a + T_b, K, scale, out);
   return launch_status();
 }
 

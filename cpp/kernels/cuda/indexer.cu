@@ -14,6 +14,7 @@ namespace {
 constexpr int kWarpsPerBlock = kThreads / 32;
 
 __global__ void indexer_scores_kernel(const float* __restrict__ q, const float* __restrict__ keys,
+                                      const int64_t* __restrict__ key_offset,
                                       const float* __restrict__ w,
                                       const int64_t* __restrict__ n_visible, int64_t S, int64_t H,
                                       int64_t D, int64_t T, float* __restrict__ scores) {
@@ -30,7 +31,7 @@ __global__ void indexer_scores_kernel(const float* __restrict__ q, const float* 
       if (lane == 0) scores[s * T + j] = -INFINITY;
       continue;
     }
-    const float* kj = keys + j * D;
+    const float* kj = keys + ((key_offset ? key_offset[s] : 0) + j) * D;
     float total = 0.0f;
     for (int64_t h = 0; h < H; ++h) {
       const float* qh = q + (s * H + h) * D;
@@ -216,13 +217,19 @@ __global__ void candidate_blocks_kernel(const float* __restrict__ scores,
 cudaError_t indexer_scores(const float* q, const float* keys, const float* w,
                            const int64_t* n_visible, int64_t S, int64_t H, int64_t D, int64_t T,
                            float* scores, cudaStream_t stream) {
+  return indexer_scores_offset(q, keys, nullptr, w, n_visible, S, H, D, T, scores, stream);
+}
+
+cudaError_t indexer_scores_offset(const float* q, const float* keys, const int64_t* key_offset,
+                                  const float* w, const int64_t* n_visible, int64_t S, int64_t H,
+                                  int64_t D, int64_t T, float* scores, cudaStream_t stream) {
   if (S < 0 || H <= 0 || D <= 0 || T < 0) return cudaErrorInvalidValue;
   if (S == 0 || T == 0) return cudaSuccess;
   const int64_t tiles = (T + kWarpsPerBlock - 1) / kWarpsPerBlock;
   const int64_t work = S * tiles;
   const int64_t blocks = work < (int64_t{1} << 20) ? work : (int64_t{1} << 20);
   indexer_scores_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      q, keys, w, n_visible, S, H, D, T, scores);
+      q, keys, key_offset, w, n_visible, S, H, D, T, scores);
   return launch_status();
 }
 

@@ -19,6 +19,14 @@ DSV41RT_API cudaError_t indexer_scores(const float* q, const float* keys, const 
                                        const int64_t* n_visible, int64_t S, int64_t H, int64_t D,
                                        int64_t T, float* scores, cudaStream_t stream);
 
+/// The same with each query's keys starting at row key_offset[s] of `keys` (device int64 [S];
+/// nullptr = 0): one launch scores a batch whose requests have different key sets.
+DSV41RT_API cudaError_t indexer_scores_offset(const float* q, const float* keys,
+                                              const int64_t* key_offset, const float* w,
+                                              const int64_t* n_visible, int64_t S, int64_t H,
+                                              int64_t D, int64_t T, float* scores,
+                                              cudaStream_t stream);
+
 /// mask [S, T] (uint8): 1 for every visible entry of a kept block (block score = max entry
 /// score; the newest visible block forced in; the top min(topk_blocks, n_blocks) blocks with
 /// score > −inf kept, ties to the lower block index).

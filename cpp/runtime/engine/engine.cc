@@ -10,7 +10,7 @@ namespace dsv41rt::engine {
 
 class Engine::Impl {
  public:
-  Impl(std::shared_ptr<model::CpuExecutor> executor, EngineConfig config)
+  Impl(std::shared_ptr<model::Executor> executor, EngineConfig config)
       : exec_(std::move(executor)),
         config_(config),
         scheduler_(SchedulerConfig{std::min(config.max_running, exec_->pool().usage().slots_total),
@@ -117,7 +117,7 @@ class Engine::Impl {
   }
 
   void check_invariants() const { scheduler_.check_invariants(); }
-  model::CpuExecutor& executor() { return *exec_; }
+  model::Executor& executor() { return *exec_; }
 
  private:
   struct Meta {
@@ -133,7 +133,7 @@ class Engine::Impl {
     return out;
   }
 
-  std::shared_ptr<model::CpuExecutor> exec_;
+  std::shared_ptr<model::Executor> exec_;
   EngineConfig config_;
   Scheduler scheduler_;
   std::map<int64_t, Meta> meta_;
@@ -142,7 +142,7 @@ class Engine::Impl {
   int64_t steps_ = 0, tokens_computed_ = 0, tokens_generated_ = 0;
 };
 
-Engine::Engine(std::shared_ptr<model::CpuExecutor> executor, EngineConfig config)
+Engine::Engine(std::shared_ptr<model::Executor> executor, EngineConfig config)
     : impl_(std::make_unique<Impl>(std::move(executor), config)) {}
 Engine::~Engine() = default;
 Engine::Engine(Engine&&) noexcept = default;
@@ -156,6 +156,6 @@ void Engine::cancel(int64_t id) { impl_->cancel(id); }
 bool Engine::idle() const { return impl_->idle(); }
 EngineStats Engine::stats() const { return impl_->stats(); }
 void Engine::check_invariants() const { impl_->check_invariants(); }
-model::CpuExecutor& Engine::executor() { return impl_->executor(); }
+model::Executor& Engine::executor() { return impl_->executor(); }
 
 }  // namespace dsv41rt::engine

@@ -53,7 +53,7 @@ struct EngineStats {
 
 class DSV41RT_API Engine {
  public:
-  Engine(std::shared_ptr<model::CpuExecutor> executor, EngineConfig config);
+  Engine(std::shared_ptr<model::Executor> executor, EngineConfig config);
   ~Engine();
   Engine(Engine&&) noexcept;
   Engine& operator=(Engine&&) noexcept;
@@ -68,7 +68,7 @@ class DSV41RT_API Engine {
   EngineStats stats() const;
   /// Pool invariants over the live requests; throws Error on a violation.
   void check_invariants() const;
-  model::CpuExecutor& executor();
+  model::Executor& executor();
 
  private:
   class Impl;

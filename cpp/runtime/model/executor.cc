@@ -20,8 +20,6 @@ namespace dsv41rt::model {
 
 namespace k = kernels::cpu;
 
-MemoryPlan plan_memory(const ModelPlan& plan, const StateLayout& layout, const ExecutorOptions& o);
-
 // One batch item during a forward, with what its layers publish for the next ones (spec §2.7.2).
 struct CpuExecutor::Item {
   BatchItem* b = nullptr;
@@ -91,20 +89,25 @@ CpuExecutor::CpuExecutor(ModelPlan plan, ModelWeights weights, EngramTables engr
     }
     inv_freq_.push_back(k::rope_inv_freq(c.qk_rope_head_dim, layer.rope_base, yp));
   }
-  const bool q = options_.cache_quant;
-  layout_ = std::make_unique<StateLayout>(
-      plan_,
+  layout_ = make_state_layout(plan_, options_);
+  memory_ = plan_memory(plan_, *layout_, options_);
+  const engine::PoolGeometry g = layout_->geometry();
+  pool_ = std::make_unique<engine::KvPool>(engine::KvPool::from_budget(
+      g, memory_.num_slots * g.slot_bytes + memory_.num_pages * g.page_bytes, memory_.num_slots));
+}
+
+std::unique_ptr<StateLayout> make_state_layout(const ModelPlan& plan, const ExecutorOptions& o) {
+  const ModelConfig& c = plan.config;
+  const bool q = o.cache_quant;
+  return std::make_unique<StateLayout>(
+      plan,
       make_codec(q, c.head_dim, k::fp8_window_row_bytes(c.head_dim), k::fp8_window_pack,
                  k::fp8_window_unpack, k::fp8_window_qdq),
       make_codec(q, c.head_dim, k::nvfp4_row_bytes(c.head_dim), k::nvfp4_pack, k::nvfp4_unpack,
                  k::nvfp4_qdq),
       make_codec(q, c.index_head_dim, k::mxfp4_row_bytes(c.index_head_dim), k::mxfp4_pack,
                  k::mxfp4_unpack, k::mxfp4_qdq),
-      options_.page_tokens);
-  memory_ = plan_memory(plan_, *layout_, options_);
-  const engine::PoolGeometry g = layout_->geometry();
-  pool_ = std::make_unique<engine::KvPool>(engine::KvPool::from_budget(
-      g, memory_.num_slots * g.slot_bytes + memory_.num_pages * g.page_bytes, memory_.num_slots));
+      o.page_tokens);
 }
 
 MemoryPlan plan_memory(const ModelPlan& plan, const StateLayout& layout, const ExecutorOptions& o) {

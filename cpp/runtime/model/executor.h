@@ -50,6 +50,13 @@ struct ExecutorOptions {
   int64_t page_tokens = 64;
   /// Tokens per forward the engine will schedule (sizes the activation scratch in the budget).
   int64_t token_budget = 512;
+  /// "cpu" (the FP32 reference executor) or "cuda" / "cuda:N" (the GPU executor).
+  std::string device = "cpu";
+  /// CUDA only: run the window-KV store, the compressor and the indexer on side streams (off:
+  /// everything on the main stream, same results).
+  bool multistream = true;
+  /// CUDA only: replay captured CUDA graphs for decode batches (off: always eager).
+  bool cuda_graphs = true;
 };
 
 /// Where the memory budget goes (closed form; see MemoryPlan::plan in executor.cc). Everything
@@ -75,23 +82,59 @@ struct BatchItem {
   bool all_logits = true;
 };
 
-class DSV41RT_API CpuExecutor {
+/// What the engine drives: one batched forward over paged state, the pool it allocates from and
+/// the counters it reports. CpuExecutor is the FP32 reference; the CUDA executor
+/// (cuda_executor.h) computes the same forward on the GPU with the state in device memory.
+class DSV41RT_API Executor {
+ public:
+  virtual ~Executor() = default;
+  /// Runs every item; each item's request must hold a slot and pages covering length + n.
+  /// Logits are written to the items' host buffers before it returns.
+  virtual void forward(std::vector<BatchItem>& items) = 0;
+  virtual const ModelPlan& plan() const = 0;
+  virtual const StateLayout& layout() const = 0;
+  /// The pool's storage is host memory (CPU) or device memory (CUDA); the engine only hands out
+  /// and takes back slots and pages.
+  virtual engine::KvPool& pool() = 0;
+  virtual const MemoryPlan& memory_plan() const = 0;
+  /// Decisions of the last forward (record_decisions): "topk_L<l>" [rows, index_topk] (sorted,
+  /// -1 = none) for index-source layers and "experts_L<l>" [rows, k] (sorted) for every layer,
+  /// rows = all tokens of the batch in item order.
+  virtual const std::map<std::string, std::vector<int32_t>>& decisions() const = 0;
+  virtual DequantWorkspaces& workspaces() = 0;
+  /// "cpu" or "cuda:N".
+  virtual std::string device() const = 0;
+  /// Executor-specific counters (CUDA: graph captures/replays); empty by default.
+  virtual std::map<std::string, int64_t> backend_stats() const { return {}; }
+};
+
+/// The executor for options.device ("cpu", "cuda", "cuda:N"); throws Error naming the device when
+/// it is unknown, or when this build has no CUDA backend or no such GPU is visible.
+DSV41RT_API std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights weights,
+                                                    EngramTables engram, ExecutorOptions options);
+
+/// The state layout of the options' cache formats (shared by both executors).
+std::unique_ptr<StateLayout> make_state_layout(const ModelPlan& plan, const ExecutorOptions& o);
+
+/// The closed-form memory plan (shared by both executors).
+MemoryPlan plan_memory(const ModelPlan& plan, const StateLayout& layout, const ExecutorOptions& o);
+
+class DSV41RT_API CpuExecutor final : public Executor {
  public:
   CpuExecutor(ModelPlan plan, ModelWeights weights, EngramTables engram,
               ExecutorOptions options = {});
 
-  /// Runs every item; each item's request must hold a slot and pages covering length + n.
-  void forward(std::vector<BatchItem>& items);
+  void forward(std::vector<BatchItem>& items) override;
 
-  const ModelPlan& plan() const { return plan_; }
-  const StateLayout& layout() const { return *layout_; }
-  engine::KvPool& pool() { return *pool_; }
-  const MemoryPlan& memory_plan() const { return memory_; }
-  /// Decisions of the last forward (record_decisions): "topk_L<l>" [rows, index_topk] (sorted,
-  /// -1 = none) for index-source layers and "experts_L<l>" [rows, k] (sorted) for every layer,
-  /// rows = all tokens of the batch in item order.
-  const std::map<std::string, std::vector<int32_t>>& decisions() const { return decisions_; }
-  DequantWorkspaces& workspaces() { return workspaces_; }
+  const ModelPlan& plan() const override { return plan_; }
+  const StateLayout& layout() const override { return *layout_; }
+  engine::KvPool& pool() override { return *pool_; }
+  const MemoryPlan& memory_plan() const override { return memory_; }
+  const std::map<std::string, std::vector<int32_t>>& decisions() const override {
+    return decisions_;
+  }
+  DequantWorkspaces& workspaces() override { return workspaces_; }
+  std::string device() const override { return "cpu"; }
 
  private:
   struct Shared;

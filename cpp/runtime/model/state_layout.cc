@@ -88,4 +88,20 @@ uint8_t* StateLayout::key_row(engine::KvPool& pool, const RequestView& r, int so
   return entry_row(pool, r, source_layer, entry, true);
 }
 
+int64_t StateLayout::entry_offset(int source_layer, bool key) const {
+  const Source& s = source(source_layer);
+  return s.page_offset + (key ? (page_tokens_ / s.ratio) * kv_.row_bytes : 0);
+}
+
+int64_t StateLayout::entries_per_page(int source_layer) const {
+  return page_tokens_ / source(source_layer).ratio;
+}
+
+int64_t StateLayout::pending_offset(int source_layer) const {
+  const Source& s = source(source_layer);
+  DSV41RT_CHECK_CODE(kInternal, s.pending_offset >= 0, "layer ", source_layer,
+                     " (ratio 1) has no pending compressor rows");
+  return s.pending_offset;
+}
+
 }  // namespace dsv41rt::model

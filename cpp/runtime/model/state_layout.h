@@ -62,6 +62,16 @@ class DSV41RT_API StateLayout {
   uint8_t* key_row(engine::KvPool& pool, const RequestView& r, int source_layer,
                    int64_t entry) const;
 
+  // Byte offsets for kernels that address rows from device metadata (the CUDA executor).
+  /// Where `source_layer`'s compressed-KV rows (key = false) or index-key rows start in a page.
+  int64_t entry_offset(int source_layer, bool key) const;
+  int64_t entries_per_page(int source_layer) const;
+  /// Where `source_layer`'s pending compressor rows start in a slot (ratio >= 2).
+  int64_t pending_offset(int source_layer) const;
+  /// Where `layer`'s window ring starts in a slot.
+  int64_t window_offset(int layer) const { return layer * window_layer_bytes_; }
+  int64_t sliding_window() const { return sliding_window_; }
+
  private:
   struct Source {
     int layer = -1, ratio = 0;

@@ -1,0 +1,558 @@
+#include "runtime/model/cuda_executor.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/compressor.cuh"
+#include "kernels/cuda/engram.cuh"
+#include "kernels/cuda/indexer.cuh"
+#include "kernels/cuda/linear.cuh"
+#include "kernels/cuda/mhc.cuh"
+#include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/paged.cuh"
+#include "kernels/cuda/quant.cuh"
+#include "kernels/cuda/rms_norm.cuh"
+#include "kernels/cuda/rope.cuh"
+#include "kernels/rope.h"
+#include "runtime/model/cuda_resources.h"
+#include "runtime/model/cuda_weights.h"
+#include "runtime/model/forward_plan.h"
+
+namespace dsv41rt::model {
+
+namespace kc = kernels::cuda;
+using cudart::DeviceArray;
+using kc::RowFormat;
+
+namespace {
+
+int parse_device(const std::string& d) {
+  int index = 0;
+  if (d != "cuda") {
+    const std::string n = d.substr(5);
+    DSV41RT_CHECK(!n.empty() && n.find_first_not_of("0123456789") == std::string::npos,
+                  "device '", d, "': expected 'cuda' or 'cuda:N'");
+    index = std::stoi(n);
+  }
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  DSV41RT_CHECK_CODE(kUnsupported, e == cudaSuccess && index < count, "device '", d,
+                     "': no such CUDA device (", e == cudaSuccess ? count : 0, " visible",
+                     e == cudaSuccess ? "" : std::string(", ") + cudaGetErrorString(e), ")");
+  return index;
+}
+
+void sorted_rows(const std::vector<int32_t>& src, int64_t rows, int64_t k,
+                 std::vector<int32_t>& dst) {
+  const size_t at = dst.size();
+  dst.insert(dst.end(), src.begin(), src.begin() + rows * k);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::sort(dst.begin() + at + r * k, dst.begin() + at + (r + 1) * k);
+  }
+}
+
+class CudaExecutor final : public Executor {
+ public:
+  CudaExecutor(ModelPlan plan, ModelWeights weights, EngramTables engram, ExecutorOptions options)
+      : plan_(std::move(plan)), engram_(std::move(engram)), options_(std::move(options)) {
+    device_ = parse_device(options_.device);
+    DSV41RT_CU(cudaSetDevice(device_));
+    const ModelConfig& c = plan_.config;
+    if (c.engram) {
+      DSV41RT_CHECK(engram_.layers.size() == c.engram->layer_ids.size(), c.source,
+                    ": Engram tables for ", engram_.layers.size(), " layers, config has ",
+                    c.engram->layer_ids.size());
+      DSV41RT_CHECK(int64_t(engram_.token_map.size()) == c.vocab_size, c.source,
+                    ": Engram token map has ", engram_.token_map.size(), " entries, vocab is ",
+                    c.vocab_size);
+    }
+    std::vector<std::vector<float>> inv_freq;
+    for (const LayerPlan& layer : plan_.layers) {
+      kernels::cpu::YarnParams yarn;
+      const kernels::cpu::YarnParams* yp = nullptr;
+      if (layer.yarn && c.yarn) {
+        yarn.factor = c.yarn->factor;
+        yarn.original_max_position = c.yarn->original_max_position;
+        yarn.beta_fast = c.yarn->beta_fast;
+        yarn.beta_slow = c.yarn->beta_slow;
+        yp = &yarn;
+      }
+      inv_freq.push_back(kernels::cpu::rope_inv_freq(c.qk_rope_head_dim, layer.rope_base, yp));
+    }
+    weights_ = upload_weights(plan_, weights, inv_freq);
+    layout_ = make_state_layout(plan_, options_);
+    memory_ = plan_memory(plan_, *layout_, options_);
+    const engine::PoolGeometry g = layout_->geometry();
+    auto device_bytes = [](int64_t bytes) {
+      return std::static_pointer_cast<uint8_t>(cudart::device_alloc(bytes));
+    };
+    pool_ = std::make_unique<engine::KvPool>(engine::KvPool::from_budget(
+        g, memory_.num_slots * g.slot_bytes + memory_.num_pages * g.page_bytes, memory_.num_slots,
+        device_bytes));
+    slot_base_ = pool_->slot_data(0);
+    histories_.assign(size_t(memory_.num_slots * std::max<int64_t>(layout_->history_len(), 1)), 0);
+    workspaces_ = DequantWorkspaces([](int64_t bytes) { return cudart::device_alloc(bytes); });
+    const bool q = options_.cache_quant;
+    window_fmt_ = q ? RowFormat::kFp8Window : RowFormat::kF32;
+    kv_fmt_ = q ? RowFormat::kNvfp4 : RowFormat::kF32;
+    key_fmt_ = q ? RowFormat::kMxfp4 : RowFormat::kF32;
+    st_ = std::make_unique<Streams>();
+  }
+
+  ~CudaExecutor() override { cudaDeviceSynchronize(); }
+
+  void forward(std::vector<BatchItem>& batch) override;
+
+  const ModelPlan& plan() const override { return plan_; }
+  const StateLayout& layout() const override { return *layout_; }
+  engine::KvPool& pool() override { return *pool_; }
+  const MemoryPlan& memory_plan() const override { return memory_; }
+  const std::map<std::string, std::vector<int32_t>>& decisions() const override {
+    return decisions_;
+  }
+  DequantWorkspaces& workspaces() override { return workspaces_; }
+  std::string device() const override { return "cuda:" + std::to_string(device_); }
+  std::map<std::string, int64_t> backend_stats() const override {
+    return {{"weight_bytes", weights_.bytes},
+            {"eager_forwards", eager_forwards_},
+            {"multistream", options_.multistream ? 1 : 0}};
+  }
+
+ private:
+  // Device addresses of the uploaded plan.
+  struct Meta {
+    const int32_t *tokens, *row_item, *page_table;
+    const int64_t *positions, *length, *window_first, *old_count, *old_offset, *row0, *head_rows;
+    const uint8_t* store_window;
+    uint8_t* const* slots;
+    struct Ratio {
+      const int64_t *count, *comp_offset, *n_visible, *key_offset;
+      const int32_t *group_item, *left_item;
+      const int64_t *group_pending, *group_first, *group_entry, *group_position, *left_src,
+          *left_dst;
+    };
+    std::map<int, Ratio> ratio;
+    std::vector<const int64_t*> engram_rows;
+  };
+
+  void upload(const ForwardPlan& f);
+  void run(const ForwardPlan& f);
+  void attention(const LayerPlan& layer, const CudaLayerWeights& w, const ForwardPlan& f);
+  void compressor(const LayerPlan& layer, const CudaLayerWeights& w, const ForwardPlan& f,
+                  cudaStream_t s);
+  void indexer(const LayerPlan& layer, const CudaLayerWeights& w, const ForwardPlan& f,
+               cudaStream_t s);
+  kc::PagedRows paged(int source_layer, bool key, const ForwardPlan& f) const;
+  cudaStream_t side(int i) const { return options_.multistream ? st_->side[i].get() : main(); }
+  cudaStream_t main() const { return st_->main.get(); }
+  int32_t* history(const BatchItem& b) {
+    const int64_t slot = (b.request.slot - slot_base_) / pool_->geometry().slot_bytes;
+    return histories_.data() + slot * std::max<int64_t>(layout_->history_len(), 1);
+  }
+
+  ModelPlan plan_;
+  EngramTables engram_;
+  ExecutorOptions options_;
+  int device_ = 0;
+  CudaModelWeights weights_;
+  std::unique_ptr<StateLayout> layout_;
+  MemoryPlan memory_;
+  std::unique_ptr<engine::KvPool> pool_;
+  const uint8_t* slot_base_ = nullptr;
+  std::vector<int32_t> histories_;  // host mirror of every slot's Engram history
+  DequantWorkspaces workspaces_;
+  std::map<std::string, std::vector<int32_t>> decisions_;
+  RowFormat window_fmt_, kv_fmt_, key_fmt_;
+
+  // Created after the device check (a CUDA call before it would fail with a driver message).
+  struct Streams {
+    cudart::Stream main;
+    cudart::Stream side[3];  // 0 window store, 1 compressor, 2 indexer
+    cudart::Event fork, qr, kv, store, comp, idx;
+  };
+  std::unique_ptr<Streams> st_;
+  cudart::MetaUpload meta_up_;
+  Meta meta_{};
+  uint64_t generation_ = 0;  // bumps whenever a buffer moves
+  int64_t eager_forwards_ = 0;
+
+  // Activations (grown on demand).
+  DeviceArray<float> X_, X1_, u_, xn_, yv_, pre_, a_pre_, a_post_, a_comb_, f_pre_, f_post_,
+      f_comb_;
+  DeviceArray<float> qr_, q_, kv_a_, o_, z_, cv_, cs_, ikeys_new_, qi_, wts_, ikeys_, scores_;
+  DeviceArray<uint8_t> mask_;
+  DeviceArray<int32_t> topk_, idx_, moe_idx_;
+  DeviceArray<float> moe_w_, emb_, engram_ws_, hsel_, logits_;
+  int topk_source_ = -1;
+  int candidates_ratio_ = -1;
+};
+
+kc::PagedRows CudaExecutor::paged(int source_layer, bool key, const ForwardPlan& f) const {
+  kc::PagedRows p;
+  p.pool = pool_->page_data(0);
+  p.page_bytes = pool_->geometry().page_bytes;
+  p.page_table = meta_.page_table;
+  p.max_pages = f.max_pages;
+  p.per_page = layout_->entries_per_page(source_layer);
+  p.offset = layout_->entry_offset(source_layer, key);
+  p.row_bytes = key ? layout_->key_codec().row_bytes : layout_->kv_codec().row_bytes;
+  return p;
+}
+
+void CudaExecutor::upload(const ForwardPlan& f) {
+  cudart::MetaUpload& u = meta_up_;
+  u.clear();
+  const size_t tokens = u.add(f.tokens), row_item = u.add(f.row_item),
+               positions = u.add(f.positions), store = u.add(f.store_window),
+               slots = u.add(f.slots), length = u.add(f.length), wfirst = u.add(f.window_first),
+               old_count = u.add(f.old_count), old_offset = u.add(f.old_offset),
+               row0 = u.add(f.row0), pages = u.add(f.page_table), head = u.add(f.head_rows);
+  struct RatioOffsets {
+    size_t count, comp_offset, n_visible, key_offset, gi, gp, gf, ge, gpos, li, ls, ld;
+  };
+  std::map<int, RatioOffsets> ro;
+  for (const RatioPlan& r : f.ratios) {
+    ro[r.ratio] = {u.add(r.count),         u.add(r.comp_offset),   u.add(r.n_visible),
+                   u.add(r.key_offset),    u.add(r.group_item),    u.add(r.group_pending),
+                   u.add(r.group_first),   u.add(r.group_entry),   u.add(r.group_position),
+                   u.add(r.left_item),     u.add(r.left_src),      u.add(r.left_dst)};
+  }
+  std::vector<size_t> engram;
+  for (const auto& rows : f.engram_rows) engram.push_back(u.add(rows));
+  u.upload(main(), generation_);
+  Meta& m = meta_;
+  m.tokens = u.device<int32_t>(tokens);
+  m.row_item = u.device<int32_t>(row_item);
+  m.positions = u.device<int64_t>(positions);
+  m.store_window = u.device<uint8_t>(store);
+  m.slots = u.device<uint8_t* const>(slots);
+  m.length = u.device<int64_t>(length);
+  m.window_first = u.device<int64_t>(wfirst);
+  m.old_count = u.device<int64_t>(old_count);
+  m.old_offset = u.device<int64_t>(old_offset);
+  m.row0 = u.device<int64_t>(row0);
+  m.page_table = u.device<int32_t>(pages);
+  m.head_rows = u.device<int64_t>(head);
+  m.ratio.clear();
+  for (const auto& [r, o] : ro) {
+    m.ratio[r] = {u.device<int64_t>(o.count),     u.device<int64_t>(o.comp_offset),
+                  u.device<int64_t>(o.n_visible), u.device<int64_t>(o.key_offset),
+                  u.device<int32_t>(o.gi),        u.device<int32_t>(o.li),
+                  u.device<int64_t>(o.gp),        u.device<int64_t>(o.gf),
+                  u.device<int64_t>(o.ge),        u.device<int64_t>(o.gpos),
+                  u.device<int64_t>(o.ls),        u.device<int64_t>(o.ld)};
+  }
+  m.engram_rows.clear();
+  for (size_t off : engram) m.engram_rows.push_back(u.device<int64_t>(off));
+}
+
+// Full layers: the new entries of every item (spec §2.4), written to the pages.
+void CudaExecutor::compressor(const LayerPlan& layer, const CudaLayerWeights& w,
+                              const ForwardPlan& f, cudaStream_t s) {
+  const ModelConfig& c = plan_.config;
+  const int64_t H = c.hidden_size, D = c.head_dim, DI = c.index_head_dim, m = layer.ratio;
+  const int64_t N = f.rows, R = c.qk_rope_head_dim;
+  const float eps = float(c.rms_norm_eps);
+  const RatioPlan& rp = f.ratio(m);
+  const Meta::Ratio& mr = meta_.ratio.at(m);
+  const int64_t G = int64_t(rp.group_item.size());
+  float* cv = cv_.ensure(N * D, generation_);
+  const float* x = xn_.get();
+  DSV41RT_CU(kc::linear(x, w.comp_wkv, N, H, D, cv, false, s));
+  float* latent = cv;  // ratio 1: every row is a group of one (softmax weight exactly 1)
+  if (m > 1) {
+    float* cs = cs_.ensure(N * D, generation_);
+    DSV41RT_CU(kc::linear(x, w.comp_wgate, N, H, D, cs, false, s));
+    latent = ikeys_new_.ensure(std::max<int64_t>(G, 1) * std::max(D, DI) * 2, generation_);
+    const int64_t pend = layout_->pending_offset(layer.index);
+    DSV41RT_CU(kc::compress_pool_gather(cv, cs, meta_.slots, pend, G, m, D, mr.group_item,
+                                        mr.group_pending, mr.group_first, latent, s));
+    DSV41RT_CU(kc::store_pending(cv, cs, meta_.slots, pend, m, D, int64_t(rp.left_item.size()),
+                                 mr.left_item, mr.left_src, mr.left_dst, s));
+  }
+  if (G == 0) return;
+  float* keys = (m > 1 ? latent + G * D
+                       : ikeys_new_.ensure(std::max<int64_t>(G, 1) * DI, generation_));
+  DSV41RT_CU(kc::rms_norm(latent, w.comp_norm, G, D, eps, latent, s));
+  // Index keys come from the un-rotated latent; then the latent itself is rotated and stored.
+  DSV41RT_CU(kc::linear(latent, w.idx_wk, G, D, DI, keys, false, s));
+  DSV41RT_CU(kc::rms_norm(keys, w.idx_k_norm, G, DI, eps, keys, s));
+  DSV41RT_CU(kc::apply_rope(keys, G, 1, DI, R, mr.group_position, w.inv_freq, false, s));
+  DSV41RT_CU(kc::apply_rope(latent, G, 1, D, R, mr.group_position, w.inv_freq, false, s));
+  DSV41RT_CU(kc::pack_paged(key_fmt_, paged(layer.index, true, f), DI, G, keys, mr.group_item,
+                            mr.group_entry, s));
+  DSV41RT_CU(kc::pack_paged(kv_fmt_, paged(layer.index, false, f), D, G, latent, mr.group_item,
+                            mr.group_entry, s));
+}
+
+// Full and Reindex layers: indexer scores over the source's keys, candidates, top-k.
+void CudaExecutor::indexer(const LayerPlan& layer, const CudaLayerWeights& w, const ForwardPlan& f,
+                           cudaStream_t s) {
+  const ModelConfig& c = plan_.config;
+  const int64_t H = c.hidden_size, N = f.rows, R = c.qk_rope_head_dim;
+  const int64_t HI = c.index_n_heads, DI = c.index_head_dim, KI = c.index_topk;
+  const RatioPlan& rp = f.ratio(layer.ratio);
+  const Meta::Ratio& mr = meta_.ratio.at(layer.ratio);
+  const int64_t T = rp.max_count;
+  float* qi = qi_.ensure(N * HI * DI, generation_);
+  float* wts = wts_.ensure(N * HI, generation_);
+  DSV41RT_CU(kc::linear(qr_.get(), w.idx_wq_b, N, c.q_lora_rank, HI * DI, qi, false, s));
+  DSV41RT_CU(kc::apply_rope(qi, N, HI, DI, R, meta_.positions, w.inv_freq, false, s));
+  if (options_.cache_quant) DSV41RT_CU(kc::mxfp4_qdq(qi, N * HI, DI, qi, s));  // MXFP4 queries
+  DSV41RT_CU(kc::linear(xn_.get(), w.idx_weights_proj, N, H, HI, wts, false, s));
+  const float wscale = float(std::pow(double(DI), -0.5) * std::pow(double(HI), -0.5));
+  DSV41RT_CU(kc::scale_inplace(wts, N * HI, wscale, s));
+  if (layer.role == LayerRole::kFull) st_->comp.link(side(1), s);  // this layer's new keys
+  float* ikeys = ikeys_.ensure(std::max<int64_t>(rp.comp_rows, 1) * DI, generation_);
+  float* scores = scores_.ensure(std::max<int64_t>(N * T, 1), generation_);
+  int32_t* topk = topk_.ensure(N * KI, generation_);
+  DSV41RT_CU(kc::unpack_paged(key_fmt_, paged(layer.kv_source, true, f), DI, f.items, T, mr.count,
+                              mr.comp_offset, ikeys, s));
+  DSV41RT_CU(kc::indexer_scores_offset(qi, ikeys, mr.key_offset, wts, mr.n_visible, N, HI, DI, T,
+                                       scores, s));
+  if (layer.candidates == CandidateRole::kSource) {
+    uint8_t* mask = mask_.ensure(std::max<int64_t>(N * T, 1), generation_);
+    if (T > 0) {
+      DSV41RT_CU(kc::candidate_blocks(scores, mr.n_visible, N, T, c.candidate_topk_blocks,
+                                      c.candidate_block_size, mask, s));
+    }
+    candidates_ratio_ = layer.ratio;
+  } else if (layer.candidates == CandidateRole::kUses) {
+    DSV41RT_CHECK(candidates_ratio_ == layer.ratio, "layer ", layer.index,
+                  " uses candidates of ratio ", layer.ratio, " but the candidate source has ratio ",
+                  candidates_ratio_);
+    DSV41RT_CU(kc::apply_candidate_mask(scores, mask_.get(), N * T, s));
+  }
+  if (T > 0) {
+    DSV41RT_CU(kc::topk_select(scores, N, T, KI, topk, s));
+  } else {
+    DSV41RT_CU(cudaMemsetAsync(topk, 0xFF, size_t(N * KI) * sizeof(int32_t), s));  // all -1
+  }
+  topk_source_ = layer.index;
+}
+
+void CudaExecutor::attention(const LayerPlan& layer, const CudaLayerWeights& w,
+                             const ForwardPlan& f) {
+  const ModelConfig& c = plan_.config;
+  const int64_t H = c.hidden_size, D = c.head_dim, nh = c.num_attention_heads;
+  const int64_t R = c.qk_rope_head_dim, W = c.sliding_window, N = f.rows;
+  const float eps = float(c.rms_norm_eps);
+  const cudaStream_t s = main();
+  const bool full = layer.role == LayerRole::kFull;
+  const bool selects = full || layer.role == LayerRole::kReindex;
+
+  // Fork: the layer input xn is ready; the compressor needs nothing else.
+  if (full) {
+    st_->fork.link(s, side(1));
+    compressor(layer, w, f, side(1));
+    if (side(1) != s) DSV41RT_CU(cudaEventRecord(st_->comp.get(), side(1)));
+  }
+  float* qr = qr_.ensure(N * c.q_lora_rank, generation_);
+  DSV41RT_CU(kc::linear(xn_.get(), w.wq_a, N, H, c.q_lora_rank, qr, false, s));
+  DSV41RT_CU(kc::rms_norm(qr, w.q_norm, N, c.q_lora_rank, eps, qr, s));
+  if (selects) {
+    st_->qr.link(s, side(2));
+    indexer(layer, w, f, side(2));
+    if (side(2) != s) DSV41RT_CU(cudaEventRecord(st_->idx.get(), side(2)));
+  }
+  // Q projection and the window KV on the main stream, overlapping the side streams.
+  float* q = q_.ensure(N * nh * D, generation_);
+  DSV41RT_CU(kc::linear(qr, w.wq_b, N, c.q_lora_rank, nh * D, q, false, s));
+  DSV41RT_CU(kc::apply_rope(q, N, nh, D, R, meta_.positions, w.inv_freq, false, s));
+  float* kv_a = kv_a_.ensure((f.old_rows + N) * D, generation_);
+  float* kv = kv_a + f.old_rows * D;  // this forward's rows follow the ring rows
+  DSV41RT_CU(kc::linear(xn_.get(), w.wkv, N, H, D, kv, false, s));
+  DSV41RT_CU(kc::rms_norm(kv, w.kv_norm, N, D, eps, kv, s));
+  DSV41RT_CU(kc::apply_rope(kv, N, 1, D, R, meta_.positions, w.inv_freq, false, s));
+  if (options_.cache_quant) DSV41RT_CU(kc::fp8_window_qdq(kv, N, D, kv, s));
+  kc::RingRows ring{meta_.slots, layout_->window_offset(layer.index), W,
+                    layout_->window_codec().row_bytes};
+  // Read first, write last: the older rows leave the ring before this forward's rows enter it.
+  DSV41RT_CU(kc::unpack_ring(window_fmt_, ring, D, f.items, f.max_old, meta_.window_first,
+                             meta_.old_count, meta_.old_offset, kv_a, s));
+  st_->kv.link(s, side(0));
+  DSV41RT_CU(kc::pack_ring(window_fmt_, ring, D, N, kv, meta_.row_item, meta_.positions,
+                           meta_.store_window, side(0)));
+
+  // Join the compressor, then the ratio's workspace (first consumer dequantises, the rest reuse).
+  const float* comp = nullptr;
+  int64_t comp_rows = 0;
+  const Meta::Ratio* mr = nullptr;
+  if (layer.ratio > 0) {
+    const RatioPlan& rp = f.ratio(layer.ratio);
+    mr = &meta_.ratio.at(layer.ratio);
+    if (full) {
+      if (side(1) != s) DSV41RT_CU(cudaStreamWaitEvent(s, st_->comp.get(), 0));
+      workspaces_.note_source_write(layer.index);
+    }
+    comp_rows = rp.comp_rows;
+    const kc::PagedRows src = paged(layer.kv_source, false, f);
+    comp = static_cast<const float*>(workspaces_.acquire(
+        layer.ratio, layer.kv_source, comp_rows, D * int64_t(sizeof(float)),
+        [&](void* dst, int64_t) {
+          DSV41RT_CU(kc::unpack_paged(kv_fmt_, src, D, f.items, rp.max_count, mr->count,
+                                      mr->comp_offset, static_cast<float*>(dst), s));
+        }));
+  }
+  if (selects && side(2) != s) DSV41RT_CU(cudaStreamWaitEvent(s, st_->idx.get(), 0));
+  st_->store.link(side(0), s);
+  const int64_t KI = layer.ratio > 0 ? c.index_topk : 0;
+  if (KI > 0) {
+    DSV41RT_CHECK(topk_source_ == layer.topk_source, "layer ", layer.index,
+                  " expects the top-k of layer ", layer.topk_source, ", found ", topk_source_);
+  }
+  int32_t* idx = idx_.ensure(N * (W + KI), generation_);
+  DSV41RT_CU(kc::attention_indices(N, W, KI, meta_.row_item, meta_.positions, meta_.window_first,
+                                   meta_.length, meta_.old_offset, meta_.row0, f.old_rows,
+                                   KI ? topk_.get() : nullptr, mr ? mr->comp_offset : nullptr,
+                                   f.old_rows + N, idx, s));
+  float* o = o_.ensure(N * nh * D, generation_);
+  DSV41RT_CU(kc::sparse_attention_split(q, kv_a, f.old_rows + N, comp, comp_rows, idx, w.attn_sink,
+                                        N, nh, D, W + KI, float(1.0 / std::sqrt(double(D))), o,
+                                        s));
+  DSV41RT_CU(kc::apply_rope(o, N, nh, D, R, meta_.positions, w.inv_freq, true, s));
+  const int64_t g = c.o_groups, kg = nh * D / g, ro = c.o_lora_rank;
+  float* z = z_.ensure(N * g * ro, generation_);
+  DSV41RT_CU(kc::grouped_linear(o, w.wo_a, N, g, kg, ro, z, s));
+  DSV41RT_CU(kc::linear(z, w.wo_b, N, g * ro, H, yv_.get(), false, s));
+  if (options_.record_decisions && selects) {
+    std::vector<int32_t> host(N * KI);
+    DSV41RT_CU(cudaMemcpyAsync(host.data(), topk_.get(), host.size() * sizeof(int32_t),
+                               cudaMemcpyDeviceToHost, s));
+    DSV41RT_CU(cudaStreamSynchronize(s));
+    sorted_rows(host, N, KI, decisions_["topk_L" + std::to_string(layer.index)]);
+  }
+}
+
+void CudaExecutor::run(const ForwardPlan& f) {
+  const ModelConfig& c = plan_.config;
+  const int64_t H = c.hidden_size, hc = c.hc_mult, N = f.rows, V = c.vocab_size;
+  const float eps = float(c.rms_norm_eps), hc_eps = float(c.hc_eps);
+  const cudaStream_t s = main();
+  float* X = X_.ensure(N * hc * H, generation_);
+  float* X1 = X1_.ensure(N * hc * H, generation_);
+  float* u = u_.ensure(N * H, generation_);
+  float* xn = xn_.ensure(N * H, generation_);
+  float* yv = yv_.ensure(N * H, generation_);
+  float* pre = pre_.ensure(N * hc, generation_);
+  float* a_pre = a_pre_.ensure(N * hc, generation_);
+  float* a_post = a_post_.ensure(N * hc, generation_);
+  float* a_comb = a_comb_.ensure(N * hc * hc, generation_);
+  float* f_pre = f_pre_.ensure(N * hc, generation_);
+  float* f_post = f_post_.ensure(N * hc, generation_);
+  float* f_comb = f_comb_.ensure(N * hc * hc, generation_);
+
+  DSV41RT_CU(kc::embed_rows(weights_.embed, weights_.embed_bf16, meta_.tokens, N, H, hc, X, s));
+  // Block 0 reads stream 0 (the embedding): pre = one-hot(0) per row.
+  std::vector<float> onehot(N * hc, 0.0f);
+  for (int64_t t = 0; t < N; ++t) onehot[t * hc] = 1.0f;
+  DSV41RT_CU(cudaMemcpyAsync(pre, onehot.data(), onehot.size() * sizeof(float),
+                             cudaMemcpyHostToDevice, s));
+  DSV41RT_CU(cudaStreamSynchronize(s));  // `onehot` is pageable and about to go away
+
+  int engram_pos = 0;
+  for (size_t li = 0; li < plan_.layers.size(); ++li) {
+    const LayerPlan& layer = plan_.layers[li];
+    const CudaLayerWeights& w = weights_.layers[li];
+    if (layer.engram) {
+      const EngramSpec& e = *c.engram;
+      const int64_t cols = int64_t(e.max_ngram_size - 1) * e.n_heads, hd = e.head_dim;
+      float* emb = emb_.ensure(N * cols * hd, generation_);
+      float* ws = engram_ws_.ensure(kc::engram_forward_workspace(N, hc, H), generation_);
+      DSV41RT_CU(kc::engram_gather(w.engram_table, w.engram_scale, meta_.engram_rows[engram_pos],
+                                   N * cols, hd, emb, s));
+      DSV41RT_CU(kc::engram_forward(X, emb, w.engram_wkv, w.engram_q, w.engram_k, nullptr, N, hc,
+                                    H, cols * hd, eps, ws, s));
+      ++engram_pos;
+    }
+    DSV41RT_CU(kc::hc_mix(X, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale, N, hc, H, eps, hc_eps,
+                          c.hc_sinkhorn_iters, a_pre, a_post, a_comb, s));
+    DSV41RT_CU(kc::hc_collapse(X, pre, N, hc, H, u, s));
+    DSV41RT_CU(kc::rms_norm(u, w.attn_norm, N, H, eps, xn, s));
+    attention(layer, w, f);
+    DSV41RT_CU(kc::hc_expand(X, yv, a_post, a_comb, N, hc, H, X1, s));
+    DSV41RT_CU(kc::hc_mix(X1, w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale, N, hc, H, eps, hc_eps,
+                          c.hc_sinkhorn_iters, f_pre, f_post, f_comb, s));
+    DSV41RT_CU(kc::hc_collapse(X1, a_pre, N, hc, H, u, s));
+    DSV41RT_CU(kc::rms_norm(u, w.ffn_norm, N, H, eps, xn, s));
+    // MoE (spec §5): route, then routed + shared experts.
+    const int64_t E = layer.n_experts, k = layer.experts_per_tok, I = c.moe_intermediate_size;
+    int32_t* midx = moe_idx_.ensure(N * k, generation_);
+    float* mw = moe_w_.ensure(N * k, generation_);
+    DSV41RT_CU(kc::moe_route(xn, w.gate, w.bias, N, H, E, k, float(c.routed_scaling_factor),
+                             c.norm_topk_prob, midx, mw, s));
+    DSV41RT_CU(kc::moe_forward(xn, midx, mw, N, H, k, E, I, w.w1, w.w3, w.w2, w.shared_w1,
+                               w.shared_w3, w.shared_w2, I, float(c.swiglu_limit), yv, s));
+    if (options_.record_decisions) {
+      std::vector<int32_t> host(N * k);
+      DSV41RT_CU(cudaMemcpyAsync(host.data(), midx, host.size() * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost, s));
+      DSV41RT_CU(cudaStreamSynchronize(s));
+      sorted_rows(host, N, k, decisions_["experts_L" + std::to_string(layer.index)]);
+    }
+    DSV41RT_CU(kc::hc_expand(X1, yv, f_post, f_comb, N, hc, H, X, s));
+    std::swap(pre, f_pre);
+  }
+  DSV41RT_CU(kc::hc_collapse(X, pre, N, hc, H, u, s));
+  const int64_t rows = int64_t(f.head_rows.size());
+  float* hsel = hsel_.ensure(rows * H, generation_);
+  float* logits = logits_.ensure(rows * V, generation_);
+  DSV41RT_CU(kc::gather_rows(u, meta_.head_rows, rows, H, hsel, s));
+  DSV41RT_CU(kc::rms_norm(hsel, weights_.norm, rows, H, eps, hsel, s));
+  DSV41RT_CU(kc::linear(hsel, weights_.head, rows, H, V, logits, false, s));
+}
+
+void CudaExecutor::forward(std::vector<BatchItem>& batch) {
+  DSV41RT_CU(cudaSetDevice(device_));
+  std::vector<const int32_t*> histories;
+  for (const BatchItem& b : batch) {
+    histories.push_back(b.request.slot ? history(b) : nullptr);
+  }
+  const ForwardPlan f = plan_forward(plan_, *layout_, *pool_, batch, engram_, histories);
+  for (size_t l = 0; l < f.engram_rows.size(); ++l) {
+    const int64_t limit = weights_.layers[plan_.config.engram->layer_ids[l]].engram_rows;
+    for (int64_t r : f.engram_rows[l]) {
+      DSV41RT_CHECK(r >= 0 && r < limit, "Engram row ", r, " outside the table (", limit,
+                    " rows)");
+    }
+  }
+  workspaces_.begin_forward();
+  decisions_.clear();
+  topk_source_ = -1;
+  candidates_ratio_ = -1;
+  upload(f);
+  run(f);
+  const int64_t V = plan_.config.vocab_size;
+  std::vector<float> logits(f.head_rows.size() * V);
+  DSV41RT_CU(cudaMemcpyAsync(logits.data(), logits_.get(), logits.size() * sizeof(float),
+                             cudaMemcpyDeviceToHost, main()));
+  DSV41RT_CU(cudaStreamSynchronize(main()));
+  size_t r = 0;
+  for (BatchItem& b : batch) {
+    const int64_t count = b.all_logits ? b.n : 1;
+    std::copy(logits.begin() + r * V, logits.begin() + (r + count) * V, b.logits);
+    r += count;
+  }
+  // Engram history mirror: the last `hist` ids of (old history, chunk).
+  const int64_t hist = layout_->history_len();
+  if (hist > 0) {
+    for (BatchItem& b : batch) {
+      int32_t* h = history(b);
+      std::vector<int32_t> all(h, h + hist);
+      all.insert(all.end(), b.tokens, b.tokens + b.n);
+      std::copy(all.end() - hist, all.end(), h);
+    }
+  }
+  ++eager_forwards_;
+}
+
+}  // namespace
+
+std::shared_ptr<Executor> make_cuda_executor(ModelPlan plan, ModelWeights weights,
+                                             EngramTables engram, ExecutorOptions options) {
+  return std::make_shared<CudaExecutor>(std::move(plan), std::move(weights), std::move(engram),
+                                        std::move(options));
+}
+
+}  // namespace dsv41rt::model

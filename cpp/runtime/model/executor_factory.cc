@@ -1,0 +1,32 @@
+// Executor selection by device name (the only place that knows both backends).
+#include <string>
+
+#include "runtime/model/executor.h"
+#include "runtime/status.h"
+#if DSV41RT_WITH_CUDA
+#include "runtime/model/cuda_executor.h"
+#endif
+
+namespace dsv41rt::model {
+
+std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights weights, EngramTables engram,
+                                        ExecutorOptions options) {
+  const std::string& d = options.device;
+  if (d == "cpu") {
+    return std::make_shared<CpuExecutor>(std::move(plan), std::move(weights), std::move(engram),
+                                         options);
+  }
+  if (d == "cuda" || d.rfind("cuda:", 0) == 0) {
+#if DSV41RT_WITH_CUDA
+    return make_cuda_executor(std::move(plan), std::move(weights), std::move(engram), options);
+#else
+    DSV41RT_THROW_CODE(kInvalidArgument, "device '", d,
+                       "': this build of dsv41rt has no CUDA backend (configure with nvcc "
+                       "available and DSV41RT_WITH_CUDA=ON)");
+#endif
+  }
+  DSV41RT_THROW_CODE(kInvalidArgument, "unknown device '", d,
+                     "' (expected 'cpu', 'cuda' or 'cuda:N')");
+}
+
+}  // namespace dsv41rt::model

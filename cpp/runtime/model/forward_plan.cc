@@ -1,0 +1,145 @@
+#include "runtime/model/forward_plan.h"
+
+#include <algorithm>
+
+#include "kernels/engram.h"
+#include "runtime/status.h"
+
+namespace dsv41rt::model {
+
+const RatioPlan& ForwardPlan::ratio(int r) const {
+  for (const RatioPlan& p : ratios) {
+    if (p.ratio == r) return p;
+  }
+  DSV41RT_THROW_CODE(kInternal, "forward plan has no compression ratio ", r);
+}
+
+namespace {
+
+// The compressor's groups and pending writes of one item (spec §2.4; CpuExecutor::compress):
+// the item's rows follow the P mod m pending rows; every complete group of m is pooled into
+// entry P / m + g, the rest stays pending.
+void plan_groups(RatioPlan& rp, int32_t item, int64_t P, int64_t n, int64_t row0) {
+  const int64_t m = rp.ratio;
+  const int64_t pending = m > 1 ? P % m : 0, total = pending + n, groups = total / m;
+  for (int64_t g = 0; g < groups; ++g) {
+    rp.group_item.push_back(item);
+    rp.group_pending.push_back(g == 0 ? pending : 0);
+    rp.group_first.push_back(g == 0 ? row0 : row0 + g * m - pending);
+    rp.group_entry.push_back(P / m + g);
+    rp.group_position.push_back((P / m + g) * m);  // the group's first position
+  }
+  if (m == 1) return;
+  for (int64_t c = std::max(groups * m, pending); c < total; ++c) {
+    rp.left_item.push_back(item);
+    rp.left_src.push_back(row0 + c - pending);
+    rp.left_dst.push_back(c - groups * m);
+  }
+}
+
+}  // namespace
+
+ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout, engine::KvPool& pool,
+                         const std::vector<BatchItem>& batch, const EngramTables& engram,
+                         const std::vector<const int32_t*>& histories) {
+  const ModelConfig& c = plan.config;
+  DSV41RT_CHECK(!batch.empty(), "forward needs at least one item");
+  DSV41RT_CHECK(histories.size() == batch.size(), "one Engram history per item");
+  const int64_t W = c.sliding_window, hist = layout.history_len();
+  ForwardPlan f;
+  f.items = int64_t(batch.size());
+
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const BatchItem& b = batch[i];
+    DSV41RT_CHECK(b.n > 0 && b.tokens && b.logits, "batch item ", i, " has no tokens or output");
+    DSV41RT_CHECK(b.request.slot != nullptr, "batch item ", i, " has no state slot");
+    DSV41RT_CHECK(b.request.n_pages * layout.page_tokens() >= b.request.length + b.n,
+                  "batch item ", i, ": pages cover ", b.request.n_pages * layout.page_tokens(),
+                  " positions, the forward needs ", b.request.length + b.n);
+    for (int64_t t = 0; t < b.n; ++t) {
+      DSV41RT_CHECK(b.tokens[t] >= 0 && b.tokens[t] < c.vocab_size, "batch item ", i,
+                    ": token id ", b.tokens[t], " at index ", t, " is outside the vocabulary [0, ",
+                    c.vocab_size, ")");
+    }
+    const int64_t P = b.request.length;
+    f.slots.push_back(reinterpret_cast<uint64_t>(b.request.slot));
+    f.length.push_back(P);
+    f.row0.push_back(f.rows);
+    const int64_t w0 = std::max<int64_t>(0, P - W + 1);
+    f.window_first.push_back(w0);
+    f.old_count.push_back(P - w0);
+    f.old_offset.push_back(f.old_rows);
+    f.old_rows += P - w0;
+    f.max_old = std::max(f.max_old, P - w0);
+    f.max_pages = std::max(f.max_pages, b.request.n_pages);
+    for (int64_t t = 0; t < b.n; ++t) {
+      f.tokens.push_back(b.tokens[t]);
+      f.row_item.push_back(int32_t(i));
+      f.positions.push_back(P + t);
+      f.store_window.push_back(P + t >= P + b.n - W ? 1 : 0);  // the ring keeps the newest W
+    }
+    for (int64_t t = b.all_logits ? 0 : b.n - 1; t < b.n; ++t) f.head_rows.push_back(f.rows + t);
+    f.rows += b.n;
+  }
+  f.max_pages = std::max<int64_t>(f.max_pages, 1);
+  f.page_table.assign(f.items * f.max_pages, 0);
+  for (int64_t i = 0; i < f.items; ++i) {
+    const RequestView& r = batch[i].request;
+    std::copy(r.pages, r.pages + r.n_pages, f.page_table.begin() + i * f.max_pages);
+  }
+  (void)pool;
+
+  // Compression ratios, in the order of their first layer.
+  for (const LayerPlan& layer : plan.layers) {
+    if (layer.ratio <= 0) continue;
+    auto it = std::find_if(f.ratios.begin(), f.ratios.end(),
+                           [&](const RatioPlan& p) { return p.ratio == layer.ratio; });
+    if (it == f.ratios.end()) {
+      f.ratios.emplace_back();
+      it = f.ratios.end() - 1;
+      it->ratio = layer.ratio;
+    }
+    it->compressor = it->compressor || layer.role == LayerRole::kFull;
+  }
+  for (RatioPlan& rp : f.ratios) {
+    const int64_t m = rp.ratio;
+    for (int64_t i = 0; i < f.items; ++i) {
+      const int64_t P = f.length[i], n = batch[i].n, T = (P + n) / m;
+      rp.count.push_back(T);
+      rp.comp_offset.push_back(rp.comp_rows);
+      rp.comp_rows += T;
+      rp.max_count = std::max(rp.max_count, T);
+      for (int64_t t = 0; t < n; ++t) {
+        rp.n_visible.push_back((P + t + 1) / m);
+        rp.key_offset.push_back(rp.comp_offset.back());
+      }
+      if (rp.compressor) plan_groups(rp, int32_t(i), P, n, f.row0[i]);
+    }
+  }
+
+  // Engram: compressed ids of (history, chunk) per item, hashed into table rows per layer.
+  if (c.engram) {
+    const EngramSpec& e = *c.engram;
+    const int64_t cols = int64_t(e.max_ngram_size - 1) * e.n_heads;
+    const int64_t pad = engram.token_map[e.pad_token_id];
+    f.engram_rows.assign(engram.layers.size(), std::vector<int64_t>(f.rows * cols));
+    for (int64_t i = 0; i < f.items; ++i) {
+      const BatchItem& b = batch[i];
+      const int64_t P = f.length[i];
+      std::vector<int64_t> cids(hist + b.n, -1);  // positions before 0 block the lookback
+      for (int64_t s = std::max<int64_t>(0, hist - P); s < hist; ++s) {
+        cids[s] = engram.token_map[histories[i][s]];
+      }
+      for (int64_t t = 0; t < b.n; ++t) cids[hist + t] = engram.token_map[b.tokens[t]];
+      for (size_t l = 0; l < engram.layers.size(); ++l) {
+        const EngramTables::Layer& L = engram.layers[l];
+        kernels::cpu::engram_hash_rows(cids.data(), b.n, e.max_ngram_size, e.n_heads,
+                                       L.multipliers.data(), L.primes.data(), L.offsets.data(),
+                                       pad, f.engram_rows[l].data() + f.row0[i] * cols);
+      }
+    }
+  }
+  return f;
+}
+
+}  // namespace dsv41rt::model

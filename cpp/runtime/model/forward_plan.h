@@ -1,0 +1,62 @@
+// Host-side planning of one batched forward for executors that run from device metadata (the
+// CUDA executor). Everything the kernels need to address the paged state and to lay out the
+// batch is computed here, from the items' lengths, page tables and token ids alone, so the run
+// phase is a fixed launch sequence (plan/run split, docs/design/cuda-executor.md):
+//   rows   (one per token of the batch): token, item, position, whether it enters the window ring
+//   items  (one per request): slot address, length, window rows to unpack, page table
+//   ratios (one per compression ratio in the model): entries per item and their workspace
+//          offsets, visible entries per row, the compressor's complete groups and pending writes
+//   Engram: the hashed table rows of every Engram layer (token ids only, so hashed here)
+//   head:  the rows whose logits are wanted
+// Padded plans (graph capture) fill the metadata up to fixed capacities with item = -1 entries,
+// which every kernel skips.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/model/executor.h"
+
+namespace dsv41rt::model {
+
+struct RatioPlan {
+  int ratio = 0;
+  bool compressor = false;  ///< a Full layer of this ratio produces entries
+  int64_t max_count = 0;    ///< launch size: max entries of one item (capacity when padded)
+  int64_t comp_rows = 0;    ///< workspace rows (sum of counts, or items * capacity)
+  std::vector<int64_t> count, comp_offset;     // [items] entries (P + n) / ratio; first row
+  std::vector<int64_t> n_visible, key_offset;  // [rows] (t + 1) / ratio; comp_offset of the item
+  // Complete compression groups of this forward: item, pending rows used, first new row, entry.
+  std::vector<int32_t> group_item;
+  std::vector<int64_t> group_pending, group_first, group_entry, group_position;
+  // New rows that stay pending (ratio >= 2): item, batch row, pending row.
+  std::vector<int32_t> left_item;
+  std::vector<int64_t> left_src, left_dst;
+};
+
+struct ForwardPlan {
+  int64_t items = 0, rows = 0;
+  int64_t old_rows = 0;  ///< window rows unpacked from the rings (launch size / capacity)
+  int64_t max_old = 0;   ///< the most of one item
+  int64_t max_pages = 0;
+  std::vector<int32_t> tokens, row_item;  // [rows]
+  std::vector<int64_t> positions;         // [rows]
+  std::vector<uint8_t> store_window;      // [rows] position enters the ring
+  std::vector<uint64_t> slots;            // [items] slot addresses (device memory)
+  std::vector<int64_t> length, window_first, old_count, old_offset, row0;  // [items]
+  std::vector<int32_t> page_table;                                          // [items, max_pages]
+  std::vector<RatioPlan> ratios;
+  std::vector<std::vector<int64_t>> engram_rows;  // per Engram layer [rows, (max_ngram-1)·heads]
+  std::vector<int64_t> head_rows;                 // rows whose logits are returned, item order
+
+  const RatioPlan& ratio(int r) const;
+};
+
+/// Plans `batch` (validated: tokens in the vocabulary, slots and pages present). `histories[i]`
+/// holds item i's last history_len() token ids, oldest first (only the last min(length, hist)
+/// are read). Throws Error naming the item on bad input, before anything runs.
+ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout, engine::KvPool& pool,
+                         const std::vector<BatchItem>& batch, const EngramTables& engram,
+                         const std::vector<const int32_t*>& histories);
+
+}  // namespace dsv41rt::model
