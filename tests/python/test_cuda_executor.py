@@ -54,6 +54,7 @@ def test_cuda_matches_cpu_prefill_and_decode(pair, n: int) -> None:
     ours, greedy = run_prompt(gpu, prompt_of(n), GEN)
     ref, _ = run_prompt(cpu, prompt_of(n), GEN, greedy)  # the same tokens through the CPU caches
     diff = np.abs(ours - ref).max(-1)
+    print(f"quant {quant} n {n}: GPU vs CPU max |Δ| {diff.max():.2e}, median {np.median(diff):.1e}")
     assert np.isfinite(ours).all()
     if not quant:
         assert diff.max() <= 1e-4, f"max |Δ| {diff.max():.3g} at position {int(diff.argmax())}"
