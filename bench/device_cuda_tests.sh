@@ -20,5 +20,5 @@ echo "== cuda-marked tests ${K:+(-k $K)}"
 PYTHONWARNINGS=ignore timeout 420 python3 -m pytest -q -p no:cacheprovider -m cuda ${K:+-k "$K"} -s tests/python 2>&1 | tee "$OUT/pytest_cuda.log" | grep -vE "^\s*$" | tail -60
 if [ -z "$K" ] || [ "${ORACLE_DUMP:-0}" = 1 ]; then
   echo "== GPU half of the NeMo oracle check"
-  timeout 300 python3 bench/cuda_oracle.py dump --out "$OUT/cuda_logits.npz" 2>&1 | tail -8
+  timeout 300 python3 bench/cuda_oracle.py dump --out "$OUT/cuda_vs_cpu.npz" 2>&1 | tail -8
 fi
