@@ -55,6 +55,12 @@ class DSV41RT_API DequantWorkspaces {
   bool reuse() const { return reuse_; }
   const DequantCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = {}; }
+  /// Overwrites the counters (a CUDA graph capture records the acquires without running them;
+  /// each replay then adds the captured forward's counts).
+  void set_counters(const DequantCounters& c) { counters_ = c; }
+  /// Changes whenever any workspace's storage is (re)allocated: addresses baked into a captured
+  /// graph are valid while it is unchanged.
+  uint64_t storage_generation() const { return next_generation_; }
   /// Bytes currently allocated over all ratios (counted in the KV pool budget).
   int64_t allocated_bytes() const;
 

@@ -116,14 +116,29 @@ class CudaExecutor final : public Executor {
   std::map<std::string, int64_t> backend_stats() const override {
     return {{"weight_bytes", weights_.bytes},
             {"eager_forwards", eager_forwards_},
-            {"multistream", options_.multistream ? 1 : 0}};
+            {"graph_captures", captures_},
+            {"graph_replays", replays_},
+            {"graphs", int64_t(graphs_.size())},
+            {"multistream", options_.multistream ? 1 : 0},
+            {"cuda_graphs", options_.cuda_graphs ? 1 : 0}};
   }
 
  private:
+  // Decode graphs, one per bucket; valid while no buffer they bake in has moved.
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t generation = 0, ws_generation = 0;
+    const uint8_t* meta_base = nullptr;
+    DequantCounters delta;  // the acquires of one captured forward
+    ~Graph() {
+      if (exec) cudaGraphExecDestroy(exec);
+    }
+  };
   // Device addresses of the uploaded plan.
   struct Meta {
     const int32_t *tokens, *row_item, *page_table;
     const int64_t *positions, *length, *window_first, *old_count, *old_offset, *row0, *head_rows;
+    const float* pre0;  // [rows, hc] one-hot(0): block 0 reads stream 0 (the embedding)
     const uint8_t* store_window;
     uint8_t* const* slots;
     struct Ratio {
@@ -137,6 +152,12 @@ class CudaExecutor final : public Executor {
   };
 
   void upload(const ForwardPlan& f);
+  void begin(const ForwardPlan& f);
+  std::unique_ptr<Graph> capture(const ForwardPlan& f);
+  bool graph_valid(const Graph* g) const {
+    return g && g->generation == generation_ &&
+           g->ws_generation == workspaces_.storage_generation() && g->meta_base == meta_up_.base();
+  }
   void run(const ForwardPlan& f);
   void attention(const LayerPlan& layer, const CudaLayerWeights& w, const ForwardPlan& f);
   void compressor(const LayerPlan& layer, const CudaLayerWeights& w, const ForwardPlan& f,
@@ -186,6 +207,9 @@ class CudaExecutor final : public Executor {
   DeviceArray<float> moe_w_, emb_, engram_ws_, hsel_, logits_;
   int topk_source_ = -1;
   int candidates_ratio_ = -1;
+
+  std::map<DecodeBucket, std::unique_ptr<Graph>> graphs_;
+  int64_t captures_ = 0, replays_ = 0;
 };
 
 kc::PagedRows CudaExecutor::paged(int source_layer, bool key, const ForwardPlan& f) const {
@@ -208,6 +232,10 @@ void CudaExecutor::upload(const ForwardPlan& f) {
                slots = u.add(f.slots), length = u.add(f.length), wfirst = u.add(f.window_first),
                old_count = u.add(f.old_count), old_offset = u.add(f.old_offset),
                row0 = u.add(f.row0), pages = u.add(f.page_table), head = u.add(f.head_rows);
+  const int64_t hc = plan_.config.hc_mult;
+  std::vector<float> onehot(f.rows * hc, 0.0f);
+  for (int64_t t = 0; t < f.rows; ++t) onehot[t * hc] = 1.0f;
+  const size_t pre0 = u.add(onehot);
   struct RatioOffsets {
     size_t count, comp_offset, n_visible, key_offset, gi, gp, gf, ge, gpos, li, ls, ld;
   };
@@ -234,6 +262,7 @@ void CudaExecutor::upload(const ForwardPlan& f) {
   m.row0 = u.device<int64_t>(row0);
   m.page_table = u.device<int32_t>(pages);
   m.head_rows = u.device<int64_t>(head);
+  m.pre0 = u.device<float>(pre0);
   m.ratio.clear();
   for (const auto& [r, o] : ro) {
     m.ratio[r] = {u.device<int64_t>(o.count),     u.device<int64_t>(o.comp_offset),
@@ -444,12 +473,8 @@ void CudaExecutor::run(const ForwardPlan& f) {
   float* f_comb = f_comb_.ensure(N * hc * hc, generation_);
 
   DSV41RT_CU(kc::embed_rows(weights_.embed, weights_.embed_bf16, meta_.tokens, N, H, hc, X, s));
-  // Block 0 reads stream 0 (the embedding): pre = one-hot(0) per row.
-  std::vector<float> onehot(N * hc, 0.0f);
-  for (int64_t t = 0; t < N; ++t) onehot[t * hc] = 1.0f;
-  DSV41RT_CU(cudaMemcpyAsync(pre, onehot.data(), onehot.size() * sizeof(float),
-                             cudaMemcpyHostToDevice, s));
-  DSV41RT_CU(cudaStreamSynchronize(s));  // `onehot` is pageable and about to go away
+  DSV41RT_CU(cudaMemcpyAsync(pre, meta_.pre0, size_t(N * hc) * sizeof(float),
+                             cudaMemcpyDeviceToDevice, s));
 
   int engram_pos = 0;
   for (size_t li = 0; li < plan_.layers.size(); ++li) {
@@ -503,28 +528,95 @@ void CudaExecutor::run(const ForwardPlan& f) {
   DSV41RT_CU(kc::linear(hsel, weights_.head, rows, H, V, logits, false, s));
 }
 
+// Host bookkeeping of a forward and the metadata upload (outside any capture).
+void CudaExecutor::begin(const ForwardPlan& f) {
+  workspaces_.begin_forward();
+  decisions_.clear();
+  topk_source_ = -1;
+  candidates_ratio_ = -1;
+  upload(f);
+}
+
+// Records run(f) as a graph. Nothing executes during capture, so the workspace counters the
+// acquires moved are taken back and kept as the per-replay delta.
+std::unique_ptr<CudaExecutor::Graph> CudaExecutor::capture(const ForwardPlan& f) {
+  auto g = std::make_unique<Graph>();
+  g->generation = generation_;
+  g->ws_generation = workspaces_.storage_generation();
+  g->meta_base = meta_up_.base();
+  const DequantCounters before = workspaces_.counters();
+  workspaces_.begin_forward();
+  topk_source_ = -1;
+  candidates_ratio_ = -1;
+  cudaGraph_t graph = nullptr;
+  DSV41RT_CU(cudaStreamBeginCapture(main(), cudaStreamCaptureModeThreadLocal));
+  try {
+    run(f);
+  } catch (...) {
+    cudaStreamEndCapture(main(), &graph);
+    if (graph) cudaGraphDestroy(graph);
+    workspaces_.set_counters(before);
+    throw;
+  }
+  DSV41RT_CU(cudaStreamEndCapture(main(), &graph));
+  const DequantCounters after = workspaces_.counters();
+  workspaces_.set_counters(before);
+  g->delta = {after.dequant_calls - before.dequant_calls, after.reuse_hits - before.reuse_hits,
+              after.rows_dequantised - before.rows_dequantised, 0};
+  const cudaError_t e = cudaGraphInstantiate(&g->exec, graph, 0);
+  cudaGraphDestroy(graph);
+  DSV41RT_CU(e);
+  // A buffer that moved during capture (it cannot: the eager run before sized them) would leave
+  // the graph pointing at freed memory; keep it only when nothing moved.
+  if (!graph_valid(g.get())) return nullptr;
+  ++captures_;
+  return g;
+}
+
 void CudaExecutor::forward(std::vector<BatchItem>& batch) {
   DSV41RT_CU(cudaSetDevice(device_));
+  const ModelConfig& c = plan_.config;
   std::vector<const int32_t*> histories;
   for (const BatchItem& b : batch) {
     histories.push_back(b.request.slot ? history(b) : nullptr);
   }
   const ForwardPlan f = plan_forward(plan_, *layout_, *pool_, batch, engram_, histories);
   for (size_t l = 0; l < f.engram_rows.size(); ++l) {
-    const int64_t limit = weights_.layers[plan_.config.engram->layer_ids[l]].engram_rows;
+    const int64_t limit = weights_.layers[c.engram->layer_ids[l]].engram_rows;
     for (int64_t r : f.engram_rows[l]) {
       DSV41RT_CHECK(r >= 0 && r < limit, "Engram row ", r, " outside the table (", limit,
                     " rows)");
     }
   }
-  workspaces_.begin_forward();
-  decisions_.clear();
-  topk_source_ = -1;
-  candidates_ratio_ = -1;
-  upload(f);
-  run(f);
-  const int64_t V = plan_.config.vocab_size;
-  std::vector<float> logits(f.head_rows.size() * V);
+  // Decode batches run as a graph of their bucket (captured on first use after an eager run of
+  // the same padded plan, replayed after); everything else, and recording runs, eagerly.
+  const DecodeBucket bucket = options_.cuda_graphs && !options_.record_decisions
+                                  ? decode_bucket(c, batch)
+                                  : DecodeBucket{};
+  if (bucket.items > 0) {
+    const ForwardPlan padded = pad_decode_plan(f, c, *layout_, bucket);
+    begin(padded);
+    std::unique_ptr<Graph>& g = graphs_[bucket];
+    if (graph_valid(g.get())) {
+      DSV41RT_CU(cudaGraphLaunch(g->exec, main()));
+      DequantCounters n = workspaces_.counters();
+      n.dequant_calls += g->delta.dequant_calls;
+      n.reuse_hits += g->delta.reuse_hits;
+      n.rows_dequantised += g->delta.rows_dequantised;
+      workspaces_.set_counters(n);
+      ++replays_;
+    } else {
+      run(padded);
+      ++eager_forwards_;
+      g = capture(padded);
+    }
+  } else {
+    begin(f);
+    run(f);
+    ++eager_forwards_;
+  }
+  const int64_t V = c.vocab_size;
+  std::vector<float> logits(f.head_rows.size() * V);  // real rows come first in a padded plan
   DSV41RT_CU(cudaMemcpyAsync(logits.data(), logits_.get(), logits.size() * sizeof(float),
                              cudaMemcpyDeviceToHost, main()));
   DSV41RT_CU(cudaStreamSynchronize(main()));
@@ -544,7 +636,6 @@ void CudaExecutor::forward(std::vector<BatchItem>& batch) {
       std::copy(all.end() - hist, all.end(), h);
     }
   }
-  ++eager_forwards_;
 }
 
 }  // namespace

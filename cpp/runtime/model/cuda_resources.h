@@ -85,6 +85,7 @@ class MetaUpload {
     std::memcpy(pinned_, bytes_.data(), bytes_.size());
     DSV41RT_CU(cudaMemcpyAsync(base_, pinned_, bytes_.size(), cudaMemcpyHostToDevice, stream));
   }
+  const uint8_t* base() const { return base_; }
   template <typename T>
   T* device(size_t offset) const {
     return reinterpret_cast<T*>(base_ + offset);

@@ -142,4 +142,88 @@ ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout, engin
   return f;
 }
 
+namespace {
+
+int64_t pow2_at_least(int64_t v, int64_t floor) {
+  int64_t p = 1;
+  while (p < v || p < floor) p *= 2;
+  return p;
+}
+
+template <typename T>
+void pad_to(std::vector<T>& v, size_t n, T value) {
+  if (v.size() < n) v.resize(n, value);
+}
+
+}  // namespace
+
+DecodeBucket decode_bucket(const ModelConfig& c, const std::vector<BatchItem>& batch) {
+  int64_t longest = 0;
+  for (const BatchItem& b : batch) {
+    if (b.n != 1) return {};
+    longest = std::max(longest, b.request.length + 1);
+  }
+  return {pow2_at_least(int64_t(batch.size()), 1),
+          pow2_at_least(longest, std::max<int64_t>(256, 2 * c.sliding_window))};
+}
+
+ForwardPlan pad_decode_plan(const ForwardPlan& f, const ModelConfig& c, const StateLayout& layout,
+                            DecodeBucket bucket) {
+  const int64_t B = bucket.items, W = c.sliding_window;
+  DSV41RT_CHECK_CODE(kInternal, f.rows == f.items && f.items <= B, "not a decode plan of <= ", B,
+                     " items");
+  ForwardPlan p = f;
+  p.rows = p.items = B;
+  pad_to<int32_t>(p.tokens, B, 0);
+  pad_to<int32_t>(p.row_item, B, -1);
+  pad_to<int64_t>(p.positions, B, 0);
+  pad_to<uint8_t>(p.store_window, B, 0);
+  pad_to<uint64_t>(p.slots, B, 0);
+  pad_to<int64_t>(p.length, B, 0);
+  pad_to<int64_t>(p.window_first, B, 0);
+  pad_to<int64_t>(p.old_count, B, 0);
+  p.row0.resize(B);
+  p.old_offset.resize(B);
+  for (int64_t b = 0; b < B; ++b) {
+    p.row0[b] = b;
+    p.old_offset[b] = b * (W - 1);
+  }
+  p.max_old = W - 1;
+  p.old_rows = B * (W - 1);
+  p.max_pages = (bucket.context + layout.page_tokens() - 1) / layout.page_tokens();
+  p.page_table.assign(B * p.max_pages, 0);
+  for (int64_t b = 0; b < f.items; ++b) {
+    const int64_t n = std::min(f.max_pages, p.max_pages);
+    std::copy(f.page_table.begin() + b * f.max_pages, f.page_table.begin() + b * f.max_pages + n,
+              p.page_table.begin() + b * p.max_pages);
+  }
+  for (RatioPlan& r : p.ratios) {
+    const int64_t cap = bucket.context / r.ratio;
+    pad_to<int64_t>(r.count, B, 0);
+    r.max_count = cap;
+    r.comp_rows = B * cap;
+    r.comp_offset.resize(B);
+    for (int64_t b = 0; b < B; ++b) r.comp_offset[b] = b * cap;
+    pad_to<int64_t>(r.n_visible, B, 0);
+    r.key_offset.resize(B);
+    for (int64_t row = 0; row < B; ++row) r.key_offset[row] = row * cap;  // row == item
+    if (r.compressor) {
+      pad_to<int32_t>(r.group_item, B, -1);
+      pad_to<int64_t>(r.group_pending, B, 0);
+      pad_to<int64_t>(r.group_first, B, 0);
+      pad_to<int64_t>(r.group_entry, B, 0);
+      pad_to<int64_t>(r.group_position, B, 0);
+      if (r.ratio > 1) {
+        pad_to<int32_t>(r.left_item, B, -1);
+        pad_to<int64_t>(r.left_src, B, 0);
+        pad_to<int64_t>(r.left_dst, B, 0);
+      }
+    }
+  }
+  for (auto& rows : p.engram_rows) pad_to<int64_t>(rows, B * (rows.size() / f.rows), 0);
+  p.head_rows.resize(B);
+  for (int64_t b = 0; b < B; ++b) p.head_rows[b] = b;
+  return p;
+}
+
 }  // namespace dsv41rt::model

@@ -59,4 +59,25 @@ ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout, engin
                          const std::vector<BatchItem>& batch, const EngramTables& engram,
                          const std::vector<const int32_t*>& histories);
 
+/// Fixed launch shape of a captured decode graph: `items` requests of one token each, every
+/// request shorter than `context` positions.
+struct DecodeBucket {
+  int64_t items = 0, context = 0;
+  bool operator<(const DecodeBucket& o) const {
+    return items != o.items ? items < o.items : context < o.context;
+  }
+};
+
+/// The bucket of a decode batch (every item n == 1): items and context rounded up to powers of
+/// two (context at least 256 and 2 x sliding_window); nullopt-like {0, 0} when not a decode batch.
+DecodeBucket decode_bucket(const ModelConfig& c, const std::vector<BatchItem>& batch);
+
+/// `f` (a decode plan) padded to the bucket's capacities, so that every launch size and metadata
+/// offset depends on the bucket alone: rows and items up to bucket.items (padding: item -1, token
+/// 0), window rows at (sliding_window - 1) per item, compressed entries at context / ratio per
+/// item, page tables at ceil(context / page_tokens) columns, compressor groups and pending writes
+/// at one per item, logits for every row.
+ForwardPlan pad_decode_plan(const ForwardPlan& f, const ModelConfig& c, const StateLayout& layout,
+                            DecodeBucket bucket);
+
 }  // namespace dsv41rt::model
