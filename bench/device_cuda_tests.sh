@@ -22,3 +22,7 @@ if [ -z "$K" ] || [ "${ORACLE_DUMP:-0}" = 1 ]; then
   echo "== GPU half of the NeMo oracle check"
   timeout 300 python3 bench/cuda_oracle.py dump --out "$OUT/cuda_vs_cpu.npz" 2>&1 | tail -8
 fi
+if [ -n "${BENCH_TINY:-}" ]; then
+  echo "== executor benchmark (tiny-v41)"
+  DSV41RT_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "${COMMIT:-?}") timeout 400 python3 bench/bench_executor.py --preset tiny-v41 --out "$OUT/bench_tiny.json" 2>&1 | tail -40
+fi

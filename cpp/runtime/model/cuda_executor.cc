@@ -116,6 +116,7 @@ class CudaExecutor final : public Executor {
   std::map<std::string, int64_t> backend_stats() const override {
     return {{"weight_bytes", weights_.bytes},
             {"eager_forwards", eager_forwards_},
+            {"last_forward_us", last_forward_us_},
             {"graph_captures", captures_},
             {"graph_replays", replays_},
             {"graphs", int64_t(graphs_.size())},
@@ -191,6 +192,7 @@ class CudaExecutor final : public Executor {
     cudart::Stream main;
     cudart::Stream side[3];  // 0 window store, 1 compressor, 2 indexer
     cudart::Event fork, qr, kv, store, comp, idx;
+    cudart::TimingEvent t0, t1;  // brackets each forward on the main stream
   };
   std::unique_ptr<Streams> st_;
   cudart::MetaUpload meta_up_;
@@ -210,6 +212,7 @@ class CudaExecutor final : public Executor {
 
   std::map<DecodeBucket, std::unique_ptr<Graph>> graphs_;
   int64_t captures_ = 0, replays_ = 0;
+  int64_t last_forward_us_ = 0;  // device time of the last forward (CUDA events)
 };
 
 kc::PagedRows CudaExecutor::paged(int source_layer, bool key, const ForwardPlan& f) const {
@@ -593,6 +596,7 @@ void CudaExecutor::forward(std::vector<BatchItem>& batch) {
   const DecodeBucket bucket = options_.cuda_graphs && !options_.record_decisions
                                   ? decode_bucket(c, batch)
                                   : DecodeBucket{};
+  DSV41RT_CU(cudaEventRecord(st_->t0.get(), main()));
   if (bucket.items > 0) {
     const ForwardPlan padded = pad_decode_plan(f, c, *layout_, bucket);
     begin(padded);
@@ -619,7 +623,11 @@ void CudaExecutor::forward(std::vector<BatchItem>& batch) {
   std::vector<float> logits(f.head_rows.size() * V);  // real rows come first in a padded plan
   DSV41RT_CU(cudaMemcpyAsync(logits.data(), logits_.get(), logits.size() * sizeof(float),
                              cudaMemcpyDeviceToHost, main()));
+  DSV41RT_CU(cudaEventRecord(st_->t1.get(), main()));
   DSV41RT_CU(cudaStreamSynchronize(main()));
+  float ms = 0.0f;
+  DSV41RT_CU(cudaEventElapsedTime(&ms, st_->t0.get(), st_->t1.get()));
+  last_forward_us_ = int64_t(double(ms) * 1000.0);
   size_t r = 0;
   for (BatchItem& b : batch) {
     const int64_t count = b.all_logits ? b.n : 1;

@@ -133,4 +133,19 @@ class Event {
   cudaEvent_t e_ = nullptr;
 };
 
+/// An event that records time (for the per-forward device timing).
+class TimingEvent {
+ public:
+  TimingEvent() { DSV41RT_CU(cudaEventCreate(&e_)); }
+  ~TimingEvent() {
+    if (e_) cudaEventDestroy(e_);
+  }
+  TimingEvent(const TimingEvent&) = delete;
+  TimingEvent& operator=(const TimingEvent&) = delete;
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
 }  // namespace dsv41rt::model::cudart

@@ -1,0 +1,159 @@
+"""GPU executor benchmark: prefill tokens/s and decode step time, with graph / multistream / dequant
+reuse on-off deltas, each next to its roofline.
+
+  python bench/bench_executor.py --preset tiny-v41 [--checkpoint DIR] [--out results.json]
+
+Times are device times of the executor's forward (CUDA events on the main stream around each
+forward, `backend_stats()["last_forward_us"]`), median over the repeats. Decode: B requests with
+prompts of L tokens are prefilled through the engine, then each timed step decodes one token for
+all B. Roofline: a decode step must at least read every weight once and each request's KV state
+(bytes / 4.3 TB/s); a prefill must at least do its FLOPs (2 x active parameters x tokens, plus
+attention) at 790 TFLOP/s (bf16 dense peak; this executor computes in FP32 on CUDA cores, so the
+bf16 roofline is the target, not what this path can reach).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+COPY_BW = 4.3e12
+BF16_FLOPS = 790e12
+
+
+def make(preset: str, root: str) -> str:
+    from dsv41rt.checkpoint.generator import make_checkpoint
+    from dsv41rt.config.presets import preset_config_json
+
+    path = os.path.join(root, preset)
+    make_checkpoint(preset_config_json(preset), path, 0)
+    return path
+
+
+def active_params(cfg) -> float:
+    """Parameters touched per token (dense + k routed experts + shared), from the config."""
+    H, D, nh = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads
+    attn = H * cfg.q_lora_rank + cfg.q_lora_rank * nh * D + H * D + nh * D * cfg.o_lora_rank + cfg.o_groups * cfg.o_lora_rank * H
+    expert = 3 * H * cfg.moe_intermediate_size
+    return cfg.num_hidden_layers * (attn + expert * (cfg.num_experts_per_tok + 1)) + 2 * cfg.vocab_size * H
+
+
+def timed(rt, fn) -> float:
+    """Milliseconds of fn(): the forward's device time (CUDA events) where the executor reports it,
+    else host wall time (CPU executor, for smoke runs)."""
+    t = time.perf_counter()
+    fn()
+    host = (time.perf_counter() - t) * 1e3
+    return rt.backend_stats().get("last_forward_us", host * 1e3) / 1e3
+
+
+def timed_steps(rt, steps: int) -> list[float]:
+    return [timed(rt, rt._ex.step) for _ in range(steps)]
+
+
+def decode(rt, batch: int, context: int, steps: int, rng) -> dict:
+    for _ in range(batch):
+        p = [0] + [int(t) for t in rng.integers(3, 129000, context - 1)]
+        rt._ex.submit(p, steps + 2, {}, [], True)
+    # Prefill (chunked by the token budget) until every request has produced its first token.
+    while rt.stats()["tokens_generated"] < batch:
+        rt._ex.step()
+    ms = timed_steps(rt, steps)
+    while not rt._ex.idle():
+        rt._ex.step()
+    return {"median_ms": statistics.median(ms), "min_ms": min(ms), "steps": len(ms)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="tiny-v41")
+    ap.add_argument("--checkpoint")
+    ap.add_argument("--batches", default="1,8,64")
+    ap.add_argument("--contexts", default="4096,32768")
+    ap.add_argument("--prefill", default="1024,8192,32768")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--kv-memory", type=int, default=16 << 30)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    from dsv41rt.checkpoint.reader import open_checkpoint
+    from dsv41rt.runtime import Runtime
+
+    root = tempfile.mkdtemp()
+    ck = args.checkpoint or make(args.preset, root)
+    cfg = open_checkpoint(ck).config
+    rng = np.random.default_rng(0)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    try:
+        gpu = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
+        ).stdout.strip()
+    except FileNotFoundError:
+        gpu = "cpu (no nvidia-smi)"
+    result: dict = {
+        "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
+        "commit": commit or os.environ.get("DSV41RT_COMMIT", "?"),
+        "device": gpu,
+        "model": args.preset if not args.checkpoint else args.checkpoint,
+        "prefill": [],
+        "decode": [],
+    }
+    print(f"# {result['model']} on {gpu}, commit {result['commit']}, {result['date']}")
+
+    def runtime(**kw) -> Runtime:
+        return Runtime(ck, args.device, kv_memory=args.kv_memory, max_running=max(int(b) for b in args.batches.split(",")),
+                       token_budget=8192, **kw)
+
+    # Prefill: one request, one forward per chunk of the token budget; tokens/s of the whole prompt.
+    rt = runtime()
+    weight_bytes = rt.backend_stats().get("weight_bytes", 0)
+    flops_per_token = 2 * active_params(cfg)
+    for n in (int(x) for x in args.prefill.split(",")):
+        times = []
+        for _ in range(3):
+            p = [0] + [int(t) for t in rng.integers(3, 129000, n - 1)]
+            h = rt.new_handle()
+            total = 0.0
+            for i in range(0, n, 8192):
+                total += timed(rt, lambda i=i: rt._ex.forward(h, np.asarray(p[i : i + 8192], np.int32), all_logits=False))
+            rt.release_handle(h)
+            times.append(total)
+        ms = statistics.median(times)
+        roof_ms = flops_per_token * n / BF16_FLOPS * 1e3
+        row = {"tokens": n, "median_ms": ms, "tokens_per_s": n / ms * 1e3, "roofline_ms": roof_ms}
+        result["prefill"].append(row)
+        print(f"prefill {n:6d} tokens: {ms:9.2f} ms  {row['tokens_per_s']:10.0f} tok/s  roofline {roof_ms:.4f} ms (bf16 FLOPs)")
+
+    modes = {
+        "default": {},
+        "graphs off": {"cuda_graphs": False},
+        "multistream off": {"multistream": False},
+        "reuse off": {},
+    }
+    for mode, kw in modes.items():
+        rt = runtime(**kw)
+        rt.set_dequant_reuse(mode != "reuse off")
+        state_per_token = rt.stats()["page_bytes"] / rt.stats()["page_tokens"]
+        for L in (int(x) for x in args.contexts.split(",")):
+            for B in (int(x) for x in args.batches.split(",")):
+                r = decode(rt, B, L, args.steps, rng)
+                roof_ms = (weight_bytes + B * L * state_per_token) / COPY_BW * 1e3
+                r.update({"mode": mode, "batch": B, "context": L, "roofline_ms": roof_ms})
+                result["decode"].append(r)
+                print(f"decode [{mode:15s}] B {B:3d} ctx {L:6d}: {r['median_ms']:8.3f} ms/step  roofline {roof_ms:.4f} ms")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
