@@ -24,5 +24,5 @@ if [ -z "$K" ] || [ "${ORACLE_DUMP:-0}" = 1 ]; then
 fi
 if [ -n "${BENCH_TINY:-}" ]; then
   echo "== executor benchmark (tiny-v41)"
-  DSV41RT_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "${COMMIT:-?}") timeout 400 python3 bench/bench_executor.py --preset tiny-v41 --out "$OUT/bench_tiny.json" 2>&1 | tail -40
+  DSV41RT_COMMIT=${COMMIT:-} timeout 420 python3 -u bench/bench_executor.py --preset tiny-v41 --out "$OUT/bench_tiny.json" 2>&1 | tail -40
 fi

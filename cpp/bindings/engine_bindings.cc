@@ -156,6 +156,7 @@ class PyEngine {
 
   std::map<std::string, int64_t> backend_stats() const { return exec().backend_stats(); }
   std::string device() const { return exec().device(); }
+  void set_backend_option(const std::string& name, bool on) { exec().set_backend_option(name, on); }
 
   std::string describe_pool() {
     return exec().pool().describe() + "\n" + exec().memory_plan().describe();
@@ -271,6 +272,7 @@ void register_engine(nb::module_& m) {
       .def("idle", &PyEngine::idle)
       .def("stats", &PyEngine::stats)
       .def("backend_stats", &PyEngine::backend_stats)
+      .def("set_backend_option", &PyEngine::set_backend_option, nb::arg("name"), nb::arg("on"))
       .def_prop_ro("device", &PyEngine::device)
       .def("check_invariants", &PyEngine::check_invariants)
       .def("describe_pool", &PyEngine::describe_pool)

@@ -194,6 +194,13 @@ class Runtime:
         """The executor's device: "cpu" or "cuda:N"."""
         return str(self._ex.device)
 
+    def set_backend_option(self, name: str, on: bool) -> None:
+        """Switch "multistream" or "cuda_graphs" between forwards (CUDA executor; A/B measurements)."""
+        try:
+            self._ex.set_backend_option(name, bool(on))
+        except _core.Error as err:
+            raise Dsv41rtError(str(err)) from None
+
     def backend_stats(self) -> dict[str, int]:
         """Executor-specific counters (CUDA: weight bytes, eager forwards, graph captures/replays)."""
         return dict(self._ex.backend_stats())

@@ -113,6 +113,16 @@ class CudaExecutor final : public Executor {
   }
   DequantWorkspaces& workspaces() override { return workspaces_; }
   std::string device() const override { return "cuda:" + std::to_string(device_); }
+  void set_backend_option(const std::string& name, bool on) override {
+    if (name == "multistream") {
+      options_.multistream = on;
+      graphs_.clear();  // captured graphs bake in the stream layout
+    } else if (name == "cuda_graphs") {
+      options_.cuda_graphs = on;
+    } else {
+      Executor::set_backend_option(name, on);
+    }
+  }
   std::map<std::string, int64_t> backend_stats() const override {
     return {{"weight_bytes", weights_.bytes},
             {"eager_forwards", eager_forwards_},

@@ -106,6 +106,9 @@ class DSV41RT_API Executor {
   virtual std::string device() const = 0;
   /// Executor-specific counters (CUDA: graph captures/replays); empty by default.
   virtual std::map<std::string, int64_t> backend_stats() const { return {}; }
+  /// Switches a backend option between forwards ("multistream", "cuda_graphs" on CUDA: for A/B
+  /// measurements on the same state); throws Error naming the option where it does not apply.
+  virtual void set_backend_option(const std::string& name, bool on);
 };
 
 /// The executor for options.device ("cpu", "cuda", "cuda:N"); throws Error naming the device when

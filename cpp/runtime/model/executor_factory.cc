@@ -9,6 +9,11 @@
 
 namespace dsv41rt::model {
 
+void Executor::set_backend_option(const std::string& name, bool) {
+  DSV41RT_THROW_CODE(kUnsupported, "backend option '", name, "' does not apply to the ", device(),
+                     " executor");
+}
+
 std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights weights, EngramTables engram,
                                         ExecutorOptions options) {
   const std::string& d = options.device;
