@@ -70,12 +70,13 @@ MODES = {  # name -> (cuda_graphs, multistream, dequant reuse)
 def decode(rt, batch: int, context: int, steps: int, rng, device: str) -> dict[str, dict]:
     """Prefill `batch` requests of `context` tokens once, then time `steps` decode steps in every
     mode on that state (the context grows by a few tokens per mode, negligible at 4k/32k)."""
-    generated0 = rt.stats()["tokens_generated"]
+    ids = set()
     for _ in range(batch):
         p = [0] + [int(t) for t in rng.integers(3, 129000, context - 1)]
-        rt._ex.submit(p, 1 + len(MODES) * (steps + 2), {}, [], True)
-    while rt.stats()["tokens_generated"] - generated0 < batch:  # every request past its prefill
-        rt._ex.step()
+        ids.add(rt._ex.submit(p, 1 + len(MODES) * (steps + 2) + 64, {}, [], True))
+    started: set[int] = set()
+    while started != ids:  # until every request is past its prefill (earlier ones decode meanwhile)
+        started |= {o["id"] for o in rt._ex.step() if o["new_tokens"]}
     out = {}
     for mode, (graphs, multistream, reuse) in MODES.items():
         if device != "cpu":
@@ -85,8 +86,8 @@ def decode(rt, batch: int, context: int, steps: int, rng, device: str) -> dict[s
         timed_steps(rt, 2)  # warm-up (graph capture)
         ms = timed_steps(rt, steps)
         out[mode] = {"median_ms": statistics.median(ms), "min_ms": min(ms), "steps": len(ms)}
-    while not rt._ex.idle():
-        rt._ex.step()
+    for i in ids:
+        rt._ex.cancel(i)
     assert rt.stats()["preemptions"] == 0, "the pool was too small: preemptions distort the timing"
     return out
 

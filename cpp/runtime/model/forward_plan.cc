@@ -163,8 +163,12 @@ DecodeBucket decode_bucket(const ModelConfig& c, const std::vector<BatchItem>& b
     if (b.n != 1) return {};
     longest = std::max(longest, b.request.length + 1);
   }
-  return {pow2_at_least(int64_t(batch.size()), 1),
-          pow2_at_least(longest, std::max<int64_t>(256, 2 * c.sliding_window))};
+  // Context buckets: powers of two up to 8192, then multiples of 8192 (padding costs indexer
+  // and top-k work over the bucket's entries: at most 2x below 8192, at most 25% above 32k).
+  const int64_t floor = std::max<int64_t>(256, 2 * c.sliding_window);
+  const int64_t context = longest <= 8192 ? pow2_at_least(longest, floor)
+                                          : (longest + 8191) / 8192 * 8192;
+  return {pow2_at_least(int64_t(batch.size()), 1), std::max(context, floor)};
 }
 
 ForwardPlan pad_decode_plan(const ForwardPlan& f, const ModelConfig& c, const StateLayout& layout,

@@ -68,8 +68,9 @@ struct DecodeBucket {
   }
 };
 
-/// The bucket of a decode batch (every item n == 1): items and context rounded up to powers of
-/// two (context at least 256 and 2 x sliding_window); nullopt-like {0, 0} when not a decode batch.
+/// The bucket of a decode batch (every item n == 1): items rounded up to a power of two, context
+/// to a power of two up to 8192 (at least 256 and 2 x sliding_window) and to a multiple of 8192
+/// beyond; {0, 0} when not a decode batch.
 DecodeBucket decode_bucket(const ModelConfig& c, const std::vector<BatchItem>& batch);
 
 /// `f` (a decode plan) padded to the bucket's capacities, so that every launch size and metadata
