@@ -25,6 +25,8 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 COPY_BW = 4.3e12
 BF16_FLOPS = 790e12
 
@@ -102,6 +104,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--kv-memory", type=int, default=16 << 30)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--repeats", type=int, default=3, help="prefill repeats (median); 1 above 8k tokens")
+    ap.add_argument("--token-budget", type=int, default=8192)
+    ap.add_argument("--trace", action="store_true", help="first run bench/dequant_trace.py's 6-forward trace")
     ap.add_argument("--max-decode-tokens", type=int, default=300_000, help="skip decode configs whose prefill is larger")
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -131,20 +136,26 @@ def main() -> int:
 
     def runtime(**kw) -> Runtime:
         return Runtime(ck, args.device, kv_memory=args.kv_memory, max_running=max(int(b) for b in args.batches.split(",")),
-                       token_budget=8192, **kw)
+                       token_budget=args.token_budget, **kw)
 
     # Prefill: one request, one forward per chunk of the token budget; tokens/s of the whole prompt.
+    t0 = time.perf_counter()
     rt = runtime()
+    print(f"loaded in {time.perf_counter() - t0:.1f} s: {rt.backend_stats().get('weight_bytes', 0) / 2**30:.1f} GiB of weights on {rt.device}", flush=True)
     weight_bytes = rt.backend_stats().get("weight_bytes", 0)
+    if args.trace:
+        from dequant_trace import trace
+
+        result["trace"] = trace(rt)
     flops_per_token = 2 * active_params(cfg)
     for n in (int(x) for x in args.prefill.split(",")):
         times = []
-        for _ in range(3 if n <= 8192 else 1):
+        for _ in range(args.repeats if n <= 8192 else 1):
             p = [0] + [int(t) for t in rng.integers(3, 129000, n - 1)]
             h = rt.new_handle()
             total = 0.0
-            for i in range(0, n, 8192):
-                total += timed(rt, lambda i=i: rt._ex.forward(h, np.asarray(p[i : i + 8192], np.int32), all_logits=False))
+            for i in range(0, n, args.token_budget):
+                total += timed(rt, lambda i=i: rt._ex.forward(h, np.asarray(p[i : i + args.token_budget], np.int32), all_logits=False))
             rt.release_handle(h)
             times.append(total)
         ms = statistics.median(times)
@@ -153,7 +164,6 @@ def main() -> int:
         result["prefill"].append(row)
         print(f"prefill {n:6d} tokens: {ms:9.2f} ms  {row['tokens_per_s']:10.0f} tok/s  roofline {roof_ms:.4f} ms (bf16 FLOPs)")
 
-    rt = runtime()
     state_per_token = rt.stats()["page_bytes"] / rt.stats()["page_tokens"]
     for L in (int(x) for x in args.contexts.split(",")):
         for B in (int(x) for x in args.batches.split(",")):

@@ -69,7 +69,9 @@ class PyEngine {
     DSV41RT_CHECK(max_running >= 1, "max_running must be >= 1, got ", max_running);
     DSV41RT_CHECK(token_budget >= 1, "token_budget must be >= 1, got ", token_budget);
     DSV41RT_CHECK(max_context >= 0, "max_context must be >= 0, got ", max_context);
-    model::ModelWeights weights = model::load_weights(ck, plan);
+    // The CPU executor computes from FP32 host copies; the GPU executor dequantises the stored
+    // tensors on the device (a released checkpoint does not fit in host memory as FP32).
+    model::ModelWeights weights = model::load_weights(ck, plan, /*host_values=*/device == "cpu");
     model::ExecutorOptions options;
     options.cache_quant = cache_quant;
     options.record_decisions = record_decisions;

@@ -1,5 +1,6 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/linear.cuh"
+#include "runtime/dtype.h"
 
 namespace dsv41rt::kernels::cuda {
 namespace {
@@ -8,10 +9,16 @@ constexpr int kTile = 32;        // output rows and columns per block, and the k
 constexpr int kRowsPerPass = 8;  // blockDim.y
 constexpr int kPerThread = kTile / kRowsPerPass;  // output rows per thread
 
+// Weights are FP32 or BF16 (bits); a BF16 weight widens to FP32 exactly, so both give the same
+// result for the same weight values.
+__device__ __forceinline__ float weight_value(float v) { return v; }
+__device__ __forceinline__ float weight_value(uint16_t v) { return bf16_to_f32(v); }
+
 // Block (32, 8) computes y[m0 : m0+32, n0 : n0+32] of group blockIdx.z; thread (tx, ty) owns
 // column n0 + tx of rows m0 + ty + 8r. Row strides ldx / ldw / ldy, group strides gx / gw / gy.
+template <typename W>
 __global__ void __launch_bounds__(kTile* kRowsPerPass)
-    linear_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
+    linear_kernel(const float* __restrict__ x, const W* __restrict__ w, float* __restrict__ y,
                   int64_t m, int64_t k, int64_t n, int64_t ldx, int64_t ldw, int64_t ldy,
                   int64_t gx, int64_t gw, int64_t gy, bool accumulate) {
   __shared__ float xs[kTile][kTile + 1];
@@ -33,7 +40,7 @@ __global__ void __launch_bounds__(kTile* kRowsPerPass)
       const int i = ty + kRowsPerPass * r;
       const int64_t xr = m0 + i, wr = n0 + i;
       xs[i][tx] = (xr < m && col < k) ? x[xr * ldx + col] : 0.0f;
-      ws[i][tx] = (wr < n && col < k) ? w[wr * ldw + col] : 0.0f;
+      ws[i][tx] = (wr < n && col < k) ? weight_value(w[wr * ldw + col]) : 0.0f;
     }
     __syncthreads();
 #pragma unroll 8
@@ -58,7 +65,8 @@ __global__ void __launch_bounds__(kTile* kRowsPerPass)
   }
 }
 
-cudaError_t launch(const float* x, const float* w, float* y, int64_t m, int64_t k, int64_t n,
+template <typename W>
+cudaError_t launch(const float* x, const W* w, float* y, int64_t m, int64_t k, int64_t n,
                    int64_t groups, int64_t ldx, int64_t ldw, int64_t ldy, int64_t gx, int64_t gw,
                    int64_t gy, bool accumulate, cudaStream_t stream) {
   if (m < 0 || k < 0 || n < 0 || groups < 0) return cudaErrorInvalidValue;
@@ -68,7 +76,7 @@ cudaError_t launch(const float* x, const float* w, float* y, int64_t m, int64_t 
   const dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(by),
                   static_cast<unsigned>(groups));
   const dim3 block(kTile, kRowsPerPass);
-  linear_kernel<<<grid, block, 0, stream>>>(x, w, y, m, k, n, ldx, ldw, ldy, gx, gw, gy,
+  linear_kernel<W><<<grid, block, 0, stream>>>(x, w, y, m, k, n, ldx, ldw, ldy, gx, gw, gy,
                                             accumulate);
   return launch_status();
 }
@@ -82,6 +90,17 @@ cudaError_t linear(const float* x, const float* w, int64_t m, int64_t k, int64_t
 
 cudaError_t grouped_linear(const float* x, const float* w, int64_t m, int64_t groups, int64_t k_g,
                            int64_t n_g, float* y, cudaStream_t stream) {
+  return launch(x, w, y, m, k_g, n_g, groups, groups * k_g, k_g, groups * n_g, k_g, n_g * k_g, n_g,
+                false, stream);
+}
+
+cudaError_t linear_bf16w(const float* x, const uint16_t* w, int64_t m, int64_t k, int64_t n,
+                         float* y, bool accumulate, cudaStream_t stream) {
+  return launch(x, w, y, m, k, n, 1, k, k, n, 0, 0, 0, accumulate, stream);
+}
+
+cudaError_t grouped_linear_bf16w(const float* x, const uint16_t* w, int64_t m, int64_t groups,
+                                 int64_t k_g, int64_t n_g, float* y, cudaStream_t stream) {
   return launch(x, w, y, m, k_g, n_g, groups, groups * k_g, k_g, groups * n_g, k_g, n_g * k_g, n_g,
                 false, stream);
 }

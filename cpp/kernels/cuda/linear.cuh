@@ -22,4 +22,13 @@ DSV41RT_API cudaError_t linear(const float* x, const float* w, int64_t m, int64_
 DSV41RT_API cudaError_t grouped_linear(const float* x, const float* w, int64_t m, int64_t groups,
                                        int64_t k_g, int64_t n_g, float* y, cudaStream_t stream);
 
+/// The same with BF16 weights (raw bits; each widens to FP32 exactly, then the same FP32
+/// arithmetic: identical results to FP32 weights of the same values). The GPU executor keeps the
+/// checkpoint's FP8/FP4 weights as BF16, which represents every such value exactly.
+DSV41RT_API cudaError_t linear_bf16w(const float* x, const uint16_t* w, int64_t m, int64_t k,
+                                     int64_t n, float* y, bool accumulate, cudaStream_t stream);
+DSV41RT_API cudaError_t grouped_linear_bf16w(const float* x, const uint16_t* w, int64_t m,
+                                             int64_t groups, int64_t k_g, int64_t n_g, float* y,
+                                             cudaStream_t stream);
+
 }  // namespace dsv41rt::kernels::cuda

@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe.cuh"
+#include "runtime/dtype.h"
 
 namespace dsv41rt::kernels::cuda {
 namespace {
@@ -16,10 +17,14 @@ __device__ float softplus_ref(float x) {
   return static_cast<float>(log1p(static_cast<double>(e)));
 }
 
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ float widen(uint16_t v) { return bf16_to_f32(v); }  // exact
+
 // Warp-wide FP32 dot product of a[0, n) and b[0, n) (order differs from the CPU; values only).
-__device__ float warp_dot(const float* a, const float* b, int64_t n, int lane) {
+template <typename W>
+__device__ float warp_dot(const float* a, const W* b, int64_t n, int lane) {
   float acc = 0.0f;
-  for (int64_t c = lane; c < n; c += kWarp) acc += a[c] * b[c];
+  for (int64_t c = lane; c < n; c += kWarp) acc += a[c] * widen(b[c]);
   for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   return acc;
 }
@@ -90,7 +95,8 @@ __global__ void moe_route_kernel(const float* __restrict__ x, const float* __res
 }
 
 // h[i] = silu(min(g, L)) * clamp(u, -L, L) * scale for one expert, into shared memory.
-__device__ void swiglu_hidden(const float* xs, const float* w1, const float* w3, int64_t H,
+template <typename W>
+__device__ void swiglu_hidden(const float* xs, const W* w1, const W* w3, int64_t H,
                               int64_t I, float limit, bool has_scale, float scale, float* hs) {
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int warps = blockDim.x / kWarp;
@@ -109,7 +115,8 @@ __device__ void swiglu_hidden(const float* xs, const float* w1, const float* w3,
 }
 
 // yr[c] += h · w2[c, :] for c in [0, H).
-__device__ void swiglu_down(const float* hs, const float* w2, int64_t H, int64_t I, float* yr) {
+template <typename W>
+__device__ void swiglu_down(const float* hs, const W* w2, int64_t H, int64_t I, float* yr) {
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int warps = blockDim.x / kWarp;
   for (int64_t c = warp; c < H; c += warps) {
@@ -120,12 +127,13 @@ __device__ void swiglu_down(const float* hs, const float* w2, int64_t H, int64_t
 
 // One block per token (grid-stride): y row = 0, then each routed slot in ascending (expert id,
 // slot) order, then the shared expert. The slot order is recomputed by every thread (uniform).
+template <typename W>
 __global__ void moe_forward_kernel(const float* __restrict__ x, const int32_t* __restrict__ idx,
                                    const float* __restrict__ weight, int64_t S, int64_t H,
-                                   int64_t k, int64_t E, int64_t I, const float* __restrict__ w1,
-                                   const float* __restrict__ w3, const float* __restrict__ w2,
-                                   const float* __restrict__ sw1, const float* __restrict__ sw3,
-                                   const float* __restrict__ sw2, int64_t Is, float limit,
+                                   int64_t k, int64_t E, int64_t I, const W* __restrict__ w1,
+                                   const W* __restrict__ w3, const W* __restrict__ w2,
+                                   const W* __restrict__ sw1, const W* __restrict__ sw3,
+                                   const W* __restrict__ sw2, int64_t Is, float limit,
                                    float* __restrict__ y) {
   extern __shared__ float smem[];
   float* xs = smem;      // [H]
@@ -184,11 +192,14 @@ cudaError_t moe_route(const float* x, const float* gate_w, const float* bias, in
   return launch_status();
 }
 
-cudaError_t moe_forward(const float* x, const int32_t* idx, const float* weight, int64_t S,
-                        int64_t H, int64_t k, int64_t E, int64_t I, const float* w1,
-                        const float* w3, const float* w2, const float* shared_w1,
-                        const float* shared_w3, const float* shared_w2, int64_t I_shared,
-                        float limit, float* y, cudaStream_t stream) {
+namespace {
+
+template <typename W>
+cudaError_t launch_moe_forward(const float* x, const int32_t* idx, const float* weight, int64_t S,
+                               int64_t H, int64_t k, int64_t E, int64_t I, const W* w1,
+                               const W* w3, const W* w2, const W* shared_w1, const W* shared_w3,
+                               const W* shared_w2, int64_t I_shared, float limit, float* y,
+                               cudaStream_t stream) {
   if (S <= 0) return S == 0 ? cudaSuccess : cudaErrorInvalidValue;
   if (H <= 0 || k < 1 || E <= 0 || I <= 0) return cudaErrorInvalidValue;
   const bool shared = shared_w1 != nullptr;
@@ -196,14 +207,35 @@ cudaError_t moe_forward(const float* x, const int32_t* idx, const float* weight,
   const int64_t imax = shared ? std::max(I, I_shared) : I;
   const size_t smem = size_t(H + imax) * sizeof(float);
   if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        moe_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    const cudaError_t err =
+        cudaFuncSetAttribute(moe_forward_kernel<W>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem));
     if (err != cudaSuccess) return err;
   }
-  moe_forward_kernel<<<grid_for_rows(S), kThreads, smem, stream>>>(
+  moe_forward_kernel<W><<<grid_for_rows(S), kThreads, smem, stream>>>(
       x, idx, weight, S, H, k, E, I, w1, w3, w2, shared ? shared_w1 : nullptr, shared_w3, shared_w2,
       shared ? I_shared : 0, limit, y);
   return launch_status();
+}
+
+}  // namespace
+
+cudaError_t moe_forward(const float* x, const int32_t* idx, const float* weight, int64_t S,
+                        int64_t H, int64_t k, int64_t E, int64_t I, const float* w1,
+                        const float* w3, const float* w2, const float* shared_w1,
+                        const float* shared_w3, const float* shared_w2, int64_t I_shared,
+                        float limit, float* y, cudaStream_t stream) {
+  return launch_moe_forward(x, idx, weight, S, H, k, E, I, w1, w3, w2, shared_w1, shared_w3,
+                            shared_w2, I_shared, limit, y, stream);
+}
+
+cudaError_t moe_forward_bf16w(const float* x, const int32_t* idx, const float* weight, int64_t S,
+                              int64_t H, int64_t k, int64_t E, int64_t I, const uint16_t* w1,
+                              const uint16_t* w3, const uint16_t* w2, const uint16_t* shared_w1,
+                              const uint16_t* shared_w3, const uint16_t* shared_w2,
+                              int64_t I_shared, float limit, float* y, cudaStream_t stream) {
+  return launch_moe_forward(x, idx, weight, S, H, k, E, I, w1, w3, w2, shared_w1, shared_w3,
+                            shared_w2, I_shared, limit, y, stream);
 }
 
 }  // namespace dsv41rt::kernels::cuda

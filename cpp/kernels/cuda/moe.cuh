@@ -33,4 +33,14 @@ DSV41RT_API cudaError_t moe_forward(const float* x, const int32_t* idx, const fl
                                     const float* shared_w2, int64_t I_shared, float limit, float* y,
                                     cudaStream_t stream);
 
+/// The same with BF16 expert weights (raw bits, widened exactly to FP32: identical results to
+/// FP32 weights of the same values).
+DSV41RT_API cudaError_t moe_forward_bf16w(const float* x, const int32_t* idx, const float* weight,
+                                          int64_t S, int64_t H, int64_t k, int64_t E, int64_t I,
+                                          const uint16_t* w1, const uint16_t* w3,
+                                          const uint16_t* w2, const uint16_t* shared_w1,
+                                          const uint16_t* shared_w3, const uint16_t* shared_w2,
+                                          int64_t I_shared, float limit, float* y,
+                                          cudaStream_t stream);
+
 }  // namespace dsv41rt::kernels::cuda

@@ -61,22 +61,29 @@ __global__ void unpack_kernel(const uint8_t* __restrict__ in, int64_t total, int
   }
 }
 
+__device__ __forceinline__ void put(float* out, int64_t i, float v) { out[i] = v; }
+__device__ __forceinline__ void put(uint16_t* out, int64_t i, float v) {
+  out[i] = f32_to_bf16(v);  // exact for FP8/FP4 x power-of-two values in the normal range
+}
+
+template <typename Out>
 __global__ void dequant_fp8_blocks_kernel(const uint8_t* __restrict__ codes,
                                           const uint8_t* __restrict__ scales, int64_t total,
                                           int64_t cols, int64_t block_rows, int64_t block_cols,
-                                          int64_t scale_cols, float* __restrict__ out) {
+                                          int64_t scale_cols, Out* __restrict__ out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += stride) {
     const int64_t r = i / cols, c = i - r * cols;
     const float s = e8m0_to_f32(scales[(r / block_rows) * scale_cols + c / block_cols]);
-    out[i] = __fmul_rn(fp8_e4m3_to_f32(codes[i]), s);
+    put(out, i, __fmul_rn(fp8_e4m3_to_f32(codes[i]), s));
   }
 }
 
+template <typename Out>
 __global__ void dequant_fp4_rows_kernel(const uint8_t* __restrict__ packed,
                                         const uint8_t* __restrict__ scales, int64_t total,
-                                        int64_t cols, int64_t scale_cols, float* __restrict__ out) {
+                                        int64_t cols, int64_t scale_cols, Out* __restrict__ out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += stride) {
@@ -84,7 +91,7 @@ __global__ void dequant_fp4_rows_kernel(const uint8_t* __restrict__ packed,
     const uint8_t byte = packed[r * (cols / 2) + c / 2];
     const uint8_t code = (c & 1) ? fp4_unpack_hi(byte) : fp4_unpack_lo(byte);
     const float v = code == 8 ? 0.0f : fp4_e2m1_to_f32(code);  // NeMo's table: code 8 -> +0
-    out[i] = __fmul_rn(v, e8m0_to_f32(scales[r * scale_cols + c / 32]));
+    put(out, i, __fmul_rn(v, e8m0_to_f32(scales[r * scale_cols + c / 32])));
   }
 }
 
@@ -160,26 +167,54 @@ cudaError_t mxfp4_unpack(const uint8_t* in, int64_t rows, int64_t dim, float* y,
   return launch_unpack<Format::kMxfp4>(in, rows, dim, y, stream);
 }
 
-cudaError_t dequant_fp8_blocks(const uint8_t* codes, const uint8_t* scales, int64_t rows,
-                               int64_t cols, int64_t block_rows, int64_t block_cols, float* out,
-                               cudaStream_t stream) {
+namespace {
+
+template <typename Out>
+cudaError_t launch_fp8_blocks(const uint8_t* codes, const uint8_t* scales, int64_t rows,
+                              int64_t cols, int64_t block_rows, int64_t block_cols, Out* out,
+                              cudaStream_t stream) {
   if (rows < 0 || cols < 0 || block_rows <= 0 || block_cols <= 0) return cudaErrorInvalidValue;
   const int64_t total = rows * cols;
   if (total == 0) return cudaSuccess;
   const int64_t scale_cols = (cols + block_cols - 1) / block_cols;
-  dequant_fp8_blocks_kernel<<<blocks_for(total), kThreads, 0, stream>>>(
+  dequant_fp8_blocks_kernel<Out><<<blocks_for(total), kThreads, 0, stream>>>(
       codes, scales, total, cols, block_rows, block_cols, scale_cols, out);
   return launch_status();
 }
 
-cudaError_t dequant_fp4_rows(const uint8_t* packed, const uint8_t* scales, int64_t rows,
-                             int64_t cols, float* out, cudaStream_t stream) {
+template <typename Out>
+cudaError_t launch_fp4_rows(const uint8_t* packed, const uint8_t* scales, int64_t rows,
+                            int64_t cols, Out* out, cudaStream_t stream) {
   if (rows < 0 || cols < 0 || cols % 2 != 0) return cudaErrorInvalidValue;
   const int64_t total = rows * cols;
   if (total == 0) return cudaSuccess;
-  dequant_fp4_rows_kernel<<<blocks_for(total), kThreads, 0, stream>>>(packed, scales, total, cols,
-                                                                      (cols + 31) / 32, out);
+  dequant_fp4_rows_kernel<Out><<<blocks_for(total), kThreads, 0, stream>>>(
+      packed, scales, total, cols, (cols + 31) / 32, out);
   return launch_status();
+}
+
+}  // namespace
+
+cudaError_t dequant_fp8_blocks(const uint8_t* codes, const uint8_t* scales, int64_t rows,
+                               int64_t cols, int64_t block_rows, int64_t block_cols, float* out,
+                               cudaStream_t stream) {
+  return launch_fp8_blocks(codes, scales, rows, cols, block_rows, block_cols, out, stream);
+}
+
+cudaError_t dequant_fp8_blocks_bf16(const uint8_t* codes, const uint8_t* scales, int64_t rows,
+                                    int64_t cols, int64_t block_rows, int64_t block_cols,
+                                    uint16_t* out, cudaStream_t stream) {
+  return launch_fp8_blocks(codes, scales, rows, cols, block_rows, block_cols, out, stream);
+}
+
+cudaError_t dequant_fp4_rows(const uint8_t* packed, const uint8_t* scales, int64_t rows,
+                             int64_t cols, float* out, cudaStream_t stream) {
+  return launch_fp4_rows(packed, scales, rows, cols, out, stream);
+}
+
+cudaError_t dequant_fp4_rows_bf16(const uint8_t* packed, const uint8_t* scales, int64_t rows,
+                                  int64_t cols, uint16_t* out, cudaStream_t stream) {
+  return launch_fp4_rows(packed, scales, rows, cols, out, stream);
 }
 
 }  // namespace dsv41rt::kernels::cuda

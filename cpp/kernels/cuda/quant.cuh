@@ -48,4 +48,15 @@ DSV41RT_API cudaError_t dequant_fp8_blocks(const uint8_t* codes, const uint8_t* 
 DSV41RT_API cudaError_t dequant_fp4_rows(const uint8_t* packed, const uint8_t* scales, int64_t rows,
                                          int64_t cols, float* out, cudaStream_t stream);
 
+/// The same two dequantisations to BF16 bits, for weights kept BF16 on the device: exact for every
+/// value in FP32's normal range (an FP8/FP4 code times a power of two has at most 4 significant
+/// bits; BF16 keeps 8 and FP32's exponent range); values below 2^-126 round to nearest.
+DSV41RT_API cudaError_t dequant_fp8_blocks_bf16(const uint8_t* codes, const uint8_t* scales,
+                                                int64_t rows, int64_t cols, int64_t block_rows,
+                                                int64_t block_cols, uint16_t* out,
+                                                cudaStream_t stream);
+DSV41RT_API cudaError_t dequant_fp4_rows_bf16(const uint8_t* packed, const uint8_t* scales,
+                                              int64_t rows, int64_t cols, uint16_t* out,
+                                              cudaStream_t stream);
+
 }  // namespace dsv41rt::kernels::cuda

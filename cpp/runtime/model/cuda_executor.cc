@@ -43,6 +43,32 @@ int parse_device(const std::string& d) {
   return index;
 }
 
+// Dispatch on the weight's device precision (both kernels give the same results).
+cudaError_t lin(const float* x, DevMatrix w, int64_t m, int64_t k, int64_t n, float* y,
+                bool accumulate, cudaStream_t s) {
+  return w.bf16 ? kc::linear_bf16w(x, static_cast<const uint16_t*>(w.ptr), m, k, n, y, accumulate, s)
+                : kc::linear(x, static_cast<const float*>(w.ptr), m, k, n, y, accumulate, s);
+}
+
+cudaError_t grouped_lin(const float* x, DevMatrix w, int64_t m, int64_t g, int64_t k, int64_t n,
+                        float* y, cudaStream_t s) {
+  return w.bf16 ? kc::grouped_linear_bf16w(x, static_cast<const uint16_t*>(w.ptr), m, g, k, n, y, s)
+                : kc::grouped_linear(x, static_cast<const float*>(w.ptr), m, g, k, n, y, s);
+}
+
+cudaError_t moe_experts(const float* x, const int32_t* idx, const float* weight, int64_t S,
+                        int64_t H, int64_t k, int64_t E, int64_t I, const CudaLayerWeights& w,
+                        float limit, float* y, cudaStream_t s) {
+  auto b = [](DevMatrix m) { return static_cast<const uint16_t*>(m.ptr); };
+  auto f = [](DevMatrix m) { return static_cast<const float*>(m.ptr); };
+  if (w.w1.bf16) {
+    return kc::moe_forward_bf16w(x, idx, weight, S, H, k, E, I, b(w.w1), b(w.w3), b(w.w2),
+                                 b(w.shared_w1), b(w.shared_w3), b(w.shared_w2), I, limit, y, s);
+  }
+  return kc::moe_forward(x, idx, weight, S, H, k, E, I, f(w.w1), f(w.w3), f(w.w2),
+                         f(w.shared_w1), f(w.shared_w3), f(w.shared_w2), I, limit, y, s);
+}
+
 void sorted_rows(const std::vector<int32_t>& src, int64_t rows, int64_t k,
                  std::vector<int32_t>& dst) {
   const size_t at = dst.size();
@@ -301,11 +327,11 @@ void CudaExecutor::compressor(const LayerPlan& layer, const CudaLayerWeights& w,
   const int64_t G = int64_t(rp.group_item.size());
   float* cv = cv_.ensure(N * D, generation_);
   const float* x = xn_.get();
-  DSV41RT_CU(kc::linear(x, w.comp_wkv, N, H, D, cv, false, s));
+  DSV41RT_CU(lin(x, w.comp_wkv, N, H, D, cv, false, s));
   float* latent = cv;  // ratio 1: every row is a group of one (softmax weight exactly 1)
   if (m > 1) {
     float* cs = cs_.ensure(N * D, generation_);
-    DSV41RT_CU(kc::linear(x, w.comp_wgate, N, H, D, cs, false, s));
+    DSV41RT_CU(lin(x, w.comp_wgate, N, H, D, cs, false, s));
     latent = ikeys_new_.ensure(std::max<int64_t>(G, 1) * std::max(D, DI) * 2, generation_);
     const int64_t pend = layout_->pending_offset(layer.index);
     DSV41RT_CU(kc::compress_pool_gather(cv, cs, meta_.slots, pend, G, m, D, mr.group_item,
@@ -318,7 +344,7 @@ void CudaExecutor::compressor(const LayerPlan& layer, const CudaLayerWeights& w,
                        : ikeys_new_.ensure(std::max<int64_t>(G, 1) * DI, generation_));
   DSV41RT_CU(kc::rms_norm(latent, w.comp_norm, G, D, eps, latent, s));
   // Index keys come from the un-rotated latent; then the latent itself is rotated and stored.
-  DSV41RT_CU(kc::linear(latent, w.idx_wk, G, D, DI, keys, false, s));
+  DSV41RT_CU(lin(latent, w.idx_wk, G, D, DI, keys, false, s));
   DSV41RT_CU(kc::rms_norm(keys, w.idx_k_norm, G, DI, eps, keys, s));
   DSV41RT_CU(kc::apply_rope(keys, G, 1, DI, R, mr.group_position, w.inv_freq, false, s));
   DSV41RT_CU(kc::apply_rope(latent, G, 1, D, R, mr.group_position, w.inv_freq, false, s));
@@ -339,10 +365,10 @@ void CudaExecutor::indexer(const LayerPlan& layer, const CudaLayerWeights& w, co
   const int64_t T = rp.max_count;
   float* qi = qi_.ensure(N * HI * DI, generation_);
   float* wts = wts_.ensure(N * HI, generation_);
-  DSV41RT_CU(kc::linear(qr_.get(), w.idx_wq_b, N, c.q_lora_rank, HI * DI, qi, false, s));
+  DSV41RT_CU(lin(qr_.get(), w.idx_wq_b, N, c.q_lora_rank, HI * DI, qi, false, s));
   DSV41RT_CU(kc::apply_rope(qi, N, HI, DI, R, meta_.positions, w.inv_freq, false, s));
   if (options_.cache_quant) DSV41RT_CU(kc::mxfp4_qdq(qi, N * HI, DI, qi, s));  // MXFP4 queries
-  DSV41RT_CU(kc::linear(xn_.get(), w.idx_weights_proj, N, H, HI, wts, false, s));
+  DSV41RT_CU(lin(xn_.get(), w.idx_weights_proj, N, H, HI, wts, false, s));
   const float wscale = float(std::pow(double(DI), -0.5) * std::pow(double(HI), -0.5));
   DSV41RT_CU(kc::scale_inplace(wts, N * HI, wscale, s));
   if (layer.role == LayerRole::kFull) st_->comp.link(side(1), s);  // this layer's new keys
@@ -391,7 +417,7 @@ void CudaExecutor::attention(const LayerPlan& layer, const CudaLayerWeights& w,
     if (side(1) != s) DSV41RT_CU(cudaEventRecord(st_->comp.get(), side(1)));
   }
   float* qr = qr_.ensure(N * c.q_lora_rank, generation_);
-  DSV41RT_CU(kc::linear(xn_.get(), w.wq_a, N, H, c.q_lora_rank, qr, false, s));
+  DSV41RT_CU(lin(xn_.get(), w.wq_a, N, H, c.q_lora_rank, qr, false, s));
   DSV41RT_CU(kc::rms_norm(qr, w.q_norm, N, c.q_lora_rank, eps, qr, s));
   if (selects) {
     st_->qr.link(s, side(2));
@@ -400,11 +426,11 @@ void CudaExecutor::attention(const LayerPlan& layer, const CudaLayerWeights& w,
   }
   // Q projection and the window KV on the main stream, overlapping the side streams.
   float* q = q_.ensure(N * nh * D, generation_);
-  DSV41RT_CU(kc::linear(qr, w.wq_b, N, c.q_lora_rank, nh * D, q, false, s));
+  DSV41RT_CU(lin(qr, w.wq_b, N, c.q_lora_rank, nh * D, q, false, s));
   DSV41RT_CU(kc::apply_rope(q, N, nh, D, R, meta_.positions, w.inv_freq, false, s));
   float* kv_a = kv_a_.ensure((f.old_rows + N) * D, generation_);
   float* kv = kv_a + f.old_rows * D;  // this forward's rows follow the ring rows
-  DSV41RT_CU(kc::linear(xn_.get(), w.wkv, N, H, D, kv, false, s));
+  DSV41RT_CU(lin(xn_.get(), w.wkv, N, H, D, kv, false, s));
   DSV41RT_CU(kc::rms_norm(kv, w.kv_norm, N, D, eps, kv, s));
   DSV41RT_CU(kc::apply_rope(kv, N, 1, D, R, meta_.positions, w.inv_freq, false, s));
   if (options_.cache_quant) DSV41RT_CU(kc::fp8_window_qdq(kv, N, D, kv, s));
@@ -456,8 +482,8 @@ void CudaExecutor::attention(const LayerPlan& layer, const CudaLayerWeights& w,
   DSV41RT_CU(kc::apply_rope(o, N, nh, D, R, meta_.positions, w.inv_freq, true, s));
   const int64_t g = c.o_groups, kg = nh * D / g, ro = c.o_lora_rank;
   float* z = z_.ensure(N * g * ro, generation_);
-  DSV41RT_CU(kc::grouped_linear(o, w.wo_a, N, g, kg, ro, z, s));
-  DSV41RT_CU(kc::linear(z, w.wo_b, N, g * ro, H, yv_.get(), false, s));
+  DSV41RT_CU(grouped_lin(o, w.wo_a, N, g, kg, ro, z, s));
+  DSV41RT_CU(lin(z, w.wo_b, N, g * ro, H, yv_.get(), false, s));
   if (options_.record_decisions && selects) {
     std::vector<int32_t> host(N * KI);
     DSV41RT_CU(cudaMemcpyAsync(host.data(), topk_.get(), host.size() * sizeof(int32_t),
@@ -520,8 +546,7 @@ void CudaExecutor::run(const ForwardPlan& f) {
     float* mw = moe_w_.ensure(N * k, generation_);
     DSV41RT_CU(kc::moe_route(xn, w.gate, w.bias, N, H, E, k, float(c.routed_scaling_factor),
                              c.norm_topk_prob, midx, mw, s));
-    DSV41RT_CU(kc::moe_forward(xn, midx, mw, N, H, k, E, I, w.w1, w.w3, w.w2, w.shared_w1,
-                               w.shared_w3, w.shared_w2, I, float(c.swiglu_limit), yv, s));
+    DSV41RT_CU(moe_experts(xn, midx, mw, N, H, k, E, I, w, float(c.swiglu_limit), yv, s));
     if (options_.record_decisions) {
       std::vector<int32_t> host(N * k);
       DSV41RT_CU(cudaMemcpyAsync(host.data(), midx, host.size() * sizeof(int32_t),
@@ -538,7 +563,7 @@ void CudaExecutor::run(const ForwardPlan& f) {
   float* logits = logits_.ensure(rows * V, generation_);
   DSV41RT_CU(kc::gather_rows(u, meta_.head_rows, rows, H, hsel, s));
   DSV41RT_CU(kc::rms_norm(hsel, weights_.norm, rows, H, eps, hsel, s));
-  DSV41RT_CU(kc::linear(hsel, weights_.head, rows, H, V, logits, false, s));
+  DSV41RT_CU(lin(hsel, weights_.head, rows, H, V, logits, false, s));
 }
 
 // Host bookkeeping of a forward and the metadata upload (outside any capture).

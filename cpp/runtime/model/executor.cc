@@ -69,6 +69,8 @@ CpuExecutor::CpuExecutor(ModelPlan plan, ModelWeights weights, EngramTables engr
       engram_(std::move(engram)),
       options_(options) {
   const ModelConfig& c = plan_.config;
+  DSV41RT_CHECK_CODE(kInternal, !weights_.head.data.empty(),
+                     "the CPU executor needs weights loaded with host values");
   if (c.engram) {
     DSV41RT_CHECK(engram_.layers.size() == c.engram->layer_ids.size(), c.source,
                   ": Engram tables for ", engram_.layers.size(), " layers, config has ",

@@ -26,9 +26,24 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
+void decode(const TensorSource& src, float* out) {
+  switch (src.dtype) {
+    case DType::kFP8E4M3:
+      k::dequant_fp8_blocks(src.data, src.scale, src.rows, src.cols, src.block_rows,
+                            src.block_cols, out);
+      break;
+    case DType::kI8:
+      k::dequant_fp4_rows(src.data, src.scale, src.rows, src.cols, out);
+      break;
+    default:
+      decode_to_f32(src.dtype, src.data, src.rows * src.cols, out);
+  }
+}
+
 class Loader {
  public:
-  Loader(const Checkpoint& ck, const ModelConfig& cfg) : ck_(ck), cfg_(cfg) {}
+  Loader(const Checkpoint& ck, const ModelConfig& cfg, bool host_values)
+      : ck_(ck), cfg_(cfg), host_values_(host_values) {}
 
   bool has(const std::string& name) const { return ck_.contains(name); }
 
@@ -38,18 +53,20 @@ class Loader {
     const TensorInfo& info = ck_.info(name);
     Tensor t;
     t.shape = shape;
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    t.data.resize(static_cast<size_t>(n));
+    const int64_t n = t.numel();
     const uint8_t* raw = ck_.tensor_data(name);
     const int64_t rows = shape.empty() ? 1 : shape[0];
     const int64_t cols = rows ? n / rows : 0;
+    TensorSource& src = t.source;
+    src.dtype = info.dtype;
+    src.data = raw;
+    src.rows = rows;
+    src.cols = cols;
     switch (info.dtype) {
       case DType::kF32:
       case DType::kBF16:
       case DType::kF16:
         expect_shape(info, shape);
-        decode_to_f32(info.dtype, raw, n, t.data.data());
         break;
       case DType::kFP8E4M3: {
         expect_shape(info, shape);
@@ -64,7 +81,9 @@ class Loader {
         DSV41RT_CHECK(si.shape == grid, ck_.path(), ": scale tensor ", sname, " has shape ",
                       shape_str(si.shape), ", expected ", shape_str(grid), " for ", br, "x", bc,
                       " blocks");
-        k::dequant_fp8_blocks(raw, ck_.tensor_data(sname), rows, cols, br, bc, t.data.data());
+        src.scale = ck_.tensor_data(sname);
+        src.block_rows = br;
+        src.block_cols = bc;
         break;
       }
       case DType::kI8: {
@@ -73,12 +92,16 @@ class Loader {
         const std::string sname = scale_name(name);
         DSV41RT_CHECK_CODE(kNotFound, ck_.contains(sname), ck_.path(), ": FP4 tensor ", name,
                            " has no scale tensor ", sname);
-        k::dequant_fp4_rows(raw, ck_.tensor_data(sname), rows, cols, t.data.data());
+        src.scale = ck_.tensor_data(sname);
         break;
       }
       default:
         DSV41RT_THROW_CODE(kUnsupported, ck_.path(), ": tensor ", name, " has unsupported dtype ",
                            dtype_name(info.dtype));
+    }
+    if (host_values_) {
+      t.data.resize(static_cast<size_t>(n));
+      decode(src, t.data.data());
     }
     return t;
   }
@@ -91,6 +114,7 @@ class Loader {
 
   const Checkpoint& ck_;
   const ModelConfig& cfg_;
+  bool host_values_;
 };
 
 void load_attention(const Loader& L, const ModelConfig& c, const LayerPlan& layer,
@@ -165,12 +189,20 @@ EngramWeights load_engram(const Checkpoint& ck, const Loader& L, const ModelConf
 
 }  // namespace
 
-ModelWeights load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPlan& plan) {
+std::vector<float> host_values(const Tensor& t) {
+  if (!t.data.empty() || t.source.data == nullptr) return t.data;
+  std::vector<float> out(size_t(t.numel()));
+  decode(t.source, out.data());
+  return out;
+}
+
+ModelWeights load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPlan& plan,
+                          bool host_values) {
   const ModelConfig& c = plan.config;
   DSV41RT_CHECK_CODE(
       kUnsupported, c.arch == Arch::kV41, c.source,
       ": the CPU executor runs DeepSeek-V4.1 checkpoints only (V4 is not supported yet)");
-  Loader L(*checkpoint, c);
+  Loader L(*checkpoint, c, host_values);
   ModelWeights w;
   w.checkpoint = checkpoint;
   const TensorInfo& ei = checkpoint->info("embed.weight");

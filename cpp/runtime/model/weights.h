@@ -10,18 +10,38 @@
 #include <string>
 #include <vector>
 
+#include "runtime/dtype.h"
 #include "runtime/export.h"
 #include "runtime/model/layer_plan.h"
 #include "runtime/safetensors.h"
 
 namespace dsv41rt::model {
 
+/// How a tensor is stored in the mapped checkpoint (validated at load): FP8 E4M3 with UE8M0
+/// block scales [ceil(rows/block_rows), ceil(cols/block_cols)], packed FP4 (I8) with UE8M0
+/// scales [rows, cols/32], or plain F32/BF16/F16. Pointers stay valid while the checkpoint lives.
+struct TensorSource {
+  DType dtype = DType::kF32;
+  const uint8_t* data = nullptr;
+  const uint8_t* scale = nullptr;
+  int64_t rows = 0, cols = 0, block_rows = 0, block_cols = 0;
+};
+
 struct Tensor {
   std::vector<int64_t> shape;
-  std::vector<float> data;
+  std::vector<float> data;  ///< FP32 values; empty when loaded without host values
+  TensorSource source;
   const float* ptr() const { return data.empty() ? nullptr : data.data(); }
-  bool empty() const { return data.empty(); }
+  bool empty() const { return data.empty() && source.data == nullptr; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
 };
+
+/// FP32 values of `t` (its data, or decoded from its source on the host).
+DSV41RT_API std::vector<float> host_values(const Tensor& t);
 
 struct AttentionWeights {
   Tensor wq_a, q_norm, wq_b, wkv, kv_norm, wo_a, wo_b, attn_sink;
@@ -61,7 +81,9 @@ struct ModelWeights {
 };
 
 /// Loads every backbone tensor the plan needs; throws Error naming the tensor on any mismatch.
+/// host_values = false validates everything but keeps only the sources (the GPU executor
+/// dequantises on the device; a released checkpoint would not fit in host memory as FP32).
 DSV41RT_API ModelWeights load_weights(std::shared_ptr<Checkpoint> checkpoint,
-                                      const ModelPlan& plan);
+                                      const ModelPlan& plan, bool host_values = true);
 
 }  // namespace dsv41rt::model
