@@ -15,6 +15,7 @@ bf16 roofline is the target, not what this path can reach).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -43,7 +44,13 @@ def make(preset: str, root: str) -> str:
 def active_params(cfg) -> float:
     """Parameters touched per token (dense + k routed experts + shared), from the config."""
     H, D, nh = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads
-    attn = H * cfg.q_lora_rank + cfg.q_lora_rank * nh * D + H * D + nh * D * cfg.o_lora_rank + cfg.o_groups * cfg.o_lora_rank * H
+    attn = (
+        H * cfg.q_lora_rank
+        + cfg.q_lora_rank * nh * D
+        + H * D
+        + nh * D * cfg.o_lora_rank
+        + cfg.o_groups * cfg.o_lora_rank * H
+    )
     expert = 3 * H * cfg.moe_intermediate_size
     return cfg.num_hidden_layers * (attn + expert * (cfg.num_experts_per_tok + 1)) + 2 * cfg.vocab_size * H
 
@@ -107,7 +114,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="prefill repeats (median); 1 above 8k tokens")
     ap.add_argument("--token-budget", type=int, default=8192)
     ap.add_argument("--trace", action="store_true", help="first run bench/dequant_trace.py's 6-forward trace")
-    ap.add_argument("--max-decode-tokens", type=int, default=300_000, help="skip decode configs whose prefill is larger")
+    ap.add_argument(
+        "--max-decode-tokens", type=int, default=300_000, help="skip decode configs whose prefill is larger"
+    )
     ap.add_argument("--out")
     args = ap.parse_args()
     from dsv41rt.checkpoint.reader import open_checkpoint
@@ -135,14 +144,20 @@ def main() -> int:
     print(f"# {result['model']} on {gpu}, commit {result['commit']}, {result['date']}")
 
     def runtime(**kw) -> Runtime:
-        return Runtime(ck, args.device, kv_memory=args.kv_memory, max_running=max(int(b) for b in args.batches.split(",")),
-                       token_budget=args.token_budget, **kw)
+        return Runtime(
+            ck,
+            args.device,
+            kv_memory=args.kv_memory,
+            max_running=max(int(b) for b in args.batches.split(",")),
+            token_budget=args.token_budget,
+            **kw,
+        )
 
     # Prefill: one request, one forward per chunk of the token budget; tokens/s of the whole prompt.
     t0 = time.perf_counter()
     rt = runtime()
-    print(f"loaded in {time.perf_counter() - t0:.1f} s: {rt.backend_stats().get('weight_bytes', 0) / 2**30:.1f} GiB of weights on {rt.device}", flush=True)
     weight_bytes = rt.backend_stats().get("weight_bytes", 0)
+    print(f"loaded in {time.perf_counter() - t0:.1f} s: {weight_bytes / 2**30:.1f} GiB of weights on {rt.device}")
     if args.trace:
         from dequant_trace import trace
 
@@ -155,14 +170,22 @@ def main() -> int:
             h = rt.new_handle()
             total = 0.0
             for i in range(0, n, args.token_budget):
-                total += timed(rt, lambda i=i: rt._ex.forward(h, np.asarray(p[i : i + args.token_budget], np.int32), all_logits=False))
+                chunk = np.asarray(p[i : i + args.token_budget], np.int32)
+                total += timed(rt, functools.partial(rt._ex.forward, h, chunk, all_logits=False))
             rt.release_handle(h)
             times.append(total)
         ms = statistics.median(times)
         roof_ms = flops_per_token * n / BF16_FLOPS * 1e3
-        row = {"tokens": n, "median_ms": ms, "repeats": len(times), "tokens_per_s": n / ms * 1e3, "roofline_ms": roof_ms}
+        row = {
+            "tokens": n,
+            "median_ms": ms,
+            "repeats": len(times),
+            "tokens_per_s": n / ms * 1e3,
+            "roofline_ms": roof_ms,
+        }
         result["prefill"].append(row)
-        print(f"prefill {n:6d} tokens: {ms:9.2f} ms  {row['tokens_per_s']:10.0f} tok/s  roofline {roof_ms:.4f} ms (bf16 FLOPs)")
+        tps = row["tokens_per_s"]
+        print(f"prefill {n:6d} tokens: {ms:9.2f} ms  {tps:10.0f} tok/s  roofline {roof_ms:.4f} ms (bf16 FLOPs)")
 
     state_per_token = rt.stats()["page_bytes"] / rt.stats()["page_tokens"]
     for L in (int(x) for x in args.contexts.split(",")):
@@ -174,7 +197,8 @@ def main() -> int:
             for mode, r in decode(rt, B, L, args.steps, rng, args.device).items():
                 r.update({"mode": mode, "batch": B, "context": L, "roofline_ms": roof_ms})
                 result["decode"].append(r)
-                print(f"decode [{mode:15s}] B {B:3d} ctx {L:6d}: {r['median_ms']:8.3f} ms/step  roofline {roof_ms:.4f} ms", flush=True)
+                step = r["median_ms"]
+                print(f"decode [{mode:15s}] B {B:3d} ctx {L:6d}: {step:8.3f} ms/step  roofline {roof_ms:.4f} ms")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -26,8 +26,8 @@ namespace dsv41rt::bindings {
 namespace {
 
 using engine::Engine;
-using model::Executor;
 using model::EngramTables;
+using model::Executor;
 using I32Array = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 const char* finish_reason_name(engine::FinishReason r) {

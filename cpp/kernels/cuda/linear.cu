@@ -76,8 +76,8 @@ cudaError_t launch(const float* x, const W* w, float* y, int64_t m, int64_t k, i
   const dim3 grid(static_cast<unsigned>(bx), static_cast<unsigned>(by),
                   static_cast<unsigned>(groups));
   const dim3 block(kTile, kRowsPerPass);
-  linear_kernel<W><<<grid, block, 0, stream>>>(x, w, y, m, k, n, ldx, ldw, ldy, gx, gw, gy,
-                                            accumulate);
+  linear_kernel<W>
+      <<<grid, block, 0, stream>>>(x, w, y, m, k, n, ldx, ldw, ldy, gx, gw, gy, accumulate);
   return launch_status();
 }
 

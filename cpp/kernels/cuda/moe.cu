@@ -96,8 +96,8 @@ __global__ void moe_route_kernel(const float* __restrict__ x, const float* __res
 
 // h[i] = silu(min(g, L)) * clamp(u, -L, L) * scale for one expert, into shared memory.
 template <typename W>
-__device__ void swiglu_hidden(const float* xs, const W* w1, const W* w3, int64_t H,
-                              int64_t I, float limit, bool has_scale, float scale, float* hs) {
+__device__ void swiglu_hidden(const float* xs, const W* w1, const W* w3, int64_t H, int64_t I,
+                              float limit, bool has_scale, float scale, float* hs) {
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int warps = blockDim.x / kWarp;
   for (int64_t i = warp; i < I; i += warps) {
@@ -196,8 +196,8 @@ namespace {
 
 template <typename W>
 cudaError_t launch_moe_forward(const float* x, const int32_t* idx, const float* weight, int64_t S,
-                               int64_t H, int64_t k, int64_t E, int64_t I, const W* w1,
-                               const W* w3, const W* w2, const W* shared_w1, const W* shared_w3,
+                               int64_t H, int64_t k, int64_t E, int64_t I, const W* w1, const W* w3,
+                               const W* w2, const W* shared_w1, const W* shared_w3,
                                const W* shared_w2, int64_t I_shared, float limit, float* y,
                                cudaStream_t stream) {
   if (S <= 0) return S == 0 ? cudaSuccess : cudaErrorInvalidValue;
@@ -207,9 +207,8 @@ cudaError_t launch_moe_forward(const float* x, const int32_t* idx, const float* 
   const int64_t imax = shared ? std::max(I, I_shared) : I;
   const size_t smem = size_t(H + imax) * sizeof(float);
   if (smem > 48 * 1024) {
-    const cudaError_t err =
-        cudaFuncSetAttribute(moe_forward_kernel<W>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(smem));
+    const cudaError_t err = cudaFuncSetAttribute(
+        moe_forward_kernel<W>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (err != cudaSuccess) return err;
   }
   moe_forward_kernel<W><<<grid_for_rows(S), kThreads, smem, stream>>>(

@@ -197,8 +197,8 @@ __global__ void engram_gather_kernel(const uint8_t* table, const uint8_t* scales
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n * hd;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t k = i / hd, c = i % hd, r = rows[k];
-    out[i] = __fmul_rn(fp8_e4m3_to_f32(table[r * hd + c]),
-                       e8m0_to_f32(scales[r * (hd / 32) + c / 32]));
+    out[i] =
+        __fmul_rn(fp8_e4m3_to_f32(table[r * hd + c]), e8m0_to_f32(scales[r * (hd / 32) + c / 32]));
   }
 }
 
@@ -271,9 +271,8 @@ cudaError_t unpack_paged(RowFormat f, const PagedRows& src, int64_t dim, int64_t
   });
 }
 
-cudaError_t pack_paged(RowFormat f, const PagedRows& dst, int64_t dim, int64_t n,
-                       const float* rows, const int32_t* item, const int64_t* entry,
-                       cudaStream_t stream) {
+cudaError_t pack_paged(RowFormat f, const PagedRows& dst, int64_t dim, int64_t n, const float* rows,
+                       const int32_t* item, const int64_t* entry, cudaStream_t stream) {
   if (bad_format(f, dim) || n < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   const int blocks = blocks_for(n * dim);
@@ -290,8 +289,8 @@ cudaError_t unpack_ring(RowFormat f, const RingRows& src, int64_t dim, int64_t i
   if (items == 0 || max_count == 0) return cudaSuccess;
   const int blocks = blocks_for(items * max_count * dim);
   return dispatch(f, [&]<RowFormat R>() {
-    unpack_ring_kernel<R><<<blocks, kThreads, 0, stream>>>(src, dim, items, max_count, first,
-                                                           count, out_offset, out);
+    unpack_ring_kernel<R><<<blocks, kThreads, 0, stream>>>(src, dim, items, max_count, first, count,
+                                                           out_offset, out);
   });
 }
 

@@ -125,7 +125,6 @@ __device__ __forceinline__ Quantized quantize_lane(float v, bool active) {
   return q;
 }
 
-
 /// Decodes element c of a packed row (data then scale codes).
 template <Format F>
 __device__ __forceinline__ float unpack_element(const uint8_t* row, int64_t dim, int64_t c) {

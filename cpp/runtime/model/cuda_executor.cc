@@ -31,8 +31,8 @@ int parse_device(const std::string& d) {
   int index = 0;
   if (d != "cuda") {
     const std::string n = d.substr(5);
-    DSV41RT_CHECK(!n.empty() && n.find_first_not_of("0123456789") == std::string::npos,
-                  "device '", d, "': expected 'cuda' or 'cuda:N'");
+    DSV41RT_CHECK(!n.empty() && n.find_first_not_of("0123456789") == std::string::npos, "device '",
+                  d, "': expected 'cuda' or 'cuda:N'");
     index = std::stoi(n);
   }
   int count = 0;
@@ -46,8 +46,9 @@ int parse_device(const std::string& d) {
 // Dispatch on the weight's device precision (both kernels give the same results).
 cudaError_t lin(const float* x, DevMatrix w, int64_t m, int64_t k, int64_t n, float* y,
                 bool accumulate, cudaStream_t s) {
-  return w.bf16 ? kc::linear_bf16w(x, static_cast<const uint16_t*>(w.ptr), m, k, n, y, accumulate, s)
-                : kc::linear(x, static_cast<const float*>(w.ptr), m, k, n, y, accumulate, s);
+  return w.bf16
+             ? kc::linear_bf16w(x, static_cast<const uint16_t*>(w.ptr), m, k, n, y, accumulate, s)
+             : kc::linear(x, static_cast<const float*>(w.ptr), m, k, n, y, accumulate, s);
 }
 
 cudaError_t grouped_lin(const float* x, DevMatrix w, int64_t m, int64_t g, int64_t k, int64_t n,
@@ -65,8 +66,8 @@ cudaError_t moe_experts(const float* x, const int32_t* idx, const float* weight,
     return kc::moe_forward_bf16w(x, idx, weight, S, H, k, E, I, b(w.w1), b(w.w3), b(w.w2),
                                  b(w.shared_w1), b(w.shared_w3), b(w.shared_w2), I, limit, y, s);
   }
-  return kc::moe_forward(x, idx, weight, S, H, k, E, I, f(w.w1), f(w.w3), f(w.w2),
-                         f(w.shared_w1), f(w.shared_w3), f(w.shared_w2), I, limit, y, s);
+  return kc::moe_forward(x, idx, weight, S, H, k, E, I, f(w.w1), f(w.w3), f(w.w2), f(w.shared_w1),
+                         f(w.shared_w3), f(w.shared_w2), I, limit, y, s);
 }
 
 void sorted_rows(const std::vector<int32_t>& src, int64_t rows, int64_t k,
@@ -280,10 +281,10 @@ void CudaExecutor::upload(const ForwardPlan& f) {
   };
   std::map<int, RatioOffsets> ro;
   for (const RatioPlan& r : f.ratios) {
-    ro[r.ratio] = {u.add(r.count),         u.add(r.comp_offset),   u.add(r.n_visible),
-                   u.add(r.key_offset),    u.add(r.group_item),    u.add(r.group_pending),
-                   u.add(r.group_first),   u.add(r.group_entry),   u.add(r.group_position),
-                   u.add(r.left_item),     u.add(r.left_src),      u.add(r.left_dst)};
+    ro[r.ratio] = {u.add(r.count),       u.add(r.comp_offset), u.add(r.n_visible),
+                   u.add(r.key_offset),  u.add(r.group_item),  u.add(r.group_pending),
+                   u.add(r.group_first), u.add(r.group_entry), u.add(r.group_position),
+                   u.add(r.left_item),   u.add(r.left_src),    u.add(r.left_dst)};
   }
   std::vector<size_t> engram;
   for (const auto& rows : f.engram_rows) engram.push_back(u.add(rows));
@@ -340,8 +341,8 @@ void CudaExecutor::compressor(const LayerPlan& layer, const CudaLayerWeights& w,
                                  mr.left_item, mr.left_src, mr.left_dst, s));
   }
   if (G == 0) return;
-  float* keys = (m > 1 ? latent + G * D
-                       : ikeys_new_.ensure(std::max<int64_t>(G, 1) * DI, generation_));
+  float* keys =
+      (m > 1 ? latent + G * D : ikeys_new_.ensure(std::max<int64_t>(G, 1) * DI, generation_));
   DSV41RT_CU(kc::rms_norm(latent, w.comp_norm, G, D, eps, latent, s));
   // Index keys come from the un-rotated latent; then the latent itself is rotated and stored.
   DSV41RT_CU(lin(latent, w.idx_wk, G, D, DI, keys, false, s));
@@ -477,8 +478,7 @@ void CudaExecutor::attention(const LayerPlan& layer, const CudaLayerWeights& w,
                                    f.old_rows + N, idx, s));
   float* o = o_.ensure(N * nh * D, generation_);
   DSV41RT_CU(kc::sparse_attention_split(q, kv_a, f.old_rows + N, comp, comp_rows, idx, w.attn_sink,
-                                        N, nh, D, W + KI, float(1.0 / std::sqrt(double(D))), o,
-                                        s));
+                                        N, nh, D, W + KI, float(1.0 / std::sqrt(double(D))), o, s));
   DSV41RT_CU(kc::apply_rope(o, N, nh, D, R, meta_.positions, w.inv_freq, true, s));
   const int64_t g = c.o_groups, kg = nh * D / g, ro = c.o_lora_rank;
   float* z = z_.ensure(N * g * ro, generation_);
@@ -526,8 +526,8 @@ void CudaExecutor::run(const ForwardPlan& f) {
       float* ws = engram_ws_.ensure(kc::engram_forward_workspace(N, hc, H), generation_);
       DSV41RT_CU(kc::engram_gather(w.engram_table, w.engram_scale, meta_.engram_rows[engram_pos],
                                    N * cols, hd, emb, s));
-      DSV41RT_CU(kc::engram_forward(X, emb, w.engram_wkv, w.engram_q, w.engram_k, nullptr, N, hc,
-                                    H, cols * hd, eps, ws, s));
+      DSV41RT_CU(kc::engram_forward(X, emb, w.engram_wkv, w.engram_q, w.engram_k, nullptr, N, hc, H,
+                                    cols * hd, eps, ws, s));
       ++engram_pos;
     }
     DSV41RT_CU(kc::hc_mix(X, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale, N, hc, H, eps, hc_eps,
@@ -622,15 +622,13 @@ void CudaExecutor::forward(std::vector<BatchItem>& batch) {
   for (size_t l = 0; l < f.engram_rows.size(); ++l) {
     const int64_t limit = weights_.layers[c.engram->layer_ids[l]].engram_rows;
     for (int64_t r : f.engram_rows[l]) {
-      DSV41RT_CHECK(r >= 0 && r < limit, "Engram row ", r, " outside the table (", limit,
-                    " rows)");
+      DSV41RT_CHECK(r >= 0 && r < limit, "Engram row ", r, " outside the table (", limit, " rows)");
     }
   }
   // Decode batches run as a graph of their bucket (captured on first use after an eager run of
   // the same padded plan, replayed after); everything else, and recording runs, eagerly.
-  const DecodeBucket bucket = options_.cuda_graphs && !options_.record_decisions
-                                  ? decode_bucket(c, batch)
-                                  : DecodeBucket{};
+  const DecodeBucket bucket =
+      options_.cuda_graphs && !options_.record_decisions ? decode_bucket(c, batch) : DecodeBucket{};
   DSV41RT_CU(cudaEventRecord(st_->t0.get(), main()));
   if (bucket.items > 0) {
     const ForwardPlan padded = pad_decode_plan(f, c, *layout_, bucket);

@@ -7,9 +7,7 @@ namespace dsv41rt::model {
 
 namespace {
 
-bool bf16_exact(DType d) {
-  return d == DType::kFP8E4M3 || d == DType::kI8 || d == DType::kBF16;
-}
+bool bf16_exact(DType d) { return d == DType::kFP8E4M3 || d == DType::kI8 || d == DType::kBF16; }
 
 class Uploader {
  public:
@@ -76,15 +74,14 @@ class Uploader {
     }
     const bool fp8 = s.dtype == DType::kFP8E4M3;
     const int64_t data_bytes = fp8 ? n : n / 2;
-    const int64_t scale_bytes =
-        fp8 ? ((s.rows + s.block_rows - 1) / s.block_rows) *
-                  ((s.cols + s.block_cols - 1) / s.block_cols)
-            : s.rows * ((s.cols + 31) / 32);
+    const int64_t scale_bytes = fp8 ? ((s.rows + s.block_rows - 1) / s.block_rows) *
+                                          ((s.cols + s.block_cols - 1) / s.block_cols)
+                                    : s.rows * ((s.cols + 31) / 32);
     DSV41RT_CU(cudaDeviceSynchronize());  // the previous dequantisation has read the staging
     uint8_t* stage = staging_.ensure(data_bytes + scale_bytes, staging_generation_);
     DSV41RT_CU(cudaMemcpy(stage, s.data, size_t(data_bytes), cudaMemcpyHostToDevice));
-    DSV41RT_CU(cudaMemcpy(stage + data_bytes, s.scale, size_t(scale_bytes),
-                          cudaMemcpyHostToDevice));
+    DSV41RT_CU(
+        cudaMemcpy(stage + data_bytes, s.scale, size_t(scale_bytes), cudaMemcpyHostToDevice));
     if (fp8) {
       DSV41RT_CU(kernels::cuda::dequant_fp8_blocks_bf16(stage, stage + data_bytes, s.rows, s.cols,
                                                         s.block_rows, s.block_cols, out, nullptr));

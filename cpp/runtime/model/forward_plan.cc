@@ -53,13 +53,13 @@ ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout, engin
     const BatchItem& b = batch[i];
     DSV41RT_CHECK(b.n > 0 && b.tokens && b.logits, "batch item ", i, " has no tokens or output");
     DSV41RT_CHECK(b.request.slot != nullptr, "batch item ", i, " has no state slot");
-    DSV41RT_CHECK(b.request.n_pages * layout.page_tokens() >= b.request.length + b.n,
-                  "batch item ", i, ": pages cover ", b.request.n_pages * layout.page_tokens(),
+    DSV41RT_CHECK(b.request.n_pages * layout.page_tokens() >= b.request.length + b.n, "batch item ",
+                  i, ": pages cover ", b.request.n_pages * layout.page_tokens(),
                   " positions, the forward needs ", b.request.length + b.n);
     for (int64_t t = 0; t < b.n; ++t) {
-      DSV41RT_CHECK(b.tokens[t] >= 0 && b.tokens[t] < c.vocab_size, "batch item ", i,
-                    ": token id ", b.tokens[t], " at index ", t, " is outside the vocabulary [0, ",
-                    c.vocab_size, ")");
+      DSV41RT_CHECK(b.tokens[t] >= 0 && b.tokens[t] < c.vocab_size, "batch item ", i, ": token id ",
+                    b.tokens[t], " at index ", t, " is outside the vocabulary [0, ", c.vocab_size,
+                    ")");
     }
     const int64_t P = b.request.length;
     f.slots.push_back(reinterpret_cast<uint64_t>(b.request.slot));
@@ -134,8 +134,8 @@ ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout, engin
       for (size_t l = 0; l < engram.layers.size(); ++l) {
         const EngramTables::Layer& L = engram.layers[l];
         kernels::cpu::engram_hash_rows(cids.data(), b.n, e.max_ngram_size, e.n_heads,
-                                       L.multipliers.data(), L.primes.data(), L.offsets.data(),
-                                       pad, f.engram_rows[l].data() + f.row0[i] * cols);
+                                       L.multipliers.data(), L.primes.data(), L.offsets.data(), pad,
+                                       f.engram_rows[l].data() + f.row0[i] * cols);
       }
     }
   }
@@ -166,8 +166,8 @@ DecodeBucket decode_bucket(const ModelConfig& c, const std::vector<BatchItem>& b
   // Context buckets: powers of two up to 8192, then multiples of 8192 (padding costs indexer
   // and top-k work over the bucket's entries: at most 2x below 8192, at most 25% above 32k).
   const int64_t floor = std::max<int64_t>(256, 2 * c.sliding_window);
-  const int64_t context = longest <= 8192 ? pow2_at_least(longest, floor)
-                                          : (longest + 8191) / 8192 * 8192;
+  const int64_t context =
+      longest <= 8192 ? pow2_at_least(longest, floor) : (longest + 8191) / 8192 * 8192;
   return {pow2_at_least(int64_t(batch.size()), 1), std::max(context, floor)};
 }
 

@@ -44,7 +44,7 @@ struct ForwardPlan {
   std::vector<uint8_t> store_window;      // [rows] position enters the ring
   std::vector<uint64_t> slots;            // [items] slot addresses (device memory)
   std::vector<int64_t> length, window_first, old_count, old_offset, row0;  // [items]
-  std::vector<int32_t> page_table;                                          // [items, max_pages]
+  std::vector<int32_t> page_table;                                         // [items, max_pages]
   std::vector<RatioPlan> ratios;
   std::vector<std::vector<int64_t>> engram_rows;  // per Engram layer [rows, (max_ngram-1)·heads]
   std::vector<int64_t> head_rows;                 // rows whose logits are returned, item order

@@ -29,8 +29,8 @@ std::string shape_str(const std::vector<int64_t>& s) {
 void decode(const TensorSource& src, float* out) {
   switch (src.dtype) {
     case DType::kFP8E4M3:
-      k::dequant_fp8_blocks(src.data, src.scale, src.rows, src.cols, src.block_rows,
-                            src.block_cols, out);
+      k::dequant_fp8_blocks(src.data, src.scale, src.rows, src.cols, src.block_rows, src.block_cols,
+                            out);
       break;
     case DType::kI8:
       k::dequant_fp4_rows(src.data, src.scale, src.rows, src.cols, out);

@@ -83,7 +83,7 @@ struct ModelWeights {
 /// Loads every backbone tensor the plan needs; throws Error naming the tensor on any mismatch.
 /// host_values = false validates everything but keeps only the sources (the GPU executor
 /// dequantises on the device; a released checkpoint would not fit in host memory as FP32).
-DSV41RT_API ModelWeights load_weights(std::shared_ptr<Checkpoint> checkpoint,
-                                      const ModelPlan& plan, bool host_values = true);
+DSV41RT_API ModelWeights load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPlan& plan,
+                                      bool host_values = true);
 
 }  // namespace dsv41rt::model

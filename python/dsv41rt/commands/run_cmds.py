@@ -37,7 +37,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (config.json + safetensors)")
     p.add_argument("--prompts", required=True, help="JSON file: a list of lists of token ids")
     p.add_argument("--out", required=True, help="output file")
-    p.add_argument("--device", default="cpu", choices=["cpu"], help="execution device (default cpu)")
+    p.add_argument("--device", default="cpu", help="execution device: cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--kv-memory", type=_size, default=256 << 20, help="KV pool size in bytes (default 256M)")
     p.add_argument("--max-running", type=int, default=64, help="requests running at once (default 64)")
     p.add_argument("--token-budget", type=int, default=512, help="tokens per engine step (default 512)")
