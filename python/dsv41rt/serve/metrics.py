@@ -1,0 +1,106 @@
+"""Prometheus metrics: the `dsv41rt:` prefix with vLLM's metric names and labels (model_name),
+histograms in seconds, plus V4.1 series (dequant workspace reuse)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
+ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
+E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0)
+
+
+class _EngineCollector(Collector):
+    """Series read from the engine's counters at scrape time."""
+
+    def __init__(self, model: str, stats: Callable[[], dict[str, int]]) -> None:
+        self.model, self.stats = model, stats
+
+    def collect(self) -> Iterator:
+        s = self.stats()
+        labels = ["model_name"]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(f"dsv41rt:{name}", doc, labels=labels)
+            g.add_metric([self.model], value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(f"dsv41rt:{name}", doc, labels=labels)
+            c.add_metric([self.model], value)
+            return c
+
+        yield gauge("num_requests_running", "Requests in the running batch.", s.get("running", 0))
+        yield gauge("num_requests_waiting", "Requests waiting to be admitted.", s.get("waiting", 0))
+        total = max(s.get("pages_total", 0), 1)
+        yield gauge(
+            "kv_cache_usage_perc", "Fraction of KV pool pages in use (1 = full).", s.get("pages_used", 0) / total
+        )
+        yield counter("num_preemptions", "Requests preempted (recomputed later).", s.get("preemptions", 0))
+        yield counter(
+            "dequant_reuse_hits",
+            "Compressed-KV workspace acquires served without dequantising.",
+            s.get("reuse_hits", 0),
+        )
+        yield counter("dequant_calls", "Compressed-KV workspace refills (dequantisations).", s.get("dequant_calls", 0))
+
+
+class Metrics:
+    def __init__(self, model: str, stats: Callable[[], dict[str, int]]) -> None:
+        self.model = model
+        self.registry = CollectorRegistry()
+        r, m = self.registry, ["model_name"]
+        self.success = Counter("dsv41rt:request_success", "Finished requests.", m + ["finished_reason"], registry=r)
+        self.rejections = Counter("dsv41rt:admission_rejections", "Requests refused.", m + ["reason"], registry=r)
+        self.prompt_tokens = Counter("dsv41rt:prompt_tokens", "Prompt tokens of admitted requests.", m, registry=r)
+        self.generation_tokens = Counter("dsv41rt:generation_tokens", "Generated tokens.", m, registry=r)
+        self.ttft = Histogram(
+            "dsv41rt:time_to_first_token_seconds", "Time to first token.", m, buckets=TTFT_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            "dsv41rt:inter_token_latency_seconds", "Time between output tokens.", m, buckets=ITL_BUCKETS, registry=r
+        )
+        self.tpot = Histogram(
+            "dsv41rt:request_time_per_output_token_seconds",
+            "Decode time per output token.",
+            m,
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "dsv41rt:e2e_request_latency_seconds", "Arrival to last token.", m, buckets=E2E_BUCKETS, registry=r
+        )
+        r.register(_EngineCollector(model, stats))
+
+    def finished(
+        self,
+        reason: str,
+        prompt_tokens: int,
+        generated: int,
+        arrival: float,
+        first: float | None,
+        last: float | None,
+        gaps: list[float],
+    ) -> None:
+        m = self.model
+        self.success.labels(m, reason).inc()
+        self.prompt_tokens.labels(m).inc(prompt_tokens)
+        self.generation_tokens.labels(m).inc(generated)
+        if first is not None:
+            self.ttft.labels(m).observe(first - arrival)
+            for g in gaps:
+                self.itl.labels(m).observe(g)
+            if last is not None:
+                self.e2e.labels(m).observe(last - arrival)
+                if generated > 1:
+                    self.tpot.labels(m).observe((last - first) / (generated - 1))
+
+    def rejected(self, reason: str) -> None:
+        self.rejections.labels(self.model, reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

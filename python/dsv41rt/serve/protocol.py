@@ -1,0 +1,207 @@
+"""Request parsing and response building for the OpenAI-compatible API.
+
+Chat completions go through DeepSeek's own `deepseek-recipe` (request conversion, V4.1 prompt
+encoding, thinking / reasoning-effort handling, streamed output parsing into `reasoning_content` and
+`content`, stop strings, logprobs, usage), so prompts are rendered exactly as DeepSeek renders them.
+Text completions encode the prompt with the checkpoint's tokenizer and decode incrementally.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import deepseek_recipe as dr
+
+from ..sampling import SamplingParams
+
+# Tokens the V4.1 chat encoding needs as single added tokens (checked at start).
+REQUIRED_SPECIAL_TOKENS = (
+    "<｜begin▁of▁sentence｜>",
+    "<｜System｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<think>",
+    "</think>",
+)
+
+
+class ApiError(Exception):
+    """An OpenAI-style error: HTTP status and {"error": {message, type, param, code}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    @property
+    def type(self) -> str:
+        return {
+            400: "invalid_request_error",
+            401: "authentication_error",
+            404: "not_found_error",
+            413: "invalid_request_error",
+            503: "service_unavailable",
+        }.get(self.status, "server_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _num(body: dict, key: str, default: float, lo: float, hi: float, integer: bool = False) -> Any:
+    v = body.get(key, default)
+    if v is None:
+        return default
+    ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+    if isinstance(v, bool) or not ok or (isinstance(v, float) and not math.isfinite(v)):
+        raise ApiError(400, f"'{key}' must be {'an integer' if integer else 'a number'}, got {v!r}", key)
+    if not lo <= v <= hi:
+        raise ApiError(400, f"'{key}' must be in [{lo}, {hi}], got {v!r}", key)
+    return v
+
+
+def _token_list(body: dict, key: str, vocab: int) -> list[int]:
+    v = body.get(key) or []
+    if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in v):
+        raise ApiError(400, f"'{key}' must be a list of token ids in [0, {vocab})", key)
+    return list(v)
+
+
+def sampling_extras(
+    body: dict, temperature: float, top_p: float, seed: int | None, top_logprobs: int
+) -> SamplingParams:
+    """The vLLM/SGLang sampling extras on top of what conversion resolved."""
+    return SamplingParams(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=_num(body, "top_k", 0, -1, 1 << 30, integer=True),
+        min_p=_num(body, "min_p", 0.0, 0.0, 1.0),
+        presence_penalty=_num(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=_num(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        repetition_penalty=_num(body, "repetition_penalty", 1.0, 0.01, 10.0),
+        seed=seed if seed is not None else random.getrandbits(63),
+        top_logprobs=top_logprobs,
+    )
+
+
+@dataclass
+class PreparedChat:
+    conversation: dr.ConversationRequest
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    stop_token_ids: list[int]
+    ignore_eos: bool
+    stream: bool
+    logprobs: bool
+
+
+class Tokenizers:
+    """The checkpoint's tokenizer for the recipe (encoding, stream parsing) and for plain decoding."""
+
+    def __init__(self, checkpoint: str) -> None:
+        import tokenizers
+
+        path = os.path.join(checkpoint, "tokenizer.json")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{checkpoint}: no tokenizer.json (the server needs the model's tokenizer)")
+        self.recipe = dr.Tokenizer.from_file(path)
+        self.hf = tokenizers.Tokenizer.from_file(path)
+        missing = [t for t in REQUIRED_SPECIAL_TOKENS if self.hf.token_to_id(t) is None]
+        if missing:
+            raise ValueError(
+                f"{path}: the V4.1 chat encoding needs these tokens as single added tokens, missing: "
+                + ", ".join(missing)
+            )
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.hf.decode(ids, skip_special_tokens=False)
+
+
+class ChatProtocol:
+    def __init__(self, tok: Tokenizers, names: tuple[str, ...], thinking: bool, vocab: int) -> None:
+        self.tok, self.names, self.vocab = tok, names, vocab
+        opts = dr.ConversionOptions(default_thinking_mode=thinking)
+        for name in names:
+            opts = opts.with_model_alias(name, dr.ModelVersion.DeepseekV41Flash)
+        self.options = opts
+        self.encoding = dr.DeepseekV41Encoding().with_tokenizer(tok.recipe)
+
+    def check_model(self, body: dict) -> str:
+        model = body.get("model")
+        if not isinstance(model, str):
+            raise ApiError(400, "'model' is required and must be a string", "model")
+        if model not in self.names:
+            raise ApiError(
+                404, f"The model '{model}' does not exist; served: {', '.join(self.names)}", "model", "model_not_found"
+            )
+        return model
+
+    def prepare(self, body: dict, context_limit: int, default_max: int, max_limit: int) -> PreparedChat:
+        self.check_model(body)
+        try:
+            conv = dr.ChatCompletionRequest(body).convert(self.options)
+        except (dr.ConversionError, ValueError, TypeError, KeyError) as err:
+            raise ApiError(400, f"invalid request: {err}") from None
+        try:
+            prompt = self.encoding.encode(conv.conversation)
+        except RuntimeError as err:
+            raise ApiError(400, f"cannot encode the conversation: {err}") from None
+        io = conv.inference_options
+        return self._finish(body, conv, prompt, io, context_limit, default_max, max_limit)
+
+    def _finish(self, body, conv, prompt, io, context_limit, default_max, max_limit) -> PreparedChat:
+        if len(prompt) >= context_limit:
+            raise ApiError(
+                400,
+                f"the prompt has {len(prompt)} tokens; this model's context is {context_limit}",
+                "messages",
+                "context_length_exceeded",
+            )
+        if io.max_tokens is not None and io.max_tokens > max_limit:
+            raise ApiError(400, f"'max_tokens' must be <= {max_limit}, got {io.max_tokens}", "max_tokens")
+        max_tokens = min(io.max_tokens or default_max, context_limit - len(prompt))
+        top = io.top_logprobs or 0
+        sampling = sampling_extras(
+            body,
+            float(io.temperature if io.temperature is not None else 1.0),
+            float(io.top_p if io.top_p is not None else 1.0),
+            io.seed,
+            top if io.logprobs else 0,
+        )
+        ignore_eos = body.get("ignore_eos", False)
+        if not isinstance(ignore_eos, bool):
+            raise ApiError(400, "'ignore_eos' must be a boolean", "ignore_eos")
+        return PreparedChat(
+            conv,
+            prompt,
+            max_tokens,
+            sampling,
+            _token_list(body, "stop_token_ids", self.vocab),
+            ignore_eos,
+            conv.stream,
+            bool(io.logprobs),
+        )
+
+    def processor(self, prep: PreparedChat, request_id: str, model: str) -> dr.StreamProcessor:
+        gen = dr.ChatCompletionRequest.chunk_generator(prep.conversation, request_id, model)
+        return dr.StreamProcessor(gen, prep.conversation.parsing_options, self.tok.recipe)
+
+
+def tokens_chunk(out: Any, logprobs: bool) -> dr.InferenceChunk:
+    """An engine step output as the recipe's `tokens` chunk (with logprobs when asked)."""
+    if not logprobs:
+        return dr.InferenceChunk.tokens(out.new_tokens)
+    lps = [
+        (float(lp), sorted(top.items(), key=lambda kv: -kv[1]))
+        for lp, top in zip(out.logprobs, out.top_logprobs or [{}] * len(out.new_tokens), strict=True)
+    ]
+    return dr.InferenceChunk.tokens(out.new_tokens, lps)
+
+
+FINISH = {"length": dr.InferenceFinishReason.Length, "stop": dr.InferenceFinishReason.Stop}
