@@ -1,0 +1,152 @@
+"""`dsv41rt serve` end to end: a live server process on the built-in tiny model (CPU), driven by the
+official `openai` client and raw HTTP: chat (streamed and not, thinking on/off), completions,
+models, tokenize/detokenize, metrics that parse and move, client disconnect freeing the pool,
+SIGTERM drain."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from serve_harness import LiveServer
+
+MODEL = "dsv41rt-tiny-v41"
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("builtin") / "tiny-v41-seed0")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir):
+    s = LiveServer("--max-request-bytes", "65536", model_dir=tiny_dir)
+    yield s
+    assert s.stop() == 0, s.output()
+
+
+def test_openai_client_chat_streamed_and_not(server) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]
+    # Thinking mode (the default) samples at temperature 1 whatever the request says (DeepSeek's
+    # rule, applied by deepseek-recipe); a seed makes it reproducible.
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, seed=7)
+    assert r.object == "chat.completion" and r.choices[0].finish_reason == "length"
+    msg = r.choices[0].message.model_dump()
+    assert msg["role"] == "assistant" and isinstance(msg["reasoning_content"], str)  # thinking on by default
+    assert r.usage.completion_tokens == 8 and r.usage.prompt_tokens > 5
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=6, stream=True, extra_body={"thinking": {"type": "disabled"}}
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and chunks[-1].choices[0].finish_reason == "length"
+    again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, seed=7)
+    assert again.choices[0].message.model_dump()["reasoning_content"] == msg["reasoning_content"]
+
+
+def test_completions_and_tokenize(server) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+    r = client.completions.create(model=MODEL, prompt="Hello world", max_tokens=5, temperature=0)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 5
+    parts = client.completions.create(model=MODEL, prompt="Hello world", max_tokens=5, temperature=0, stream=True)
+    assert "".join(p.choices[0].text for p in parts if p.choices) == r.choices[0].text
+    tok = httpx.post(server.url + "/tokenize", json={"prompt": "Hello world"}).json()
+    assert tok["count"] == len(tok["tokens"]) == 2
+    back = httpx.post(server.url + "/detokenize", json={"tokens": tok["tokens"]}).json()
+    assert back["prompt"] == "Hello world"
+    ids = httpx.post(server.url + "/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]}).json()
+    assert ids["tokens"][0] == 0 and 128803 in ids["tokens"]  # BOS, <｜User｜>
+
+
+def test_health_ready_version(server) -> None:
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.get(server.url + "/ready").json() == {"ready": True}
+    assert httpx.get(server.url + "/version").json()["version"]
+
+
+def _metrics(url: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for s in fam.samples:
+            key = s.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "model_name") + "}")
+            out[key] = s.value
+    return out
+
+
+def test_metrics_parse_and_move(server) -> None:
+    before = _metrics(server.url)
+    assert "dsv41rt:num_requests_running{}" in before and "dsv41rt:kv_cache_usage_perc{}" in before
+    httpx.post(
+        server.url + "/v1/completions", json={"model": MODEL, "prompt": "a b c", "max_tokens": 4}, timeout=60
+    ).raise_for_status()
+    after = _metrics(server.url)
+    assert (
+        after["dsv41rt:request_success_total{finished_reason=length}"]
+        == before.get("dsv41rt:request_success_total{finished_reason=length}", 0) + 1
+    )
+    assert after["dsv41rt:generation_tokens_total{}"] == before.get("dsv41rt:generation_tokens_total{}", 0) + 4
+    assert after["dsv41rt:time_to_first_token_seconds_count{}"] > before.get(
+        "dsv41rt:time_to_first_token_seconds_count{}", 0
+    )
+    assert after["dsv41rt:e2e_request_latency_seconds_count{}"] >= 1
+
+
+def test_client_disconnect_cancels_and_frees_pages(server) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "go"}], "max_tokens": 2000, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 3:
+                break  # leave mid-stream
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        m = _metrics(server.url)
+        if m["dsv41rt:num_requests_running{}"] == 0 and m["dsv41rt:kv_cache_usage_perc{}"] == 0:
+            break
+        time.sleep(0.1)
+    assert m["dsv41rt:num_requests_running{}"] == 0 and m["dsv41rt:kv_cache_usage_perc{}"] == 0
+
+
+def test_sigterm_drains_in_flight_streams_refuses_new_and_exits_zero(tiny_dir) -> None:
+    s = LiveServer("--shutdown-timeout", "60", model_dir=tiny_dir)
+    results: list[tuple[str | None, bool]] = [(None, False)] * 3
+    started = [threading.Event() for _ in range(3)]
+
+    def stream(i: int) -> None:
+        body = {"model": MODEL, "prompt": f"request {i}", "max_tokens": 300, "stream": True, "ignore_eos": True}
+        reason, done = None, False
+        with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    started[i].set()
+                    reason = json.loads(line[6:])["choices"][0]["finish_reason"] or reason
+        started[i].set()
+        results[i] = (reason, done)
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for e in started:
+        assert e.wait(timeout=120)  # every stream is under way
+    s.terminate()
+    time.sleep(0.3)
+    late = httpx.post(s.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=30)
+    assert late.status_code == 503 and late.headers.get("retry-after") == "1"
+    assert late.json()["error"]["type"] == "service_unavailable"
+    for t in threads:
+        t.join(timeout=120)
+    assert results == [("length", True)] * 3, s.output()
+    assert s.proc.wait(timeout=60) == 0, s.output()
