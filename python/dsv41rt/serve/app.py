@@ -99,8 +99,19 @@ def create_app(state: ServerState) -> FastAPI:
                 return _error(ApiError(503, "the server is shutting down"))
             length = request.headers.get("content-length")
             if length is not None and (not length.isdigit() or int(length) > cfg.max_request_bytes):
+                # Read (and drop) a moderately oversized body so the client sees the 413 instead of
+                # a reset connection; far larger ones are cut off.
+                if length.isdigit() and int(length) <= 64 * cfg.max_request_bytes:
+                    async for _ in request.stream():
+                        pass
                 return _error(ApiError(413, f"request body exceeds {cfg.max_request_bytes} bytes"))
-        return await call_next(request)
+        try:
+            return await call_next(request)
+        except ApiError as err:
+            return _error(err)
+        except Exception as err:  # a bug: an OpenAI-style 500, the server keeps serving
+            log.exception("internal error on %s", path)
+            return _error(ApiError(500, f"internal error: {type(err).__name__}"))
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, err: ApiError):
@@ -254,10 +265,14 @@ def create_app(state: ServerState) -> FastAPI:
             )
         if not ids:
             raise ApiError(400, "the prompt is empty", "prompt")
+
+        def one(v) -> bool:
+            return v is None or (type(v) is int and v == 1)
+
         for key, ok in (
-            ("n", lambda v: v in (None, 1)),
-            ("echo", lambda v: v in (None, False)),
-            ("best_of", lambda v: v in (None, 1)),
+            ("n", one),
+            ("echo", lambda v: v is None or v is False),
+            ("best_of", one),
             ("suffix", lambda v: v is None),
         ):
             if not ok(body.get(key)):
@@ -271,8 +286,8 @@ def create_app(state: ServerState) -> FastAPI:
                 "context_length_exceeded",
             )
         max_tokens = min(max_tokens, state.context_limit - len(ids))
-        stop = body.get("stop") or []
-        stop = [stop] if isinstance(stop, str) else stop
+        stop = body.get("stop")
+        stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 16:
             raise ApiError(400, "'stop' must be a string or a list of up to 16 non-empty strings", "stop")
         top = _num(body, "logprobs", 0, 0, 20, integer=True)

@@ -63,7 +63,9 @@ def _num(body: dict, key: str, default: float, lo: float, hi: float, integer: bo
 
 
 def _token_list(body: dict, key: str, vocab: int) -> list[int]:
-    v = body.get(key) or []
+    v = body.get(key)
+    if v is None:
+        return []
     if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in v):
         raise ApiError(400, f"'{key}' must be a list of token ids in [0, {vocab})", key)
     return list(v)
@@ -146,7 +148,7 @@ class ChatProtocol:
         self.check_model(body)
         try:
             conv = dr.ChatCompletionRequest(body).convert(self.options)
-        except (dr.ConversionError, ValueError, TypeError, KeyError) as err:
+        except (dr.ConversionError, ValueError, TypeError, KeyError, OverflowError) as err:
             raise ApiError(400, f"invalid request: {err}") from None
         try:
             prompt = self.encoding.encode(conv.conversation)

@@ -1,0 +1,184 @@
+"""Malformed and hostile requests against a live server: every one gets the right status and an
+OpenAI-style error body, and the server stays healthy (and still answers correctly) afterwards."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import httpx
+import pytest
+from serve_harness import LiveServer
+
+MODEL = "dsv41rt-tiny-v41"
+KEY = "sk-test-key"
+CHAT, COMP = "/v1/chat/completions", "/v1/completions"
+LIMIT = 65536
+
+
+def _chat(**kw) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **kw}
+
+
+def _comp(**kw) -> dict:
+    return {"model": MODEL, "prompt": "hi", "max_tokens": 2, **kw}
+
+
+JUNK = [None, True, "x", -1, 1.5, 1e308, -1e308, 2**64, [], {}, [1, "a"], {"a": 1}, "\u0000\ud7ff\uffff"]
+
+
+def _cases() -> list[tuple[str, str, bytes | dict, int]]:
+    """(name, path, body, expected status); a dict body is sent as JSON."""
+    cases: list[tuple[str, str, bytes | dict, int]] = []
+    raw = [
+        b"",
+        b"{",
+        b"}",
+        b"[",
+        b"null",
+        b"42",
+        b'"str"',
+        b"[]",
+        b"{'a': 1}",
+        b'{"model": }',
+        b"\xff\xfe\xfd",
+        b'{"model": "dsv41rt-tiny-v41", "messages": [}',
+        b"\x00" * 10,
+        '{"k": "\ud800"}'.encode("utf-8", "replace"),
+    ]
+    for i, b in enumerate(raw):
+        for path in (CHAT, COMP, "/tokenize", "/detokenize"):
+            cases.append((f"raw{i}{path}", path, b, 400))
+    # Wrong types and out-of-range values, field by field.
+    chat_fields = [
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "n",
+        "stream",
+        "logprobs",
+        "top_logprobs",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+        "stop",
+        "messages",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "ignore_eos",
+        "stop_token_ids",
+    ]
+    # Junk values that are valid for a field (None = the default; booleans where a flag is expected).
+    text = JUNK[12]
+    valid_chat = {
+        "stream": (None, False, True),
+        "logprobs": (None, False, True),
+        "stop": (None, "x", [], text),
+        "n": (None,),
+        "ignore_eos": (None, False, True),
+        "stop_token_ids": (None, []),
+        "top_k": (None, -1),
+        "temperature": (None, 1.5),
+        "presence_penalty": (None, -1, 1.5),
+        "frequency_penalty": (None, -1, 1.5),
+        "repetition_penalty": (None, 1.5),
+    }
+    for f in chat_fields:
+        for j, v in enumerate(JUNK):
+            if any(v is w or (type(v) is type(w) and v == w) for w in valid_chat.get(f, (None,))):
+                continue
+            cases.append((f"chat.{f}={j}", CHAT, _chat(**{f: v}), 400))
+    valid_comp = {
+        "stop": (None, "x", [], text),
+        "echo": (None, False),
+        "stream": (None, False, True),
+        "prompt": ("x", text),
+        "temperature": (None, 1.5),
+    }
+    for f in ("max_tokens", "temperature", "top_p", "logprobs", "seed", "stop", "prompt", "n", "echo", "stream"):
+        for j, v in enumerate(JUNK):
+            if any(v is w or (type(v) is type(w) and v == w) for w in valid_comp.get(f, (None,))):
+                continue
+            cases.append((f"comp.{f}={j}", COMP, _comp(**{f: v}), 400))
+    # Specific ones.
+    cases += [
+        ("negative max_tokens", CHAT, _chat(max_tokens=-5), 400),
+        ("zero max_tokens", COMP, _comp(max_tokens=0), 400),
+        ("huge max_tokens", COMP, _comp(max_tokens=10**12), 400),
+        ("huge max_tokens chat", CHAT, _chat(max_tokens=10**9), 400),
+        ("unknown model chat", CHAT, _chat(model="gpt-4"), 404),
+        ("unknown model comp", COMP, _comp(model="gpt-4"), 404),
+        ("model missing", CHAT, {"messages": [{"role": "user", "content": "x"}]}, 400),
+        ("model not a string", COMP, _comp(model=7), 400),
+        ("no messages", CHAT, {"model": MODEL}, 400),
+        ("empty messages", CHAT, _chat(messages=[]), 400),
+        ("bad role", CHAT, _chat(messages=[{"role": "wizard", "content": "x"}]), 400),
+        ("content not text", CHAT, _chat(messages=[{"role": "user", "content": 12}]), 400),
+        ("empty prompt", COMP, _comp(prompt=""), 400),
+        ("prompt ids out of vocab", COMP, _comp(prompt=[1, 2, 10**9]), 400),
+        ("negative prompt id", COMP, _comp(prompt=[-1]), 400),
+        ("n=2", COMP, _comp(n=2), 400),
+        ("echo", COMP, _comp(echo=True), 400),
+        ("suffix", COMP, _comp(suffix="x"), 400),
+        ("too many stops", COMP, _comp(stop=["a"] * 17), 400),
+        ("bad stop_token_ids", CHAT, _chat(stop_token_ids=[10**9]), 400),
+        ("detokenize junk", "/detokenize", {"tokens": ["a"]}, 400),
+        ("detokenize out of vocab", "/detokenize", {"tokens": [10**9]}, 400),
+        ("tokenize nothing", "/tokenize", {}, 400),
+        ("reasoning_effort junk", CHAT, _chat(reasoning_effort="ultra-mega"), 400),
+        ("thinking junk", CHAT, _chat(thinking={"type": "sideways"}), 400),
+        ("prompt too long", COMP, _comp(prompt=[5] * 200_000), 413),  # over the body limit as JSON
+    ]
+    # Unicode junk in text fields is valid input: it must be served (200), not crash anything.
+    rng = random.Random(0)
+    for i in range(12):
+        junk = "".join(
+            chr(rng.choice([rng.randrange(0x20, 0xD7FF), rng.randrange(0xE000, 0x10FFFF)])) for _ in range(40)
+        )
+        cases.append((f"unicode chat {i}", CHAT, _chat(messages=[{"role": "user", "content": junk}]), 200))
+        cases.append((f"unicode comp {i}", COMP, _comp(prompt=junk), 200))
+    cases.append(("oversized body", CHAT, b'{"model": "' + b"a" * (LIMIT + 10) + b'"}', 413))
+    cases.append(("oversized comp", COMP, _comp(prompt="word " * 20000), 413))
+    return cases
+
+
+CASES = _cases()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = LiveServer(
+        "--max-request-bytes", str(LIMIT), "--api-key", KEY, model_dir=str(tmp_path_factory.mktemp("builtin") / "tiny")
+    )
+    yield s
+    assert s.stop() == 0, s.output()
+
+
+def test_at_least_200_hostile_requests_get_the_right_status_and_body(server) -> None:
+    assert len(CASES) >= 200, len(CASES)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    wrong: list[str] = []
+    with httpx.Client(base_url=server.url, headers=headers, timeout=60) as c:
+        for name, path, body, status in CASES:
+            if isinstance(body, dict):
+                r = c.post(path, json=body)
+            else:
+                r = c.post(path, content=body, headers={"content-type": "application/json"})
+            if r.status_code != status:
+                wrong.append(f"{name}: {r.status_code} (want {status}) {r.text[:160]}")
+                continue
+            if status != 200:
+                err = r.json().get("error")
+                if not (isinstance(err, dict) and isinstance(err.get("message"), str) and err.get("type")):
+                    wrong.append(f"{name}: error body {r.text[:160]}")
+        assert not wrong, f"{len(wrong)} of {len(CASES)} wrong:\n" + "\n".join(wrong[:40])
+        # Wrong or missing key.
+        for h in ({}, {"Authorization": "Bearer nope"}, {"Authorization": KEY}, {"Authorization": "Basic x"}):
+            r = httpx.post(server.url + CHAT, json=_chat(), headers=h, timeout=30)
+            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        # Still healthy and still correct.
+        assert c.get("/health").status_code == 200
+        ok = c.post(COMP, json=_comp(max_tokens=3, temperature=0))
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+        assert json.loads(c.get("/metrics").text.count("\n") and "1") == 1
