@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The main job. Until the server lands, this generates the built-in tiny V4.1 checkpoint and
-# inspects it (layer plan, tensors validated against config.json, cache footprint).
+# The main job: set up, then serve the built-in tiny DeepSeek-V4.1 model (generated
+# deterministically into .cache/ on first use) with the OpenAI-compatible API on
+# http://127.0.0.1:8000, on CPU unless a config says otherwise. Extra arguments go to
+# `dsv41rt serve` (e.g. `--port 8001`, `--config configs/h200.yaml`). Stop with Ctrl-C / SIGTERM
+# (in-flight requests drain first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # shellcheck disable=SC1091
 . "${DSV41RT_VENV:-.venv}/bin/activate"
-CK=${DSV41RT_CACHE:-.cache}/tiny-v41-seed0
-[ -f "$CK/dsv41rt_generated.json" ] || dsv41rt make-checkpoint --preset tiny-v41 --seed 0 --out "$CK"
-dsv41rt inspect "$CK"
+exec dsv41rt serve --config configs/tiny-cpu.yaml --tiny-model-dir "${DSV41RT_CACHE:-.cache}/tiny-v41-seed0" "$@"

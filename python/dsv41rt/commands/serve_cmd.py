@@ -95,6 +95,8 @@ def run_serve(args: argparse.Namespace) -> int:
         log.info("no model configured: using the built-in tiny V4.1 checkpoint (generated on first use)")
         model_dir, default_name = ensure_tiny_model(cfg.tiny_model_dir), NAME
     else:
+        if not os.path.isdir(cfg.model):
+            raise Dsv41rtError(f"model: {cfg.model!r} is not a directory")
         model_dir, default_name = cfg.model, os.path.basename(os.path.normpath(cfg.model))
     try:
         tok = Tokenizers(model_dir)

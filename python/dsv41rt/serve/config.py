@@ -131,9 +131,7 @@ def _validate(cfg: ServeConfig) -> ServeConfig:
     need(cfg.log_level in LOG_LEVELS, "log-level", f"must be one of {', '.join(LOG_LEVELS)}, got {cfg.log_level!r}")
     dev = cfg.device
     need(dev in ("cpu", "cuda") or bool(re.fullmatch(r"cuda:\d+", dev)), "device", f"cpu, cuda or cuda:N, got {dev!r}")
-    if cfg.model is not None:
-        need(os.path.isdir(cfg.model), "model", f"{cfg.model!r} is not a directory")
-    return cfg
+    return cfg  # the model directory is checked when the server starts (configs travel between machines)
 
 
 def build_config(file_values: dict[str, Any] | None, overrides: dict[str, Any]) -> ServeConfig:

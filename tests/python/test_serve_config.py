@@ -1,0 +1,88 @@
+"""`dsv41rt serve` configuration: the YAML schema, flags over file, `config validate|dump`, errors
+that name the key."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+import yaml
+from dsv41rt.cli import main
+from dsv41rt.errors import Dsv41rtError
+from dsv41rt.serve.config import build_config, dump, load_file
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml"))), ids=os.path.basename)
+def test_shipped_configs_validate(path: str, capsys) -> None:
+    assert main(["config", "validate", path]) == 0
+    assert "valid" in capsys.readouterr().out
+
+
+def test_flags_override_file_and_dump_is_effective(tmp_path, capsys) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("max-num-seqs: 8\nkv_memory: 1G\nport: 9000\nserved-model-name: a\n")
+    assert main(["config", "dump", str(f), "--port", "9100", "--served-model-name", "x", "--served-model-name", "y"]) == 0
+    got = yaml.safe_load(capsys.readouterr().out)
+    assert got["port"] == 9100 and got["max-num-seqs"] == 8 and got["kv-memory"] == 1 << 30
+    assert got["served-model-name"] == ["x", "y"] and got["device"] == "cpu"
+
+
+def test_api_key_from_environment_is_redacted(monkeypatch) -> None:
+    monkeypatch.setenv("DSV41RT_API_KEY", "sk-secret")
+    cfg = build_config(None, {})
+    assert cfg.api_key == ("sk-secret",)
+    assert "sk-secret" not in dump(cfg) and "<redacted>" in dump(cfg)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"max-num-seq": 4}, "unknown config key 'max-num-seq' (did you mean 'max-num-seqs'?)"),
+        ({"prot": 1}, "did you mean 'port'"),
+        ({"port": "eighty"}, "port: expected an integer"),
+        ({"port": 70000}, "port: must be in [0, 65535]"),
+        ({"max-num-seqs": 0}, "max-num-seqs: must be >= 1"),
+        ({"max-num-seqs": True}, "max-num-seqs: expected an integer"),
+        ({"kv-memory": "lots"}, "kv-memory: expected a size"),
+        ({"kv-memory": 0}, "kv-memory: must be > 0"),
+        ({"device": "tpu"}, "device: cpu, cuda or cuda:N"),
+        ({"log-level": "loud"}, "log-level: must be one of"),
+        ({"shutdown-timeout": -1}, "shutdown-timeout: must be >= 0"),
+        ({"thinking": "maybe"}, "thinking: expected true or false"),
+        ({"served-model-name": [1]}, "served-model-name: expected a string or a list"),
+        ({"default-max-tokens": 100000}, "default-max-tokens: must be in [1, max-tokens-limit]"),
+        ({"max-request-bytes": 10}, "max-request-bytes: must be >= 1024"),
+    ],
+)
+def test_bad_values_name_the_key(values: dict, message: str) -> None:
+    with pytest.raises(Dsv41rtError) as err:
+        build_config(values, {})
+    assert message in str(err.value)
+
+
+def test_bad_files(tmp_path, capsys) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("port: [1, 2\n")
+    assert main(["config", "validate", str(bad)]) == 2
+    assert "not valid YAML" in capsys.readouterr().err
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- a\n- b\n")
+    assert main(["config", "validate", str(lst)]) == 2
+    assert "top level must be a mapping" in capsys.readouterr().err
+    assert main(["config", "validate", str(tmp_path / "missing.yaml")]) == 2
+    assert "cannot read config" in capsys.readouterr().err
+    assert load_file(str(_empty(tmp_path))) == {}
+
+
+def _empty(tmp_path):
+    p = tmp_path / "empty.yaml"
+    p.write_text("")
+    return p
+
+
+def test_serve_with_a_missing_model_is_a_clear_error(tmp_path, capsys) -> None:
+    assert main(["serve", str(tmp_path / "nope")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
