@@ -24,7 +24,9 @@ def test_shipped_configs_validate(path: str, capsys) -> None:
 def test_flags_override_file_and_dump_is_effective(tmp_path, capsys) -> None:
     f = tmp_path / "c.yaml"
     f.write_text("max-num-seqs: 8\nkv_memory: 1G\nport: 9000\nserved-model-name: a\n")
-    assert main(["config", "dump", str(f), "--port", "9100", "--served-model-name", "x", "--served-model-name", "y"]) == 0
+    assert (
+        main(["config", "dump", str(f), "--port", "9100", "--served-model-name", "x", "--served-model-name", "y"]) == 0
+    )
     got = yaml.safe_load(capsys.readouterr().out)
     assert got["port"] == 9100 and got["max-num-seqs"] == 8 and got["kv-memory"] == 1 << 30
     assert got["served-model-name"] == ["x", "y"] and got["device"] == "cpu"
