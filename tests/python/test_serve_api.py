@@ -6,6 +6,7 @@ SIGTERM drain."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -14,6 +15,7 @@ import pytest
 from serve_harness import LiveServer
 
 MODEL = "dsv41rt-tiny-v41"
+CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "tiny-cpu.yaml")  # the README's server
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +25,7 @@ def tiny_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def server(tiny_dir):
-    s = LiveServer("--max-request-bytes", "65536", model_dir=tiny_dir)
+    s = LiveServer("--config", CONFIG, "--max-request-bytes", "65536", model_dir=tiny_dir)
     yield s
     assert s.stop() == 0, s.output()
 
@@ -150,3 +152,53 @@ def test_sigterm_drains_in_flight_streams_refuses_new_and_exits_zero(tiny_dir) -
         t.join(timeout=120)
     assert results == [("length", True)] * 3, s.output()
     assert s.proc.wait(timeout=60) == 0, s.output()
+
+
+def test_stop_strings_logprobs_and_queue_full(server) -> None:
+    """Completions: a stop string cuts the text (streamed and not, never leaking a prefix of it);
+    logprobs come back per token; chat honours stop strings too."""
+    base = {"model": MODEL, "prompt": "The quick brown fox", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    full = httpx.post(server.url + "/v1/completions", json=base, timeout=60).json()["choices"][0]["text"]
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    cut = full[: full.find(stop)]
+    one = httpx.post(server.url + "/v1/completions", json={**base, "stop": [stop]}, timeout=60).json()
+    assert one["choices"][0]["text"] == cut and one["choices"][0]["finish_reason"] == "stop"
+    streamed, reason = "", None
+    with httpx.stream("POST", server.url + "/v1/completions", json={**base, "stop": stop, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                c = json.loads(line[6:])["choices"][0]
+                streamed += c["text"]
+                reason = c["finish_reason"] or reason
+    assert streamed == cut and reason == "stop"
+    lp = httpx.post(server.url + "/v1/completions", json={**base, "max_tokens": 4, "logprobs": 2}, timeout=60).json()
+    block = lp["choices"][0]["logprobs"]
+    assert len(block["token_logprobs"]) == 4 and all(v <= 0 for v in block["token_logprobs"])
+    assert all(len(t) == 2 for t in block["top_logprobs"]) and "".join(block["tokens"]) == lp["choices"][0]["text"]
+
+
+def test_queue_full_is_503_with_retry_after(tiny_dir) -> None:
+    s = LiveServer("--max-num-seqs", "1", "--max-num-queued-reqs", "1", model_dir=tiny_dir)
+    try:
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 400, "ignore_eos": True, "stream": True}
+        started = threading.Event()
+
+        def hold() -> None:
+            with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=120) as r:
+                for _ in r.iter_lines():
+                    started.set()
+
+        threads = [threading.Thread(target=hold) for _ in range(2)]
+        threads[0].start()
+        assert started.wait(60)  # one running
+        threads[1].start()
+        deadline = time.monotonic() + 30
+        while _metrics(s.url)["dsv41rt:num_requests_waiting{}"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the second request is queued behind the first
+        r = httpx.post(s.url + "/v1/completions", json={**body, "stream": False, "max_tokens": 2}, timeout=30)
+        assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+        assert "waiting" in r.json()["error"]["message"]
+    finally:
+        assert s.stop() == 0
+        for t in threads:
+            t.join(timeout=60)

@@ -291,6 +291,7 @@ def create_app(state: ServerState) -> FastAPI:
         if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 16:
             raise ApiError(400, "'stop' must be a string or a list of up to 16 non-empty strings", "stop")
         top = _num(body, "logprobs", 0, 0, 20, integer=True)
+        want_lp = body.get("logprobs") is not None  # 0: the chosen tokens' logprobs only
         seed = body.get("seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 63):
             raise ApiError(400, "'seed' must be an integer in [0, 2^63)", "seed")
@@ -307,27 +308,52 @@ def create_app(state: ServerState) -> FastAPI:
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         gen: list[int] = []
         emitted = [0]  # characters of the decoded text already sent
+        lp_tokens: list[tuple[int, float, dict[int, float]]] = []  # this chunk's tokens, when logprobs
+
+        def held_back(text: str) -> int:
+            """Characters at the end of `text` that may be the start of a stop string."""
+            for n in range(min(len(text), max((len(x) for x in stop), default=0)), 0, -1):
+                if any(x.startswith(text[-n:]) for x in stop):
+                    return n
+            return 0
 
         def advance(item) -> tuple[str, str | None]:
             """New text of this output and the finish reason (a stop string ends it here)."""
             gen.extend(item.new_tokens)
+            if want_lp:
+                tops = item.top_logprobs or [{}] * len(item.new_tokens)
+                lp_tokens.extend(zip(item.new_tokens, item.logprobs, tops, strict=True))
             text = state.tok.decode(gen)
             reason = item.finish_reason if item.finished else None
-            for s in stop:
-                at = text.find(s)
-                if at >= 0:
-                    text, reason = text[:at], "stop"
-            if reason is None and text.endswith("\ufffd"):
-                return "", None  # an incomplete UTF-8 sequence: wait for the next token
+            hits = [(text.find(x), x) for x in stop if x in text]
+            if hits:
+                text, reason = text[: min(hits)[0]], "stop"
+            if reason is None:
+                if text.endswith("\ufffd"):
+                    return "", None  # an incomplete UTF-8 sequence: wait for the next token
+                text = text[: len(text) - held_back(text)]
             delta = text[emitted[0] :]
-            emitted[0] = len(text)
+            emitted[0] = max(emitted[0], len(text))
             return delta, reason
 
         def usage() -> dict:
             return {"prompt_tokens": len(ids), "completion_tokens": len(gen), "total_tokens": len(ids) + len(gen)}
 
+        def logprobs_block() -> dict | None:
+            """OpenAI's legacy completions logprobs for the tokens since the last call."""
+            if not want_lp:
+                return None
+            block: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+            for t, lp, alts in lp_tokens:
+                block["tokens"].append(state.tok.decode([t]))
+                block["token_logprobs"].append(lp)
+                block["top_logprobs"].append({state.tok.decode([a]): v for a, v in alts.items()})
+                block["text_offset"].append(sum(len(x) for x in block["tokens"][:-1]))
+            lp_tokens.clear()
+            return block
+
         def choice(text: str, reason: str | None) -> dict:
-            return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            return {"index": 0, "text": text, "logprobs": logprobs_block(), "finish_reason": reason}
 
         state.active += 1
         if stream:
