@@ -30,6 +30,11 @@ class StepOutput(NamedTuple):
     top_logprobs: list[dict[int, float]]  # per new token, when requested
 
 
+def engram_inputs(path: str, opened) -> tuple[np.ndarray | None, list[dict]]:
+    """The Engram token map and per-layer hash inputs of a checkpoint (None, [] without Engram)."""
+    return _engram_inputs(path, opened)
+
+
 def _engram_inputs(path: str, opened) -> tuple[np.ndarray | None, list[dict]]:
     cfg = opened.config
     if cfg.engram is None:

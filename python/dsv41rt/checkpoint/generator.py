@@ -204,10 +204,13 @@ def make_checkpoint(
     files = write_checkpoint(out_dir, tensor_groups(plan, seed), max_shard_bytes, progress, workers)
     if tokenizer:
         _copy_tokenizer(out_dir, v41=cfg.is_v41)
-        if cfg.engram is not None:  # warm the Engram token-map cache so the first run starts fast
-            from ..tokenizer.cache import cached_token_map
+        if cfg.engram is not None:  # the Engram hashing inputs, for C++ hosts without Python
+            from ..checkpoint.reader import open_checkpoint
+            from ..runtime import engram_inputs
+            from ..tokenizer.engram_file import write_engram_tables
 
-            cached_token_map(os.path.join(out_dir, "tokenizer.json"))
+            token_map, layers = engram_inputs(out_dir, open_checkpoint(out_dir))
+            write_engram_tables(out_dir, token_map, layers)
     with open(os.path.join(out_dir, "dsv41rt_generated.json"), "w") as f:
         json.dump({"preset": name, "seed": seed, "files": files}, f, indent=2)
         f.write("\n")

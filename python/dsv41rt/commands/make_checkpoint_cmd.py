@@ -21,6 +21,7 @@ def _size(text: str) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    register_prepare(sub)
     p = sub.add_parser(
         "make-checkpoint",
         help="write a random, well-conditioned checkpoint in the released format",
@@ -72,4 +73,30 @@ def run(args: argparse.Namespace) -> int:
         f"wrote {args.out}: preset {args.preset}, seed {args.seed}, {len(files)} safetensors file(s) "
         f"in {time.time() - t0:.1f}s"
     )
+    return 0
+
+
+def register_prepare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "prepare",
+        help="write engram_tables.safetensors into a checkpoint (for C/C++ hosts without Python)",
+        description="Computes the Engram hashing inputs (normalised-token map from tokenizer.json, per-layer "
+        "multipliers, primes and offsets) and writes them next to the weights. Generated checkpoints already "
+        "have the file; released ones need this once.",
+    )
+    p.add_argument("checkpoint", help="checkpoint directory")
+    p.set_defaults(run=run_prepare)
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    from ..checkpoint.reader import open_checkpoint
+    from ..runtime import engram_inputs
+    from ..tokenizer.engram_file import write_engram_tables
+
+    opened = open_checkpoint(args.checkpoint)
+    token_map, layers = engram_inputs(args.checkpoint, opened)
+    if token_map is None:
+        print(f"{args.checkpoint}: no Engram layers, nothing to write")
+        return 0
+    print(f"wrote {write_engram_tables(args.checkpoint, token_map, layers)} ({len(layers)} Engram layers)")
     return 0

@@ -1,0 +1,149 @@
+/* dsv41rt C API: embed the DeepSeek-V4.1 runtime in a C or C++ host without Python.
+ *
+ * Model: create a runtime from a checkpoint directory, submit token-id prompts with sampling
+ * parameters, and collect generated tokens by polling, by waiting, or through a streaming
+ * callback; cancel; read stats; destroy. The runtime runs its own engine thread (continuous
+ * batching over every submitted request); the calls below only hand work to it and take results.
+ *
+ * Conventions
+ *   - Every function returns a dsv41rt_status (0 = DSV41RT_OK) except the version queries and
+ *     dsv41rt_last_error. No function aborts or exits the process, and no C++ exception crosses
+ *     this boundary.
+ *   - Parameter structs start with `struct_size`: initialise them with the *_default_params()
+ *     functions (which set it) and change what you need. A struct_size the library does not know
+ *     gives DSV41RT_E_ABI_MISMATCH.
+ *   - dsv41rt_runtime_create checks the caller's DSV41RT_ABI_VERSION against the library's.
+ *   - Errors: dsv41rt_last_error(rt) is the message of the last failed call on `rt` made by the
+ *     calling thread (thread-local); dsv41rt_last_error(NULL) for calls without a valid runtime
+ *     (create, or a NULL / destroyed handle). The string stays valid until the thread's next
+ *     failing call.
+ *
+ * Thread safety
+ *   - Every function may be called from any thread, concurrently, on the same runtime, except
+ *     dsv41rt_runtime_destroy, which must not race other calls on that runtime (calls made after it
+ *     returns are detected and answered DSV41RT_E_INVALID_HANDLE, unless a new runtime happens to
+ *     reuse the address).
+ *   - A token callback runs on the engine thread; it must return quickly and must not call
+ *     dsv41rt_runtime_destroy (other calls are allowed).
+ *   - One request's outputs go to one consumer: its callback if it has one, otherwise
+ *     dsv41rt_poll / dsv41rt_wait.
+ */
+#ifndef DSV41RT_H_
+#define DSV41RT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define DSV41RT_C_API __declspec(dllimport)
+#else
+#define DSV41RT_C_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DSV41RT_ABI_VERSION 1
+
+typedef enum dsv41rt_status {
+  DSV41RT_OK = 0,
+  DSV41RT_E_INVALID_ARGUMENT = 1, /* a bad value (message names it) */
+  DSV41RT_E_NOT_FOUND = 2,        /* unknown request id, missing file or tensor */
+  DSV41RT_E_IO = 3,               /* reading the checkpoint failed */
+  DSV41RT_E_OUT_OF_RANGE = 4,     /* no room (pool, context, output buffer) */
+  DSV41RT_E_UNSUPPORTED = 5,      /* a model, device or option this build cannot run */
+  DSV41RT_E_INTERNAL = 6,         /* a bug: please report the message */
+  DSV41RT_E_ABI_MISMATCH = 7,     /* ABI version or struct_size unknown to the library */
+  DSV41RT_E_INVALID_HANDLE = 8,   /* NULL, destroyed or never created runtime */
+  DSV41RT_E_TIMEOUT = 9,          /* dsv41rt_wait: nothing new before the timeout */
+  DSV41RT_E_ENGINE_FAILED = 10    /* the engine thread stopped after an error */
+} dsv41rt_status;
+
+typedef struct dsv41rt_runtime dsv41rt_runtime; /* opaque */
+
+typedef struct dsv41rt_runtime_params {
+  uint32_t struct_size;
+  const char* checkpoint_dir; /* config.json, *.safetensors, engram_tables.safetensors */
+  const char* device;         /* "cpu" (default), "cuda", "cuda:N" */
+  int64_t kv_memory_bytes;    /* KV pool budget (default 256 MiB) */
+  int32_t max_running;        /* requests running at once (default 16) */
+  int32_t token_budget;       /* tokens per engine step (default 512) */
+  int64_t max_context;        /* prompt + output tokens per request; 0 = what the pool holds */
+} dsv41rt_runtime_params;
+
+typedef struct dsv41rt_sampling_params {
+  uint32_t struct_size;
+  float temperature; /* 0 = greedy (default) */
+  int32_t top_k;     /* 0 = off */
+  float top_p;       /* 1 = off */
+  float min_p;       /* 0 = off */
+  float presence_penalty, frequency_penalty, repetition_penalty;
+  uint64_t seed; /* same seed, same tokens, whatever else is running */
+} dsv41rt_sampling_params;
+
+/* Called on the engine thread with each step's new tokens of one request (n >= 0; finished != 0
+ * on the last call, with n possibly 0). */
+typedef void (*dsv41rt_token_callback)(int64_t request_id, const int32_t* tokens, size_t n,
+                                       int finished, void* user_data);
+
+typedef struct dsv41rt_request_params {
+  uint32_t struct_size;
+  int32_t max_new_tokens; /* default 16 */
+  dsv41rt_sampling_params sampling;
+  const int32_t* stop_token_ids; /* copied at submit */
+  size_t n_stop_token_ids;
+  int32_t ignore_eos;              /* nonzero: do not stop at the model's end-of-sequence token */
+  dsv41rt_token_callback callback; /* NULL: collect with dsv41rt_poll / dsv41rt_wait */
+  void* user_data;
+} dsv41rt_request_params;
+
+typedef struct dsv41rt_stats {
+  uint32_t struct_size;
+  int64_t requests_running, requests_waiting, requests_finished, preemptions;
+  int64_t pages_total, pages_used, page_tokens;
+  int64_t tokens_generated, steps;
+} dsv41rt_stats;
+
+DSV41RT_C_API uint32_t dsv41rt_abi_version(void);
+DSV41RT_C_API const char* dsv41rt_version(void);
+DSV41RT_C_API const char* dsv41rt_status_name(dsv41rt_status status);
+DSV41RT_C_API const char* dsv41rt_last_error(const dsv41rt_runtime* rt);
+
+DSV41RT_C_API void dsv41rt_runtime_default_params(dsv41rt_runtime_params* params);
+DSV41RT_C_API void dsv41rt_sampling_default_params(dsv41rt_sampling_params* params);
+DSV41RT_C_API void dsv41rt_request_default_params(dsv41rt_request_params* params);
+DSV41RT_C_API void dsv41rt_stats_init(dsv41rt_stats* stats);
+
+/* Loads the checkpoint and starts the engine thread. `abi_version`: pass DSV41RT_ABI_VERSION.
+ * On failure *out is NULL and dsv41rt_last_error(NULL) says why. */
+DSV41RT_C_API dsv41rt_status dsv41rt_runtime_create(uint32_t abi_version,
+                                                    const dsv41rt_runtime_params* params,
+                                                    dsv41rt_runtime** out);
+/* Cancels every request, stops the engine thread, frees everything. NULL is a no-op (OK); a
+ * handle already destroyed gives DSV41RT_E_INVALID_HANDLE. */
+DSV41RT_C_API dsv41rt_status dsv41rt_runtime_destroy(dsv41rt_runtime* rt);
+
+/* Queues a prompt (token ids, copied). *out_id identifies the request. */
+DSV41RT_C_API dsv41rt_status dsv41rt_submit(dsv41rt_runtime* rt, const int32_t* tokens,
+                                            size_t n_tokens, const dsv41rt_request_params* params,
+                                            int64_t* out_id);
+/* Moves up to `capacity` tokens generated since the last call into `tokens` (*n_out of them).
+ * *finished is set to 1 once the request has ended and every token was taken; the id is then
+ * forgotten (a later call gives DSV41RT_E_NOT_FOUND). Never blocks. */
+DSV41RT_C_API dsv41rt_status dsv41rt_poll(dsv41rt_runtime* rt, int64_t request_id, int32_t* tokens,
+                                          size_t capacity, size_t* n_out, int* finished);
+/* As dsv41rt_poll, but blocks until there is something to return or `timeout_ms` passes
+ * (DSV41RT_E_TIMEOUT; timeout_ms < 0 waits forever). */
+DSV41RT_C_API dsv41rt_status dsv41rt_wait(dsv41rt_runtime* rt, int64_t request_id,
+                                          int32_t timeout_ms, int32_t* tokens, size_t capacity,
+                                          size_t* n_out, int* finished);
+/* Cancels a waiting or running request and frees its pages; its consumer then sees finished. */
+DSV41RT_C_API dsv41rt_status dsv41rt_cancel(dsv41rt_runtime* rt, int64_t request_id);
+DSV41RT_C_API dsv41rt_status dsv41rt_get_stats(dsv41rt_runtime* rt, dsv41rt_stats* out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSV41RT_H_ */
