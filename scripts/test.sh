@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
-# Run every test: C++ (GoogleTest via ctest) and Python (pytest). Sets up the machine first.
+# Run every test: C++ (GoogleTest via ctest; again under ASan + UBSan on the CPU path) and Python
+# (pytest). Sets up the machine first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # shellcheck disable=SC1091
 . "${DSV41RT_VENV:-.venv}/bin/activate"
 
+# A tiny checkpoint for the C API tests (generated deterministically; reused when present).
+export DSV41RT_TEST_CHECKPOINT=${DSV41RT_TEST_CHECKPOINT:-$PWD/build/tiny-v41-seed0}
+[ -f "$DSV41RT_TEST_CHECKPOINT/engram_tables.safetensors" ] ||
+  dsv41rt make-checkpoint --preset tiny-v41 --seed 0 --out "$DSV41RT_TEST_CHECKPOINT" >/dev/null
+
 echo "== C++ tests"
 # Prints whether the CUDA sources are compiled (they are whenever nvcc exists, GPU or not).
 cmake -S . -B build/cpp-tests -G Ninja -DDSV41RT_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=Release | grep "dsv41rt:"
 cmake --build build/cpp-tests -j"$(nproc)"
 ctest --test-dir build/cpp-tests --output-on-failure -j"$(nproc)"
+
+echo "== C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer (CPU path)"
+cmake -S . -B build/cpp-asan -G Ninja -DDSV41RT_BUILD_TESTS=ON -DDSV41RT_SANITIZE=ON -DDSV41RT_WITH_CUDA=OFF \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo | grep "dsv41rt:"
+cmake --build build/cpp-asan -j"$(nproc)"
+ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0} UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build/cpp-asan --output-on-failure -j"$(nproc)"
 
 echo "== Python tests"
 export PYTHONWARNINGS=${PYTHONWARNINGS:-ignore::DeprecationWarning}

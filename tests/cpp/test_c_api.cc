@@ -1,0 +1,234 @@
+// The C API (cpp/include/dsv41rt/dsv41rt.h): documented status codes for misuse, never a crash.
+// Tests that need a loaded model read a tiny checkpoint from DSV41RT_TEST_CHECKPOINT
+// (scripts/test.sh generates it); without it they are skipped with a message.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dsv41rt/dsv41rt.h"
+
+namespace {
+
+const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
+
+dsv41rt_runtime* make_runtime() {
+  dsv41rt_runtime_params p;
+  dsv41rt_runtime_default_params(&p);
+  p.checkpoint_dir = checkpoint();
+  dsv41rt_runtime* rt = nullptr;
+  EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt), DSV41RT_OK)
+      << dsv41rt_last_error(nullptr);
+  return rt;
+}
+
+#define NEED_CHECKPOINT() \
+  if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint"
+
+const std::vector<int32_t> kPrompt = {0, 671, 6102, 13462};
+
+}  // namespace
+
+TEST(CApi, VersionAndNames) {
+  EXPECT_EQ(dsv41rt_abi_version(), uint32_t(DSV41RT_ABI_VERSION));
+  EXPECT_STREQ(dsv41rt_version(), "0.1.0");
+  EXPECT_STREQ(dsv41rt_status_name(DSV41RT_E_INVALID_HANDLE), "invalid_handle");
+  EXPECT_STREQ(dsv41rt_status_name(static_cast<dsv41rt_status>(999)), "unknown_status");
+}
+
+TEST(CApi, NullHandlesAreInvalidHandle) {
+  int32_t buf[4];
+  size_t n = 0;
+  int fin = 0;
+  int64_t id = 0;
+  dsv41rt_request_params rp;
+  dsv41rt_request_default_params(&rp);
+  dsv41rt_stats st;
+  dsv41rt_stats_init(&st);
+  EXPECT_EQ(dsv41rt_submit(nullptr, kPrompt.data(), kPrompt.size(), &rp, &id),
+            DSV41RT_E_INVALID_HANDLE);
+  EXPECT_EQ(dsv41rt_poll(nullptr, 1, buf, 4, &n, &fin), DSV41RT_E_INVALID_HANDLE);
+  EXPECT_EQ(dsv41rt_wait(nullptr, 1, 0, buf, 4, &n, &fin), DSV41RT_E_INVALID_HANDLE);
+  EXPECT_EQ(dsv41rt_cancel(nullptr, 1), DSV41RT_E_INVALID_HANDLE);
+  EXPECT_EQ(dsv41rt_get_stats(nullptr, &st), DSV41RT_E_INVALID_HANDLE);
+  EXPECT_STREQ(dsv41rt_last_error(nullptr), "runtime handle is NULL");
+  EXPECT_EQ(dsv41rt_runtime_destroy(nullptr), DSV41RT_OK);
+  // A pointer that was never a runtime.
+  auto* fake = reinterpret_cast<dsv41rt_runtime*>(&buf[0]);
+  EXPECT_EQ(dsv41rt_cancel(fake, 1), DSV41RT_E_INVALID_HANDLE);
+  EXPECT_EQ(dsv41rt_runtime_destroy(fake), DSV41RT_E_INVALID_HANDLE);
+  dsv41rt_runtime_default_params(nullptr);  // no crash
+  dsv41rt_request_default_params(nullptr);
+}
+
+TEST(CApi, CreateRejectsBadArguments) {
+  dsv41rt_runtime* rt = reinterpret_cast<dsv41rt_runtime*>(0x1);
+  dsv41rt_runtime_params p;
+  dsv41rt_runtime_default_params(&p);
+  EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, nullptr), DSV41RT_E_INVALID_ARGUMENT);
+  EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION + 1, &p, &rt), DSV41RT_E_ABI_MISMATCH);
+  EXPECT_EQ(rt, nullptr);
+  EXPECT_NE(std::string(dsv41rt_last_error(nullptr)).find("ABI version"), std::string::npos);
+  EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, nullptr, &rt), DSV41RT_E_INVALID_ARGUMENT);
+  dsv41rt_runtime_params wrong = p;
+  wrong.struct_size = sizeof(p) - 8;
+  EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &wrong, &rt), DSV41RT_E_ABI_MISMATCH);
+  EXPECT_NE(std::string(dsv41rt_last_error(nullptr)).find("struct_size"), std::string::npos);
+  EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt),
+            DSV41RT_E_INVALID_ARGUMENT);  // no dir
+  p.checkpoint_dir = "/nonexistent/dsv41rt/checkpoint";
+  EXPECT_NE(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt), DSV41RT_OK);
+  EXPECT_NE(std::string(dsv41rt_last_error(nullptr)).find("/nonexistent/dsv41rt/checkpoint"),
+            std::string::npos);
+  EXPECT_EQ(rt, nullptr);
+  p.checkpoint_dir = "x";
+  p.max_running = 0;
+  EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt), DSV41RT_E_INVALID_ARGUMENT);
+}
+
+TEST(CApi, UnknownDeviceIsAClearError) {
+  NEED_CHECKPOINT();
+  dsv41rt_runtime_params p;
+  dsv41rt_runtime_default_params(&p);
+  p.checkpoint_dir = checkpoint();
+  p.device = "tpu";
+  dsv41rt_runtime* rt = nullptr;
+  EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt), DSV41RT_E_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(dsv41rt_last_error(nullptr)).find("unknown device 'tpu'"),
+            std::string::npos);
+}
+
+TEST(CApi, MisuseOfALiveRuntime) {
+  NEED_CHECKPOINT();
+  dsv41rt_runtime* rt = make_runtime();
+  ASSERT_NE(rt, nullptr);
+  dsv41rt_request_params rp;
+  dsv41rt_request_default_params(&rp);
+  int64_t id = -1;
+  int32_t buf[64];
+  size_t n = 0;
+  int fin = 0;
+  // Invalid params.
+  EXPECT_EQ(dsv41rt_submit(rt, nullptr, 3, &rp, &id), DSV41RT_E_INVALID_ARGUMENT);
+  EXPECT_EQ(dsv41rt_submit(rt, kPrompt.data(), 0, &rp, &id), DSV41RT_E_INVALID_ARGUMENT);
+  EXPECT_EQ(dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), nullptr, &id),
+            DSV41RT_E_INVALID_ARGUMENT);
+  dsv41rt_request_params bad = rp;
+  bad.struct_size = 4;
+  EXPECT_EQ(dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), &bad, &id), DSV41RT_E_ABI_MISMATCH);
+  bad = rp;
+  bad.sampling.top_p = 0.0f;
+  EXPECT_EQ(dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), &bad, &id),
+            DSV41RT_E_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(dsv41rt_last_error(rt)).find("top_p"), std::string::npos);
+  bad = rp;
+  bad.max_new_tokens = 0;
+  EXPECT_EQ(dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), &bad, &id),
+            DSV41RT_E_INVALID_ARGUMENT);
+  const std::vector<int32_t> out_of_vocab = {0, 1 << 30};
+  EXPECT_EQ(dsv41rt_submit(rt, out_of_vocab.data(), 2, &rp, &id), DSV41RT_E_INVALID_ARGUMENT);
+  bad = rp;
+  bad.n_stop_token_ids = 2;  // stop_token_ids NULL
+  EXPECT_EQ(dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), &bad, &id),
+            DSV41RT_E_INVALID_ARGUMENT);
+  bad = rp;
+  bad.max_new_tokens = 1 << 30;  // more than the pool can ever hold
+  EXPECT_EQ(dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), &bad, &id), DSV41RT_E_OUT_OF_RANGE);
+  // Unknown ids.
+  EXPECT_EQ(dsv41rt_cancel(rt, 12345), DSV41RT_E_NOT_FOUND);
+  EXPECT_EQ(dsv41rt_poll(rt, 12345, buf, 64, &n, &fin), DSV41RT_E_NOT_FOUND);
+  EXPECT_EQ(dsv41rt_poll(rt, 1, buf, 64, nullptr, &fin), DSV41RT_E_INVALID_ARGUMENT);
+  dsv41rt_stats st;
+  dsv41rt_stats_init(&st);
+  st.struct_size = 3;
+  EXPECT_EQ(dsv41rt_get_stats(rt, &st), DSV41RT_E_ABI_MISMATCH);
+  // A good request still works after all that; wait times out on nothing and finishes.
+  ASSERT_EQ(dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), &rp, &id), DSV41RT_OK)
+      << dsv41rt_last_error(rt);
+  std::vector<int32_t> got;
+  for (int guard = 0; guard < 1000 && !fin; ++guard) {
+    const dsv41rt_status s =
+        dsv41rt_wait(rt, id, 5000, buf, 3, &n, &fin);  // small buffer: several calls
+    ASSERT_EQ(s, DSV41RT_OK) << dsv41rt_last_error(rt);
+    got.insert(got.end(), buf, buf + n);
+  }
+  EXPECT_EQ(fin, 1);
+  EXPECT_EQ(got.size(), 16u);  // default max_new_tokens (tiny random weights rarely emit EOS first)
+  EXPECT_EQ(dsv41rt_poll(rt, id, buf, 64, &n, &fin),
+            DSV41RT_E_NOT_FOUND);  // forgotten once drained
+  EXPECT_EQ(dsv41rt_cancel(rt, id), DSV41RT_E_NOT_FOUND);
+  dsv41rt_stats_init(&st);
+  ASSERT_EQ(dsv41rt_get_stats(rt, &st), DSV41RT_OK);
+  EXPECT_EQ(st.requests_finished, 1);
+  EXPECT_EQ(st.pages_used, 0);
+  // Double destroy and use after destroy.
+  EXPECT_EQ(dsv41rt_runtime_destroy(rt), DSV41RT_OK);
+  EXPECT_EQ(dsv41rt_runtime_destroy(rt), DSV41RT_E_INVALID_HANDLE);
+  EXPECT_EQ(dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), &rp, &id), DSV41RT_E_INVALID_HANDLE);
+  EXPECT_EQ(dsv41rt_get_stats(rt, &st), DSV41RT_E_INVALID_HANDLE);
+}
+
+TEST(CApi, CancelFreesPagesAndEndsTheStream) {
+  NEED_CHECKPOINT();
+  dsv41rt_runtime* rt = make_runtime();
+  ASSERT_NE(rt, nullptr);
+  dsv41rt_request_params rp;
+  dsv41rt_request_default_params(&rp);
+  rp.max_new_tokens = 2000;
+  rp.ignore_eos = 1;
+  std::atomic<int> finished_calls{0};
+  rp.callback = [](int64_t, const int32_t*, size_t, int finished, void* ud) {
+    if (finished) static_cast<std::atomic<int>*>(ud)->fetch_add(1);
+  };
+  rp.user_data = &finished_calls;
+  int64_t id = 0;
+  ASSERT_EQ(dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), &rp, &id), DSV41RT_OK);
+  int32_t buf[4];
+  size_t n = 0;
+  int fin = 0;
+  EXPECT_EQ(dsv41rt_poll(rt, id, buf, 4, &n, &fin),
+            DSV41RT_E_INVALID_ARGUMENT);  // callback request
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(dsv41rt_cancel(rt, id), DSV41RT_OK);
+  EXPECT_EQ(finished_calls.load(), 1);
+  dsv41rt_stats st;
+  dsv41rt_stats_init(&st);
+  ASSERT_EQ(dsv41rt_get_stats(rt, &st), DSV41RT_OK);
+  EXPECT_EQ(st.pages_used, 0);
+  EXPECT_EQ(st.requests_running + st.requests_waiting, 0);
+  // Destroy with requests in flight cancels them.
+  rp.callback = nullptr;
+  for (int i = 0; i < 4; ++i)
+    ASSERT_EQ(dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), &rp, &id), DSV41RT_OK);
+  EXPECT_EQ(dsv41rt_runtime_destroy(rt), DSV41RT_OK);
+}
+
+TEST(CApi, ConcurrentSubmitsFromManyThreads) {
+  NEED_CHECKPOINT();
+  dsv41rt_runtime* rt = make_runtime();
+  ASSERT_NE(rt, nullptr);
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      dsv41rt_request_params rp;
+      dsv41rt_request_default_params(&rp);
+      rp.max_new_tokens = 4;
+      rp.ignore_eos = 1;
+      rp.sampling.seed = uint64_t(t);
+      int64_t id = 0;
+      if (dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), &rp, &id) != DSV41RT_OK) return;
+      int32_t buf[8];
+      size_t n = 0, total = 0;
+      int fin = 0;
+      while (!fin && dsv41rt_wait(rt, id, 10000, buf, 8, &n, &fin) == DSV41RT_OK) total += n;
+      if (fin && total == 4) ok.fetch_add(1);
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(ok.load(), 4);
+  EXPECT_EQ(dsv41rt_runtime_destroy(rt), DSV41RT_OK);
+}
