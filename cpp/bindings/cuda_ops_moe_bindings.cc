@@ -91,9 +91,48 @@ Out<float> moe_forward_np(In<float, 2> x, In<int32_t, 2> idx, In<float, 2> weigh
   return y;
 }
 
+Out<float> moe_forward_split_np(In<float, 2> x, In<int32_t, 2> idx, In<float, 2> weight,
+                                In<float, 3> w1, In<float, 3> w3, In<float, 3> w2,
+                                std::optional<In<float, 2>> sw1, std::optional<In<float, 2>> sw3,
+                                std::optional<In<float, 2>> sw2, float limit, int64_t chunk,
+                                bool bf16_weights) {
+  const int64_t S = x.shape(0), H = x.shape(1), k = idx.shape(1);
+  const int64_t E = w1.shape(0), I = w1.shape(1);
+  DSV41RT_CHECK(idx.shape(0) == size_t(S) && weight.shape(0) == size_t(S) &&
+                    weight.shape(1) == size_t(k) && w1.shape(2) == size_t(H) &&
+                    w3.shape(0) == size_t(E) && w3.shape(1) == size_t(I) &&
+                    w3.shape(2) == size_t(H) && w2.shape(0) == size_t(E) &&
+                    w2.shape(1) == size_t(H) && w2.shape(2) == size_t(I),
+                "moe_forward_split: expected idx / weight [S, k], w1, w3 [E, I, H], w2 [E, H, I]");
+  const bool has_shared = sw1.has_value();
+  DSV41RT_CHECK(has_shared == sw3.has_value() && has_shared == sw2.has_value(),
+                "moe_forward_split: give all or none of shared_w1, shared_w3, shared_w2");
+  const int64_t Is = has_shared ? int64_t(sw1->shape(0)) : 0;
+  if (has_shared) {
+    DSV41RT_CHECK(sw1->shape(1) == size_t(H) && sw3->shape(0) == size_t(Is) &&
+                      sw3->shape(1) == size_t(H) && sw2->shape(0) == size_t(H) &&
+                      sw2->shape(1) == size_t(Is),
+                  "moe_forward_split: expected shared w1, w3 [Is, H] and w2 [H, Is]");
+  }
+  auto y = make_out<float>({size_t(S), size_t(H)});
+  {
+    nb::gil_scoped_release release;
+    entry::moe_forward_split(x.data(), idx.data(), weight.data(), S, H, k, E, I, w1.data(),
+                             w3.data(), w2.data(), has_shared ? sw1->data() : nullptr,
+                             has_shared ? sw3->data() : nullptr, has_shared ? sw2->data() : nullptr,
+                             Is, limit, chunk, bf16_weights, y.data());
+  }
+  return y;
+}
+
 }  // namespace
 
 void register_cuda_ops_moe(nb::module_& ops) {
+  ops.def("moe_forward_split", &moe_forward_split_np, nb::arg("x"), nb::arg("idx"),
+          nb::arg("weight"), nb::arg("w1"), nb::arg("w3"), nb::arg("w2"),
+          nb::arg("shared_w1").none(), nb::arg("shared_w3").none(), nb::arg("shared_w2").none(),
+          nb::arg("limit"), nb::arg("chunk"), nb::arg("bf16_weights") = false,
+          "CUDA MoE through the split (hidden, then down) kernels, `chunk` tokens per pass.");
   ops.def("moe_route", &moe_route_np, nb::arg("x"), nb::arg("gate_w"), nb::arg("bias").none(),
           nb::arg("k"), nb::arg("routed_scaling_factor"), nb::arg("normalize") = true,
           "CUDA score routing: returns (idx int32 [S, k], weight float32 [S, k]).");

@@ -94,6 +94,30 @@ __global__ void moe_route_kernel(const float* __restrict__ x, const float* __res
   }
 }
 
+// silu(min(g, L)) * clamp(u, -L, L) (* scale): one hidden unit, shared by both MoE paths so they
+// round identically.
+__device__ __forceinline__ float swiglu_unit(float g, float u, float limit, bool has_scale,
+                                             float scale) {
+  if (limit > 0.0f) {
+    g = g > limit ? limit : g;
+    u = u > limit ? limit : (u < -limit ? -limit : u);
+  }
+  const float h = g / (1.0f + expf(-g)) * u;
+  return has_scale ? h * scale : h;
+}
+
+// The next routed slot of a token in ascending (expert id, slot) order after (prev_e, prev_j);
+// be = -1 when none is left.
+__device__ __forceinline__ void next_slot(const int32_t* it, int64_t k, int64_t prev_e,
+                                          int64_t prev_j, int64_t& be, int64_t& bj) {
+  be = -1, bj = -1;
+  for (int64_t jj = 0; jj < k; ++jj) {
+    const int64_t e = it[jj];
+    const bool after = e > prev_e || (e == prev_e && jj > prev_j);
+    if (after && (be < 0 || e < be || (e == be && jj < bj))) be = e, bj = jj;
+  }
+}
+
 // h[i] = silu(min(g, L)) * clamp(u, -L, L) * scale for one expert, into shared memory.
 template <typename W>
 __device__ void swiglu_hidden(const float* xs, const W* w1, const W* w3, int64_t H, int64_t I,
@@ -103,14 +127,7 @@ __device__ void swiglu_hidden(const float* xs, const W* w1, const W* w3, int64_t
   for (int64_t i = warp; i < I; i += warps) {
     float g = warp_dot(xs, w1 + i * H, H, lane);
     float u = warp_dot(xs, w3 + i * H, H, lane);
-    if (lane == 0) {
-      if (limit > 0.0f) {
-        g = g > limit ? limit : g;
-        u = u > limit ? limit : (u < -limit ? -limit : u);
-      }
-      const float h = g / (1.0f + expf(-g)) * u;
-      hs[i] = has_scale ? h * scale : h;
-    }
+    if (lane == 0) hs[i] = swiglu_unit(g, u, limit, has_scale, scale);
   }
 }
 
@@ -148,13 +165,8 @@ __global__ void moe_forward_kernel(const float* __restrict__ x, const int32_t* _
     const int32_t* it = idx + t * k;
     int64_t prev_e = -1, prev_j = -1;
     for (int64_t n = 0; n < k; ++n) {
-      // Next slot in (expert, slot) order after (prev_e, prev_j).
-      int64_t be = -1, bj = -1;
-      for (int64_t jj = 0; jj < k; ++jj) {
-        const int64_t e = it[jj];
-        const bool after = e > prev_e || (e == prev_e && jj > prev_j);
-        if (after && (be < 0 || e < be || (e == be && jj < bj))) be = e, bj = jj;
-      }
+      int64_t be, bj;
+      next_slot(it, k, prev_e, prev_j, be, bj);
       prev_e = be, prev_j = bj;
       if (be < 0 || be >= E) continue;  // invalid id: contract violation, skip (block-uniform)
       swiglu_hidden(xs, w1 + be * I * H, w3 + be * I * H, H, I, limit, true, weight[t * k + bj],
@@ -169,6 +181,72 @@ __global__ void moe_forward_kernel(const float* __restrict__ x, const int32_t* _
       swiglu_down(hs, sw2, H, Is, yr);
       __syncthreads();
     }
+  }
+}
+
+// ---- split path: many blocks per token (decode-sized batches keep every SM busy) -------------
+// Hidden: one warp per (token, slot, hidden unit); slot k is the shared expert. hidden is
+// [S, k + 1, ld]. Same warp_dot and swiglu_unit as the per-token kernel, so the values are
+// bitwise equal to it.
+template <typename W>
+__global__ void moe_hidden_kernel(const float* __restrict__ x, const int32_t* __restrict__ idx,
+                                  const float* __restrict__ weight, int64_t S, int64_t H, int64_t k,
+                                  int64_t E, int64_t I, const W* __restrict__ w1,
+                                  const W* __restrict__ w3, const W* __restrict__ sw1,
+                                  const W* __restrict__ sw3, int64_t Is, float limit, int64_t ld,
+                                  float* __restrict__ hidden) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
+  const int64_t total = S * (k + 1) * ld;
+  for (int64_t w = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp; w < total;
+       w += warps) {
+    const int64_t i = w % ld, j = (w / ld) % (k + 1), t = w / (ld * (k + 1));
+    const float* xr = x + t * H;
+    float h;
+    if (j < k) {
+      const int64_t e = idx[t * k + j];
+      if (i >= I || e < 0 || e >= E) continue;  // warp-uniform
+      const float g = warp_dot(xr, w1 + (e * I + i) * H, H, lane);
+      const float u = warp_dot(xr, w3 + (e * I + i) * H, H, lane);
+      h = swiglu_unit(g, u, limit, true, weight[t * k + j]);
+    } else {
+      if (i >= Is || sw1 == nullptr) continue;
+      const float g = warp_dot(xr, sw1 + i * H, H, lane);
+      const float u = warp_dot(xr, sw3 + i * H, H, lane);
+      h = swiglu_unit(g, u, limit, false, 1.0f);
+    }
+    if (lane == 0) hidden[(t * (k + 1) + j) * ld + i] = h;
+  }
+}
+
+// Down: one warp per (token, output channel): 0, then each routed slot in ascending (expert id,
+// slot) order, then the shared expert, accumulated as the per-token kernel does.
+template <typename W>
+__global__ void moe_down_kernel(const int32_t* __restrict__ idx, int64_t S, int64_t H, int64_t k,
+                                int64_t E, int64_t I, const W* __restrict__ w2,
+                                const W* __restrict__ sw2, int64_t Is, int64_t ld,
+                                const float* __restrict__ hidden, float* __restrict__ y) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
+  for (int64_t w = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp; w < S * H;
+       w += warps) {
+    const int64_t c = w % H, t = w / H;
+    const int32_t* it = idx + t * k;
+    float yc = 0.0f;
+    int64_t prev_e = -1, prev_j = -1;
+    for (int64_t n = 0; n < k; ++n) {
+      int64_t be, bj;
+      next_slot(it, k, prev_e, prev_j, be, bj);
+      prev_e = be, prev_j = bj;
+      if (be < 0 || be >= E) continue;
+      const float v = warp_dot(hidden + (t * (k + 1) + bj) * ld, w2 + (be * H + c) * I, I, lane);
+      yc = yc + v;
+    }
+    if (sw2 != nullptr) {
+      const float v = warp_dot(hidden + (t * (k + 1) + k) * ld, sw2 + c * Is, Is, lane);
+      yc = yc + v;
+    }
+    if (lane == 0) y[t * H + c] = yc;
   }
 }
 
@@ -217,7 +295,61 @@ cudaError_t launch_moe_forward(const float* x, const int32_t* idx, const float* 
   return launch_status();
 }
 
+template <typename W>
+cudaError_t launch_moe_split(const float* x, const int32_t* idx, const float* weight, int64_t S,
+                             int64_t H, int64_t k, int64_t E, int64_t I, const W* w1, const W* w3,
+                             const W* w2, const W* sw1, const W* sw3, const W* sw2, int64_t Is,
+                             float limit, float* y, float* workspace, int64_t workspace_floats,
+                             cudaStream_t stream) {
+  if (S <= 0) return S == 0 ? cudaSuccess : cudaErrorInvalidValue;
+  if (H <= 0 || k < 1 || E <= 0 || I <= 0) return cudaErrorInvalidValue;
+  const bool shared = sw1 != nullptr;
+  if (shared && (!sw3 || !sw2 || Is <= 0)) return cudaErrorInvalidValue;
+  const int64_t ld = shared ? std::max(I, Is) : I;
+  const int64_t per_token = (k + 1) * ld;
+  const int64_t chunk = workspace ? workspace_floats / per_token : 0;
+  if (chunk < 1) return cudaErrorInvalidValue;
+  for (int64_t t0 = 0; t0 < S; t0 += chunk) {
+    const int64_t n = std::min(chunk, S - t0);
+    const int64_t hidden_warps = n * per_token, down_warps = n * H;
+    moe_hidden_kernel<W><<<blocks_for(hidden_warps * kWarp), kThreads, 0, stream>>>(
+        x + t0 * H, idx + t0 * k, weight + t0 * k, n, H, k, E, I, w1, w3, shared ? sw1 : nullptr,
+        sw3, shared ? Is : 0, limit, ld, workspace);
+    moe_down_kernel<W><<<blocks_for(down_warps * kWarp), kThreads, 0, stream>>>(
+        idx + t0 * k, n, H, k, E, I, w2, shared ? sw2 : nullptr, shared ? Is : 0, ld, workspace,
+        y + t0 * H);
+    const cudaError_t err = launch_status();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
 }  // namespace
+
+int64_t moe_split_workspace_floats(int64_t S, int64_t k, int64_t I, int64_t I_shared) {
+  return S * (k + 1) * std::max(I, I_shared);
+}
+
+cudaError_t moe_forward_split(const float* x, const int32_t* idx, const float* weight, int64_t S,
+                              int64_t H, int64_t k, int64_t E, int64_t I, const float* w1,
+                              const float* w3, const float* w2, const float* shared_w1,
+                              const float* shared_w3, const float* shared_w2, int64_t I_shared,
+                              float limit, float* y, float* workspace, int64_t workspace_floats,
+                              cudaStream_t stream) {
+  return launch_moe_split(x, idx, weight, S, H, k, E, I, w1, w3, w2, shared_w1, shared_w3,
+                          shared_w2, I_shared, limit, y, workspace, workspace_floats, stream);
+}
+
+cudaError_t moe_forward_split_bf16w(const float* x, const int32_t* idx, const float* weight,
+                                    int64_t S, int64_t H, int64_t k, int64_t E, int64_t I,
+                                    const uint16_t* w1, const uint16_t* w3, const uint16_t* w2,
+                                    const uint16_t* shared_w1, const uint16_t* shared_w3,
+                                    const uint16_t* shared_w2, int64_t I_shared, float limit,
+                                    float* y, float* workspace, int64_t workspace_floats,
+                                    cudaStream_t stream) {
+  return launch_moe_split(x, idx, weight, S, H, k, E, I, w1, w3, w2, shared_w1, shared_w3,
+                          shared_w2, I_shared, limit, y, workspace, workspace_floats, stream);
+}
 
 cudaError_t moe_forward(const float* x, const int32_t* idx, const float* weight, int64_t S,
                         int64_t H, int64_t k, int64_t E, int64_t I, const float* w1,

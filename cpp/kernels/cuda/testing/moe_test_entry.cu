@@ -7,6 +7,7 @@
 #include "kernels/cuda/sampling.cuh"
 #include "kernels/cuda/testing/device_buffer.cuh"
 #include "kernels/cuda/testing/moe_test_entry.h"
+#include "runtime/dtype.h"
 #include "runtime/status.h"
 
 namespace dsv41rt::kernels::cuda::testing {
@@ -54,6 +55,62 @@ void moe_forward(const float* x, const int32_t* idx, const float* weight, int64_
                            d2.get(), shared ? s1.get() : nullptr, shared ? s3.get() : nullptr,
                            shared ? s2.get() : nullptr, shared ? I_shared : 0, limit, dy.get(),
                            nullptr));
+  dy.to_host(y);
+}
+
+namespace {
+
+std::vector<uint16_t> to_bf16(const float* v, int64_t n) {
+  std::vector<uint16_t> out(size_t(n > 0 ? n : 0));
+  for (int64_t i = 0; i < n; ++i) out[size_t(i)] = f32_to_bf16(v[i]);
+  return out;
+}
+
+}  // namespace
+
+void moe_forward_split(const float* x, const int32_t* idx, const float* weight, int64_t S,
+                       int64_t H, int64_t k, int64_t E, int64_t I, const float* w1, const float* w3,
+                       const float* w2, const float* shared_w1, const float* shared_w3,
+                       const float* shared_w2, int64_t I_shared, float limit, int64_t chunk,
+                       bool bf16_weights, float* y) {
+  DSV41RT_CHECK(S >= 0 && H > 0 && k >= 1 && E > 0 && I > 0 && chunk >= 1,
+                "moe_forward_split: S=", S, " H=", H, " k=", k, " E=", E, " I=", I,
+                " chunk=", chunk);
+  if (S == 0) return;
+  const bool shared = shared_w1 != nullptr;
+  DSV41RT_CHECK(!shared || (shared_w3 && shared_w2 && I_shared > 0),
+                "moe_forward_split: shared expert weights / I_shared=", I_shared);
+  for (int64_t i = 0; i < S * k; ++i) {
+    DSV41RT_CHECK(idx[i] >= 0 && idx[i] < E, "moe_forward_split: idx[", i / k, ", ", i % k,
+                  "] = ", idx[i], " outside [0, ", E, ")");
+  }
+  DeviceBuffer<float> dx(x, S * H), dwt(weight, S * k);
+  DeviceBuffer<int32_t> di(idx, S * k);
+  const int64_t ns = shared ? I_shared * H : 0;
+  const int64_t ws = cuda::moe_split_workspace_floats(chunk, k, I, shared ? I_shared : 0);
+  DeviceBuffer<float> work(ws), dy(S * H);
+  work.poison();
+  dy.poison();
+  if (!bf16_weights) {
+    DeviceBuffer<float> d1(w1, E * I * H), d3(w3, E * I * H), d2(w2, E * H * I);
+    DeviceBuffer<float> s1(shared_w1, ns), s3(shared_w3, ns), s2(shared_w2, ns);
+    finish(cuda::moe_forward_split(
+        dx.get(), di.get(), dwt.get(), S, H, k, E, I, d1.get(), d3.get(), d2.get(),
+        shared ? s1.get() : nullptr, shared ? s3.get() : nullptr, shared ? s2.get() : nullptr,
+        shared ? I_shared : 0, limit, dy.get(), work.get(), ws, nullptr));
+  } else {
+    const auto b1 = to_bf16(w1, E * I * H), b3 = to_bf16(w3, E * I * H),
+               b2 = to_bf16(w2, E * H * I);
+    const auto c1 = to_bf16(shared_w1, ns), c3 = to_bf16(shared_w3, ns),
+               c2 = to_bf16(shared_w2, ns);
+    DeviceBuffer<uint16_t> d1(b1.data(), E * I * H), d3(b3.data(), E * I * H),
+        d2(b2.data(), E * H * I);
+    DeviceBuffer<uint16_t> s1(c1.data(), ns), s3(c3.data(), ns), s2(c2.data(), ns);
+    finish(cuda::moe_forward_split_bf16w(
+        dx.get(), di.get(), dwt.get(), S, H, k, E, I, d1.get(), d3.get(), d2.get(),
+        shared ? s1.get() : nullptr, shared ? s3.get() : nullptr, shared ? s2.get() : nullptr,
+        shared ? I_shared : 0, limit, dy.get(), work.get(), ws, nullptr));
+  }
   dy.to_host(y);
 }
 

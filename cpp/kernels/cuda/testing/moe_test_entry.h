@@ -23,6 +23,15 @@ DSV41RT_API void moe_forward(const float* x, const int32_t* idx, const float* we
                              const float* shared_w3, const float* shared_w2, int64_t I_shared,
                              float limit, float* y);
 
+/// moe_forward through the split kernels, `chunk` tokens per pass (workspace poisoned with NaN);
+/// bf16_weights rounds every weight to BF16 first and runs the BF16-weight variant.
+DSV41RT_API void moe_forward_split(const float* x, const int32_t* idx, const float* weight,
+                                   int64_t S, int64_t H, int64_t k, int64_t E, int64_t I,
+                                   const float* w1, const float* w3, const float* w2,
+                                   const float* shared_w1, const float* shared_w3,
+                                   const float* shared_w2, int64_t I_shared, float limit,
+                                   int64_t chunk, bool bf16_weights, float* y);
+
 DSV41RT_API void engram_hash_rows(const int64_t* compressed_ids, int64_t S, int64_t max_ngram,
                                   int64_t n_heads, const int64_t* multipliers,
                                   const int64_t* primes, const int64_t* offsets, int64_t pad_id,
