@@ -9,7 +9,7 @@ bash scripts/setup.sh
 
 # A tiny checkpoint for the C API tests (generated deterministically; reused when present).
 export DSV41RT_TEST_CHECKPOINT=${DSV41RT_TEST_CHECKPOINT:-$PWD/build/tiny-v41-seed0}
-[ -f "$DSV41RT_TEST_CHECKPOINT/engram_tables.safetensors" ] ||
+[ -f "$DSV41RT_TEST_CHECKPOINT/engram_tables.st" ] ||
   dsv41rt make-checkpoint --preset tiny-v41 --seed 0 --out "$DSV41RT_TEST_CHECKPOINT" >/dev/null
 
 echo "== C++ tests"

@@ -27,7 +27,10 @@ class LiveServer:
         cmd = [sys.executable, "-m", "dsv41rt", "serve", "--port", str(self.port), "--log-level", "warning", *flags]
         if model_dir:
             cmd += ["--tiny-model-dir", model_dir]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=os.environ.copy())
+        # One OpenMP thread per server: the tests run several processes on few cores, where
+        # spinning OpenMP teams slow each other down by orders of magnitude.
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -121,14 +121,15 @@ def test_client_disconnect_cancels_and_frees_pages(server) -> None:
 
 
 def test_sigterm_drains_in_flight_streams_refuses_new_and_exits_zero(tiny_dir) -> None:
-    s = LiveServer("--shutdown-timeout", "60", model_dir=tiny_dir)
+    s = LiveServer("--shutdown-timeout", "120", "--log-level", "info", model_dir=tiny_dir)
     results: list[tuple[str | None, bool]] = [(None, False)] * 3
     started = [threading.Event() for _ in range(3)]
+    ended = [threading.Event() for _ in range(3)]
 
     def stream(i: int) -> None:
-        body = {"model": MODEL, "prompt": f"request {i}", "max_tokens": 300, "stream": True, "ignore_eos": True}
+        body = {"model": MODEL, "prompt": f"request {i}", "max_tokens": 150, "stream": True, "ignore_eos": True}
         reason, done = None, False
-        with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=120) as r:
+        with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=180) as r:
             for line in r.iter_lines():
                 if line == "data: [DONE]":
                     done = True
@@ -136,6 +137,7 @@ def test_sigterm_drains_in_flight_streams_refuses_new_and_exits_zero(tiny_dir) -
                     started[i].set()
                     reason = json.loads(line[6:])["choices"][0]["finish_reason"] or reason
         started[i].set()
+        ended[i].set()
         results[i] = (reason, done)
 
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
@@ -144,14 +146,17 @@ def test_sigterm_drains_in_flight_streams_refuses_new_and_exits_zero(tiny_dir) -
     for e in started:
         assert e.wait(timeout=120)  # every stream is under way
     s.terminate()
+    in_flight = sum(not e.is_set() for e in ended)
     time.sleep(0.3)
     late = httpx.post(s.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=30)
     assert late.status_code == 503 and late.headers.get("retry-after") == "1"
     assert late.json()["error"]["type"] == "service_unavailable"
     for t in threads:
-        t.join(timeout=120)
+        t.join(timeout=180)
+    assert in_flight >= 1  # the drain had streams to finish
     assert results == [("length", True)] * 3, s.output()
     assert s.proc.wait(timeout=60) == 0, s.output()
+    assert "draining" in s.output()
 
 
 def test_stop_strings_logprobs_and_queue_full(server) -> None:

@@ -64,7 +64,7 @@ typedef struct dsv41rt_runtime dsv41rt_runtime; /* opaque */
 
 typedef struct dsv41rt_runtime_params {
   uint32_t struct_size;
-  const char* checkpoint_dir; /* config.json, *.safetensors, engram_tables.safetensors */
+  const char* checkpoint_dir; /* config.json, *.safetensors, engram_tables.st */
   const char* device;         /* "cpu" (default), "cuda", "cuda:N" */
   int64_t kv_memory_bytes;    /* KV pool budget (default 256 MiB) */
   int32_t max_running;        /* requests running at once (default 16) */

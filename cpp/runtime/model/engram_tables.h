@@ -1,5 +1,5 @@
 // Loading the Engram hashing inputs (normalised-token map, per-layer multipliers / primes /
-// offsets) from a checkpoint's engram_tables.safetensors, for hosts without Python (the C API).
+// offsets) from a checkpoint's engram_tables.st, for hosts without Python (the C API).
 // The Python control plane computes them from tokenizer.json and writes that file
 // (python/dsv41rt/tokenizer/engram_file.py; `dsv41rt prepare CHECKPOINT`).
 #pragma once
@@ -12,7 +12,7 @@
 
 namespace dsv41rt::model {
 
-inline constexpr const char* kEngramTablesFile = "engram_tables.safetensors";
+inline constexpr const char* kEngramTablesFile = "engram_tables.st";
 
 /// Empty tables for a model without Engram; otherwise the validated tables of `checkpoint_dir`.
 /// Throws Error naming the file and tensor (missing file: how to write it).

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 def register_prepare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "prepare",
-        help="write engram_tables.safetensors into a checkpoint (for C/C++ hosts without Python)",
+        help="write engram_tables.st into a checkpoint (for C/C++ hosts without Python)",
         description="Computes the Engram hashing inputs (normalised-token map from tokenizer.json, per-layer "
         "multipliers, primes and offsets) and writes them next to the weights. Generated checkpoints already "
         "have the file; released ones need this once.",

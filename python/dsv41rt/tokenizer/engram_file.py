@@ -1,4 +1,4 @@
-"""`engram_tables.safetensors`: the Engram hashing inputs of a checkpoint, for hosts without Python.
+"""`engram_tables.st`: the Engram hashing inputs of a checkpoint, for hosts without Python.
 
 The normalised-token map comes from the tokenizer (Python, `tokenizers`); the C API and C++ hosts
 read this file instead (cpp/runtime/model/engram_tables.cc). Tensors: `token_map` I32 [vocab], and
@@ -17,7 +17,9 @@ import numpy as np
 
 from ..checkpoint.safetensors_writer import TensorEntry, write_file
 
-FILE_NAME = "engram_tables.safetensors"
+# Safetensors format, but not named *.safetensors: loaders that glob a directory for weight shards
+# (NeMo's does) must not take it for one.
+FILE_NAME = "engram_tables.st"
 
 
 def write_engram_tables(checkpoint: str, token_map: np.ndarray, layers: list[dict]) -> str:
