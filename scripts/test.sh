@@ -18,6 +18,13 @@ cmake -S . -B build/cpp-tests -G Ninja -DDSV41RT_BUILD_TESTS=ON -DCMAKE_BUILD_TY
 cmake --build build/cpp-tests -j"$(nproc)"
 ctest --test-dir build/cpp-tests --output-on-failure -j"$(nproc)"
 
+echo "== examples/cpp_host against a plain CMake install (the wheel's package is tested by pytest)"
+cmake --install build/cpp-tests --prefix build/install >/dev/null
+cmake -S examples/cpp_host -B build/cpp_host -G Ninja -DCMAKE_PREFIX_PATH="$PWD/build/install" >/dev/null
+cmake --build build/cpp_host
+printf '0 671 6102 13462\n0 5 6 7 8 9 10\n0 1000\n' >build/cpp_host/prompts.txt
+build/cpp_host/cpp_host "$DSV41RT_TEST_CHECKPOINT" build/cpp_host/prompts.txt | grep -E "^(result|stats)"
+
 echo "== C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer (CPU path)"
 cmake -S . -B build/cpp-asan -G Ninja -DDSV41RT_BUILD_TESTS=ON -DDSV41RT_SANITIZE=ON -DDSV41RT_WITH_CUDA=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo | grep "dsv41rt:"
