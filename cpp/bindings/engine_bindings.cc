@@ -48,7 +48,8 @@ class PyEngine {
   PyEngine(const std::string& path, nb::object token_map,
            const std::vector<nb::dict>& engram_layers, bool cache_quant, bool record_decisions,
            int64_t kv_memory_bytes, int64_t max_running, int64_t token_budget, int64_t max_context,
-           int64_t page_tokens, const std::string& device, bool multistream, bool cuda_graphs) {
+           int64_t page_tokens, const std::string& device, bool multistream, bool cuda_graphs,
+           nb::object progress) {
     ModelPlan plan = build_model_plan(load_model_config(path));
     auto ck = std::make_shared<Checkpoint>(path);
     EngramTables tables;
@@ -71,7 +72,12 @@ class PyEngine {
     DSV41RT_CHECK(max_context >= 0, "max_context must be >= 0, got ", max_context);
     // The CPU executor computes from FP32 host copies; the GPU executor dequantises the stored
     // tensors on the device (a released checkpoint does not fit in host memory as FP32).
-    model::ModelWeights weights = model::load_weights(ck, plan, /*host_values=*/device == "cpu");
+    std::function<void(int64_t, int64_t)> report;
+    if (!progress.is_none()) {
+      report = [&progress](int64_t done, int64_t total) { progress(done, total); };  // GIL held
+    }
+    model::ModelWeights weights =
+        model::load_weights(ck, plan, /*host_values=*/device == "cpu", report);
     model::ExecutorOptions options;
     options.cache_quant = cache_quant;
     options.record_decisions = record_decisions;
@@ -259,13 +265,15 @@ void register_engine(nb::module_& m) {
                        "A loaded V4.1 checkpoint on an executor (cpu or cuda): serving engine "
                        "(submit/step/cancel/stats) and direct handles (forward).")
       .def(nb::init<const std::string&, nb::object, const std::vector<nb::dict>&, bool, bool,
-                    int64_t, int64_t, int64_t, int64_t, int64_t, const std::string&, bool, bool>(),
+                    int64_t, int64_t, int64_t, int64_t, int64_t, const std::string&, bool, bool,
+                    nb::object>(),
            nb::arg("path"), nb::arg("token_map") = nb::none(),
            nb::arg("engram_layers") = std::vector<nb::dict>{}, nb::kw_only(),
            nb::arg("cache_quant") = true, nb::arg("record_decisions") = false,
            nb::arg("kv_memory_bytes") = int64_t(256) << 20, nb::arg("max_running") = 64,
            nb::arg("token_budget") = 512, nb::arg("max_context") = 0, nb::arg("page_tokens") = 64,
-           nb::arg("device") = "cpu", nb::arg("multistream") = true, nb::arg("cuda_graphs") = true)
+           nb::arg("device") = "cpu", nb::arg("multistream") = true, nb::arg("cuda_graphs") = true,
+           nb::arg("progress") = nb::none())
       .def("submit", &PyEngine::submit, nb::arg("prompt"), nb::arg("max_new_tokens"),
            nb::arg("sampling") = nb::dict(), nb::arg("stop_token_ids") = std::vector<int32_t>{},
            nb::arg("ignore_eos") = false)

@@ -7,6 +7,7 @@ prefills newly added requests in one forward (or in chunks) and decodes one toke
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -62,6 +63,31 @@ def _engram_inputs(path: str, opened) -> tuple[np.ndarray | None, list[dict]]:
     return np.ascontiguousarray(token_map, dtype=np.int32), layers
 
 
+class _LoadBar:
+    """A tqdm bar over the blocks being loaded (the C++ loader calls it after each block)."""
+
+    def __init__(self, checkpoint: str) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(
+            desc=f"loading {os.path.basename(os.path.normpath(checkpoint))}", unit="block", file=sys.stderr
+        )
+
+    def __call__(self, done: int, total: int) -> None:
+        self._bar.total = total
+        self._bar.update(done - self._bar.n)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def _load_progress(checkpoint: str) -> _LoadBar | None:
+    try:
+        return _LoadBar(checkpoint)
+    except ImportError:  # tqdm is optional
+        return None
+
+
 class Runtime:
     """A loaded model: the C++ engine (continuous batching, paged KV pool, sampling) behind it."""
 
@@ -79,6 +105,7 @@ class Runtime:
         record_decisions: bool = False,
         multistream: bool = True,
         cuda_graphs: bool = True,
+        progress: bool = False,
     ) -> None:
         """Load `checkpoint` (validated against its config).
 
@@ -96,6 +123,7 @@ class Runtime:
         self.config = opened.config
         token_map, layers = _engram_inputs(checkpoint, opened)
         del opened
+        bar = _load_progress(checkpoint) if progress else None
         try:
             self._ex = _core.Engine(
                 checkpoint,
@@ -111,9 +139,13 @@ class Runtime:
                 device=device,
                 multistream=bool(multistream),
                 cuda_graphs=bool(cuda_graphs),
+                progress=bar,
             )
         except _core.Error as err:
             raise Dsv41rtError(str(err)) from None
+        finally:
+            if bar is not None:
+                bar.close()
 
     def describe_pool(self) -> str:
         return self._ex.describe_pool()

@@ -119,3 +119,8 @@ def test_unknown_or_missing_device_is_a_clear_error(tiny_v41_dir: str) -> None:
     # No GPU 99 anywhere: the CUDA build says no such device, a CPU-only build says it lacks CUDA.
     with pytest.raises(Dsv41rtError, match="cuda:99"):
         Runtime(tiny_v41_dir, "cuda:99")
+
+
+def test_load_progress_bar_counts_every_block(tiny_v41_dir: str, capsys) -> None:
+    Runtime(tiny_v41_dir, progress=True)
+    assert "13/13" in capsys.readouterr().err  # tiny-v41 has 13 blocks

@@ -197,7 +197,7 @@ std::vector<float> host_values(const Tensor& t) {
 }
 
 ModelWeights load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPlan& plan,
-                          bool host_values) {
+                          bool host_values, const std::function<void(int64_t, int64_t)>& progress) {
   const ModelConfig& c = plan.config;
   DSV41RT_CHECK_CODE(
       kUnsupported, c.arch == Arch::kV41, c.source,
@@ -236,6 +236,7 @@ ModelWeights load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPla
       b.engram = load_engram(*checkpoint, L, c, pos, p);
     }
     w.layers.push_back(std::move(b));
+    if (progress) progress(int64_t(w.layers.size()), int64_t(plan.layers.size()));
   }
   return w;
 }

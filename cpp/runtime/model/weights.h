@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -83,7 +84,9 @@ struct ModelWeights {
 /// Loads every backbone tensor the plan needs; throws Error naming the tensor on any mismatch.
 /// host_values = false validates everything but keeps only the sources (the GPU executor
 /// dequantises on the device; a released checkpoint would not fit in host memory as FP32).
-DSV41RT_API ModelWeights load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPlan& plan,
-                                      bool host_values = true);
+/// `progress(done, total)` (optional) is called after each block's tensors are loaded.
+DSV41RT_API ModelWeights
+load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPlan& plan, bool host_values = true,
+             const std::function<void(int64_t done, int64_t total)>& progress = {});
 
 }  // namespace dsv41rt::model

@@ -110,6 +110,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_running=cfg.max_num_seqs,
         token_budget=cfg.max_num_batched_tokens,
         max_context=cfg.max_model_len,
+        progress=True,
     )
     log.info("%s", rt.describe_pool())
     names = cfg.model_names(default_name)
