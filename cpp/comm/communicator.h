@@ -1,0 +1,39 @@
+// The communication interface model code sees (design: docs/design/context-parallel.md, to come
+// with the CP issue). Collectives over the ranks of one group, with NCCL's buffer conventions:
+//   all_gather:     send [count]          -> recv [size * count], rank-major
+//   reduce_scatter: send [size * count]   -> recv [count], rank r gets the reduction of chunk r
+//   all_reduce:     send [count]          -> recv [count]
+//   all_to_all:     send [size * count]   -> recv [size * count]; chunk p of rank r's recv is
+//                   chunk r of rank p's send
+// `stream` is the cudaStream_t of GPU implementations (collectives are stream-ordered there) and
+// ignored by CPU ones, which complete before returning. Reductions run in rank order, so every
+// rank gets bitwise the same result. Errors (mismatched calls between ranks, a rank that never
+// arrives) throw dsv41rt::Error on every rank involved; no collective hangs forever.
+#pragma once
+
+#include <cstddef>
+
+#include "runtime/dtype.h"
+#include "runtime/export.h"
+
+namespace dsv41rt::comm {
+
+enum class ReduceOp { kSum, kMax };
+
+class DSV41RT_API Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual void all_gather(const void* send, void* recv, size_t count, DType dtype,
+                          void* stream = nullptr) = 0;
+  virtual void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                              void* stream = nullptr) = 0;
+  virtual void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                          void* stream = nullptr) = 0;
+  virtual void all_to_all(const void* send, void* recv, size_t count, DType dtype,
+                          void* stream = nullptr) = 0;
+  virtual void barrier() = 0;
+};
+
+}  // namespace dsv41rt::comm
