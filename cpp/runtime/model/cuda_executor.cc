@@ -618,7 +618,7 @@ void CudaExecutor::forward(std::vector<BatchItem>& batch) {
   for (const BatchItem& b : batch) {
     histories.push_back(b.request.slot ? history(b) : nullptr);
   }
-  const ForwardPlan f = plan_forward(plan_, *layout_, *pool_, batch, engram_, histories);
+  const ForwardPlan f = plan_forward(plan_, *layout_, batch, engram_, histories);
   for (size_t l = 0; l < f.engram_rows.size(); ++l) {
     const int64_t limit = weights_.layers[c.engram->layer_ids[l]].engram_rows;
     for (int64_t r : f.engram_rows[l]) {

@@ -9,6 +9,14 @@ namespace {
 
 bool bf16_exact(DType d) { return d == DType::kFP8E4M3 || d == DType::kI8 || d == DType::kBF16; }
 
+/// Every tensor is loaded without host values and stored in a format BF16 holds exactly.
+bool all_bf16_exact(const std::vector<const Tensor*>& ts) {
+  for (const Tensor* t : ts) {
+    if (!t->data.empty() || !bf16_exact(t->source.dtype)) return false;
+  }
+  return true;
+}
+
 class Uploader {
  public:
   explicit Uploader(CudaModelWeights& out) : out_(out) {}
@@ -40,9 +48,7 @@ class Uploader {
   /// host values, FP32 otherwise.
   DevMatrix matrices(const std::vector<const Tensor*>& ts) {
     if (ts.empty() || ts[0]->empty()) return {};
-    bool bf16 = true;
-    for (const Tensor* t : ts) bf16 = bf16 && t->data.empty() && bf16_exact(t->source.dtype);
-    if (!bf16) return f32_matrices(ts);
+    if (!all_bf16_exact(ts)) return f32_matrices(ts);
     const int64_t each = ts[0]->numel();
     uint16_t* d = alloc<uint16_t>(each * int64_t(ts.size()));
     for (size_t i = 0; i < ts.size(); ++i) to_bf16(*ts[i], d + i * each);
@@ -147,8 +153,7 @@ CudaModelWeights upload_weights(const ModelPlan& plan, const ModelWeights& w,
       for (const Tensor& t : *group) all.push_back(&t);
     }
     for (const Tensor* t : {&m.shared_w1, &m.shared_w3, &m.shared_w2}) all.push_back(t);
-    bool bf16 = true;
-    for (const Tensor* t : all) bf16 = bf16 && t->data.empty() && bf16_exact(t->source.dtype);
+    const bool bf16 = all_bf16_exact(all);
     auto stack = [&](const std::vector<Tensor>& ts) {
       std::vector<const Tensor*> p;
       for (const Tensor& t : ts) p.push_back(&t);

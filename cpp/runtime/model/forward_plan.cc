@@ -39,7 +39,7 @@ void plan_groups(RatioPlan& rp, int32_t item, int64_t P, int64_t n, int64_t row0
 
 }  // namespace
 
-ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout, engine::KvPool& pool,
+ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout,
                          const std::vector<BatchItem>& batch, const EngramTables& engram,
                          const std::vector<const int32_t*>& histories) {
   const ModelConfig& c = plan.config;
@@ -87,7 +87,6 @@ ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout, engin
     const RequestView& r = batch[i].request;
     std::copy(r.pages, r.pages + r.n_pages, f.page_table.begin() + i * f.max_pages);
   }
-  (void)pool;
 
   // Compression ratios, in the order of their first layer.
   for (const LayerPlan& layer : plan.layers) {

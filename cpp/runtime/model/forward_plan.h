@@ -55,7 +55,7 @@ struct ForwardPlan {
 /// Plans `batch` (validated: tokens in the vocabulary, slots and pages present). `histories[i]`
 /// holds item i's last history_len() token ids, oldest first (only the last min(length, hist)
 /// are read). Throws Error naming the item on bad input, before anything runs.
-ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout, engine::KvPool& pool,
+ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout,
                          const std::vector<BatchItem>& batch, const EngramTables& engram,
                          const std::vector<const int32_t*>& histories);
 
