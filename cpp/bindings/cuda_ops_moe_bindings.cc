@@ -125,9 +125,67 @@ Out<float> moe_forward_split_np(In<float, 2> x, In<int32_t, 2> idx, In<float, 2>
   return y;
 }
 
+// x [M, G * K], w [G, N, K] -> [M, G * N]: G independent GEMMs (G = 1: a plain linear).
+Out<float> gemm_bf16_tc_np(In<float, 2> x, In<float, 3> w, std::optional<In<float, 2>> y0) {
+  const int64_t M = x.shape(0), G = w.shape(0), N = w.shape(1), K = w.shape(2);
+  DSV41RT_CHECK(x.shape(1) == size_t(G * K), "gemm_bf16_tc: x has ", x.shape(1),
+                " columns, w needs G * K = ", G * K);
+  DSV41RT_CHECK(!y0 || (y0->shape(0) == size_t(M) && y0->shape(1) == size_t(G * N)),
+                "gemm_bf16_tc: y0 must be [M, G * N]");
+  auto y = make_out<float>({size_t(M), size_t(G * N)});
+  if (y0) std::copy(y0->data(), y0->data() + M * G * N, y.data());
+  {
+    nb::gil_scoped_release release;
+    entry::gemm_bf16_tc(x.data(), G * K, w.data(), K, y.data(), G * N, M, N, K, y0.has_value(), G,
+                        K, N * K, N, M * G * K, G * N * K, M * G * N);
+  }
+  return y;
+}
+
+Out<float> moe_grouped_bf16_np(In<float, 2> x, In<int32_t, 2> idx, In<float, 2> weight,
+                               In<float, 3> w1, In<float, 3> w3, In<float, 3> w2,
+                               std::optional<In<float, 2>> sw1, std::optional<In<float, 2>> sw3,
+                               std::optional<In<float, 2>> sw2, float limit) {
+  const int64_t S = x.shape(0), H = x.shape(1), k = idx.shape(1);
+  const int64_t E = w1.shape(0), I = w1.shape(1);
+  DSV41RT_CHECK(idx.shape(0) == size_t(S) && weight.shape(0) == size_t(S) &&
+                    weight.shape(1) == size_t(k) && w1.shape(2) == size_t(H) &&
+                    w3.shape(0) == size_t(E) && w3.shape(1) == size_t(I) &&
+                    w3.shape(2) == size_t(H) && w2.shape(0) == size_t(E) &&
+                    w2.shape(1) == size_t(H) && w2.shape(2) == size_t(I),
+                "moe_grouped_bf16: expected idx / weight [S, k], w1, w3 [E, I, H], w2 [E, H, I]");
+  const bool has_shared = sw1.has_value();
+  DSV41RT_CHECK(has_shared == sw3.has_value() && has_shared == sw2.has_value(),
+                "moe_grouped_bf16: give all or none of shared_w1, shared_w3, shared_w2");
+  const int64_t Is = has_shared ? int64_t(sw1->shape(0)) : 0;
+  if (has_shared) {
+    DSV41RT_CHECK(sw1->shape(1) == size_t(H) && sw3->shape(0) == size_t(Is) &&
+                      sw3->shape(1) == size_t(H) && sw2->shape(0) == size_t(H) &&
+                      sw2->shape(1) == size_t(Is),
+                  "moe_grouped_bf16: expected shared w1, w3 [Is, H] and w2 [H, Is]");
+  }
+  auto y = make_out<float>({size_t(S), size_t(H)});
+  {
+    nb::gil_scoped_release release;
+    entry::moe_grouped_bf16(x.data(), idx.data(), weight.data(), S, H, k, E, I, w1.data(),
+                            w3.data(), w2.data(), has_shared ? sw1->data() : nullptr,
+                            has_shared ? sw3->data() : nullptr, has_shared ? sw2->data() : nullptr,
+                            Is, limit, y.data());
+  }
+  return y;
+}
+
 }  // namespace
 
 void register_cuda_ops_moe(nb::module_& ops) {
+  ops.def("gemm_bf16_tc", &gemm_bf16_tc_np, nb::arg("x"), nb::arg("w"),
+          nb::arg("y0").none() = nb::none(),
+          "Tensor-core GEMM, BF16 inputs (x and w rounded), FP32 accumulation: x [M, G * K] times "
+          "w [G, N, K] per group -> [M, G * N], plus y0 when given.");
+  ops.def("moe_grouped_bf16", &moe_grouped_bf16_np, nb::arg("x"), nb::arg("idx"), nb::arg("weight"),
+          nb::arg("w1"), nb::arg("w3"), nb::arg("w2"), nb::arg("shared_w1").none(),
+          nb::arg("shared_w3").none(), nb::arg("shared_w2").none(), nb::arg("limit"),
+          "Tensor-core MoE over expert-grouped rows (weights rounded to BF16).");
   ops.def("moe_forward_split", &moe_forward_split_np, nb::arg("x"), nb::arg("idx"),
           nb::arg("weight"), nb::arg("w1"), nb::arg("w3"), nb::arg("w2"),
           nb::arg("shared_w1").none(), nb::arg("shared_w3").none(), nb::arg("shared_w2").none(),

@@ -49,7 +49,7 @@ class PyEngine {
            const std::vector<nb::dict>& engram_layers, bool cache_quant, bool record_decisions,
            int64_t kv_memory_bytes, int64_t max_running, int64_t token_budget, int64_t max_context,
            int64_t page_tokens, const std::string& device, bool multistream, bool cuda_graphs,
-           nb::object progress) {
+           const std::string& precision, nb::object progress) {
     ModelPlan plan = build_model_plan(load_model_config(path));
     auto ck = std::make_shared<Checkpoint>(path);
     EngramTables tables;
@@ -88,6 +88,7 @@ class PyEngine {
     options.device = device;
     options.multistream = multistream;
     options.cuda_graphs = cuda_graphs;
+    options.precision = precision;
     std::shared_ptr<Executor> exec =
         model::make_executor(std::move(plan), std::move(weights), std::move(tables), options);
     engine_ = std::make_unique<Engine>(
@@ -205,6 +206,55 @@ class PyEngine {
     return nb::ndarray<nb::numpy, float>(out, {size_t(rows), size_t(V)}, owner);
   }
 
+  // A new handle holding a copy of `hid`'s state (prefix sharing by copy).
+  int64_t fork(int64_t hid) {
+    Handle& src = handle(hid);
+    const int64_t id = new_handle();
+    Handle& dst = handles_.at(id);
+    nb::gil_scoped_release release;
+    if (!exec().pool().ensure_pages(dst.pages, src.length)) {
+      free_handle(dst);
+      handles_.erase(id);
+      DSV41RT_THROW_CODE(kOutOfRange, "KV pool exhausted: fork of handle ", hid, " needs ",
+                         src.length, " positions; ", exec().pool().describe());
+    }
+    exec().copy_state(view(src), view(dst));
+    dst.length = src.length;
+    return id;
+  }
+
+  // One token for each handle in one batched forward (a decode step); the logits [B, vocab].
+  nb::ndarray<nb::numpy, float> decode(const std::vector<int64_t>& hids, I32Array tokens) {
+    const int64_t B = int64_t(hids.size());
+    DSV41RT_CHECK(B > 0 && tokens.shape(0) == size_t(B), "decode: ", hids.size(), " handles and ",
+                  tokens.shape(0), " tokens");
+    for (int64_t i = 0; i < B; ++i) {
+      for (int64_t j = 0; j < i; ++j) {
+        DSV41RT_CHECK(hids[i] != hids[j], "decode: handle ", hids[i], " given twice");
+      }
+    }
+    const int64_t V = exec().plan().config.vocab_size;
+    float* out = new float[B * V];
+    nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+    {
+      nb::gil_scoped_release release;
+      std::vector<model::BatchItem> batch(static_cast<size_t>(B));
+      for (int64_t i = 0; i < B; ++i) {
+        Handle& h = handle(hids[i]);
+        DSV41RT_CHECK_CODE(kOutOfRange, exec().pool().ensure_pages(h.pages, h.length + 1),
+                           "KV pool exhausted: handle ", hids[i], "; ", exec().pool().describe());
+        batch[i].request = view(h);
+        batch[i].tokens = tokens.data() + i;
+        batch[i].n = 1;
+        batch[i].logits = out + i * V;
+        batch[i].all_logits = false;
+      }
+      exec().forward(batch);
+      for (int64_t hid : hids) handle(hid).length += 1;
+    }
+    return nb::ndarray<nb::numpy, float>(out, {size_t(B), size_t(V)}, owner);
+  }
+
   void release(int64_t hid) {
     free_handle(handle(hid));
     handles_.erase(hid);
@@ -240,6 +290,9 @@ class PyEngine {
   };
 
   Executor& exec() const { return engine_->executor(); }
+  model::RequestView view(const Handle& h) const {
+    return {exec().pool().slot_data(h.slot), h.pages.data(), int64_t(h.pages.size()), h.length};
+  }
 
   void free_handle(Handle& h) {
     exec().pool().free_pages(h.pages);
@@ -266,14 +319,14 @@ void register_engine(nb::module_& m) {
                        "(submit/step/cancel/stats) and direct handles (forward).")
       .def(nb::init<const std::string&, nb::object, const std::vector<nb::dict>&, bool, bool,
                     int64_t, int64_t, int64_t, int64_t, int64_t, const std::string&, bool, bool,
-                    nb::object>(),
+                    const std::string&, nb::object>(),
            nb::arg("path"), nb::arg("token_map") = nb::none(),
            nb::arg("engram_layers") = std::vector<nb::dict>{}, nb::kw_only(),
            nb::arg("cache_quant") = true, nb::arg("record_decisions") = false,
            nb::arg("kv_memory_bytes") = int64_t(256) << 20, nb::arg("max_running") = 64,
            nb::arg("token_budget") = 512, nb::arg("max_context") = 0, nb::arg("page_tokens") = 64,
            nb::arg("device") = "cpu", nb::arg("multistream") = true, nb::arg("cuda_graphs") = true,
-           nb::arg("progress") = nb::none())
+           nb::arg("precision") = "fp32", nb::arg("progress") = nb::none())
       .def("submit", &PyEngine::submit, nb::arg("prompt"), nb::arg("max_new_tokens"),
            nb::arg("sampling") = nb::dict(), nb::arg("stop_token_ids") = std::vector<int32_t>{},
            nb::arg("ignore_eos") = false)
@@ -290,6 +343,10 @@ void register_engine(nb::module_& m) {
       .def("forward", &PyEngine::forward, nb::arg("handle"), nb::arg("tokens"),
            nb::arg("all_logits") = true)
       .def("release", &PyEngine::release, nb::arg("handle"))
+      .def("fork", &PyEngine::fork, nb::arg("handle"),
+           "A new handle with a copy of the handle's state (continues exactly as it would).")
+      .def("decode", &PyEngine::decode, nb::arg("handles"), nb::arg("tokens"),
+           "One token per handle in one batched forward; returns the logits [B, vocab].")
       .def("decisions", &PyEngine::decisions)
       .def("reset_counters", &PyEngine::reset_counters)
       .def("set_dequant_reuse", &PyEngine::set_dequant_reuse, nb::arg("on"));

@@ -105,6 +105,7 @@ class Runtime:
         record_decisions: bool = False,
         multistream: bool = True,
         cuda_graphs: bool = True,
+        precision: str = "fp32",
         progress: bool = False,
     ) -> None:
         """Load `checkpoint` (validated against its config).
@@ -116,6 +117,9 @@ class Runtime:
         cache_quant=False keeps every cache in FP32 (a debugging deviation from the released numerics,
         matching the reference's "cache quantisation off" mode); record_decisions keeps each forward's
         indexer top-k and routed experts for `decisions()`.
+        precision "fp32" computes every projection in FP32 (the reference numerics); "bf16" (CUDA
+        only) runs projections and experts of 16+ rows on BF16 tensor cores (activations rounded to
+        BF16 at each GEMM input, FP32 accumulation).
         """
         if not (device in ("cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
             raise Dsv41rtError(f"unknown device {device!r} (expected 'cpu', 'cuda' or 'cuda:N')")
@@ -139,6 +143,7 @@ class Runtime:
                 device=device,
                 multistream=bool(multistream),
                 cuda_graphs=bool(cuda_graphs),
+                precision=str(precision),
                 progress=bar,
             )
         except _core.Error as err:
@@ -288,6 +293,22 @@ class Runtime:
         ids = np.asarray(self._check_ids(tokens, "tokens"), np.int32)
         try:
             return self._ex.forward(handle, ids, all_logits=True)
+        except _core.Error as err:
+            raise Dsv41rtError(str(err)) from None
+
+    def fork_handle(self, handle: int) -> int:
+        """A new handle holding a copy of `handle`'s state: it continues exactly as `handle` would
+        (prefix sharing by copy; benchmarks use it to build many long contexts from one prefill)."""
+        try:
+            return self._ex.fork(handle)
+        except _core.Error as err:
+            raise Dsv41rtError(str(err)) from None
+
+    def decode_handles(self, handles: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+        """One token for each handle in one batched forward (a decode step); logits [B, vocab]."""
+        ids = np.asarray(self._check_ids(tokens, "tokens"), np.int32)
+        try:
+            return self._ex.decode(list(handles), ids)
         except _core.Error as err:
             raise Dsv41rtError(str(err)) from None
 

@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/swiglu.cuh"
 #include "runtime/dtype.h"
 
 namespace dsv41rt::kernels::cuda {
@@ -92,18 +93,6 @@ __global__ void moe_route_kernel(const float* __restrict__ x, const float* __res
     }
     __syncthreads();  // shared scores are rewritten by the next token
   }
-}
-
-// silu(min(g, L)) * clamp(u, -L, L) (* scale): one hidden unit, shared by both MoE paths so they
-// round identically.
-__device__ __forceinline__ float swiglu_unit(float g, float u, float limit, bool has_scale,
-                                             float scale) {
-  if (limit > 0.0f) {
-    g = g > limit ? limit : g;
-    u = u > limit ? limit : (u < -limit ? -limit : u);
-  }
-  const float h = g / (1.0f + expf(-g)) * u;
-  return has_scale ? h * scale : h;
 }
 
 // The next routed slot of a token in ascending (expert id, slot) order after (prev_e, prev_j);

@@ -6,10 +6,12 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/compressor.cuh"
 #include "kernels/cuda/engram.cuh"
+#include "kernels/cuda/gemm_tc.cuh"
 #include "kernels/cuda/indexer.cuh"
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/mhc.cuh"
 #include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/moe_grouped.cuh"
 #include "kernels/cuda/paged.cuh"
 #include "kernels/cuda/quant.cuh"
 #include "kernels/cuda/rms_norm.cuh"
@@ -44,24 +46,32 @@ int parse_device(const std::string& d) {
 }
 
 // Dispatch on the weight's device precision (both kernels give the same results).
-cudaError_t lin(const float* x, DevMatrix w, int64_t m, int64_t k, int64_t n, float* y,
-                bool accumulate, cudaStream_t s) {
+cudaError_t lin_fp32(const float* x, DevMatrix w, int64_t m, int64_t k, int64_t n, float* y,
+                     bool accumulate, cudaStream_t s) {
   return w.bf16
              ? kc::linear_bf16w(x, static_cast<const uint16_t*>(w.ptr), m, k, n, y, accumulate, s)
              : kc::linear(x, static_cast<const float*>(w.ptr), m, k, n, y, accumulate, s);
 }
 
-cudaError_t grouped_lin(const float* x, DevMatrix w, int64_t m, int64_t g, int64_t k, int64_t n,
-                        float* y, cudaStream_t s) {
+cudaError_t grouped_lin_fp32(const float* x, DevMatrix w, int64_t m, int64_t g, int64_t k,
+                             int64_t n, float* y, cudaStream_t s) {
   return w.bf16 ? kc::grouped_linear_bf16w(x, static_cast<const uint16_t*>(w.ptr), m, g, k, n, y, s)
                 : kc::grouped_linear(x, static_cast<const float*>(w.ptr), m, g, k, n, y, s);
 }
 
-cudaError_t moe_experts(const float* x, const int32_t* idx, const float* weight, int64_t S,
-                        int64_t H, int64_t k, int64_t E, int64_t I, const CudaLayerWeights& w,
-                        float limit, float* y, cudaStream_t s) {
+// The FP32 MoE: split kernels (every SM busy at decode sizes) when weights are BF16 and a
+// workspace is given, else the per-token kernel. Both compute bitwise the same values.
+cudaError_t moe_experts_fp32(const float* x, const int32_t* idx, const float* weight, int64_t S,
+                             int64_t H, int64_t k, int64_t E, int64_t I, const CudaLayerWeights& w,
+                             float limit, float* y, float* work, int64_t work_floats,
+                             cudaStream_t s) {
   auto b = [](DevMatrix m) { return static_cast<const uint16_t*>(m.ptr); };
   auto f = [](DevMatrix m) { return static_cast<const float*>(m.ptr); };
+  if (w.w1.bf16 && work != nullptr) {
+    return kc::moe_forward_split_bf16w(x, idx, weight, S, H, k, E, I, b(w.w1), b(w.w3), b(w.w2),
+                                       b(w.shared_w1), b(w.shared_w3), b(w.shared_w2), I, limit, y,
+                                       work, work_floats, s);
+  }
   if (w.w1.bf16) {
     return kc::moe_forward_bf16w(x, idx, weight, S, H, k, E, I, b(w.w1), b(w.w3), b(w.w2),
                                  b(w.shared_w1), b(w.shared_w3), b(w.shared_w2), I, limit, y, s);
@@ -84,6 +94,7 @@ class CudaExecutor final : public Executor {
   CudaExecutor(ModelPlan plan, ModelWeights weights, EngramTables engram, ExecutorOptions options)
       : plan_(std::move(plan)), engram_(std::move(engram)), options_(std::move(options)) {
     device_ = parse_device(options_.device);
+    bf16_gemm_ = options_.precision == "bf16";
     DSV41RT_CU(cudaSetDevice(device_));
     const ModelConfig& c = plan_.config;
     if (c.engram) {
@@ -130,6 +141,21 @@ class CudaExecutor final : public Executor {
   ~CudaExecutor() override { cudaDeviceSynchronize(); }
 
   void forward(std::vector<BatchItem>& batch) override;
+  void copy_state(const RequestView& src, const RequestView& dst) override {
+    check_copy_state(*pool_, src, dst);
+    DSV41RT_CU(cudaSetDevice(device_));
+    const engine::PoolGeometry& g = pool_->geometry();
+    DSV41RT_CU(cudaMemcpyAsync(dst.slot, src.slot, g.slot_bytes, cudaMemcpyDeviceToDevice, main()));
+    for (int64_t i = 0; i < pool_->pages_for(src.length); ++i) {
+      DSV41RT_CU(cudaMemcpyAsync(pool_->page_data(dst.pages[i]), pool_->page_data(src.pages[i]),
+                                 g.page_bytes, cudaMemcpyDeviceToDevice, main()));
+    }
+    DSV41RT_CU(cudaStreamSynchronize(main()));
+    // The host mirror of the Engram history lives outside the slot.
+    const int64_t hist = std::max<int64_t>(layout_->history_len(), 1);
+    const int32_t* from = history_of(src.slot);
+    std::copy(from, from + hist, history_of(dst.slot));
+  }
 
   const ModelPlan& plan() const override { return plan_; }
   const StateLayout& layout() const override { return *layout_; }
@@ -146,6 +172,9 @@ class CudaExecutor final : public Executor {
       graphs_.clear();  // captured graphs bake in the stream layout
     } else if (name == "cuda_graphs") {
       options_.cuda_graphs = on;
+    } else if (name == "bf16_gemm") {
+      bf16_gemm_ = on;
+      graphs_.clear();  // captured graphs bake in the kernels
     } else {
       Executor::set_backend_option(name, on);
     }
@@ -158,7 +187,8 @@ class CudaExecutor final : public Executor {
             {"graph_replays", replays_},
             {"graphs", int64_t(graphs_.size())},
             {"multistream", options_.multistream ? 1 : 0},
-            {"cuda_graphs", options_.cuda_graphs ? 1 : 0}};
+            {"cuda_graphs", options_.cuda_graphs ? 1 : 0},
+            {"bf16_gemm", bf16_gemm_ ? 1 : 0}};
   }
 
  private:
@@ -205,8 +235,36 @@ class CudaExecutor final : public Executor {
   kc::PagedRows paged(int source_layer, bool key, const ForwardPlan& f) const;
   cudaStream_t side(int i) const { return options_.multistream ? st_->side[i].get() : main(); }
   cudaStream_t main() const { return st_->main.get(); }
-  int32_t* history(const BatchItem& b) {
-    const int64_t slot = (b.request.slot - slot_base_) / pool_->geometry().slot_bytes;
+  // GEMM dispatch. precision "bf16": BF16 tensor cores (activations rounded to BF16) in forwards
+  // of more than kFp32MaxRows rows; smaller ones (decode of a few requests) are weight-bandwidth
+  // bound and keep the FP32 kernels. The choice is per forward (use_tc_, set from the unpadded
+  // row count) and the threshold sits on a power-of-two boundary, so a decode graph bucket
+  // (items padded to a power of two) never straddles it: graph == eager holds in both modes.
+  static constexpr int64_t kFp32MaxRows = 8;
+  bool tensor_cores(DevMatrix w, int64_t /*m*/) const { return use_tc_ && w.bf16; }
+  cudaError_t lin(const float* x, DevMatrix w, int64_t m, int64_t k, int64_t n, float* y,
+                  bool accumulate, cudaStream_t s) const {
+    if (!tensor_cores(w, m)) return lin_fp32(x, w, m, k, n, y, accumulate, s);
+    kc::TcGemm g;
+    g.a = x, g.lda = k, g.b = static_cast<const uint16_t*>(w.ptr), g.ldb = k, g.c = y, g.ldc = n;
+    g.m = m, g.n = n, g.k = k, g.accumulate = accumulate;
+    return kc::gemm_bf16_tc(g, s);
+  }
+  // x [m, groups, k], w [groups, n, k] -> y [m, groups, n].
+  cudaError_t grouped_lin(const float* x, DevMatrix w, int64_t m, int64_t groups, int64_t k,
+                          int64_t n, float* y, cudaStream_t s) const {
+    if (!tensor_cores(w, m)) return grouped_lin_fp32(x, w, m, groups, k, n, y, s);
+    kc::TcGemm g;
+    g.a = x, g.lda = groups * k, g.b = static_cast<const uint16_t*>(w.ptr), g.ldb = k;
+    g.c = y, g.ldc = groups * n, g.m = m, g.n = n, g.k = k;
+    g.batch = groups, g.stride_a = k, g.stride_b = n * k, g.stride_c = n;
+    return kc::gemm_bf16_tc(g, s);
+  }
+  void moe_experts(const float* x, const int32_t* idx, const float* weight, int64_t N, int64_t E,
+                   int64_t k, const CudaLayerWeights& w, float* y, cudaStream_t s);
+  int32_t* history(const BatchItem& b) { return history_of(b.request.slot); }
+  int32_t* history_of(const uint8_t* slot_data) {
+    const int64_t slot = (slot_data - slot_base_) / pool_->geometry().slot_bytes;
     return histories_.data() + slot * std::max<int64_t>(layout_->history_len(), 1);
   }
 
@@ -244,6 +302,10 @@ class CudaExecutor final : public Executor {
   DeviceArray<uint8_t> mask_;
   DeviceArray<int32_t> topk_, idx_, moe_idx_;
   DeviceArray<float> moe_w_, emb_, engram_ws_, hsel_, logits_;
+  DeviceArray<float> moe_work_;    // MoE scratch: split-kernel hidden units or grouped GEMMs
+  DeviceArray<int32_t> moe_ints_;  // grouped MoE: counts, permutation, tile table
+  bool bf16_gemm_ = false;
+  bool use_tc_ = false;  // this forward's GEMM choice (see tensor_cores)
   int topk_source_ = -1;
   int candidates_ratio_ = -1;
 
@@ -262,6 +324,34 @@ kc::PagedRows CudaExecutor::paged(int source_layer, bool key, const ForwardPlan&
   p.offset = layout_->entry_offset(source_layer, key);
   p.row_bytes = key ? layout_->key_codec().row_bytes : layout_->kv_codec().row_bytes;
   return p;
+}
+
+// Routed + shared experts of N tokens. Tensor cores (expert-grouped rows) where the precision
+// allows; otherwise the FP32 split kernels in passes over at most kMoeSplitFloats of scratch.
+void CudaExecutor::moe_experts(const float* x, const int32_t* idx, const float* weight, int64_t N,
+                               int64_t E, int64_t k, const CudaLayerWeights& w, float* y,
+                               cudaStream_t s) {
+  const ModelConfig& c = plan_.config;
+  const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
+  const float limit = float(c.swiglu_limit);
+  auto b = [](DevMatrix m) { return static_cast<const uint16_t*>(m.ptr); };
+  if (tensor_cores(w.w1, N)) {
+    const int64_t Is = w.shared_w1 ? I : 0;
+    const kc::MoeGroupedSizes sz = kc::moe_grouped_sizes(N, H, k, E, I, Is);
+    int32_t* ints = moe_ints_.ensure(sz.ints, generation_);
+    float* floats = moe_work_.ensure(sz.floats, generation_);
+    const kc::MoeGroupedWorkspace ws = kc::moe_grouped_carve(ints, floats, N, H, k, E, I, Is);
+    DSV41RT_CU(kc::moe_grouped_bf16(x, idx, weight, N, H, k, E, I, b(w.w1), b(w.w3), b(w.w2),
+                                    b(w.shared_w1), b(w.shared_w3), b(w.shared_w2), Is, limit, y,
+                                    ws, s));
+    return;
+  }
+  constexpr int64_t kMoeSplitFloats = int64_t(64) << 20;  // 256 MiB
+  const int64_t per_token = kc::moe_split_workspace_floats(1, k, I, I);
+  const int64_t chunk = std::clamp<int64_t>(kMoeSplitFloats / per_token, 1, N);
+  float* work = moe_work_.ensure(chunk * per_token, generation_);
+  DSV41RT_CU(
+      moe_experts_fp32(x, idx, weight, N, H, k, E, I, w, limit, y, work, chunk * per_token, s));
 }
 
 void CudaExecutor::upload(const ForwardPlan& f) {
@@ -541,12 +631,12 @@ void CudaExecutor::run(const ForwardPlan& f) {
     DSV41RT_CU(kc::hc_collapse(X1, a_pre, N, hc, H, u, s));
     DSV41RT_CU(kc::rms_norm(u, w.ffn_norm, N, H, eps, xn, s));
     // MoE (spec §5): route, then routed + shared experts.
-    const int64_t E = layer.n_experts, k = layer.experts_per_tok, I = c.moe_intermediate_size;
+    const int64_t E = layer.n_experts, k = layer.experts_per_tok;
     int32_t* midx = moe_idx_.ensure(N * k, generation_);
     float* mw = moe_w_.ensure(N * k, generation_);
     DSV41RT_CU(kc::moe_route(xn, w.gate, w.bias, N, H, E, k, float(c.routed_scaling_factor),
                              c.norm_topk_prob, midx, mw, s));
-    DSV41RT_CU(moe_experts(xn, midx, mw, N, H, k, E, I, w, float(c.swiglu_limit), yv, s));
+    moe_experts(xn, midx, mw, N, E, k, w, yv, s);
     if (options_.record_decisions) {
       std::vector<int32_t> host(N * k);
       DSV41RT_CU(cudaMemcpyAsync(host.data(), midx, host.size() * sizeof(int32_t),
@@ -629,6 +719,7 @@ void CudaExecutor::forward(std::vector<BatchItem>& batch) {
   // the same padded plan, replayed after); everything else, and recording runs, eagerly.
   const DecodeBucket bucket =
       options_.cuda_graphs && !options_.record_decisions ? decode_bucket(c, batch) : DecodeBucket{};
+  use_tc_ = bf16_gemm_ && f.rows > kFp32MaxRows;
   DSV41RT_CU(cudaEventRecord(st_->t0.get(), main()));
   if (bucket.items > 0) {
     const ForwardPlan padded = pad_decode_plan(f, c, *layout_, bucket);

@@ -428,6 +428,16 @@ void CpuExecutor::moe(const LayerPlan& layer, const MoeWeights& w, const float* 
                  float(c.swiglu_limit), y);
 }
 
+void CpuExecutor::copy_state(const RequestView& src, const RequestView& dst) {
+  check_copy_state(*pool_, src, dst);
+  const engine::PoolGeometry& g = pool_->geometry();
+  std::memcpy(dst.slot, src.slot, size_t(g.slot_bytes));
+  for (int64_t i = 0; i < pool_->pages_for(src.length); ++i) {
+    std::memcpy(pool_->page_data(dst.pages[i]), pool_->page_data(src.pages[i]),
+                size_t(g.page_bytes));
+  }
+}
+
 void CpuExecutor::forward(std::vector<BatchItem>& batch) {
   DSV41RT_CHECK(!batch.empty(), "forward needs at least one item");
   const ModelConfig& c = plan_.config;

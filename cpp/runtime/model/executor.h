@@ -57,6 +57,11 @@ struct ExecutorOptions {
   bool multistream = true;
   /// CUDA only: replay captured CUDA graphs for decode batches (off: always eager).
   bool cuda_graphs = true;
+  /// GEMM precision. "fp32": every projection and expert in FP32 (the reference's numerics; the
+  /// weights are exact BF16 on the device). "bf16" (CUDA only): projections and experts of 16 or
+  /// more rows on BF16 tensor cores, activations rounded to BF16 at each GEMM input, FP32
+  /// accumulation - the serving mode; results then depend on the batch at BF16 rounding level.
+  std::string precision = "fp32";
 };
 
 /// Where the memory budget goes (closed form; see MemoryPlan::plan in executor.cc). Everything
@@ -109,6 +114,10 @@ class DSV41RT_API Executor {
   /// Switches a backend option between forwards ("multistream", "cuda_graphs" on CUDA: for A/B
   /// measurements on the same state); throws Error naming the option where it does not apply.
   virtual void set_backend_option(const std::string& name, bool on);
+  /// Prefix sharing by copy: writes `src`'s state (its slot, and the pages covering its
+  /// `length` positions) into `dst`'s slot and pages, which must already cover that length. The
+  /// destination then continues exactly as the source would (same logits for the same tokens).
+  virtual void copy_state(const RequestView& src, const RequestView& dst) = 0;
 };
 
 /// The executor for options.device ("cpu", "cuda", "cuda:N"); throws Error naming the device when
@@ -118,6 +127,9 @@ DSV41RT_API std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights
 
 /// The state layout of the options' cache formats (shared by both executors).
 std::unique_ptr<StateLayout> make_state_layout(const ModelPlan& plan, const ExecutorOptions& o);
+
+/// Argument checks of Executor::copy_state (shared by both executors); throws Error.
+void check_copy_state(const engine::KvPool& pool, const RequestView& src, const RequestView& dst);
 
 /// The closed-form memory plan (shared by both executors).
 MemoryPlan plan_memory(const ModelPlan& plan, const StateLayout& layout, const ExecutorOptions& o);
@@ -138,6 +150,7 @@ class DSV41RT_API CpuExecutor final : public Executor {
   }
   DequantWorkspaces& workspaces() override { return workspaces_; }
   std::string device() const override { return "cpu"; }
+  void copy_state(const RequestView& src, const RequestView& dst) override;
 
  private:
   struct Shared;

@@ -3,7 +3,9 @@
 #include <vector>
 
 #include "kernels/cuda/engram.cuh"
+#include "kernels/cuda/gemm_tc.cuh"
 #include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/moe_grouped.cuh"
 #include "kernels/cuda/sampling.cuh"
 #include "kernels/cuda/testing/device_buffer.cuh"
 #include "kernels/cuda/testing/moe_test_entry.h"
@@ -111,6 +113,53 @@ void moe_forward_split(const float* x, const int32_t* idx, const float* weight, 
         shared ? s1.get() : nullptr, shared ? s3.get() : nullptr, shared ? s2.get() : nullptr,
         shared ? I_shared : 0, limit, dy.get(), work.get(), ws, nullptr));
   }
+  dy.to_host(y);
+}
+
+void gemm_bf16_tc(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y, int64_t ldy,
+                  int64_t M, int64_t N, int64_t K, bool accumulate, int64_t batch, int64_t stride_x,
+                  int64_t stride_w, int64_t stride_y, int64_t x_elems, int64_t w_elems,
+                  int64_t y_elems) {
+  DSV41RT_CHECK(M >= 0 && N >= 0 && K > 0 && batch >= 1, "gemm_bf16_tc: M=", M, " N=", N, " K=", K,
+                " batch=", batch);
+  const auto wb = to_bf16(w, w_elems);
+  DeviceBuffer<float> dx(x, x_elems), dy(y, y_elems);
+  DeviceBuffer<uint16_t> dw(wb.data(), w_elems);
+  if (!accumulate) dy.poison();
+  TcGemm g;
+  g.a = dx.get(), g.lda = ldx, g.b = dw.get(), g.ldb = ldw, g.c = dy.get(), g.ldc = ldy;
+  g.m = M, g.n = N, g.k = K, g.accumulate = accumulate;
+  g.batch = batch, g.stride_a = stride_x, g.stride_b = stride_w, g.stride_c = stride_y;
+  finish(cuda::gemm_bf16_tc(g, nullptr));
+  dy.to_host(y);
+}
+
+void moe_grouped_bf16(const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H,
+                      int64_t k, int64_t E, int64_t I, const float* w1, const float* w3,
+                      const float* w2, const float* shared_w1, const float* shared_w3,
+                      const float* shared_w2, int64_t I_shared, float limit, float* y) {
+  DSV41RT_CHECK(S >= 0 && H > 0 && k >= 1 && E > 0 && I > 0, "moe_grouped_bf16: S=", S, " H=", H,
+                " k=", k, " E=", E, " I=", I);
+  if (S == 0) return;
+  const bool shared = shared_w1 != nullptr;
+  const int64_t Is = shared ? I_shared : 0, ns = Is * H;
+  const auto b1 = to_bf16(w1, E * I * H), b3 = to_bf16(w3, E * I * H), b2 = to_bf16(w2, E * H * I);
+  const auto c1 = to_bf16(shared_w1, ns), c3 = to_bf16(shared_w3, ns), c2 = to_bf16(shared_w2, ns);
+  DeviceBuffer<float> dx(x, S * H), dwt(weight, S * k), dy(S * H);
+  DeviceBuffer<int32_t> di(idx, S * k);
+  DeviceBuffer<uint16_t> d1(b1.data(), E * I * H), d3(b3.data(), E * I * H),
+      d2(b2.data(), E * H * I);
+  DeviceBuffer<uint16_t> s1(c1.data(), ns), s3(c3.data(), ns), s2(c2.data(), ns);
+  const MoeGroupedSizes sz = moe_grouped_sizes(S, H, k, E, I, Is);
+  DeviceBuffer<int32_t> ints(sz.ints);
+  DeviceBuffer<float> floats(sz.floats);
+  ints.poison();
+  floats.poison();
+  dy.poison();
+  const MoeGroupedWorkspace ws = moe_grouped_carve(ints.get(), floats.get(), S, H, k, E, I, Is);
+  finish(cuda::moe_grouped_bf16(dx.get(), di.get(), dwt.get(), S, H, k, E, I, d1.get(), d3.get(),
+                                d2.get(), shared ? s1.get() : nullptr, shared ? s3.get() : nullptr,
+                                shared ? s2.get() : nullptr, Is, limit, dy.get(), ws, nullptr));
   dy.to_host(y);
 }
 

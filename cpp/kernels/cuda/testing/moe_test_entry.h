@@ -32,6 +32,21 @@ DSV41RT_API void moe_forward_split(const float* x, const int32_t* idx, const flo
                                    const float* shared_w2, int64_t I_shared, float limit,
                                    int64_t chunk, bool bf16_weights, float* y);
 
+/// y[M, N] (+)= bf16(x)[M, K] x bf16(w)[N, K]^T on tensor cores (gemm_tc.cuh), batched over
+/// `batch` slices with element strides (x, w, y); w is rounded to BF16 first. `y` is read when
+/// accumulating. ld* are row strides.
+DSV41RT_API void gemm_bf16_tc(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y,
+                              int64_t ldy, int64_t M, int64_t N, int64_t K, bool accumulate,
+                              int64_t batch, int64_t stride_x, int64_t stride_w, int64_t stride_y,
+                              int64_t x_elems, int64_t w_elems, int64_t y_elems);
+
+/// The tensor-core MoE (moe_grouped.cuh) with every weight rounded to BF16 (workspace poisoned).
+DSV41RT_API void moe_grouped_bf16(const float* x, const int32_t* idx, const float* weight,
+                                  int64_t S, int64_t H, int64_t k, int64_t E, int64_t I,
+                                  const float* w1, const float* w3, const float* w2,
+                                  const float* shared_w1, const float* shared_w3,
+                                  const float* shared_w2, int64_t I_shared, float limit, float* y);
+
 DSV41RT_API void engram_hash_rows(const int64_t* compressed_ids, int64_t S, int64_t max_ngram,
                                   int64_t n_heads, const int64_t* multipliers,
                                   const int64_t* primes, const int64_t* offsets, int64_t pad_id,

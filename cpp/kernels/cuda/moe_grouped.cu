@@ -1,0 +1,203 @@
+#include <algorithm>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemm_tc.cuh"
+#include "kernels/cuda/moe_grouped.cuh"
+#include "kernels/cuda/swiglu.cuh"
+
+namespace dsv41rt::kernels::cuda {
+namespace {
+
+__global__ void count_kernel(const int32_t* __restrict__ idx, int64_t pairs, int64_t E,
+                             int32_t* __restrict__ counts) {
+  for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < pairs;
+       p += int64_t(gridDim.x) * blockDim.x) {
+    const int32_t e = idx[p];
+    if (e >= 0 && e < E) atomicAdd(&counts[e], 1);
+  }
+}
+
+// One thread: exclusive scan of the counts into placement cursors, and the tile table (each
+// expert's rows in kTcTileM-row tiles); the rest of the table is marked empty in parallel.
+__global__ void tile_table_kernel(int32_t* __restrict__ counts, int64_t E, int64_t max_tiles,
+                                  int32_t* __restrict__ tiles) {
+  __shared__ int32_t used;
+  int32_t* group = tiles;
+  int32_t* row0 = tiles + max_tiles;
+  int32_t* row_end = tiles + 2 * max_tiles;
+  if (threadIdx.x == 0) {
+    int32_t offset = 0, n = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const int32_t count = counts[e];
+      for (int32_t r = 0; r < count; r += int32_t(kTcTileM)) {
+        group[n] = int32_t(e);
+        row0[n] = offset + r;
+        row_end[n] = offset + count;
+        ++n;
+      }
+      counts[E + e] = offset;  // cursor
+      offset += count;
+    }
+    used = n;
+  }
+  __syncthreads();
+  for (int64_t i = used + threadIdx.x; i < max_tiles; i += blockDim.x) group[i] = -1;
+}
+
+// Each pair takes the next free position of its expert. The order inside an expert's rows is
+// not deterministic, and need not be: every row of the GEMMs is computed independently of the
+// others, and the combine reads each pair's row back through `inv`.
+__global__ void place_kernel(const int32_t* __restrict__ idx, int64_t pairs, int64_t E,
+                             int32_t* __restrict__ cursors, int32_t* __restrict__ perm,
+                             int32_t* __restrict__ inv) {
+  for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < pairs;
+       p += int64_t(gridDim.x) * blockDim.x) {
+    const int32_t e = idx[p];
+    if (e < 0 || e >= E) {
+      inv[p] = -1;
+      continue;
+    }
+    const int32_t pos = atomicAdd(&cursors[e], 1);
+    perm[pos] = int32_t(p);
+    inv[p] = pos;
+  }
+}
+
+// gate[pos, i] = swiglu(gate, up) * weight of the pair (in place).
+__global__ void routed_act_kernel(float* __restrict__ gate, const float* __restrict__ up,
+                                  const int32_t* __restrict__ perm, const int32_t* __restrict__ cnt,
+                                  int64_t E, const float* __restrict__ weight, int64_t I,
+                                  float limit) {
+  int64_t rows = 0;
+  for (int64_t e = 0; e < E; ++e) rows += cnt[e];
+  for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < rows * I;
+       v += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t pos = v / I;
+    gate[v] = swiglu_unit(gate[v], up[v], limit, true, weight[perm[pos]]);
+  }
+}
+
+__global__ void shared_act_kernel(float* __restrict__ gate, const float* __restrict__ up, int64_t n,
+                                  float limit) {
+  for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < n;
+       v += int64_t(gridDim.x) * blockDim.x) {
+    gate[v] = swiglu_unit(gate[v], up[v], limit, false, 1.0f);
+  }
+}
+
+// y[t, c] = 0 + each routed slot in ascending (expert id, slot) order + the shared expert: the
+// FP32 path's accumulation order.
+__global__ void combine_kernel(const int32_t* __restrict__ idx, const int32_t* __restrict__ inv,
+                               const float* __restrict__ out, const float* __restrict__ shared,
+                               int64_t S, int64_t H, int64_t k, float* __restrict__ y) {
+  for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < S * H;
+       v += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = v / H, c = v % H;
+    const int32_t* it = idx + t * k;
+    float acc = 0.0f;
+    int64_t prev_e = -1, prev_j = -1;
+    for (int64_t n = 0; n < k; ++n) {
+      int64_t be = -1, bj = -1;
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t e = it[j];
+        const bool after = e > prev_e || (e == prev_e && j > prev_j);
+        if (after && (be < 0 || e < be || (e == be && j < bj))) be = e, bj = j;
+      }
+      prev_e = be, prev_j = bj;
+      if (be < 0) break;
+      const int32_t pos = inv[t * k + bj];
+      if (pos >= 0) acc = acc + out[int64_t(pos) * H + c];
+    }
+    if (shared) acc = acc + shared[t * H + c];
+    y[v] = acc;
+  }
+}
+
+int64_t align4(int64_t n) { return (n + 3) / 4 * 4; }  // 16-byte alignment of every carve
+
+}  // namespace
+
+MoeGroupedSizes moe_grouped_sizes(int64_t S, int64_t H, int64_t k, int64_t E, int64_t I,
+                                  int64_t Is) {
+  const int64_t pairs = S * k;
+  const int64_t max_tiles = (pairs + kTcTileM - 1) / kTcTileM + E;
+  const int64_t ints = align4(2 * E) + 2 * align4(pairs) + align4(3 * max_tiles);
+  const int64_t floats =
+      2 * align4(pairs * I) + align4(pairs * H) + 2 * align4(S * Is) + align4(Is > 0 ? S * H : 0);
+  return {max_tiles, ints, floats};
+}
+
+MoeGroupedWorkspace moe_grouped_carve(int32_t* ints, float* floats, int64_t S, int64_t H, int64_t k,
+                                      int64_t E, int64_t I, int64_t Is) {
+  const int64_t pairs = S * k;
+  const int64_t max_tiles = moe_grouped_sizes(S, H, k, E, I, Is).max_tiles;
+  MoeGroupedWorkspace w;
+  w.counts = ints;
+  w.perm = w.counts + align4(2 * E);
+  w.inv = w.perm + align4(pairs);
+  w.tiles = w.inv + align4(pairs);
+  w.gate = floats;
+  w.up = w.gate + align4(pairs * I);
+  w.out = w.up + align4(pairs * I);
+  w.shared_gate = w.out + align4(pairs * H);
+  w.shared_up = w.shared_gate + align4(S * Is);
+  w.shared_out = w.shared_up + align4(S * Is);
+  return w;
+}
+
+cudaError_t moe_grouped_bf16(const float* x, const int32_t* idx, const float* weight, int64_t S,
+                             int64_t H, int64_t k, int64_t E, int64_t I, const uint16_t* w1,
+                             const uint16_t* w3, const uint16_t* w2, const uint16_t* sw1,
+                             const uint16_t* sw3, const uint16_t* sw2, int64_t Is, float limit,
+                             float* y, const MoeGroupedWorkspace& ws, cudaStream_t stream) {
+  if (S <= 0) return S == 0 ? cudaSuccess : cudaErrorInvalidValue;
+  if (H <= 0 || k < 1 || E <= 0 || I <= 0) return cudaErrorInvalidValue;
+  const bool shared = sw1 != nullptr;
+  if (shared && (!sw3 || !sw2 || Is <= 0)) return cudaErrorInvalidValue;
+  const int64_t pairs = S * k;
+  const int64_t max_tiles = moe_grouped_sizes(S, H, k, E, I, shared ? Is : 0).max_tiles;
+  cudaError_t err = cudaMemsetAsync(ws.counts, 0, sizeof(int32_t) * E, stream);
+  if (err != cudaSuccess) return err;
+  count_kernel<<<blocks_for(pairs), kThreads, 0, stream>>>(idx, pairs, E, ws.counts);
+  tile_table_kernel<<<1, kThreads, 0, stream>>>(ws.counts, E, max_tiles, ws.tiles);
+  place_kernel<<<blocks_for(pairs), kThreads, 0, stream>>>(idx, pairs, E, ws.counts + E, ws.perm,
+                                                           ws.inv);
+  if ((err = launch_status()) != cudaSuccess) return err;
+
+  // Routed experts: the gate and up projections of every expert's rows (tokens gathered through
+  // perm), the scaled hidden units, then the down projections, all in grouped positions.
+  TcGemm g;
+  g.a = x, g.lda = H, g.a_rows = ws.perm, g.a_row_div = k;
+  g.m = pairs, g.k = H, g.n = I, g.ldb = H, g.ldc = I, g.stride_b_group = I * H;
+  g.tile_group = ws.tiles, g.tile_row0 = ws.tiles + max_tiles;
+  g.tile_row_end = ws.tiles + 2 * max_tiles, g.max_tiles = max_tiles;
+  g.b = w1, g.c = ws.gate;
+  if ((err = gemm_bf16_tc(g, stream)) != cudaSuccess) return err;
+  g.b = w3, g.c = ws.up;
+  if ((err = gemm_bf16_tc(g, stream)) != cudaSuccess) return err;
+  routed_act_kernel<<<blocks_for(pairs * I), kThreads, 0, stream>>>(ws.gate, ws.up, ws.perm,
+                                                                    ws.counts, E, weight, I, limit);
+  g.a = ws.gate, g.lda = I, g.a_rows = nullptr, g.a_row_div = 1;
+  g.k = I, g.n = H, g.ldb = I, g.ldc = H, g.stride_b_group = H * I;
+  g.b = w2, g.c = ws.out;
+  if ((err = gemm_bf16_tc(g, stream)) != cudaSuccess) return err;
+
+  if (shared) {
+    TcGemm s;
+    s.a = x, s.lda = H, s.m = S, s.k = H, s.n = Is, s.ldb = H, s.ldc = Is;
+    s.b = sw1, s.c = ws.shared_gate;
+    if ((err = gemm_bf16_tc(s, stream)) != cudaSuccess) return err;
+    s.b = sw3, s.c = ws.shared_up;
+    if ((err = gemm_bf16_tc(s, stream)) != cudaSuccess) return err;
+    shared_act_kernel<<<blocks_for(S * Is), kThreads, 0, stream>>>(ws.shared_gate, ws.shared_up,
+                                                                   S * Is, limit);
+    s.a = ws.shared_gate, s.lda = Is, s.k = Is, s.n = H, s.ldb = Is, s.ldc = H;
+    s.b = sw2, s.c = ws.shared_out;
+    if ((err = gemm_bf16_tc(s, stream)) != cudaSuccess) return err;
+  }
+  combine_kernel<<<blocks_for(S * H), kThreads, 0, stream>>>(
+      idx, ws.inv, ws.out, shared ? ws.shared_out : nullptr, S, H, k, y);
+  return launch_status();
+}
+
+}  // namespace dsv41rt::kernels::cuda

@@ -1,0 +1,52 @@
+// MoE experts on tensor cores (precision "bf16"): the routed (token, slot) pairs are grouped by
+// expert on the device (counts, offsets, a permutation and a tile table; no host round trip, so it
+// is graph-capturable), each expert's rows go through the BF16 tensor-core GEMM (gemm_tc.cuh) for
+// the gate/up and down projections, the shared expert runs as plain GEMMs over all tokens, and a
+// combine kernel sums each token's slots in the FP32 path's order (ascending expert id, slot; then
+// the shared expert). Same maths as moe_forward (silu(min(g, L)) * clamp(u, -L, L) * weight, then
+// the down projection); the activations entering each GEMM are rounded to BF16.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "runtime/export.h"
+
+namespace dsv41rt::kernels::cuda {
+
+/// Device scratch of one moe_grouped_bf16 call for S tokens (sizes from moe_grouped_sizes).
+struct MoeGroupedWorkspace {
+  int32_t* counts = nullptr;  ///< [2 * E] per-expert counts, then placement cursors
+  int32_t* perm = nullptr;    ///< [S * k] grouped position -> t * k + slot
+  int32_t* inv = nullptr;     ///< [S * k] t * k + slot -> grouped position
+  int32_t* tiles = nullptr;   ///< [3 * max_tiles] group, row0, row_end
+  float* gate = nullptr;      ///< [S * k, I] gate GEMM, then the scaled hidden units
+  float* up = nullptr;        ///< [S * k, I]
+  float* out = nullptr;       ///< [S * k, H] each pair's down projection
+  float *shared_gate = nullptr, *shared_up = nullptr;  ///< [S, Is]
+  float* shared_out = nullptr;                         ///< [S, H]
+};
+
+struct MoeGroupedSizes {
+  int64_t max_tiles, ints, floats;  ///< tile-table entries; int32s and floats of the workspace
+};
+
+/// Workspace sizes for S tokens (carve the workspace with moe_grouped_carve).
+DSV41RT_API MoeGroupedSizes moe_grouped_sizes(int64_t S, int64_t H, int64_t k, int64_t E, int64_t I,
+                                              int64_t Is);
+DSV41RT_API MoeGroupedWorkspace moe_grouped_carve(int32_t* ints, float* floats, int64_t S,
+                                                  int64_t H, int64_t k, int64_t E, int64_t I,
+                                                  int64_t Is);
+
+/// y[S, H] = routed + shared experts of x[S, H] (idx/weight [S, k] from moe_route). BF16 weights
+/// (w1/w3 [E, I, H], w2 [E, H, I], shared [Is, H] / [H, Is]; shared may be null).
+DSV41RT_API cudaError_t moe_grouped_bf16(const float* x, const int32_t* idx, const float* weight,
+                                         int64_t S, int64_t H, int64_t k, int64_t E, int64_t I,
+                                         const uint16_t* w1, const uint16_t* w3, const uint16_t* w2,
+                                         const uint16_t* shared_w1, const uint16_t* shared_w3,
+                                         const uint16_t* shared_w2, int64_t Is, float limit,
+                                         float* y, const MoeGroupedWorkspace& ws,
+                                         cudaStream_t stream);
+
+}  // namespace dsv41rt::kernels::cuda
