@@ -4,12 +4,13 @@ reuse on-off deltas, each next to its roofline.
   python bench/bench_executor.py --preset tiny-v41 [--checkpoint DIR] [--out results.json]
 
 Times are device times of the executor's forward (CUDA events on the main stream around each
-forward, `backend_stats()["last_forward_us"]`), median over the repeats. Decode: B requests with
-prompts of L tokens are prefilled through the engine, then each timed step decodes one token for
-all B. Roofline: a decode step must at least read every weight once and each request's KV state
-(bytes / 4.3 TB/s); a prefill must at least do its FLOPs (2 x active parameters x tokens, plus
-attention) at 790 TFLOP/s (bf16 dense peak; this executor computes in FP32 on CUDA cores, so the
-bf16 roofline is the target, not what this path can reach).
+forward, `backend_stats()["last_forward_us"]`), median over the repeats. Decode: one prompt of L
+tokens is prefilled and its state copied into B handles (Runtime.fork_handle, bitwise the state B
+prefills would leave), then each timed step decodes one token for all B (Runtime.decode_handles).
+Roofline: a decode step must at least read every weight once and each request's KV state
+(bytes / 4.3 TB/s); a prefill must at least do its FLOPs (2 x active parameters x tokens; attention
+not counted) at 790 TFLOP/s (bf16 dense peak). `--precision bf16` runs the tensor-core GEMM path
+and adds an "fp32 gemm" decode mode (the same state with the FP32 kernels).
 """
 
 from __future__ import annotations
@@ -64,41 +65,53 @@ def timed(rt, fn) -> float:
     return rt.backend_stats().get("last_forward_us", host * 1e3) / 1e3
 
 
-def timed_steps(rt, steps: int) -> list[float]:
-    return [timed(rt, rt._ex.step) for _ in range(steps)]
-
-
-MODES = {  # name -> (cuda_graphs, multistream, dequant reuse)
-    "default": (True, True, True),
-    "graphs off": (False, True, True),
-    "multistream off": (True, False, True),
-    "reuse off": (True, True, False),
+MODES = {  # name -> backend options (and dequant reuse) switched from the defaults
+    "default": {},
+    "graphs off": {"cuda_graphs": False},
+    "multistream off": {"multistream": False},
+    "reuse off": {"reuse": False},
 }
+DEFAULTS = {"cuda_graphs": True, "multistream": True, "reuse": True}
 
 
-def decode(rt, batch: int, context: int, steps: int, rng, device: str) -> dict[str, dict]:
-    """Prefill `batch` requests of `context` tokens once, then time `steps` decode steps in every
-    mode on that state (the context grows by a few tokens per mode, negligible at 4k/32k)."""
-    ids = set()
-    for _ in range(batch):
-        p = [0] + [int(t) for t in rng.integers(3, 129000, context - 1)]
-        ids.add(rt._ex.submit(p, 1 + len(MODES) * (steps + 2) + 64, {}, [], True))
-    started: set[int] = set()
-    while started != ids:  # until every request is past its prefill (earlier ones decode meanwhile)
-        started |= {o["id"] for o in rt._ex.step() if o["new_tokens"]}
+def prefill_handle(rt, n: int, budget: int, rng) -> tuple[int, float]:
+    """A handle holding an n-token random prompt, run in token-budget chunks; its device ms."""
+    p = [0] + [int(t) for t in rng.integers(3, 129000, n - 1)]
+    h = rt.new_handle()
+    total = 0.0
+    for i in range(0, n, budget):
+        chunk = np.asarray(p[i : i + budget], np.int32)
+        total += timed(rt, functools.partial(rt._ex.forward, h, chunk, all_logits=False))
+    return h, total
+
+
+def decode(
+    rt, batch: int, context: int, steps: int, rng, device: str, budget: int, modes: dict
+) -> tuple[dict[str, dict], float]:
+    """One `context`-token prefill, copied into `batch` handles (Runtime.fork_handle: the state is
+    bitwise what `batch` prefills of that prompt would leave), then `steps` timed decode steps of
+    all of them in every mode (the context grows by a few tokens per mode, negligible at 4k/32k)."""
+    src, prefill_ms = prefill_handle(rt, context, budget, rng)
+    handles = [src] + [rt.fork_handle(src) for _ in range(batch - 1)]
     out = {}
-    for mode, (graphs, multistream, reuse) in MODES.items():
+    for mode, switched in modes.items():
+        opts = dict(DEFAULTS, **switched)
         if device != "cpu":
-            rt.set_backend_option("cuda_graphs", graphs)
-            rt.set_backend_option("multistream", multistream)
-        rt.set_dequant_reuse(reuse)
-        timed_steps(rt, 2)  # warm-up (graph capture)
-        ms = timed_steps(rt, steps)
+            for name, on in opts.items():
+                if name != "reuse":
+                    rt.set_backend_option(name, on)
+        rt.set_dequant_reuse(opts["reuse"])
+        tokens = rng.integers(3, 129000, (steps + 2, batch)).tolist()
+        ms = [timed(rt, functools.partial(rt.decode_handles, handles, t)) for t in tokens]
+        ms = ms[2:]  # warm-up (graph capture)
         out[mode] = {"median_ms": statistics.median(ms), "min_ms": min(ms), "steps": len(ms)}
-    for i in ids:
-        rt._ex.cancel(i)
-    assert rt.stats()["preemptions"] == 0, "the pool was too small: preemptions distort the timing"
-    return out
+    for name, on in DEFAULTS.items():
+        if device != "cpu" and name != "reuse":
+            rt.set_backend_option(name, on)
+    rt.set_dequant_reuse(True)
+    for h in handles:
+        rt.release_handle(h)
+    return out, prefill_ms
 
 
 def main() -> int:
@@ -114,9 +127,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="prefill repeats (median); 1 above 8k tokens")
     ap.add_argument("--token-budget", type=int, default=8192)
     ap.add_argument("--trace", action="store_true", help="first run bench/dequant_trace.py's 6-forward trace")
-    ap.add_argument(
-        "--max-decode-tokens", type=int, default=300_000, help="skip decode configs whose prefill is larger"
-    )
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     ap.add_argument("--out")
     args = ap.parse_args()
     from dsv41rt.checkpoint.reader import open_checkpoint
@@ -138,6 +149,7 @@ def main() -> int:
         "commit": os.environ.get("DSV41RT_COMMIT") or commit or "?",
         "device": gpu,
         "model": args.preset if not args.checkpoint else args.checkpoint,
+        "precision": args.precision,
         "prefill": [],
         "decode": [],
     }
@@ -150,6 +162,7 @@ def main() -> int:
             kv_memory=args.kv_memory,
             max_running=max(int(b) for b in args.batches.split(",")),
             token_budget=args.token_budget,
+            precision=args.precision,
             **kw,
         )
 
@@ -163,17 +176,17 @@ def main() -> int:
 
         result["trace"] = trace(rt)
     flops_per_token = 2 * active_params(cfg)
-    for n in (int(x) for x in args.prefill.split(",")):
-        times = []
-        for _ in range(args.repeats if n <= 8192 else 1):
-            p = [0] + [int(t) for t in rng.integers(3, 129000, n - 1)]
-            h = rt.new_handle()
-            total = 0.0
-            for i in range(0, n, args.token_budget):
-                chunk = np.asarray(p[i : i + args.token_budget], np.int32)
-                total += timed(rt, functools.partial(rt._ex.forward, h, chunk, all_logits=False))
-            rt.release_handle(h)
-            times.append(total)
+    modes = dict(MODES)
+    if args.precision == "bf16":
+        modes["fp32 gemm"] = {"bf16_gemm": False}
+        DEFAULTS["bf16_gemm"] = True
+
+    def save() -> None:
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
+
+    def prefill_row(n: int, times: list[float]) -> None:
         ms = statistics.median(times)
         roof_ms = flops_per_token * n / BF16_FLOPS * 1e3
         row = {
@@ -184,24 +197,37 @@ def main() -> int:
             "roofline_ms": roof_ms,
         }
         result["prefill"].append(row)
+        save()
         tps = row["tokens_per_s"]
-        print(f"prefill {n:6d} tokens: {ms:9.2f} ms  {tps:10.0f} tok/s  roofline {roof_ms:.4f} ms (bf16 FLOPs)")
+        print(
+            f"prefill {n:6d} tokens: {ms:9.2f} ms  {tps:10.0f} tok/s  roofline {roof_ms:.4f} ms (bf16)  x{len(times)}"
+        )
+
+    prefilled = set()
+    for n in (int(x) for x in args.prefill.split(",") if x):
+        times = []
+        for _ in range(args.repeats if n <= 8192 else 1):
+            h, total = prefill_handle(rt, n, args.token_budget, rng)
+            rt.release_handle(h)
+            times.append(total)
+        prefill_row(n, times)
+        prefilled.add(n)
 
     state_per_token = rt.stats()["page_bytes"] / rt.stats()["page_tokens"]
-    for L in (int(x) for x in args.contexts.split(",")):
+    for L in (int(x) for x in args.contexts.split(",") if x):
         for B in (int(x) for x in args.batches.split(",")):
-            if B * L > args.max_decode_tokens:
-                print(f"decode B {B:3d} ctx {L:6d}: not run (B x ctx > --max-decode-tokens {args.max_decode_tokens})")
-                continue
             roof_ms = (weight_bytes + B * L * state_per_token) / COPY_BW * 1e3
-            for mode, r in decode(rt, B, L, args.steps, rng, args.device).items():
+            by_mode, prefill_ms = decode(rt, B, L, args.steps, rng, args.device, args.token_budget, modes)
+            if L not in prefilled:  # the decode setup's prefill doubles as a (single-run) measurement
+                prefill_row(L, [prefill_ms])
+                prefilled.add(L)
+            for mode, r in by_mode.items():
                 r.update({"mode": mode, "batch": B, "context": L, "roofline_ms": roof_ms})
                 result["decode"].append(r)
                 step = r["median_ms"]
                 print(f"decode [{mode:15s}] B {B:3d} ctx {L:6d}: {step:8.3f} ms/step  roofline {roof_ms:.4f} ms")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+            save()
+    save()
     return 0
 
 

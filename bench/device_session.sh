@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# One batched device call. Builds a dsv41rt wheel for the device's Python (copied to $OUT/wheel so
+# the next call can carry it in .whl/ and skip the build), or installs the carried one, then runs
+# the steps named in $STEPS (default "tests"):
+#   tests    cuda-marked pytest (-k "$K" when set)
+#   suite    every cuda-marked test (the op suite + executor)
+#   oracle   GPU half of the NeMo oracle check (bench/cuda_oracle.py dump)
+#   tiny     executor benchmark on tiny-v41 (both precisions)
+#   bench40  generate bench-40 and run the executor benchmark on it (precision bf16)
+#   comm     NCCL communicator and context-parallel tests/timings
+# Usage (device machine, repo root):  STEPS="tests tiny" K="gemm or fork" bash bench/device_session.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/dsv41rt-out}
+mkdir -p "$OUT" /tmp/site
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONWARNINGS=ignore
+for w in .whl/*.whl; do
+  case "$w" in
+    *dsv41rt-*) ;;
+    *) [ -f "$w" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$w" ;;
+  esac
+done
+# The image's default compiler links libstdc++ statically into the extension (bench/device_diag3.sh).
+if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}
+wheel=$(ls .whl/dsv41rt-*.whl 2>/dev/null | head -1)
+if [ -n "$wheel" ] && [ "${BUILD:-0}" != 1 ]; then
+  echo "== installing the carried $wheel"
+else
+  echo "== building the wheel"
+  start=$(date +%s)
+  python3 -m pip wheel --no-build-isolation --no-deps -v -w "$OUT/wheel" -C build-dir=/tmp/dsv41rt-build . \
+    >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -20; tail -20 "$OUT/build.log"; exit 1; }
+  echo "built in $(($(date +%s) - start)) s"
+  wheel=$(ls "$OUT"/wheel/dsv41rt-*.whl | head -1)
+fi
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$wheel" || exit 1
+
+for step in ${STEPS:-tests}; do
+  case "$step" in
+    tests | suite)
+      K=${K:-}
+      [ "$step" = suite ] && K=""
+      echo "== cuda-marked tests ${K:+(-k $K)}"
+      timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider -m cuda ${K:+-k "$K"} -s tests/python \
+        2>&1 | tee "$OUT/pytest_$step.log" | grep -E "passed|failed|error|Error|assert|bf16 n|seed|max" | tail -40
+      ;;
+    oracle)
+      echo "== GPU half of the NeMo oracle check"
+      timeout 300 python3 bench/cuda_oracle.py dump --out "$OUT/cuda_vs_cpu.npz" 2>&1 | tail -8
+      ;;
+    tiny)
+      for prec in fp32 bf16; do
+        echo "== executor benchmark (tiny-v41, precision $prec)"
+        DSV41RT_COMMIT=$commit timeout 300 python3 -u bench/bench_executor.py --preset tiny-v41 --precision $prec \
+          --prefill 1024,8192 --contexts 4096,32768 --steps 10 --kv-memory $((16 << 30)) \
+          --out "$OUT/bench_tiny_$prec.json" 2>&1 | tail -34
+      done
+      ;;
+    bench40)
+      echo "== generate bench-40"
+      start=$(date +%s)
+      python3 -m dsv41rt make-checkpoint --preset bench-40 --seed 0 --out /tmp/bench-40 --workers 16 2>&1 | tail -1
+      echo "generated in $(($(date +%s) - start)) s"
+      echo "== executor benchmark (bench-40, precision bf16)"
+      DSV41RT_COMMIT=$commit timeout "${BENCH_TIMEOUT:-420}" python3 -u bench/bench_executor.py --checkpoint /tmp/bench-40 \
+        --precision bf16 --prefill "${PREFILL:-1024,8192}" --contexts "${CONTEXTS:-4096,32768}" --batches 1,8,64 \
+        --steps "${DECODE_STEPS:-5}" --repeats 3 --kv-memory $((8 << 30)) --token-budget 8192 \
+        --out "$OUT/bench40.json" 2>&1 | tail -40
+      nvidia-smi --query-gpu=memory.used --format=csv,noheader
+      ;;
+    comm)
+      echo "== communicator + context parallel"
+      timeout 300 python3 -m pytest -q -p no:cacheprovider -m cuda -s tests/python/test_nccl_comm.py \
+        tests/python/test_context_parallel.py 2>&1 | tee "$OUT/pytest_comm.log" | tail -30
+      [ -f bench/cp_overlap.py ] && timeout 200 python3 -u bench/cp_overlap.py 2>&1 | tail -20
+      ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
