@@ -34,6 +34,9 @@ class DSV41RT_API Communicator {
   virtual void all_to_all(const void* send, void* recv, size_t count, DType dtype,
                           void* stream = nullptr) = 0;
   virtual void barrier() = 0;
+  /// True when the buffers are device memory used on `stream` (NCCL); false for host-memory
+  /// communicators (LocalComm), which a GPU caller stages through host memory.
+  virtual bool device_buffers() const { return false; }
 };
 
 }  // namespace dsv41rt::comm

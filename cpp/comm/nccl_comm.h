@@ -1,0 +1,93 @@
+// NcclComm: the Communicator over NCCL, one rank per GPU (one per process, or several GPUs driven
+// from one process). libnccl.so.2 is loaded at first use (comm/nccl_loader.h), never linked.
+//
+// Collectives are only ENQUEUED on the caller's stream (a cudaStream_t; nullptr = the legacy
+// default stream): no host synchronisation and no allocation happens inside them, so they can be
+// recorded into a CUDA graph (create the communicator before the capture, and destroy graphs
+// that replay its collectives before the communicator). Buffers are device pointers on the
+// communicator's GPU. NCCL cannot check that the ranks made matching calls: a mismatch hangs the
+// GPU work (as with any NCCL program); barrier() notices a dead peer or a timeout and throws.
+//
+// Data types: moves (all_gather, all_to_all) take every dtype with whole-byte elements (f32,
+// bf16, f16, fp8_e4m3 and e8m0 as bytes, i8, i32, i64, u8); reductions take f32, bf16, f16, i8,
+// i32, i64, u8. Others (fp4_e2m1: two elements per byte) throw Error naming the dtype.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+
+struct ncclComm;     // NCCL's communicator (ncclComm_t): this header needs no nccl.h
+struct CUstream_st;  // cudaStream_t
+
+namespace dsv41rt::comm {
+
+struct NcclApi;
+
+class DSV41RT_API NcclComm final : public Communicator {
+ public:
+  /// The 128 bytes of a fresh ncclUniqueId. Rank 0 makes it and ships it to the other ranks.
+  static std::string nccl_unique_id();
+
+  /// Takes ownership of an initialised NCCL communicator; use make_nccl_comm*() instead.
+  NcclComm(ncclComm* comm, int rank, int size, int cuda_device,
+           std::chrono::milliseconds barrier_timeout);
+  ~NcclComm() override;
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int cuda_device() const { return device_; }
+
+  void all_gather(const void* send, void* recv, size_t count, DType dtype,
+                  void* stream = nullptr) override;
+  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                      void* stream = nullptr) override;
+  void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
+                  void* stream = nullptr) override;
+  void all_to_all(const void* send, void* recv, size_t count, DType dtype,
+                  void* stream = nullptr) override;
+  /// A 1-element all_reduce on an internal stream, waited for on the host (so: not inside a
+  /// graph capture). Throws, and aborts the communicator, if NCCL reports an asynchronous error
+  /// (a peer died) or the ranks do not all arrive within the barrier timeout.
+  void barrier() override;
+  bool device_buffers() const override { return true; }  // device pointers, stream-ordered
+
+ private:
+  size_t prepare(const char* op, const void* send, const void* recv, size_t count, DType dtype,
+                 int chunks) const;
+  void check_usable(const char* op) const;
+  void check_nccl(int result, const char* what) const;  // throws unless ncclSuccess
+  void abort_now() noexcept;
+  void release() noexcept;
+
+  const NcclApi* api_;
+  ncclComm* comm_;
+  int rank_;
+  int size_;
+  int device_;
+  std::chrono::milliseconds barrier_timeout_;
+  CUstream_st* barrier_stream_ = nullptr;
+  void* barrier_value_ = nullptr;  // the barrier's one f32, on device_
+};
+
+/// Whether NCCL can be used: built with it and libnccl.so.2 loads. Never throws.
+DSV41RT_API bool nccl_available() noexcept;
+
+/// "NCCL 2.27.3 (/path/libnccl.so.2)"; throws Error "NCCL not available: ..." otherwise.
+DSV41RT_API std::string nccl_library_info();
+
+/// Rank `rank` of a `size`-rank group on CUDA device `cuda_device`. Every rank calls this with the
+/// same `unique_id` (from NcclComm::nccl_unique_id() on rank 0); it returns once all have joined.
+DSV41RT_API std::unique_ptr<Communicator> make_nccl_comm(
+    const std::string& unique_id, int rank, int size, int cuda_device,
+    std::chrono::milliseconds barrier_timeout = std::chrono::minutes(10));
+
+/// A one-rank group on `cuda_device` (collectives become copies; for tests and single-GPU runs).
+DSV41RT_API std::unique_ptr<Communicator> make_nccl_comm_single(
+    int cuda_device, std::chrono::milliseconds barrier_timeout = std::chrono::minutes(10));
+
+}  // namespace dsv41rt::comm
