@@ -49,7 +49,8 @@ class PyEngine {
            const std::vector<nb::dict>& engram_layers, bool cache_quant, bool record_decisions,
            int64_t kv_memory_bytes, int64_t max_running, int64_t token_budget, int64_t max_context,
            int64_t page_tokens, const std::string& device, bool multistream, bool cuda_graphs,
-           const std::string& precision, nb::object progress) {
+           const std::string& precision, int64_t cp_size, const std::string& cp_comm,
+           nb::object progress) {
     ModelPlan plan = build_model_plan(load_model_config(path));
     auto ck = std::make_shared<Checkpoint>(path);
     EngramTables tables;
@@ -89,6 +90,8 @@ class PyEngine {
     options.multistream = multistream;
     options.cuda_graphs = cuda_graphs;
     options.precision = precision;
+    options.cp_size = cp_size;
+    options.cp_comm = cp_comm;
     std::shared_ptr<Executor> exec =
         model::make_executor(std::move(plan), std::move(weights), std::move(tables), options);
     engine_ = std::make_unique<Engine>(
@@ -319,14 +322,15 @@ void register_engine(nb::module_& m) {
                        "(submit/step/cancel/stats) and direct handles (forward).")
       .def(nb::init<const std::string&, nb::object, const std::vector<nb::dict>&, bool, bool,
                     int64_t, int64_t, int64_t, int64_t, int64_t, const std::string&, bool, bool,
-                    const std::string&, nb::object>(),
+                    const std::string&, int64_t, const std::string&, nb::object>(),
            nb::arg("path"), nb::arg("token_map") = nb::none(),
            nb::arg("engram_layers") = std::vector<nb::dict>{}, nb::kw_only(),
            nb::arg("cache_quant") = true, nb::arg("record_decisions") = false,
            nb::arg("kv_memory_bytes") = int64_t(256) << 20, nb::arg("max_running") = 64,
            nb::arg("token_budget") = 512, nb::arg("max_context") = 0, nb::arg("page_tokens") = 64,
            nb::arg("device") = "cpu", nb::arg("multistream") = true, nb::arg("cuda_graphs") = true,
-           nb::arg("precision") = "fp32", nb::arg("progress") = nb::none())
+           nb::arg("precision") = "fp32", nb::arg("cp_size") = 1, nb::arg("cp_comm") = "local",
+           nb::arg("progress") = nb::none())
       .def("submit", &PyEngine::submit, nb::arg("prompt"), nb::arg("max_new_tokens"),
            nb::arg("sampling") = nb::dict(), nb::arg("stop_token_ids") = std::vector<int32_t>{},
            nb::arg("ignore_eos") = false)

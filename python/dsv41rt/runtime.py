@@ -106,6 +106,8 @@ class Runtime:
         multistream: bool = True,
         cuda_graphs: bool = True,
         precision: str = "fp32",
+        cp_size: int = 1,
+        cp_comm: str = "local",
         progress: bool = False,
     ) -> None:
         """Load `checkpoint` (validated against its config).
@@ -120,9 +122,15 @@ class Runtime:
         precision "fp32" computes every projection in FP32 (the reference numerics); "bf16" (CUDA
         only) runs projections and experts of 16+ rows on BF16 tensor cores (activations rounded to
         BF16 at each GEMM input, FP32 accumulation).
+        cp_size > 1 splits prefill forwards round-robin over that many context-parallel ranks
+        (virtual ranks in this process, each with a replica of the KV state; decode runs
+        replicated): the same logits as cp_size 1 (docs/design/context-parallel.md). cp_comm "nccl"
+        puts rank r on CUDA device base + r over NCCL (cp_size 1: the CP data flow on one GPU).
         """
         if not (device in ("cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
             raise Dsv41rtError(f"unknown device {device!r} (expected 'cpu', 'cuda' or 'cuda:N')")
+        if cp_comm == "nccl":
+            from . import comm  # noqa: F401  (puts the pip NCCL on the loader's search path)
         opened = open_checkpoint(checkpoint)  # validates config and every tensor, errors by name
         self.config = opened.config
         token_map, layers = _engram_inputs(checkpoint, opened)
@@ -144,6 +152,8 @@ class Runtime:
                 multistream=bool(multistream),
                 cuda_graphs=bool(cuda_graphs),
                 precision=str(precision),
+                cp_size=int(cp_size),
+                cp_comm=str(cp_comm),
                 progress=bar,
             )
         except _core.Error as err:

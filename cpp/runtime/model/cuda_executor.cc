@@ -140,7 +140,10 @@ class CudaExecutor final : public Executor {
 
   ~CudaExecutor() override { cudaDeviceSynchronize(); }
 
-  void forward(std::vector<BatchItem>& batch) override;
+  void forward(std::vector<BatchItem>& batch) override { forward_impl(batch, nullptr); }
+  void forward_cp(std::vector<BatchItem>& batch, comm::Communicator& comm) override {
+    forward_impl(batch, &comm);
+  }
   void copy_state(const RequestView& src, const RequestView& dst) override {
     check_copy_state(*pool_, src, dst);
     DSV41RT_CU(cudaSetDevice(device_));
@@ -172,6 +175,8 @@ class CudaExecutor final : public Executor {
       graphs_.clear();  // captured graphs bake in the stream layout
     } else if (name == "cuda_graphs") {
       options_.cuda_graphs = on;
+    } else if (name == "cp_timing") {
+      cp_timing_ = on;
     } else if (name == "bf16_gemm") {
       bf16_gemm_ = on;
       graphs_.clear();  // captured graphs bake in the kernels
@@ -188,7 +193,11 @@ class CudaExecutor final : public Executor {
             {"graphs", int64_t(graphs_.size())},
             {"multistream", options_.multistream ? 1 : 0},
             {"cuda_graphs", options_.cuda_graphs ? 1 : 0},
-            {"bf16_gemm", bf16_gemm_ ? 1 : 0}};
+            {"bf16_gemm", bf16_gemm_ ? 1 : 0},
+            {"cp_layers_timed", cp_layers_},
+            {"cp_q_projection_us", cp_q_us_},
+            {"cp_all_gather_us", cp_gather_us_},
+            {"cp_overlap_us", cp_overlap_us_}};
   }
 
  private:
@@ -217,10 +226,24 @@ class CudaExecutor final : public Executor {
     };
     std::map<int, Ratio> ratio;
     std::vector<const int64_t*> engram_rows;
+    // Query rows: this rank's under context parallelism (QueryRows), every row otherwise (then
+    // these alias the arrays above).
+    int64_t nq = 0;
+    const int32_t *q_tokens, *q_row_item;
+    const int64_t* q_positions;
+    struct QRatio {
+      const int64_t *n_visible, *key_offset;
+    };
+    std::map<int, QRatio> q_ratio;
+    std::vector<const int64_t*> q_engram_rows;
+    const int64_t* cp_src_row = nullptr;  // [rows] all-gather slot of each plan row
   };
 
-  void upload(const ForwardPlan& f);
-  void begin(const ForwardPlan& f);
+  void upload(const ForwardPlan& f, const QueryRows* q);
+  void begin(const ForwardPlan& f, const QueryRows* q = nullptr);
+  void forward_impl(std::vector<BatchItem>& batch, comm::Communicator* comm);
+  // Context parallelism: local rows [nq, dim] -> plan rows [rows, dim] (one all-gather).
+  void gather_rows(const float* local, int64_t dim, int64_t rows, float* out, cudaStream_t s);
   std::unique_ptr<Graph> capture(const ForwardPlan& f);
   bool graph_valid(const Graph* g) const {
     return g && g->generation == generation_ &&
@@ -229,7 +252,7 @@ class CudaExecutor final : public Executor {
   void run(const ForwardPlan& f);
   void attention(const LayerPlan& layer, const CudaLayerWeights& w, const ForwardPlan& f);
   void compressor(const LayerPlan& layer, const CudaLayerWeights& w, const ForwardPlan& f,
-                  cudaStream_t s);
+                  const float* x, cudaStream_t s);
   void indexer(const LayerPlan& layer, const CudaLayerWeights& w, const ForwardPlan& f,
                cudaStream_t s);
   kc::PagedRows paged(int source_layer, bool key, const ForwardPlan& f) const;
@@ -305,6 +328,41 @@ class CudaExecutor final : public Executor {
   DeviceArray<float> moe_work_;    // MoE scratch: split-kernel hidden units or grouped GEMMs
   DeviceArray<int32_t> moe_ints_;  // grouped MoE: counts, permutation, tile table
   bool bf16_gemm_ = false;
+  // Context parallelism, set for the duration of a forward_cp.
+  comm::Communicator* comm_ = nullptr;
+  QueryRows qv_;
+  DeviceArray<float> cp_recv_, xg_, ug_;
+  std::vector<float> cp_host_;  // staging of host communicators
+  // CP timing (backend option "cp_timing"): per layer, events around the Q projection (side
+  // stream) and the all-gather (main stream), read after the forward.
+  bool cp_timing_ = false;
+  std::vector<std::unique_ptr<cudart::TimingEvent>> cp_events_;
+  int64_t cp_layer_ = 0;
+  int64_t cp_q_us_ = 0, cp_gather_us_ = 0, cp_overlap_us_ = 0, cp_layers_ = 0;
+  void cp_mark(int i, cudaStream_t s) {
+    if (!cp_timing_) return;
+    const size_t at = size_t(cp_layer_ * 4 + i);
+    while (cp_events_.size() <= at) cp_events_.push_back(std::make_unique<cudart::TimingEvent>());
+    DSV41RT_CU(cudaEventRecord(cp_events_[at]->get(), s));
+    if (i == 3) ++cp_layer_;
+  }
+  // After the forward's synchronisation: sums over layers of the Q projection's and the
+  // all-gather's device time and of the time both ran (microseconds).
+  void read_cp_timing() {
+    cp_q_us_ = cp_gather_us_ = cp_overlap_us_ = 0;
+    cp_layers_ = cp_layer_;
+    auto at = [&](int64_t l, int i) {
+      float ms = 0.0f;
+      DSV41RT_CU(cudaEventElapsedTime(&ms, st_->t0.get(), cp_events_[size_t(l * 4 + i)]->get()));
+      return double(ms) * 1000.0;
+    };
+    for (int64_t l = 0; l < cp_layer_; ++l) {
+      const double q0 = at(l, 0), q1 = at(l, 1), g0 = at(l, 2), g1 = at(l, 3);
+      cp_q_us_ += int64_t(q1 - q0);
+      cp_gather_us_ += int64_t(g1 - g0);
+      cp_overlap_us_ += int64_t(std::max(0.0, std::min(q1, g1) - std::max(q0, g0)));
+    }
+  }
   bool use_tc_ = false;  // this forward's GEMM choice (see tensor_cores)
   int topk_source_ = -1;
   int candidates_ratio_ = -1;
@@ -354,7 +412,7 @@ void CudaExecutor::moe_experts(const float* x, const int32_t* idx, const float* 
       moe_experts_fp32(x, idx, weight, N, H, k, E, I, w, limit, y, work, chunk * per_token, s));
 }
 
-void CudaExecutor::upload(const ForwardPlan& f) {
+void CudaExecutor::upload(const ForwardPlan& f, const QueryRows* q) {
   cudart::MetaUpload& u = meta_up_;
   u.clear();
   const size_t tokens = u.add(f.tokens), row_item = u.add(f.row_item),
@@ -378,6 +436,20 @@ void CudaExecutor::upload(const ForwardPlan& f) {
   }
   std::vector<size_t> engram;
   for (const auto& rows : f.engram_rows) engram.push_back(u.add(rows));
+  size_t q_tokens = 0, q_item = 0, q_pos = 0, src_row = 0;
+  std::vector<std::pair<size_t, size_t>> q_ratio;
+  std::vector<size_t> q_engram;
+  if (q) {
+    q_tokens = u.add(q->tokens), q_item = u.add(q->row_item), q_pos = u.add(q->positions);
+    for (size_t r = 0; r < f.ratios.size(); ++r) {
+      q_ratio.emplace_back(u.add(q->n_visible[r]), u.add(q->key_offset[r]));
+    }
+    for (const auto& rows : q->engram_rows) q_engram.push_back(u.add(rows));
+    const int64_t P = comm_->size();
+    std::vector<int64_t> src(f.rows);
+    for (int64_t g = 0; g < f.rows; ++g) src[g] = (g % P) * q->max_local + g / P;
+    src_row = u.add(src);
+  }
   u.upload(main(), generation_);
   Meta& m = meta_;
   m.tokens = u.device<int32_t>(tokens);
@@ -404,11 +476,55 @@ void CudaExecutor::upload(const ForwardPlan& f) {
   }
   m.engram_rows.clear();
   for (size_t off : engram) m.engram_rows.push_back(u.device<int64_t>(off));
+  m.q_ratio.clear();
+  m.q_engram_rows.clear();
+  if (!q) {
+    m.nq = f.rows;
+    m.q_tokens = m.tokens, m.q_row_item = m.row_item, m.q_positions = m.positions;
+    for (const auto& [r, o] : m.ratio) m.q_ratio[r] = {o.n_visible, o.key_offset};
+    m.q_engram_rows = m.engram_rows;
+    m.cp_src_row = nullptr;
+    return;
+  }
+  m.nq = q->rows;
+  m.q_tokens = u.device<int32_t>(q_tokens);
+  m.q_row_item = u.device<int32_t>(q_item);
+  m.q_positions = u.device<int64_t>(q_pos);
+  for (size_t r = 0; r < f.ratios.size(); ++r) {
+    m.q_ratio[f.ratios[r].ratio] = {u.device<int64_t>(q_ratio[r].first),
+                                    u.device<int64_t>(q_ratio[r].second)};
+  }
+  for (size_t off : q_engram) m.q_engram_rows.push_back(u.device<int64_t>(off));
+  m.cp_src_row = u.device<int64_t>(src_row);
+}
+
+void CudaExecutor::gather_rows(const float* local, int64_t dim, int64_t rows, float* out,
+                               cudaStream_t s) {
+  const int64_t P = comm_->size(), count = qv_.max_local * dim;
+  float* recv = cp_recv_.ensure(std::max<int64_t>(P * count, 1), generation_);
+  if (comm_->device_buffers()) {
+    comm_->all_gather(local, recv, size_t(count), DType::kF32, s);
+  } else {
+    // A host communicator (LocalComm virtual ranks): stage through pinned host memory.
+    if (cp_host_.size() < size_t((P + 1) * count)) {
+      cp_host_.resize(size_t((P + 1) * count));
+    }
+    float* hsend = cp_host_.data();
+    float* hrecv = hsend + count;
+    DSV41RT_CU(
+        cudaMemcpyAsync(hsend, local, size_t(count) * sizeof(float), cudaMemcpyDeviceToHost, s));
+    DSV41RT_CU(cudaStreamSynchronize(s));
+    comm_->all_gather(hsend, hrecv, size_t(count), DType::kF32, nullptr);
+    DSV41RT_CU(
+        cudaMemcpyAsync(recv, hrecv, size_t(P * count) * sizeof(float), cudaMemcpyHostToDevice, s));
+    DSV41RT_CU(cudaStreamSynchronize(s));  // the pageable staging buffer is reused next call
+  }
+  DSV41RT_CU(kc::gather_rows(recv, meta_.cp_src_row, rows, dim, out, s));
 }
 
 // Full layers: the new entries of every item (spec §2.4), written to the pages.
 void CudaExecutor::compressor(const LayerPlan& layer, const CudaLayerWeights& w,
-                              const ForwardPlan& f, cudaStream_t s) {
+                              const ForwardPlan& f, const float* x, cudaStream_t s) {
   const ModelConfig& c = plan_.config;
   const int64_t H = c.hidden_size, D = c.head_dim, DI = c.index_head_dim, m = layer.ratio;
   const int64_t N = f.rows, R = c.qk_rope_head_dim;
@@ -417,7 +533,6 @@ void CudaExecutor::compressor(const LayerPlan& layer, const CudaLayerWeights& w,
   const Meta::Ratio& mr = meta_.ratio.at(m);
   const int64_t G = int64_t(rp.group_item.size());
   float* cv = cv_.ensure(N * D, generation_);
-  const float* x = xn_.get();
   DSV41RT_CU(lin(x, w.comp_wkv, N, H, D, cv, false, s));
   float* latent = cv;  // ratio 1: every row is a group of one (softmax weight exactly 1)
   if (m > 1) {
@@ -449,15 +564,17 @@ void CudaExecutor::compressor(const LayerPlan& layer, const CudaLayerWeights& w,
 void CudaExecutor::indexer(const LayerPlan& layer, const CudaLayerWeights& w, const ForwardPlan& f,
                            cudaStream_t s) {
   const ModelConfig& c = plan_.config;
-  const int64_t H = c.hidden_size, N = f.rows, R = c.qk_rope_head_dim;
+  // Queries, weights, scores and the top-k of the query rows (N of them).
+  const int64_t H = c.hidden_size, N = meta_.nq, R = c.qk_rope_head_dim;
   const int64_t HI = c.index_n_heads, DI = c.index_head_dim, KI = c.index_topk;
   const RatioPlan& rp = f.ratio(layer.ratio);
   const Meta::Ratio& mr = meta_.ratio.at(layer.ratio);
+  const Meta::QRatio& qv = meta_.q_ratio.at(layer.ratio);
   const int64_t T = rp.max_count;
   float* qi = qi_.ensure(N * HI * DI, generation_);
   float* wts = wts_.ensure(N * HI, generation_);
   DSV41RT_CU(lin(qr_.get(), w.idx_wq_b, N, c.q_lora_rank, HI * DI, qi, false, s));
-  DSV41RT_CU(kc::apply_rope(qi, N, HI, DI, R, meta_.positions, w.inv_freq, false, s));
+  DSV41RT_CU(kc::apply_rope(qi, N, HI, DI, R, meta_.q_positions, w.inv_freq, false, s));
   if (options_.cache_quant) DSV41RT_CU(kc::mxfp4_qdq(qi, N * HI, DI, qi, s));  // MXFP4 queries
   DSV41RT_CU(lin(xn_.get(), w.idx_weights_proj, N, H, HI, wts, false, s));
   const float wscale = float(std::pow(double(DI), -0.5) * std::pow(double(HI), -0.5));
@@ -468,12 +585,12 @@ void CudaExecutor::indexer(const LayerPlan& layer, const CudaLayerWeights& w, co
   int32_t* topk = topk_.ensure(N * KI, generation_);
   DSV41RT_CU(kc::unpack_paged(key_fmt_, paged(layer.kv_source, true, f), DI, f.items, T, mr.count,
                               mr.comp_offset, ikeys, s));
-  DSV41RT_CU(kc::indexer_scores_offset(qi, ikeys, mr.key_offset, wts, mr.n_visible, N, HI, DI, T,
+  DSV41RT_CU(kc::indexer_scores_offset(qi, ikeys, qv.key_offset, wts, qv.n_visible, N, HI, DI, T,
                                        scores, s));
   if (layer.candidates == CandidateRole::kSource) {
     uint8_t* mask = mask_.ensure(std::max<int64_t>(N * T, 1), generation_);
     if (T > 0) {
-      DSV41RT_CU(kc::candidate_blocks(scores, mr.n_visible, N, T, c.candidate_topk_blocks,
+      DSV41RT_CU(kc::candidate_blocks(scores, qv.n_visible, N, T, c.candidate_topk_blocks,
                                       c.candidate_block_size, mask, s));
     }
     candidates_ratio_ = layer.ratio;
@@ -495,33 +612,64 @@ void CudaExecutor::attention(const LayerPlan& layer, const CudaLayerWeights& w,
                              const ForwardPlan& f) {
   const ModelConfig& c = plan_.config;
   const int64_t H = c.hidden_size, D = c.head_dim, nh = c.num_attention_heads;
-  const int64_t R = c.qk_rope_head_dim, W = c.sliding_window, N = f.rows;
+  const int64_t R = c.qk_rope_head_dim, W = c.sliding_window, N = f.rows, NQ = meta_.nq;
   const float eps = float(c.rms_norm_eps);
   const cudaStream_t s = main();
   const bool full = layer.role == LayerRole::kFull;
   const bool selects = full || layer.role == LayerRole::kReindex;
+  float* qr = qr_.ensure(NQ * c.q_lora_rank, generation_);
+  float* q = q_.ensure(NQ * nh * D, generation_);
+  auto q_projection = [&](cudaStream_t qs) {
+    DSV41RT_CU(lin(xn_.get(), w.wq_a, NQ, H, c.q_lora_rank, qr, false, qs));
+    DSV41RT_CU(kc::rms_norm(qr, w.q_norm, NQ, c.q_lora_rank, eps, qr, qs));
+    DSV41RT_CU(lin(qr, w.wq_b, NQ, c.q_lora_rank, nh * D, q, false, qs));
+    DSV41RT_CU(kc::apply_rope(q, NQ, nh, D, R, meta_.q_positions, w.inv_freq, false, qs));
+  };
 
-  // Fork: the layer input xn is ready; the compressor needs nothing else.
-  if (full) {
-    st_->fork.link(s, side(1));
-    compressor(layer, w, f, side(1));
-    if (side(1) != s) DSV41RT_CU(cudaEventRecord(st_->comp.get(), side(1)));
-  }
-  float* qr = qr_.ensure(N * c.q_lora_rank, generation_);
-  DSV41RT_CU(lin(xn_.get(), w.wq_a, N, H, c.q_lora_rank, qr, false, s));
-  DSV41RT_CU(kc::rms_norm(qr, w.q_norm, N, c.q_lora_rank, eps, qr, s));
-  if (selects) {
-    st_->qr.link(s, side(2));
-    indexer(layer, w, f, side(2));
+  const float* xs = xn_.get();  // the state rows' hidden states (all rows)
+  if (comm_) {
+    // Context parallelism: the Q projection of this rank's rows runs on a side stream while
+    // the main stream all-gathers every row's hidden state, BEFORE the other side streams fork
+    // (collectives in a fixed order on one stream; docs/design/context-parallel.md). The
+    // indexer follows the Q projection on the same side stream, after the compressor.
+    st_->fork.link(s, side(2));
+    cp_mark(0, side(2));
+    q_projection(side(2));
+    cp_mark(1, side(2));
+    float* xg = xg_.ensure(N * H, generation_);
+    cp_mark(2, s);
+    gather_rows(xn_.get(), H, N, xg, s);
+    cp_mark(3, s);
+    xs = xg;
+    if (full) {
+      st_->fork.link(s, side(1));
+      compressor(layer, w, f, xs, side(1));
+      if (side(1) != s) DSV41RT_CU(cudaEventRecord(st_->comp.get(), side(1)));
+    }
+    if (selects) indexer(layer, w, f, side(2));
     if (side(2) != s) DSV41RT_CU(cudaEventRecord(st_->idx.get(), side(2)));
+  } else {
+    // Fork: the layer input xn is ready; the compressor needs nothing else.
+    if (full) {
+      st_->fork.link(s, side(1));
+      compressor(layer, w, f, xs, side(1));
+      if (side(1) != s) DSV41RT_CU(cudaEventRecord(st_->comp.get(), side(1)));
+    }
+    DSV41RT_CU(lin(xn_.get(), w.wq_a, NQ, H, c.q_lora_rank, qr, false, s));
+    DSV41RT_CU(kc::rms_norm(qr, w.q_norm, NQ, c.q_lora_rank, eps, qr, s));
+    if (selects) {
+      st_->qr.link(s, side(2));
+      indexer(layer, w, f, side(2));
+      if (side(2) != s) DSV41RT_CU(cudaEventRecord(st_->idx.get(), side(2)));
+    }
+    // Q projection on the main stream, overlapping the side streams.
+    DSV41RT_CU(lin(qr, w.wq_b, NQ, c.q_lora_rank, nh * D, q, false, s));
+    DSV41RT_CU(kc::apply_rope(q, NQ, nh, D, R, meta_.q_positions, w.inv_freq, false, s));
   }
-  // Q projection and the window KV on the main stream, overlapping the side streams.
-  float* q = q_.ensure(N * nh * D, generation_);
-  DSV41RT_CU(lin(qr, w.wq_b, N, c.q_lora_rank, nh * D, q, false, s));
-  DSV41RT_CU(kc::apply_rope(q, N, nh, D, R, meta_.positions, w.inv_freq, false, s));
+  // The window KV of every row on the main stream.
   float* kv_a = kv_a_.ensure((f.old_rows + N) * D, generation_);
   float* kv = kv_a + f.old_rows * D;  // this forward's rows follow the ring rows
-  DSV41RT_CU(lin(xn_.get(), w.wkv, N, H, D, kv, false, s));
+  DSV41RT_CU(lin(xs, w.wkv, N, H, D, kv, false, s));
   DSV41RT_CU(kc::rms_norm(kv, w.kv_norm, N, D, eps, kv, s));
   DSV41RT_CU(kc::apply_rope(kv, N, 1, D, R, meta_.positions, w.inv_freq, false, s));
   if (options_.cache_quant) DSV41RT_CU(kc::fp8_window_qdq(kv, N, D, kv, s));
@@ -554,44 +702,49 @@ void CudaExecutor::attention(const LayerPlan& layer, const CudaLayerWeights& w,
                                       mr->comp_offset, static_cast<float*>(dst), s));
         }));
   }
-  if (selects && side(2) != s) DSV41RT_CU(cudaStreamWaitEvent(s, st_->idx.get(), 0));
+  if ((selects || comm_) && side(2) != s) DSV41RT_CU(cudaStreamWaitEvent(s, st_->idx.get(), 0));
   st_->store.link(side(0), s);
   const int64_t KI = layer.ratio > 0 ? c.index_topk : 0;
   if (KI > 0) {
     DSV41RT_CHECK(topk_source_ == layer.topk_source, "layer ", layer.index,
                   " expects the top-k of layer ", layer.topk_source, ", found ", topk_source_);
   }
-  int32_t* idx = idx_.ensure(N * (W + KI), generation_);
-  DSV41RT_CU(kc::attention_indices(N, W, KI, meta_.row_item, meta_.positions, meta_.window_first,
-                                   meta_.length, meta_.old_offset, meta_.row0, f.old_rows,
-                                   KI ? topk_.get() : nullptr, mr ? mr->comp_offset : nullptr,
-                                   f.old_rows + N, idx, s));
-  float* o = o_.ensure(N * nh * D, generation_);
+  // Attention of the query rows over the keys of every row.
+  int32_t* idx = idx_.ensure(NQ * (W + KI), generation_);
+  DSV41RT_CU(kc::attention_indices(NQ, W, KI, meta_.q_row_item, meta_.q_positions,
+                                   meta_.window_first, meta_.length, meta_.old_offset, meta_.row0,
+                                   f.old_rows, KI ? topk_.get() : nullptr,
+                                   mr ? mr->comp_offset : nullptr, f.old_rows + N, idx, s));
+  float* o = o_.ensure(NQ * nh * D, generation_);
   DSV41RT_CU(kc::sparse_attention_split(q, kv_a, f.old_rows + N, comp, comp_rows, idx, w.attn_sink,
-                                        N, nh, D, W + KI, float(1.0 / std::sqrt(double(D))), o, s));
-  DSV41RT_CU(kc::apply_rope(o, N, nh, D, R, meta_.positions, w.inv_freq, true, s));
+                                        NQ, nh, D, W + KI, float(1.0 / std::sqrt(double(D))), o,
+                                        s));
+  DSV41RT_CU(kc::apply_rope(o, NQ, nh, D, R, meta_.q_positions, w.inv_freq, true, s));
   const int64_t g = c.o_groups, kg = nh * D / g, ro = c.o_lora_rank;
-  float* z = z_.ensure(N * g * ro, generation_);
-  DSV41RT_CU(grouped_lin(o, w.wo_a, N, g, kg, ro, z, s));
-  DSV41RT_CU(lin(z, w.wo_b, N, g * ro, H, yv_.get(), false, s));
+  float* z = z_.ensure(NQ * g * ro, generation_);
+  DSV41RT_CU(grouped_lin(o, w.wo_a, NQ, g, kg, ro, z, s));
+  DSV41RT_CU(lin(z, w.wo_b, NQ, g * ro, H, yv_.get(), false, s));
   if (options_.record_decisions && selects) {
-    std::vector<int32_t> host(N * KI);
+    std::vector<int32_t> host(NQ * KI);
     DSV41RT_CU(cudaMemcpyAsync(host.data(), topk_.get(), host.size() * sizeof(int32_t),
                                cudaMemcpyDeviceToHost, s));
     DSV41RT_CU(cudaStreamSynchronize(s));
-    sorted_rows(host, N, KI, decisions_["topk_L" + std::to_string(layer.index)]);
+    sorted_rows(host, NQ, KI, decisions_["topk_L" + std::to_string(layer.index)]);
   }
 }
 
 void CudaExecutor::run(const ForwardPlan& f) {
   const ModelConfig& c = plan_.config;
-  const int64_t H = c.hidden_size, hc = c.hc_mult, N = f.rows, V = c.vocab_size;
+  // The streams carry the query rows (this rank's under context parallelism, else all rows);
+  // xn and u are sized for the all-gather's per-rank count.
+  const int64_t H = c.hidden_size, hc = c.hc_mult, N = meta_.nq, V = c.vocab_size;
+  const int64_t NA = comm_ ? qv_.max_local : N;
   const float eps = float(c.rms_norm_eps), hc_eps = float(c.hc_eps);
   const cudaStream_t s = main();
   float* X = X_.ensure(N * hc * H, generation_);
   float* X1 = X1_.ensure(N * hc * H, generation_);
-  float* u = u_.ensure(N * H, generation_);
-  float* xn = xn_.ensure(N * H, generation_);
+  float* u = u_.ensure(NA * H, generation_);
+  float* xn = xn_.ensure(NA * H, generation_);
   float* yv = yv_.ensure(N * H, generation_);
   float* pre = pre_.ensure(N * hc, generation_);
   float* a_pre = a_pre_.ensure(N * hc, generation_);
@@ -601,7 +754,7 @@ void CudaExecutor::run(const ForwardPlan& f) {
   float* f_post = f_post_.ensure(N * hc, generation_);
   float* f_comb = f_comb_.ensure(N * hc * hc, generation_);
 
-  DSV41RT_CU(kc::embed_rows(weights_.embed, weights_.embed_bf16, meta_.tokens, N, H, hc, X, s));
+  DSV41RT_CU(kc::embed_rows(weights_.embed, weights_.embed_bf16, meta_.q_tokens, N, H, hc, X, s));
   DSV41RT_CU(cudaMemcpyAsync(pre, meta_.pre0, size_t(N * hc) * sizeof(float),
                              cudaMemcpyDeviceToDevice, s));
 
@@ -614,7 +767,7 @@ void CudaExecutor::run(const ForwardPlan& f) {
       const int64_t cols = int64_t(e.max_ngram_size - 1) * e.n_heads, hd = e.head_dim;
       float* emb = emb_.ensure(N * cols * hd, generation_);
       float* ws = engram_ws_.ensure(kc::engram_forward_workspace(N, hc, H), generation_);
-      DSV41RT_CU(kc::engram_gather(w.engram_table, w.engram_scale, meta_.engram_rows[engram_pos],
+      DSV41RT_CU(kc::engram_gather(w.engram_table, w.engram_scale, meta_.q_engram_rows[engram_pos],
                                    N * cols, hd, emb, s));
       DSV41RT_CU(kc::engram_forward(X, emb, w.engram_wkv, w.engram_q, w.engram_k, nullptr, N, hc, H,
                                     cols * hd, eps, ws, s));
@@ -648,21 +801,27 @@ void CudaExecutor::run(const ForwardPlan& f) {
     std::swap(pre, f_pre);
   }
   DSV41RT_CU(kc::hc_collapse(X, pre, N, hc, H, u, s));
+  const float* u_all = u;
+  if (comm_) {  // every rank gathers the final hidden states and computes every wanted logit
+    float* ug = ug_.ensure(f.rows * H, generation_);
+    gather_rows(u, H, f.rows, ug, s);
+    u_all = ug;
+  }
   const int64_t rows = int64_t(f.head_rows.size());
   float* hsel = hsel_.ensure(rows * H, generation_);
   float* logits = logits_.ensure(rows * V, generation_);
-  DSV41RT_CU(kc::gather_rows(u, meta_.head_rows, rows, H, hsel, s));
+  DSV41RT_CU(kc::gather_rows(u_all, meta_.head_rows, rows, H, hsel, s));
   DSV41RT_CU(kc::rms_norm(hsel, weights_.norm, rows, H, eps, hsel, s));
   DSV41RT_CU(lin(hsel, weights_.head, rows, H, V, logits, false, s));
 }
 
 // Host bookkeeping of a forward and the metadata upload (outside any capture).
-void CudaExecutor::begin(const ForwardPlan& f) {
+void CudaExecutor::begin(const ForwardPlan& f, const QueryRows* q) {
   workspaces_.begin_forward();
   decisions_.clear();
   topk_source_ = -1;
   candidates_ratio_ = -1;
-  upload(f);
+  upload(f, q);
 }
 
 // Records run(f) as a graph. Nothing executes during capture, so the workspace counters the
@@ -701,7 +860,7 @@ std::unique_ptr<CudaExecutor::Graph> CudaExecutor::capture(const ForwardPlan& f)
   return g;
 }
 
-void CudaExecutor::forward(std::vector<BatchItem>& batch) {
+void CudaExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicator* comm) {
   DSV41RT_CU(cudaSetDevice(device_));
   const ModelConfig& c = plan_.config;
   std::vector<const int32_t*> histories;
@@ -717,11 +876,26 @@ void CudaExecutor::forward(std::vector<BatchItem>& batch) {
   }
   // Decode batches run as a graph of their bucket (captured on first use after an eager run of
   // the same padded plan, replayed after); everything else, and recording runs, eagerly.
-  const DecodeBucket bucket =
-      options_.cuda_graphs && !options_.record_decisions ? decode_bucket(c, batch) : DecodeBucket{};
+  const DecodeBucket bucket = options_.cuda_graphs && !options_.record_decisions && !comm
+                                  ? decode_bucket(c, batch)
+                                  : DecodeBucket{};
   use_tc_ = bf16_gemm_ && f.rows > kFp32MaxRows;
   DSV41RT_CU(cudaEventRecord(st_->t0.get(), main()));
-  if (bucket.items > 0) {
+  if (comm) {
+    // Context parallelism (eager): this rank's query rows, every row's state.
+    comm_ = comm;
+    cp_layer_ = 0;
+    qv_ = query_rows(f, comm->rank(), comm->size());
+    try {
+      begin(f, &qv_);
+      run(f);
+    } catch (...) {
+      comm_ = nullptr;
+      throw;
+    }
+    comm_ = nullptr;
+    ++eager_forwards_;
+  } else if (bucket.items > 0) {
     const ForwardPlan padded = pad_decode_plan(f, c, *layout_, bucket);
     begin(padded);
     std::unique_ptr<Graph>& g = graphs_[bucket];
@@ -751,6 +925,7 @@ void CudaExecutor::forward(std::vector<BatchItem>& batch) {
   DSV41RT_CU(cudaStreamSynchronize(main()));
   float ms = 0.0f;
   DSV41RT_CU(cudaEventElapsedTime(&ms, st_->t0.get(), st_->t1.get()));
+  if (comm && cp_timing_) read_cp_timing();
   last_forward_us_ = int64_t(double(ms) * 1000.0);
   size_t r = 0;
   for (BatchItem& b : batch) {

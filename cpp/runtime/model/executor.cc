@@ -24,16 +24,43 @@ namespace k = kernels::cpu;
 struct CpuExecutor::Item {
   BatchItem* b = nullptr;
   int64_t row0 = 0, n = 0, P = 0;  // first row in the batch, tokens, start position
-  std::vector<int64_t> positions;
-  std::vector<int64_t> cids;  // Engram: compressed ids of the history slots, then the chunk
-  int64_t comp_offset = 0;    // first workspace row of this item's compressed entries
-  std::vector<int32_t> topk;  // [n, index_topk] of the latest index source
+  // The item's query rows on this rank (offsets into the chunk, ascending) and the local row of
+  // the first; without context parallelism every row, from row0.
+  std::vector<int64_t> sel;
+  int64_t lrow0 = 0;
+  std::vector<int64_t> positions;  // of the selected rows
+  std::vector<int64_t> cids;       // Engram: compressed ids of the history slots, then the chunk
+  int64_t comp_offset = 0;         // first workspace row of this item's compressed entries
+  std::vector<int32_t> topk;       // [n, index_topk] of the latest index source
   int topk_source = -1;
   std::vector<uint8_t> candidates;  // [n, T] of the candidate source
   int64_t candidates_width = -1;
 };
 
 struct CpuExecutor::Shared {};
+
+// The batch's rows as this rank sees them: all N rows carry state (every rank writes the whole
+// batch's KV at its global locations), the local rows g % size == rank carry queries.
+struct CpuExecutor::Rows {
+  comm::Communicator* comm = nullptr;  // null: no context parallelism, every row is local
+  int64_t N = 0;
+  std::vector<int64_t> local;  // global row of each local row
+  int64_t max_local = 0;       // ceil(N / size): every rank's all-gather count
+
+  int64_t NL() const { return int64_t(local.size()); }
+  // Local rows [NL, dim] -> all rows [N, dim] in global order (one all-gather).
+  void gather(const float* x, int64_t dim, std::vector<float>& out) const {
+    const int64_t P = comm->size();
+    std::vector<float> send(max_local * dim, 0.0f), recv(P * max_local * dim);
+    std::copy(x, x + NL() * dim, send.begin());
+    comm->all_gather(send.data(), recv.data(), size_t(max_local * dim), DType::kF32);
+    out.resize(N * dim);
+    for (int64_t g = 0; g < N; ++g) {
+      const float* src = recv.data() + ((g % P) * max_local + g / P) * dim;
+      std::copy(src, src + dim, out.begin() + g * dim);
+    }
+  }
+};
 
 namespace {
 
@@ -194,15 +221,18 @@ void CpuExecutor::engram(int layer_pos, const BlockWeights& w, const Item& it, f
   k::engram_hash_rows(it.cids.data(), n, e.max_ngram_size, e.n_heads, L.multipliers.data(),
                       L.primes.data(), L.offsets.data(), pad, rows.data());
   const EngramWeights& ew = *w.engram;
-  std::vector<float> emb(n * cols * hd);
-  for (int64_t i = 0; i < n * cols; ++i) {
-    const int64_t r = rows[i];
-    DSV41RT_CHECK(r >= 0 && r < ew.rows, "Engram row ", r, " outside the table (", ew.rows,
-                  " rows)");
-    k::dequant_fp8_blocks(ew.table + r * hd, ew.table_scale + r * (hd / 32), 1, hd, 1, 32,
-                          emb.data() + i * hd);
+  const int64_t nq = int64_t(it.sel.size());  // this rank's rows of the item
+  std::vector<float> emb(nq * cols * hd);
+  for (int64_t q = 0; q < nq; ++q) {
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t r = rows[it.sel[q] * cols + j];
+      DSV41RT_CHECK(r >= 0 && r < ew.rows, "Engram row ", r, " outside the table (", ew.rows,
+                    " rows)");
+      k::dequant_fp8_blocks(ew.table + r * hd, ew.table_scale + r * (hd / 32), 1, hd, 1, 32,
+                            emb.data() + (q * cols + j) * hd);
+    }
   }
-  k::engram_forward(X, emb.data(), ew.wkv.ptr(), ew.q_weight.ptr(), ew.k_weight.ptr(), nullptr, n,
+  k::engram_forward(X, emb.data(), ew.wkv.ptr(), ew.q_weight.ptr(), ew.k_weight.ptr(), nullptr, nq,
                     c.hc_mult, c.hidden_size, cols * hd, float(c.rms_norm_eps));
 }
 
@@ -262,6 +292,7 @@ void CpuExecutor::item_attention(const LayerPlan& layer, const AttentionWeights&
   const ModelConfig& c = plan_.config;
   const int64_t H = c.hidden_size, D = c.head_dim, nh = c.num_attention_heads;
   const int64_t R = c.qk_rope_head_dim, W = c.sliding_window, P = it.P, n = it.n;
+  const int64_t nq = int64_t(it.sel.size());  // query rows: x, qr, q and y hold only these
   const std::vector<float>& freq = inv_freq_[layer.index];
   const RequestView& req = it.b->request;
   const RowCodec& wc = layout_->window_codec();
@@ -281,9 +312,9 @@ void CpuExecutor::item_attention(const LayerPlan& layer, const AttentionWeights&
               keys.begin() + n_window * D);
 
   const int64_t KI = layer.ratio > 0 ? c.index_topk : 0;
-  std::vector<int32_t> idx(n * (W + KI), -1);
-  for (int64_t s = 0; s < n; ++s) {
-    const int64_t t = P + s, lo = std::max<int64_t>(0, t - W + 1);
+  std::vector<int32_t> idx(nq * (W + KI), -1);
+  for (int64_t s = 0; s < nq; ++s) {
+    const int64_t t = P + it.sel[s], lo = std::max<int64_t>(0, t - W + 1);
     for (int64_t j = lo; j <= t; ++j) idx[s * (W + KI) + (j - lo)] = int32_t(j - w0);
   }
   if (layer.ratio > 0) {
@@ -291,39 +322,39 @@ void CpuExecutor::item_attention(const LayerPlan& layer, const AttentionWeights&
     if (layer.role == LayerRole::kFull || layer.role == LayerRole::kReindex) {
       const int64_t HI = c.index_n_heads, DI = c.index_head_dim;
       const RowCodec& kc = layout_->key_codec();
-      std::vector<float> qi(n * HI * DI), wts(n * HI), ikeys(T * DI), scores(n * T);
-      k::linear(qr, w.idx_wq_b.ptr(), n, c.q_lora_rank, HI * DI, qi.data());
-      k::apply_rope(qi.data(), n, HI, DI, R, it.positions.data(), freq.data(), false);
-      if (kc.qdq) kc.qdq(qi.data(), n * HI, DI, qi.data());  // queries are MXFP4 too
-      k::linear(x, w.idx_weights_proj.ptr(), n, H, HI, wts.data());
+      std::vector<float> qi(nq * HI * DI), wts(nq * HI), ikeys(T * DI), scores(nq * T);
+      k::linear(qr, w.idx_wq_b.ptr(), nq, c.q_lora_rank, HI * DI, qi.data());
+      k::apply_rope(qi.data(), nq, HI, DI, R, it.positions.data(), freq.data(), false);
+      if (kc.qdq) kc.qdq(qi.data(), nq * HI, DI, qi.data());  // queries are MXFP4 too
+      k::linear(x, w.idx_weights_proj.ptr(), nq, H, HI, wts.data());
       const float wscale = float(std::pow(double(DI), -0.5) * std::pow(double(HI), -0.5));
       for (float& v : wts) v *= wscale;
       for (int64_t j = 0; j < T; ++j) {
         kc.unpack(layout_->key_row(*pool_, req, layer.kv_source, j), 1, DI, ikeys.data() + j * DI);
       }
-      std::vector<int64_t> vis(n);
-      for (int64_t s = 0; s < n; ++s) vis[s] = (P + s + 1) / m;
-      k::indexer_scores(qi.data(), ikeys.data(), wts.data(), vis.data(), n, HI, DI, T,
+      std::vector<int64_t> vis(nq);
+      for (int64_t s = 0; s < nq; ++s) vis[s] = (P + it.sel[s] + 1) / m;
+      k::indexer_scores(qi.data(), ikeys.data(), wts.data(), vis.data(), nq, HI, DI, T,
                         scores.data());
       if (layer.candidates == CandidateRole::kSource) {
-        it.candidates.assign(n * T, 0);
+        it.candidates.assign(nq * T, 0);
         it.candidates_width = T;
         if (T > 0) {
-          k::candidate_blocks(scores.data(), vis.data(), n, T, c.candidate_topk_blocks,
+          k::candidate_blocks(scores.data(), vis.data(), nq, T, c.candidate_topk_blocks,
                               c.candidate_block_size, it.candidates.data());
         }
       } else if (layer.candidates == CandidateRole::kUses) {
         DSV41RT_CHECK(it.candidates_width == T, "layer ", layer.index, " uses candidates over ", T,
                       " entries but the candidate source published ", it.candidates_width);
-        k::apply_candidate_mask(scores.data(), it.candidates.data(), n, T);
+        k::apply_candidate_mask(scores.data(), it.candidates.data(), nq, T);
       }
-      it.topk.assign(n * KI, -1);
-      k::topk_select(scores.data(), n, T, KI, it.topk.data());
+      it.topk.assign(nq * KI, -1);
+      k::topk_select(scores.data(), nq, T, KI, it.topk.data());
       it.topk_source = layer.index;
     }
     DSV41RT_CHECK(it.topk_source == layer.topk_source, "layer ", layer.index,
                   " expects the top-k of layer ", layer.topk_source, ", found ", it.topk_source);
-    for (int64_t s = 0; s < n; ++s) {
+    for (int64_t s = 0; s < nq; ++s) {
       for (int64_t j = 0; j < KI; ++j) {
         const int32_t e = it.topk[s * KI + j];
         idx[s * (W + KI) + W + j] = e < 0 ? -1 : int32_t(n_window + e);
@@ -331,34 +362,45 @@ void CpuExecutor::item_attention(const LayerPlan& layer, const AttentionWeights&
     }
   }
 
-  std::vector<float> o(n * nh * D);
-  k::sparse_attention(q, keys.data(), idx.data(), w.attn_sink.ptr(), n, nh, D, n_window + T, W + KI,
-                      float(1.0 / std::sqrt(double(D))), o.data());
-  k::apply_rope(o.data(), n, nh, D, R, it.positions.data(), freq.data(), true);
+  std::vector<float> o(nq * nh * D);
+  k::sparse_attention(q, keys.data(), idx.data(), w.attn_sink.ptr(), nq, nh, D, n_window + T,
+                      W + KI, float(1.0 / std::sqrt(double(D))), o.data());
+  k::apply_rope(o.data(), nq, nh, D, R, it.positions.data(), freq.data(), true);
   const int64_t g = c.o_groups, kg = nh * D / g, ro = c.o_lora_rank;
-  std::vector<float> z(n * g * ro);
-  k::grouped_linear(o.data(), w.wo_a.ptr(), n, g, kg, ro, z.data());
-  k::linear(z.data(), w.wo_b.ptr(), n, g * ro, H, y);
+  std::vector<float> z(nq * g * ro);
+  k::grouped_linear(o.data(), w.wo_a.ptr(), nq, g, kg, ro, z.data());
+  k::linear(z.data(), w.wo_b.ptr(), nq, g * ro, H, y);
 }
 
 void CpuExecutor::attention(const LayerPlan& layer, const AttentionWeights& w,
-                            std::vector<Item>& items, const float* x, float* y) {
+                            std::vector<Item>& items, const Rows& rows, const float* x, float* y) {
   const ModelConfig& c = plan_.config;
   const int64_t H = c.hidden_size, D = c.head_dim, nh = c.num_attention_heads;
   const int64_t R = c.qk_rope_head_dim, W = c.sliding_window;
   const float eps = float(c.rms_norm_eps);
-  const int64_t N = items.back().row0 + items.back().n;
+  const int64_t N = rows.N, NL = rows.NL();
   const std::vector<float>& freq = inv_freq_[layer.index];
-  std::vector<int64_t> pos;
-  for (const Item& it : items) pos.insert(pos.end(), it.positions.begin(), it.positions.end());
+  std::vector<int64_t> pos, pos_q;
+  for (const Item& it : items) {
+    for (int64_t t = 0; t < it.n; ++t) pos.push_back(it.P + t);
+    pos_q.insert(pos_q.end(), it.positions.begin(), it.positions.end());
+  }
+  // The KV projection, the window ring and the compressor need every row's hidden state (each
+  // rank writes the whole batch's state): under context parallelism, one all-gather.
+  std::vector<float> gathered;
+  const float* xg = x;
+  if (rows.comm) {
+    rows.gather(x, H, gathered);
+    xg = gathered.data();
+  }
 
-  // Projections of the whole batch (row-independent ops).
-  std::vector<float> qr(N * c.q_lora_rank), q(N * nh * D), kv(N * D);
-  k::linear(x, w.wq_a.ptr(), N, H, c.q_lora_rank, qr.data());
-  k::rms_norm(qr.data(), w.q_norm.ptr(), N, c.q_lora_rank, eps, qr.data());
-  k::linear(qr.data(), w.wq_b.ptr(), N, c.q_lora_rank, nh * D, q.data());
-  k::apply_rope(q.data(), N, nh, D, R, pos.data(), freq.data(), false);
-  k::linear(x, w.wkv.ptr(), N, H, D, kv.data());
+  // Projections (row-independent ops): queries of the local rows, KV of all rows.
+  std::vector<float> qr(NL * c.q_lora_rank), q(NL * nh * D), kv(N * D);
+  k::linear(x, w.wq_a.ptr(), NL, H, c.q_lora_rank, qr.data());
+  k::rms_norm(qr.data(), w.q_norm.ptr(), NL, c.q_lora_rank, eps, qr.data());
+  k::linear(qr.data(), w.wq_b.ptr(), NL, c.q_lora_rank, nh * D, q.data());
+  k::apply_rope(q.data(), NL, nh, D, R, pos_q.data(), freq.data(), false);
+  k::linear(xg, w.wkv.ptr(), N, H, D, kv.data());
   k::rms_norm(kv.data(), w.kv_norm.ptr(), N, D, eps, kv.data());
   k::apply_rope(kv.data(), N, 1, D, R, pos.data(), freq.data(), false);
   const RowCodec& wc = layout_->window_codec();
@@ -369,7 +411,7 @@ void CpuExecutor::attention(const LayerPlan& layer, const AttentionWeights& w,
   const float* comp = nullptr;
   if (layer.ratio > 0) {
     if (layer.role == LayerRole::kFull) {
-      for (Item& it : items) compress(layer, w, it, x + it.row0 * H);
+      for (Item& it : items) compress(layer, w, it, xg + it.row0 * H);
       workspaces_.note_source_write(layer.index);
     }
     int64_t rows = 0;
@@ -392,13 +434,17 @@ void CpuExecutor::attention(const LayerPlan& layer, const AttentionWeights& w,
   }
   Shared shared;
   for (Item& it : items) {
-    item_attention(layer, w, it, shared, comp, x + it.row0 * H, qr.data() + it.row0 * c.q_lora_rank,
-                   q.data() + it.row0 * nh * D, kv.data() + it.row0 * D, y + it.row0 * H);
+    if (it.sel.empty()) continue;  // none of the item's rows is this rank's
+    item_attention(layer, w, it, shared, comp, x + it.lrow0 * H,
+                   qr.data() + it.lrow0 * c.q_lora_rank, q.data() + it.lrow0 * nh * D,
+                   kv.data() + it.row0 * D, y + it.lrow0 * H);
   }
   if (options_.record_decisions &&
       (layer.role == LayerRole::kFull || layer.role == LayerRole::kReindex)) {
     auto& rec = decisions_["topk_L" + std::to_string(layer.index)];
-    for (const Item& it : items) append_sorted(it.topk.data(), it.n, c.index_topk, rec);
+    for (const Item& it : items) {
+      append_sorted(it.topk.data(), int64_t(it.sel.size()), c.index_topk, rec);
+    }
   }
   // Read first, write last: each ring keeps the newest W positions.
   for (Item& it : items) {
@@ -438,7 +484,7 @@ void CpuExecutor::copy_state(const RequestView& src, const RequestView& dst) {
   }
 }
 
-void CpuExecutor::forward(std::vector<BatchItem>& batch) {
+void CpuExecutor::run(std::vector<BatchItem>& batch, comm::Communicator* comm) {
   DSV41RT_CHECK(!batch.empty(), "forward needs at least one item");
   const ModelConfig& c = plan_.config;
   const int64_t H = c.hidden_size, hc = c.hc_mult;
@@ -459,7 +505,11 @@ void CpuExecutor::forward(std::vector<BatchItem>& batch) {
     it.row0 = N;
     it.n = b.n;
     it.P = b.request.length;
-    for (int64_t t = 0; t < b.n; ++t) it.positions.push_back(it.P + t);
+    for (int64_t t = 0; t < b.n; ++t) {  // every rank checks every token (ranks fail together)
+      DSV41RT_CHECK(b.tokens[t] >= 0 && b.tokens[t] < c.vocab_size, "token id ", b.tokens[t],
+                    " at index ", t, " of batch item ", i, " is outside the vocabulary [0, ",
+                    c.vocab_size, ")");
+    }
     if (c.engram) {
       // History slots hold the last min(P, hist) ids; positions before 0 block the lookback (-1).
       const int32_t* h = layout_->engram_history(b.request);
@@ -475,50 +525,82 @@ void CpuExecutor::forward(std::vector<BatchItem>& batch) {
     }
     N += b.n;
   }
+  // This rank's rows: round-robin over the batch's global rows (every row without CP).
+  Rows rows;
+  rows.comm = comm;
+  rows.N = N;
+  const int64_t size = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
+  rows.max_local = (N + size - 1) / size;
+  for (Item& it : items) {
+    it.lrow0 = rows.NL();
+    for (int64_t t = 0; t < it.n; ++t) {
+      if ((it.row0 + t) % size != rank) continue;
+      it.sel.push_back(t);
+      it.positions.push_back(it.P + t);
+      rows.local.push_back(it.row0 + t);
+    }
+  }
+  const int64_t NL = rows.NL();
   workspaces_.begin_forward();
   decisions_.clear();
 
-  std::vector<float> X(N * hc * H), X1(N * hc * H), u(N * H), xn(N * H), yv(N * H);
-  std::vector<float> pre(N * hc, 0.0f), a_pre(N * hc), a_post(N * hc), a_comb(N * hc * hc);
-  std::vector<float> f_pre(N * hc), f_post(N * hc), f_comb(N * hc * hc);
-  for (const Item& it : items) embed(it.b->tokens, it.n, X.data() + it.row0 * hc * H);
-  for (int64_t t = 0; t < N; ++t) pre[t * hc] = 1.0f;  // block 0 reads stream 0 (the embedding)
+  std::vector<float> X(NL * hc * H), X1(NL * hc * H), u(NL * H), xn(NL * H), yv(NL * H);
+  std::vector<float> pre(NL * hc, 0.0f), a_pre(NL * hc), a_post(NL * hc), a_comb(NL * hc * hc);
+  std::vector<float> f_pre(NL * hc), f_post(NL * hc), f_comb(NL * hc * hc);
+  for (const Item& it : items) {
+    for (size_t q = 0; q < it.sel.size(); ++q) {
+      embed(it.b->tokens + it.sel[q], 1, X.data() + (it.lrow0 + int64_t(q)) * hc * H);
+    }
+  }
+  for (int64_t t = 0; t < NL; ++t) pre[t * hc] = 1.0f;  // block 0 reads stream 0 (the embedding)
 
   int engram_pos = 0;
   for (size_t li = 0; li < plan_.layers.size(); ++li) {
     const LayerPlan& layer = plan_.layers[li];
     const BlockWeights& w = weights_.layers[li];
     if (layer.engram) {
-      for (const Item& it : items) engram(engram_pos, w, it, X.data() + it.row0 * hc * H);
+      for (const Item& it : items) {
+        if (!it.sel.empty()) engram(engram_pos, w, it, X.data() + it.lrow0 * hc * H);
+      }
       ++engram_pos;
     }
-    k::hc_mix(X.data(), w.hc_attn_fn.ptr(), w.hc_attn_base.ptr(), w.hc_attn_scale.ptr(), N, hc, H,
+    k::hc_mix(X.data(), w.hc_attn_fn.ptr(), w.hc_attn_base.ptr(), w.hc_attn_scale.ptr(), NL, hc, H,
               eps, hc_eps, c.hc_sinkhorn_iters, a_pre.data(), a_post.data(), a_comb.data());
-    k::hc_collapse(X.data(), pre.data(), N, hc, H, u.data());
-    k::rms_norm(u.data(), w.attn_norm.ptr(), N, H, eps, xn.data());
-    attention(layer, w.attn, items, xn.data(), yv.data());
-    k::hc_expand(X.data(), yv.data(), a_post.data(), a_comb.data(), N, hc, H, X1.data());
-    k::hc_mix(X1.data(), w.hc_ffn_fn.ptr(), w.hc_ffn_base.ptr(), w.hc_ffn_scale.ptr(), N, hc, H,
+    k::hc_collapse(X.data(), pre.data(), NL, hc, H, u.data());
+    k::rms_norm(u.data(), w.attn_norm.ptr(), NL, H, eps, xn.data());
+    attention(layer, w.attn, items, rows, xn.data(), yv.data());
+    k::hc_expand(X.data(), yv.data(), a_post.data(), a_comb.data(), NL, hc, H, X1.data());
+    k::hc_mix(X1.data(), w.hc_ffn_fn.ptr(), w.hc_ffn_base.ptr(), w.hc_ffn_scale.ptr(), NL, hc, H,
               eps, hc_eps, c.hc_sinkhorn_iters, f_pre.data(), f_post.data(), f_comb.data());
-    k::hc_collapse(X1.data(), a_pre.data(), N, hc, H, u.data());
-    k::rms_norm(u.data(), w.ffn_norm.ptr(), N, H, eps, xn.data());
-    moe(layer, w.moe, xn.data(), N, yv.data());
-    k::hc_expand(X1.data(), yv.data(), f_post.data(), f_comb.data(), N, hc, H, X.data());
+    k::hc_collapse(X1.data(), a_pre.data(), NL, hc, H, u.data());
+    k::rms_norm(u.data(), w.ffn_norm.ptr(), NL, H, eps, xn.data());
+    moe(layer, w.moe, xn.data(), NL, yv.data());
+    k::hc_expand(X1.data(), yv.data(), f_post.data(), f_comb.data(), NL, hc, H, X.data());
     pre.swap(f_pre);
   }
-  k::hc_collapse(X.data(), pre.data(), N, hc, H, u.data());
-  // Head: only the rows whose logits are wanted, in one GEMM.
-  std::vector<int64_t> rows;
-  for (const Item& it : items) {
-    for (int64_t t = it.b->all_logits ? 0 : it.n - 1; t < it.n; ++t) rows.push_back(it.row0 + t);
+  k::hc_collapse(X.data(), pre.data(), NL, hc, H, u.data());
+  // Under context parallelism every rank gathers the final hidden states and computes the
+  // logits of every wanted row (the same values on every rank).
+  std::vector<float> u_all;
+  if (comm) {
+    rows.gather(u.data(), H, u_all);
+  } else {
+    u_all.swap(u);
   }
-  std::vector<float> hn(rows.size() * H);
-  for (size_t r = 0; r < rows.size(); ++r) {
-    k::rms_norm(u.data() + rows[r] * H, weights_.norm.ptr(), 1, H, eps, hn.data() + r * H);
+  // Head: only the rows whose logits are wanted, in one GEMM.
+  std::vector<int64_t> head_rows;
+  for (const Item& it : items) {
+    for (int64_t t = it.b->all_logits ? 0 : it.n - 1; t < it.n; ++t) {
+      head_rows.push_back(it.row0 + t);
+    }
+  }
+  std::vector<float> hn(head_rows.size() * H);
+  for (size_t r = 0; r < head_rows.size(); ++r) {
+    k::rms_norm(u_all.data() + head_rows[r] * H, weights_.norm.ptr(), 1, H, eps, hn.data() + r * H);
   }
   const int64_t V = c.vocab_size;
-  std::vector<float> logits(rows.size() * V);
-  k::linear(hn.data(), weights_.head.ptr(), int64_t(rows.size()), H, V, logits.data());
+  std::vector<float> logits(head_rows.size() * V);
+  k::linear(hn.data(), weights_.head.ptr(), int64_t(head_rows.size()), H, V, logits.data());
   size_t r = 0;
   for (const Item& it : items) {
     const int64_t count = it.b->all_logits ? it.n : 1;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "runtime/dequant_workspace.h"
 #include "runtime/engine/kv_pool.h"
 #include "runtime/export.h"
@@ -62,6 +63,13 @@ struct ExecutorOptions {
   /// more rows on BF16 tensor cores, activations rounded to BF16 at each GEMM input, FP32
   /// accumulation - the serving mode; results then depend on the batch at BF16 rounding level.
   std::string precision = "fp32";
+  /// Context parallelism (docs/design/context-parallel.md): prefill forwards are split
+  /// round-robin over this many ranks (virtual ranks over LocalComm in one process); 1 = off.
+  int64_t cp_size = 1;
+  /// The CP communicator: "local" (LocalComm: every rank on options.device, state staged through
+  /// host memory on CUDA) or "nccl" (NcclComm: rank r on CUDA device base + r, all driven from
+  /// this process; cp_size 1 runs the CP data flow over a one-rank NCCL group).
+  std::string cp_comm = "local";
 };
 
 /// Where the memory budget goes (closed form; see MemoryPlan::plan in executor.cc). Everything
@@ -118,6 +126,12 @@ class DSV41RT_API Executor {
   /// `length` positions) into `dst`'s slot and pages, which must already cover that length. The
   /// destination then continues exactly as the source would (same logits for the same tokens).
   virtual void copy_state(const RequestView& src, const RequestView& dst) = 0;
+  /// This executor as rank comm.rank() of a context-parallel group (every rank calls it with the
+  /// same batch, its own request views and logits buffers): it computes the query rows
+  /// g % size == rank of the batch's global rows, all-gathers each layer's normed hidden states
+  /// once so every rank writes the whole batch's KV state at its global locations, and gathers
+  /// the final hidden states so every rank returns all the logits. Same results as forward().
+  virtual void forward_cp(std::vector<BatchItem>& items, comm::Communicator& comm);
 };
 
 /// The executor for options.device ("cpu", "cuda", "cuda:N"); throws Error naming the device when
@@ -139,7 +153,10 @@ class DSV41RT_API CpuExecutor final : public Executor {
   CpuExecutor(ModelPlan plan, ModelWeights weights, EngramTables engram,
               ExecutorOptions options = {});
 
-  void forward(std::vector<BatchItem>& items) override;
+  void forward(std::vector<BatchItem>& items) override { run(items, nullptr); }
+  void forward_cp(std::vector<BatchItem>& items, comm::Communicator& comm) override {
+    run(items, &comm);
+  }
 
   const ModelPlan& plan() const override { return plan_; }
   const StateLayout& layout() const override { return *layout_; }
@@ -155,10 +172,12 @@ class DSV41RT_API CpuExecutor final : public Executor {
  private:
   struct Shared;
   struct Item;
+  struct Rows;
+  void run(std::vector<BatchItem>& items, comm::Communicator* comm);
   void embed(const int32_t* tokens, int64_t n, float* X) const;
   void engram(int layer_pos, const BlockWeights& w, const Item& it, float* X) const;
   void attention(const LayerPlan& layer, const AttentionWeights& w, std::vector<Item>& items,
-                 const float* x, float* y);
+                 const Rows& rows, const float* x, float* y);
   void compress(const LayerPlan& layer, const AttentionWeights& w, Item& it, const float* x);
   void item_attention(const LayerPlan& layer, const AttentionWeights& w, Item& it, Shared& shared,
                       const float* comp, const float* x, const float* qr, float* q, float* kv,

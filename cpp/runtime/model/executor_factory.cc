@@ -1,6 +1,13 @@
 // Executor selection by device name (the only place that knows both backends).
+#include <exception>
 #include <string>
+#include <thread>
 
+#include "comm/local_comm.h"
+#if DSV41RT_HAVE_NCCL
+#include "comm/nccl_comm.h"
+#endif
+#include "runtime/model/cp_executor.h"
 #include "runtime/model/executor.h"
 #include "runtime/status.h"
 #if DSV41RT_WITH_CUDA
@@ -11,6 +18,11 @@ namespace dsv41rt::model {
 
 void Executor::set_backend_option(const std::string& name, bool) {
   DSV41RT_THROW_CODE(kUnsupported, "backend option '", name, "' does not apply to the ", device(),
+                     " executor");
+}
+
+void Executor::forward_cp(std::vector<BatchItem>&, comm::Communicator&) {
+  DSV41RT_THROW_CODE(kUnsupported, "context parallelism is not implemented by the ", device(),
                      " executor");
 }
 
@@ -28,6 +40,57 @@ std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights weights, En
   const std::string& d = options.device;
   DSV41RT_CHECK_CODE(kInvalidArgument, options.precision == "fp32" || options.precision == "bf16",
                      "unknown precision '", options.precision, "' (expected 'fp32' or 'bf16')");
+  DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_size >= 1 && options.cp_size <= 64, "cp_size ",
+                     options.cp_size, " must be in [1, 64]");
+  DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_comm == "local" || options.cp_comm == "nccl",
+                     "unknown cp_comm '", options.cp_comm, "' (expected 'local' or 'nccl')");
+  const bool nccl = options.cp_comm == "nccl";
+  if (options.cp_size > 1 || nccl) {
+    // One full executor per rank, each with its own replica of the state.
+    const int P = int(options.cp_size);
+    int base = 0;
+    if (nccl) {
+      DSV41RT_CHECK_CODE(kInvalidArgument, d == "cuda" || d.rfind("cuda:", 0) == 0,
+                         "cp_comm 'nccl' needs a CUDA device, got '", d, "'");
+      base = d == "cuda" ? 0 : std::stoi(d.substr(5));
+    }
+    std::vector<std::shared_ptr<Executor>> ranks;
+    for (int r = 0; r < P; ++r) {
+      ExecutorOptions one = options;
+      one.cp_size = 1;
+      one.cp_comm = "local";
+      if (nccl) one.device = "cuda:" + std::to_string(base + r);
+      ranks.push_back(
+          r + 1 < P ? make_executor(plan, weights, engram, one)
+                    : make_executor(std::move(plan), std::move(weights), std::move(engram), one));
+    }
+    if (!nccl) return make_cp_executor(std::move(ranks), comm::make_local_group(P));
+#if DSV41RT_HAVE_NCCL
+    // ncclCommInitRank returns once every rank joined: one thread per rank.
+    const std::string id = comm::NcclComm::nccl_unique_id();
+    std::vector<std::unique_ptr<comm::Communicator>> comms(static_cast<size_t>(P));
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(P));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < P; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          comms[r] = comm::make_nccl_comm(id, r, P, base + r);
+        } catch (...) {
+          errors[r] = std::current_exception();
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const std::exception_ptr& e : errors) {
+      if (e) std::rethrow_exception(e);
+    }
+    return make_cp_executor(std::move(ranks), std::move(comms));
+#else
+    DSV41RT_THROW_CODE(kUnsupported,
+                       "cp_comm 'nccl': this build of dsv41rt has no NCCL (configure with "
+                       "nccl.h available, e.g. pip install nvidia-nccl-cu13)");
+#endif
+  }
   if (d == "cpu") {
     DSV41RT_CHECK_CODE(kUnsupported, options.precision == "fp32", "precision '", options.precision,
                        "' needs a CUDA device (the CPU executor is the FP32 reference)");

@@ -39,6 +39,32 @@ void plan_groups(RatioPlan& rp, int32_t item, int64_t P, int64_t n, int64_t row0
 
 }  // namespace
 
+QueryRows query_rows(const ForwardPlan& f, int rank, int size) {
+  DSV41RT_CHECK_CODE(kInternal, size >= 1 && rank >= 0 && rank < size, "rank ", rank, " of ", size);
+  QueryRows q;
+  q.max_local = (f.rows + size - 1) / size;
+  for (int64_t g = rank; g < f.rows; g += size) q.global.push_back(g);
+  q.rows = int64_t(q.global.size());
+  q.n_visible.resize(f.ratios.size());
+  q.key_offset.resize(f.ratios.size());
+  q.engram_rows.resize(f.engram_rows.size());
+  for (int64_t g : q.global) {
+    q.tokens.push_back(f.tokens[g]);
+    q.row_item.push_back(f.row_item[g]);
+    q.positions.push_back(f.positions[g]);
+    for (size_t r = 0; r < f.ratios.size(); ++r) {
+      q.n_visible[r].push_back(f.ratios[r].n_visible[g]);
+      q.key_offset[r].push_back(f.ratios[r].key_offset[g]);
+    }
+    for (size_t l = 0; l < f.engram_rows.size(); ++l) {
+      const int64_t cols = int64_t(f.engram_rows[l].size()) / f.rows;
+      q.engram_rows[l].insert(q.engram_rows[l].end(), f.engram_rows[l].begin() + g * cols,
+                              f.engram_rows[l].begin() + (g + 1) * cols);
+    }
+  }
+  return q;
+}
+
 ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout,
                          const std::vector<BatchItem>& batch, const EngramTables& engram,
                          const std::vector<const int32_t*>& histories) {

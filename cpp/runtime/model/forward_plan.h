@@ -52,6 +52,22 @@ struct ForwardPlan {
   const RatioPlan& ratio(int r) const;
 };
 
+/// The query rows one context-parallel rank computes: rows g % size == rank of a plan, with the
+/// per-row "read" metadata sliced from it (tokens, items, positions, visible entries, Engram
+/// rows). The state writes (window ring, compressor, pages) keep the plan's global rows and
+/// locations: every rank writes the whole batch's state.
+struct QueryRows {
+  int64_t rows = 0;
+  int64_t max_local = 0;        ///< ceil(plan rows / size): every rank's all-gather count
+  std::vector<int64_t> global;  ///< [rows] the plan row of each
+  std::vector<int32_t> tokens, row_item;
+  std::vector<int64_t> positions;
+  std::vector<std::vector<int64_t>> n_visible, key_offset;  ///< per plan ratio, [rows]
+  std::vector<std::vector<int64_t>> engram_rows;            ///< per Engram layer [rows, cols]
+};
+
+QueryRows query_rows(const ForwardPlan& f, int rank, int size);
+
 /// Plans `batch` (validated: tokens in the vocabulary, slots and pages present). `histories[i]`
 /// holds item i's last history_len() token ids, oldest first (only the last min(length, hist)
 /// are read). Throws Error naming the item on bad input, before anything runs.

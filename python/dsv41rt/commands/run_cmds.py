@@ -41,6 +41,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-memory", type=_size, default=256 << 20, help="KV pool size in bytes (default 256M)")
     p.add_argument("--max-running", type=int, default=64, help="requests running at once (default 64)")
     p.add_argument("--token-budget", type=int, default=512, help="tokens per engine step (default 512)")
+    p.add_argument(
+        "--cp-size",
+        type=int,
+        default=1,
+        help="context-parallel ranks for prefill (virtual ranks in this process over LocalComm; default 1)",
+    )
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="GEMM precision (bf16: CUDA only)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -61,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _runtime(args: argparse.Namespace):
     from ..runtime import Runtime
 
-    for name in ("max_running", "token_budget"):
+    for name in ("max_running", "token_budget", "cp_size"):
         if getattr(args, name) < 1:
             raise Dsv41rtError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     rt = Runtime(
@@ -70,6 +77,8 @@ def _runtime(args: argparse.Namespace):
         kv_memory=args.kv_memory,
         max_running=args.max_running,
         token_budget=args.token_budget,
+        cp_size=args.cp_size,
+        precision=args.precision,
     )
     print(rt.describe_pool(), file=sys.stderr)  # capacity: tokens and concurrent requests
     return rt

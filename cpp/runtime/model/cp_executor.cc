@@ -1,0 +1,137 @@
+#include "runtime/model/cp_executor.h"
+
+#include <exception>
+#include <thread>
+
+#include "runtime/status.h"
+
+namespace dsv41rt::model {
+namespace {
+
+class CpExecutor final : public Executor {
+ public:
+  CpExecutor(std::vector<std::shared_ptr<Executor>> ranks,
+             std::vector<std::unique_ptr<comm::Communicator>> comms)
+      : ranks_(std::move(ranks)), comms_(std::move(comms)) {
+    DSV41RT_CHECK(!ranks_.empty() && ranks_.size() == comms_.size(),
+                  "a context-parallel group needs ranks and one communicator each (", ranks_.size(),
+                  " executors, ", comms_.size(), " communicators)");
+    const engine::PoolGeometry& g = ranks_[0]->pool().geometry();
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      const engine::PoolGeometry& gr = ranks_[r]->pool().geometry();
+      DSV41RT_CHECK(comms_[r]->rank() == int(r) && comms_[r]->size() == int(ranks_.size()),
+                    "communicator ", r, " is rank ", comms_[r]->rank(), " of ", comms_[r]->size());
+      DSV41RT_CHECK(
+          gr.page_bytes == g.page_bytes && gr.slot_bytes == g.slot_bytes &&
+              ranks_[r]->pool().usage().pages_total == ranks_[0]->pool().usage().pages_total &&
+              ranks_[r]->pool().usage().slots_total == ranks_[0]->pool().usage().slots_total,
+          "context-parallel rank ", r, " has a different pool than rank 0");
+    }
+  }
+
+  void forward(std::vector<BatchItem>& batch) override {
+    bool prefill = false;
+    for (const BatchItem& b : batch) prefill = prefill || b.n > 1;
+    cp_forwards_ += prefill ? 1 : 0;
+    on_every_rank(batch, [&](int r, std::vector<BatchItem>& mine) {
+      if (prefill) {
+        ranks_[r]->forward_cp(mine, *comms_[r]);
+      } else {
+        ranks_[r]->forward(mine);
+      }
+    });
+  }
+
+  void forward_cp(std::vector<BatchItem>&, comm::Communicator&) override {
+    DSV41RT_THROW_CODE(kUnsupported, "a context-parallel group cannot be a rank of another");
+  }
+
+  void copy_state(const RequestView& src, const RequestView& dst) override {
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      ranks_[r]->copy_state(translate(int(r), src), translate(int(r), dst));
+    }
+  }
+
+  const ModelPlan& plan() const override { return ranks_[0]->plan(); }
+  const StateLayout& layout() const override { return ranks_[0]->layout(); }
+  engine::KvPool& pool() override { return ranks_[0]->pool(); }
+  const MemoryPlan& memory_plan() const override { return ranks_[0]->memory_plan(); }
+  const std::map<std::string, std::vector<int32_t>>& decisions() const override {
+    return ranks_[0]->decisions();  // under CP: rank 0's query rows only
+  }
+  DequantWorkspaces& workspaces() override { return ranks_[0]->workspaces(); }
+  std::string device() const override { return ranks_[0]->device(); }
+  std::map<std::string, int64_t> backend_stats() const override {
+    std::map<std::string, int64_t> s = ranks_[0]->backend_stats();
+    s["cp_size"] = int64_t(ranks_.size());
+    s["cp_forwards"] = cp_forwards_;  // forwards run context-parallel (the rest replicated)
+    return s;
+  }
+  void set_backend_option(const std::string& name, bool on) override {
+    for (auto& r : ranks_) r->set_backend_option(name, on);
+  }
+
+ private:
+  // Rank r's view of a request: the same slot and page ids in its own pool.
+  RequestView translate(int r, const RequestView& v) const {
+    if (r == 0) return v;
+    const engine::KvPool& p0 = ranks_[0]->pool();
+    const int64_t slot = (v.slot - p0.slot_data(0)) / p0.geometry().slot_bytes;
+    RequestView out = v;
+    out.slot = ranks_[r]->pool().slot_data(int32_t(slot));
+    return out;
+  }
+
+  // Runs fn(rank, that rank's batch) on one thread per rank; rank 0 writes the caller's logits.
+  template <typename Fn>
+  void on_every_rank(std::vector<BatchItem>& batch, Fn fn) {
+    const int P = int(ranks_.size());
+    int64_t V = plan().config.vocab_size, rows = 0;
+    for (const BatchItem& b : batch) rows += b.all_logits ? b.n : 1;
+    scratch_.resize(size_t(P - 1));
+    std::vector<std::vector<BatchItem>> batches(size_t(P), batch);
+    for (int r = 1; r < P; ++r) {
+      scratch_[r - 1].resize(size_t(rows * V));
+      int64_t at = 0;
+      for (BatchItem& b : batches[r]) {
+        b.request = translate(r, b.request);
+        b.logits = scratch_[r - 1].data() + at * V;
+        at += b.all_logits ? b.n : 1;
+      }
+    }
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(P));
+    std::vector<std::thread> threads;
+    for (int r = 1; r < P; ++r) {
+      threads.emplace_back([&, r] {
+        try {
+          fn(r, batches[r]);
+        } catch (...) {
+          errors[r] = std::current_exception();
+        }
+      });
+    }
+    try {
+      fn(0, batches[0]);
+    } catch (...) {
+      errors[0] = std::current_exception();
+    }
+    for (std::thread& t : threads) t.join();
+    for (const std::exception_ptr& e : errors) {
+      if (e) std::rethrow_exception(e);  // rank 0's first: the others often fail because of it
+    }
+  }
+
+  std::vector<std::shared_ptr<Executor>> ranks_;
+  std::vector<std::unique_ptr<comm::Communicator>> comms_;
+  int64_t cp_forwards_ = 0;
+  std::vector<std::vector<float>> scratch_;  // logits of ranks 1..P-1 (identical to rank 0's)
+};
+
+}  // namespace
+
+std::shared_ptr<Executor> make_cp_executor(std::vector<std::shared_ptr<Executor>> ranks,
+                                           std::vector<std::unique_ptr<comm::Communicator>> comms) {
+  return std::make_shared<CpExecutor>(std::move(ranks), std::move(comms));
+}
+
+}  // namespace dsv41rt::model

@@ -1,0 +1,27 @@
+// A context-parallel group presented to the engine as one executor (design:
+// docs/design/context-parallel.md). It owns `cp_size` rank executors, each with a full replica of
+// the KV state (identical pools: the engine allocates slot and page ids from rank 0's pool and
+// every rank uses the same ids in its own), one Communicator per rank, and one thread per rank.
+//
+// Forwards that carry a prefill chunk (an item of more than one token) run as a CP forward:
+// every rank calls forward_cp with the whole batch, computes its round-robin share of the query
+// rows and writes every row's state. Decode-only forwards run without CP: every rank runs the
+// plain forward on the whole batch, which keeps the replicas identical (on separate GPUs the
+// replicated decode costs no latency; with virtual ranks on one device it costs time, which is
+// why CP is a prefill feature). Logits come from rank 0.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "runtime/model/executor.h"
+
+namespace dsv41rt::model {
+
+/// One executor per rank (same plan, options and cache formats) and one communicator per rank
+/// (comms[r].rank() == r).
+std::shared_ptr<Executor> make_cp_executor(std::vector<std::shared_ptr<Executor>> ranks,
+                                           std::vector<std::unique_ptr<comm::Communicator>> comms);
+
+}  // namespace dsv41rt::model

@@ -1,0 +1,143 @@
+"""Context-parallel prefill (virtual ranks over LocalComm) against CP = 1.
+
+Tolerance: bitwise. Every op computes a row with a fixed reduction order independent of the other
+rows, a CP rank computes its query rows with the same ops on the same inputs (the all-gathered
+hidden states are copies), and every rank writes the whole batch's state, so CP = 2, 3, 4 give
+exactly the CP = 1 logits, and the decode that follows (which runs replicated, without CP) is
+identical too. The GPU variants are marked `cuda`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+PROMPTS = (37, 201, 1000)
+DECODE = 6
+
+
+def prompt_of(n: int) -> list[int]:
+    return [0] + [int(t) for t in np.random.default_rng(4000 + n).integers(3, 129000, n - 1)]
+
+
+@pytest.fixture(scope="module")
+def released_dir(tmp_path_factory) -> str:
+    from dsv41rt.checkpoint.generator import make_checkpoint
+    from dsv41rt.config.presets import preset_config_json
+
+    path = str(tmp_path_factory.mktemp("released"))
+    make_checkpoint(preset_config_json("tiny-v41-released-schedule"), path, 0)
+    return path
+
+
+def prefill_and_decode(rt, prompt: list[int]) -> tuple[np.ndarray, list[int], np.ndarray]:
+    h = rt.new_handle()
+    logits = rt.forward_tokens(h, prompt)
+    tokens, steps = [], []
+    for _ in range(DECODE):
+        tokens.append(int(np.argmax((steps[-1] if steps else logits)[-1])))
+        steps.append(rt.forward_tokens(h, tokens[-1:]))
+    rt.release_handle(h)
+    return logits, tokens, np.concatenate(steps)
+
+
+def check_cp_equals_one(path: str, device: str, sizes: tuple[int, ...]) -> None:
+    from dsv41rt.runtime import Runtime
+
+    kw = dict(kv_memory=64 << 20, max_running=4)
+    base = Runtime(path, device, **kw)
+    ref = {n: prefill_and_decode(base, prompt_of(n)) for n in PROMPTS}
+    del base
+    for cp in sizes:
+        rt = Runtime(path, device, cp_size=cp, **kw)
+        assert rt.backend_stats()["cp_size"] == cp
+        for n in PROMPTS:
+            logits, tokens, steps = prefill_and_decode(rt, prompt_of(n))
+            want_logits, want_tokens, want_steps = ref[n]
+            assert np.array_equal(logits, want_logits), (
+                f"cp {cp} prompt {n}: max |Δ| {np.abs(logits - want_logits).max()}"
+            )
+            assert tokens == want_tokens, (cp, n)
+            assert np.array_equal(steps, want_steps), (cp, n)
+        assert rt.backend_stats()["cp_forwards"] == len(PROMPTS)  # the prefills; decode replicated
+        print(f"{device} cp {cp}: prompts {PROMPTS} + {DECODE} decode steps bitwise equal to cp 1")
+
+
+@pytest.mark.parametrize("preset", ["tiny-v41", "tiny-v41-released-schedule"])
+def test_cp_prefill_equals_cp1_cpu(preset: str, tiny_v41_dir, released_dir) -> None:
+    check_cp_equals_one(tiny_v41_dir if preset == "tiny-v41" else released_dir, "cpu", (2, 3, 4))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("preset", ["tiny-v41", "tiny-v41-released-schedule"])
+def test_cp_prefill_equals_cp1_cuda(preset: str, tiny_v41_dir, released_dir) -> None:
+    check_cp_equals_one(tiny_v41_dir if preset == "tiny-v41" else released_dir, "cuda", (2, 3, 4))
+
+
+def test_cp_engine_batches_give_the_cp1_tokens(tiny_v41_dir) -> None:
+    """Through the engine: mixed steps (prefill chunks next to decodes) under CP = 3."""
+    from dsv41rt.runtime import Runtime
+
+    prompts = [prompt_of(n) for n in (5, 70, 130, 9)]
+    kw = dict(kv_memory=64 << 20, max_running=4, token_budget=48)
+    want = Runtime(tiny_v41_dir, **kw).generate(prompts, max_new_tokens=8, ignore_eos=True)
+    rt = Runtime(tiny_v41_dir, cp_size=3, **kw)
+    assert rt.generate(prompts, max_new_tokens=8, ignore_eos=True) == want
+    assert rt.stats()["pages_used"] == 0
+
+
+def test_cp_size_is_checked(tiny_v41_dir) -> None:
+    from dsv41rt.errors import Dsv41rtError
+    from dsv41rt.runtime import Runtime
+
+    with pytest.raises(Dsv41rtError, match="cp_size 0 must be in"):
+        Runtime(tiny_v41_dir, cp_size=0)
+
+
+def test_cli_score_and_generate_take_cp_size(tiny_v41_dir, tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps([prompt_of(37), prompt_of(20)]))
+    outs = {}
+    for cp in (1, 2):
+        s = tmp_path / f"s{cp}.npz"
+        g = tmp_path / f"g{cp}.json"
+        for cmd, out, extra in (("score", s, []), ("generate", g, ["--max-new-tokens", "4"])):
+            r = subprocess.run(
+                [sys.executable, "-m", "dsv41rt", cmd, "--checkpoint", tiny_v41_dir, "--prompts", str(prompts)]
+                + ["--out", str(out), "--cp-size", str(cp), *extra],
+                capture_output=True,
+                text=True,
+            )
+            assert r.returncode == 0, r.stderr
+        outs[cp] = (dict(np.load(s)), json.loads(g.read_text()))
+    for key in outs[1][0]:
+        assert np.array_equal(outs[1][0][key], outs[2][0][key]), key
+    assert outs[1][1] == outs[2][1]
+
+
+@pytest.mark.cuda
+def test_cp_over_one_rank_nccl_equals_plain_and_overlaps_the_q_projection(tiny_v41_dir) -> None:
+    """The CP data flow over a real (one-rank) NCCL group on the GPU: the same logits as the plain
+    executor, and the all-gather (main stream) runs while the Q projection (side stream) does."""
+    from dsv41rt import comm
+    from dsv41rt.runtime import Runtime
+
+    assert comm.nccl_available(), comm.nccl_library_info()
+    kw = dict(kv_memory=64 << 20, max_running=4)
+    want = prefill_and_decode(Runtime(tiny_v41_dir, "cuda", **kw), prompt_of(1000))
+    rt = Runtime(tiny_v41_dir, "cuda", cp_comm="nccl", **kw)
+    rt.set_backend_option("cp_timing", True)
+    got = prefill_and_decode(rt, prompt_of(1000))
+    assert np.array_equal(got[0], want[0]) and got[1] == want[1] and np.array_equal(got[2], want[2])
+    s = rt.backend_stats()
+    print(
+        f"nccl cp 1, prompt 1000: {s['cp_layers_timed']} layers, Q projection {s['cp_q_projection_us']} us, "
+        f"all-gather {s['cp_all_gather_us']} us, both running {s['cp_overlap_us']} us"
+    )
+    assert s["cp_size"] == 1 and s["cp_forwards"] == 1
+    assert s["cp_layers_timed"] == rt.config.num_hidden_layers
+    assert s["cp_all_gather_us"] > 0 and s["cp_q_projection_us"] > 0 and s["cp_overlap_us"] > 0
