@@ -73,7 +73,7 @@ for step in ${STEPS:-tests}; do
       echo "== communicator + context parallel"
       timeout 300 python3 -m pytest -q -p no:cacheprovider -m cuda -s tests/python/test_nccl_comm.py \
         tests/python/test_context_parallel.py 2>&1 | tee "$OUT/pytest_comm.log" | tail -30
-      [ -f bench/cp_overlap.py ] && timeout 200 python3 -u bench/cp_overlap.py 2>&1 | tail -20
+      timeout 200 python3 -u bench/cp_overlap.py --compare --out "$OUT/cp_overlap_tiny.json" 2>&1 | tail -20
       ;;
     *) echo "unknown step $step" ;;
   esac
