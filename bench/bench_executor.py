@@ -128,6 +128,7 @@ def main() -> int:
     ap.add_argument("--token-budget", type=int, default=8192)
     ap.add_argument("--trace", action="store_true", help="first run bench/dequant_trace.py's 6-forward trace")
     ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    ap.add_argument("--max-context", type=int, default=0, help="longest request (sizes the indexer scratch once)")
     ap.add_argument("--out")
     args = ap.parse_args()
     from dsv41rt.checkpoint.reader import open_checkpoint
@@ -163,6 +164,7 @@ def main() -> int:
             max_running=max(int(b) for b in args.batches.split(",")),
             token_budget=args.token_budget,
             precision=args.precision,
+            max_context=args.max_context,
             **kw,
         )
 

@@ -8,6 +8,8 @@
 #   tiny     executor benchmark on tiny-v41 (both precisions)
 #   bench40  generate bench-40 and run the executor benchmark on it (precision bf16)
 #   comm     NCCL communicator and context-parallel tests/timings
+#   gemm     tensor-core GEMM throughput at the bench-40 shapes
+#   profile  per-kernel device time of one bench-40 prefill (after bench40, or generates it)
 # Usage (device machine, repo root):  STEPS="tests tiny" K="gemm or fork" bash bench/device_session.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/dsv41rt-out}
@@ -65,9 +67,18 @@ for step in ${STEPS:-tests}; do
       echo "== executor benchmark (bench-40, precision bf16)"
       DSV41RT_COMMIT=$commit timeout "${BENCH_TIMEOUT:-420}" python3 -u bench/bench_executor.py --checkpoint /tmp/bench-40 \
         --precision bf16 --prefill "${PREFILL:-1024,8192}" --contexts "${CONTEXTS:-4096,32768}" --batches 1,8,64 \
-        --steps "${DECODE_STEPS:-5}" --repeats 3 --kv-memory $((8 << 30)) --token-budget 8192 \
+        --steps "${DECODE_STEPS:-5}" --repeats 3 --kv-memory $((22 << 30)) --token-budget 8192 --max-context 33000 \
         --out "$OUT/bench40.json" 2>&1 | tail -40
       nvidia-smi --query-gpu=memory.used --format=csv,noheader
+      ;;
+    gemm)
+      echo "== tensor-core GEMM throughput"
+      timeout 120 python3 -u bench/gemm_tc_bench.py --out "$OUT/gemm_tc.json" 2>&1 | tail -24
+      ;;
+    profile)
+      echo "== where a bench-40 prefill spends its time"
+      [ -d /tmp/bench-40 ] || python3 -m dsv41rt make-checkpoint --preset bench-40 --seed 0 --out /tmp/bench-40 --workers 16 | tail -1
+      timeout 200 python3 -u bench/profile_prefill.py --checkpoint /tmp/bench-40 --tokens "${PROFILE_TOKENS:-4096}" 2>&1 | tail -22
       ;;
     comm)
       echo "== communicator + context parallel"

@@ -182,6 +182,9 @@ void register_cuda_ops_moe(nb::module_& ops) {
           nb::arg("y0").none() = nb::none(),
           "Tensor-core GEMM, BF16 inputs (x and w rounded), FP32 accumulation: x [M, G * K] times "
           "w [G, N, K] per group -> [M, G * N], plus y0 when given.");
+  ops.def("gemm_bf16_tc_time_ms", &entry::gemm_bf16_tc_time_ms, nb::arg("M"), nb::arg("N"),
+          nb::arg("K"), nb::arg("reps") = 10,
+          "Median device ms of the tensor-core GEMM on random device data (bench/).");
   ops.def("moe_grouped_bf16", &moe_grouped_bf16_np, nb::arg("x"), nb::arg("idx"), nb::arg("weight"),
           nb::arg("w1"), nb::arg("w3"), nb::arg("w2"), nb::arg("shared_w1").none(),
           nb::arg("shared_w3").none(), nb::arg("shared_w2").none(), nb::arg("limit"),

@@ -86,6 +86,7 @@ class PyEngine {
     options.max_requests = max_running;
     options.page_tokens = page_tokens;
     options.token_budget = token_budget;
+    options.max_context = max_context;
     options.device = device;
     options.multistream = multistream;
     options.cuda_graphs = cuda_graphs;

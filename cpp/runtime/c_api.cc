@@ -275,6 +275,7 @@ dsv41rt_status dsv41rt_runtime_create(uint32_t abi_version, const dsv41rt_runtim
     options.kv_memory_bytes = params->kv_memory_bytes;
     options.max_requests = params->max_running;
     options.token_budget = params->token_budget;
+    options.max_context = params->max_context;
     options.device = device;
     auto exec = m::make_executor(std::move(plan), std::move(weights), std::move(tables), options);
     auto rt = std::make_unique<dsv41rt_runtime>();

@@ -159,7 +159,9 @@ MemoryPlan plan_memory(const ModelPlan& plan, const StateLayout& layout, const E
     }
   }
   for (int r : ratios) m.workspace_bytes_per_page += (P / r) * D * f;
-  m.workspace_bytes_per_page += P * D * f + P * DI * f + o.token_budget * P * (f + 1);
+  m.workspace_bytes_per_page += P * D * f + P * DI * f;
+  const int64_t scores_per_position = o.token_budget * (f + 1);  // FP32 score + mask byte
+  if (o.max_context == 0) m.workspace_bytes_per_page += P * scores_per_position;
   // Fixed: per-token activations of one forward (streams, projections, attention, MoE) and the
   // logits of every sampled row.
   const int64_t hc = c.hc_mult, H = c.hidden_size, nh = c.num_attention_heads;
@@ -168,6 +170,7 @@ MemoryPlan plan_memory(const ModelPlan& plan, const StateLayout& layout, const E
            int64_t(c.o_groups) * c.o_lora_rank + int64_t(c.index_n_heads) * (DI + 1) +
            3 * c.moe_intermediate_size + int64_t(c.sliding_window) + c.index_topk);
   m.scratch_bytes = o.token_budget * per_token + o.max_requests * c.vocab_size * f;
+  if (o.max_context > 0) m.scratch_bytes += o.max_context * scores_per_position;
   const int64_t per_page = g.page_bytes + m.workspace_bytes_per_page;
   const int64_t left = o.kv_memory_bytes - m.scratch_bytes;
   m.num_slots = o.max_requests;

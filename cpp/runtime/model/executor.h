@@ -51,6 +51,10 @@ struct ExecutorOptions {
   int64_t page_tokens = 64;
   /// Tokens per forward the engine will schedule (sizes the activation scratch in the budget).
   int64_t token_budget = 512;
+  /// The longest request (prompt + generated) the engine admits; 0 = the whole pool. Sizes the
+  /// indexer's score scratch (token_budget queries x the entries of one request): charged once
+  /// when set, per page of the pool when not (a request may then hold every page).
+  int64_t max_context = 0;
   /// "cpu" (the FP32 reference executor) or "cuda" / "cuda:N" (the GPU executor).
   std::string device = "cpu";
   /// CUDA only: run the window-KV store, the compressor and the indexer on side streams (off:

@@ -134,6 +134,42 @@ void gemm_bf16_tc(const float* x, int64_t ldx, const float* w, int64_t ldw, floa
   dy.to_host(y);
 }
 
+double gemm_bf16_tc_time_ms(int64_t M, int64_t N, int64_t K, int reps) {
+  DSV41RT_CHECK(M > 0 && N > 0 && K > 0 && reps > 0, "gemm_bf16_tc_time_ms: M=", M, " N=", N,
+                " K=", K, " reps=", reps);
+  std::vector<float> x(size_t(M * K));
+  std::vector<uint16_t> w(size_t(N * K));
+  uint32_t state = 12345u;
+  auto next = [&] {  // uniform in [-1, 1): random, never zeros (zeros can run faster)
+    state = state * 1664525u + 1013904223u;
+    return float(state >> 8) / float(1u << 23) - 1.0f;
+  };
+  for (float& v : x) v = next();
+  for (uint16_t& v : w) v = f32_to_bf16(next() * 0.05f);
+  DeviceBuffer<float> dx(x.data(), M * K), dy(M * N);
+  DeviceBuffer<uint16_t> dw(w.data(), N * K);
+  TcGemm g;
+  g.a = dx.get(), g.lda = K, g.b = dw.get(), g.ldb = K, g.c = dy.get(), g.ldc = N;
+  g.m = M, g.n = N, g.k = K;
+  cudaEvent_t e0, e1;
+  DSV41RT_CUDA_CHECK(cudaEventCreate(&e0));
+  DSV41RT_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int r = 0; r < reps + 2; ++r) {
+    DSV41RT_CUDA_CHECK(cudaEventRecord(e0, nullptr));
+    DSV41RT_CUDA_CHECK(cuda::gemm_bf16_tc(g, nullptr));
+    DSV41RT_CUDA_CHECK(cudaEventRecord(e1, nullptr));
+    DSV41RT_CUDA_CHECK(cudaEventSynchronize(e1));
+    float t = 0.0f;
+    DSV41RT_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+    if (r >= 2) ms.push_back(t);  // two warm-up launches
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
 void moe_grouped_bf16(const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H,
                       int64_t k, int64_t E, int64_t I, const float* w1, const float* w3,
                       const float* w2, const float* shared_w1, const float* shared_w3,

@@ -40,6 +40,10 @@ DSV41RT_API void gemm_bf16_tc(const float* x, int64_t ldx, const float* w, int64
                               int64_t batch, int64_t stride_x, int64_t stride_w, int64_t stride_y,
                               int64_t x_elems, int64_t w_elems, int64_t y_elems);
 
+/// Median device milliseconds of gemm_bf16_tc on M x K random activations and N x K random BF16
+/// weights (device-resident, CUDA events, after warm-up), over `reps` launches: for bench/.
+DSV41RT_API double gemm_bf16_tc_time_ms(int64_t M, int64_t N, int64_t K, int reps);
+
 /// The tensor-core MoE (moe_grouped.cuh) with every weight rounded to BF16 (workspace poisoned).
 DSV41RT_API void moe_grouped_bf16(const float* x, const int32_t* idx, const float* weight,
                                   int64_t S, int64_t H, int64_t k, int64_t E, int64_t I,

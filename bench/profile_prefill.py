@@ -1,0 +1,63 @@
+"""Where a GPU prefill spends its time: every CUDA kernel of one prefill forward, summed by kernel
+name (CUPTI through torch.profiler, which records all kernels of the process, ours included).
+
+  python bench/profile_prefill.py --checkpoint DIR [--tokens 4096] [--precision bf16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+
+import numpy as np
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--precision", default="bf16")
+    ap.add_argument("--top", type=int, default=18)
+    args = ap.parse_args()
+    import torch
+    from dsv41rt.runtime import Runtime
+
+    rt = Runtime(
+        args.checkpoint,
+        "cuda",
+        kv_memory=8 << 30,
+        max_running=2,
+        token_budget=args.tokens,
+        max_context=args.tokens + 8,
+        precision=args.precision,
+    )
+    rng = np.random.default_rng(0)
+    prompt = [0] + [int(t) for t in rng.integers(3, 129000, args.tokens - 1)]
+    h = rt.new_handle()
+    rt.forward_tokens(h, prompt[:512])  # warm-up: allocations
+    rt.release_handle(h)
+    h = rt.new_handle()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        rt._ex.forward(h, np.asarray(prompt, np.int32), all_logits=False)
+    rt.release_handle(h)
+    total = defaultdict(float)
+    count = defaultdict(int)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            name = e.name.split("(")[0].split("<")[0][-60:]
+            total[name] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            count[name] += 1
+    grand = sum(total.values())
+    print(
+        f"prefill {args.tokens} tokens ({args.precision}): "
+        f"forward {rt.backend_stats()['last_forward_us'] / 1e3:.1f} ms, "
+        f"kernels {grand / 1e3:.1f} ms"
+    )
+    for name, us in sorted(total.items(), key=lambda kv: -kv[1])[: args.top]:
+        print(f"  {us / 1e3:9.1f} ms {100 * us / grand:5.1f}%  x{count[name]:5d}  {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
