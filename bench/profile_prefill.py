@@ -27,7 +27,7 @@ def main() -> int:
         args.checkpoint,
         "cuda",
         kv_memory=8 << 30,
-        max_running=2,
+        max_running=8,
         token_budget=args.tokens,
         max_context=args.tokens + 8,
         precision=args.precision,
@@ -40,23 +40,32 @@ def main() -> int:
     h = rt.new_handle()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         rt._ex.forward(h, np.asarray(prompt, np.int32), all_logits=False)
-    rt.release_handle(h)
+    summarize(prof, f"prefill {args.tokens} tokens ({args.precision})", rt, args.top)
+    # One decode step of 8 requests at this context (eager, so every kernel is its own launch).
+    rt.set_backend_option("cuda_graphs", False)
+    hs = [h] + [rt.fork_handle(h) for _ in range(7)]
+    rt.decode_handles(hs, [5] * 8)  # warm-up
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        rt.decode_handles(hs, [7] * 8)
+    summarize(prof, f"decode step, 8 requests at context {args.tokens} ({args.precision}, eager)", rt, args.top)
+    return 0
+
+
+def summarize(prof, title: str, rt, top: int) -> None:
+    import torch
+
     total = defaultdict(float)
     count = defaultdict(int)
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            name = e.name.split("(")[0].split("<")[0][-60:]
+            name = e.name.replace("(anonymous namespace)::", "").replace("void ", "")
+            name = name.split("(")[0].split("<")[0].replace("dsv41rt::kernels::cuda::", "")[-60:]
             total[name] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
             count[name] += 1
     grand = sum(total.values())
-    print(
-        f"prefill {args.tokens} tokens ({args.precision}): "
-        f"forward {rt.backend_stats()['last_forward_us'] / 1e3:.1f} ms, "
-        f"kernels {grand / 1e3:.1f} ms"
-    )
-    for name, us in sorted(total.items(), key=lambda kv: -kv[1])[: args.top]:
-        print(f"  {us / 1e3:9.1f} ms {100 * us / grand:5.1f}%  x{count[name]:5d}  {name}")
-    return 0
+    print(f"{title}: forward {rt.backend_stats()['last_forward_us'] / 1e3:.1f} ms, kernels {grand / 1e3:.1f} ms")
+    for name, us in sorted(total.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {us / 1e3:9.2f} ms {100 * us / grand:5.1f}%  x{count[name]:5d}  {name}")
 
 
 if __name__ == "__main__":
