@@ -1,0 +1,73 @@
+"""Prefill time with context parallelism over NCCL (one GPU per rank) vs CP = 1, with the
+all-gather's device time and its overlap with the Q projection (rank 0's CUDA events, summed over
+the forwards of the prompt). Issue 9 part 2.
+
+  NCCL_NVLS_ENABLE=0 python bench/cp_prefill_bench.py --checkpoint /tmp/bench-40 --cp-size 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+
+def prefill(rt, n: int, budget: int, rng) -> dict:
+    p = np.asarray([0] + [int(t) for t in rng.integers(3, 129000, n - 1)], np.int32)
+    h = rt.new_handle()
+    tot = {"ms": 0.0, "gather_us": 0, "q_us": 0, "overlap_us": 0}
+    for i in range(0, n, budget):
+        rt._ex.forward(h, p[i : i + budget], all_logits=False)
+        s = rt.backend_stats()
+        tot["ms"] += s["last_forward_us"] / 1e3
+        tot["gather_us"] += s.get("cp_all_gather_us", 0)
+        tot["q_us"] += s.get("cp_q_projection_us", 0)
+        tot["overlap_us"] += s.get("cp_overlap_us", 0)
+    rt.release_handle(h)
+    return tot
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--cp-size", type=int, default=2)
+    ap.add_argument("--tokens", default="8192,32768")
+    ap.add_argument("--cp1-tokens", default="8192")
+    ap.add_argument("--budget", type=int, default=8192)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    from dsv41rt.runtime import Runtime
+
+    rows = []
+    for cp, lengths in ((args.cp_size, args.tokens), (1, args.cp1_tokens)):
+        kw = dict(kv_memory=12 << 30, max_running=2, token_budget=args.budget, max_context=33000, precision="bf16")
+        rt = (
+            Runtime(args.checkpoint, "cuda", cp_size=cp, cp_comm="nccl", **kw)
+            if cp > 1
+            else Runtime(args.checkpoint, "cuda:0", **kw)
+        )
+        if cp > 1:
+            rt.set_backend_option("cp_timing", True)
+        rng = np.random.default_rng(0)
+        prefill(rt, 1024, args.budget, rng)  # warm-up
+        for n in (int(x) for x in lengths.split(",") if x):
+            r = prefill(rt, n, args.budget, rng)
+            r.update({"cp": cp, "tokens": n, "tokens_per_s": n / r["ms"] * 1e3})
+            rows.append(r)
+            print(
+                f"CP {cp} prefill {n:6d}: {r['ms']:9.1f} ms ({r['tokens_per_s']:6.0f} tok/s); all-gather "
+                f"{r['gather_us'] / 1e3:7.2f} ms, Q projection {r['q_us'] / 1e3:7.2f} ms, both running "
+                f"{r['overlap_us'] / 1e3:7.2f} ms (rank 0, summed over layers and chunks)",
+                flush=True,
+            )
+        del rt
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
