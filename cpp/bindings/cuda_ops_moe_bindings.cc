@@ -56,37 +56,51 @@ nb::tuple moe_route_np(In<float, 2> x, In<float, 2> gate_w, std::optional<In<flo
   return nb::make_tuple(idx, w);
 }
 
+// The shapes of a routed + shared expert call, checked once for every MoE entry point:
+// x [S, H], idx / weight [S, k], w1 / w3 [E, I, H], w2 [E, H, I], shared [Is, H] / [H, Is].
+struct MoeCall {
+  int64_t S, H, k, E, I, Is = 0;
+  const float *s1 = nullptr, *s3 = nullptr, *s2 = nullptr;
+};
+
+MoeCall moe_call(const char* op, const In<float, 2>& x, const In<int32_t, 2>& idx,
+                 const In<float, 2>& weight, const In<float, 3>& w1, const In<float, 3>& w3,
+                 const In<float, 3>& w2, const std::optional<In<float, 2>>& sw1,
+                 const std::optional<In<float, 2>>& sw3, const std::optional<In<float, 2>>& sw2) {
+  MoeCall c{int64_t(x.shape(0)), int64_t(x.shape(1)), int64_t(idx.shape(1)), int64_t(w1.shape(0)),
+            int64_t(w1.shape(1))};
+  DSV41RT_CHECK(idx.shape(0) == size_t(c.S) && weight.shape(0) == size_t(c.S) &&
+                    weight.shape(1) == size_t(c.k),
+                op, ": idx / weight must be [S, k]");
+  DSV41RT_CHECK(w1.shape(2) == size_t(c.H) && w3.shape(0) == size_t(c.E) &&
+                    w3.shape(1) == size_t(c.I) && w3.shape(2) == size_t(c.H) &&
+                    w2.shape(0) == size_t(c.E) && w2.shape(1) == size_t(c.H) &&
+                    w2.shape(2) == size_t(c.I),
+                op, ": expected w1, w3 [E, I, H] and w2 [E, H, I]");
+  const bool shared = sw1.has_value();
+  DSV41RT_CHECK(shared == sw3.has_value() && shared == sw2.has_value(), op,
+                ": give all or none of shared_w1, shared_w3, shared_w2");
+  if (shared) {
+    c.Is = int64_t(sw1->shape(0));
+    DSV41RT_CHECK(sw1->shape(1) == size_t(c.H) && sw3->shape(0) == size_t(c.Is) &&
+                      sw3->shape(1) == size_t(c.H) && sw2->shape(0) == size_t(c.H) &&
+                      sw2->shape(1) == size_t(c.Is),
+                  op, ": expected shared w1, w3 [Is, H] and w2 [H, Is]");
+    c.s1 = sw1->data(), c.s3 = sw3->data(), c.s2 = sw2->data();
+  }
+  return c;
+}
+
 Out<float> moe_forward_np(In<float, 2> x, In<int32_t, 2> idx, In<float, 2> weight, In<float, 3> w1,
                           In<float, 3> w3, In<float, 3> w2, std::optional<In<float, 2>> sw1,
                           std::optional<In<float, 2>> sw3, std::optional<In<float, 2>> sw2,
                           float limit) {
-  const int64_t S = x.shape(0), H = x.shape(1), k = idx.shape(1);
-  const int64_t E = w1.shape(0), I = w1.shape(1);
-  DSV41RT_CHECK(
-      idx.shape(0) == size_t(S) && weight.shape(0) == size_t(S) && weight.shape(1) == size_t(k),
-      "moe_forward: idx / weight must be [S, k]");
-  DSV41RT_CHECK(w1.shape(2) == size_t(H) && w3.shape(0) == size_t(E) && w3.shape(1) == size_t(I) &&
-                    w3.shape(2) == size_t(H) && w2.shape(0) == size_t(E) &&
-                    w2.shape(1) == size_t(H) && w2.shape(2) == size_t(I),
-                "moe_forward: expected w1, w3 [E, I, H] and w2 [E, H, I]");
-  const bool has_shared = sw1.has_value();
-  DSV41RT_CHECK(has_shared == sw3.has_value() && has_shared == sw2.has_value(),
-                "moe_forward: give all or none of shared_w1, shared_w3, shared_w2");
-  int64_t Is = 0;
-  if (has_shared) {
-    Is = sw1->shape(0);
-    DSV41RT_CHECK(sw1->shape(1) == size_t(H) && sw3->shape(0) == size_t(Is) &&
-                      sw3->shape(1) == size_t(H) && sw2->shape(0) == size_t(H) &&
-                      sw2->shape(1) == size_t(Is),
-                  "moe_forward: expected shared w1, w3 [Is, H] and w2 [H, Is]");
-  }
-  auto y = make_out<float>({size_t(S), size_t(H)});
+  const MoeCall c = moe_call("moe_forward", x, idx, weight, w1, w3, w2, sw1, sw3, sw2);
+  auto y = make_out<float>({size_t(c.S), size_t(c.H)});
   {
     nb::gil_scoped_release release;
-    entry::moe_forward(x.data(), idx.data(), weight.data(), S, H, k, E, I, w1.data(), w3.data(),
-                       w2.data(), has_shared ? sw1->data() : nullptr,
-                       has_shared ? sw3->data() : nullptr, has_shared ? sw2->data() : nullptr, Is,
-                       limit, y.data());
+    entry::moe_forward(x.data(), idx.data(), weight.data(), c.S, c.H, c.k, c.E, c.I, w1.data(),
+                       w3.data(), w2.data(), c.s1, c.s3, c.s2, c.Is, limit, y.data());
   }
   return y;
 }
@@ -96,31 +110,13 @@ Out<float> moe_forward_split_np(In<float, 2> x, In<int32_t, 2> idx, In<float, 2>
                                 std::optional<In<float, 2>> sw1, std::optional<In<float, 2>> sw3,
                                 std::optional<In<float, 2>> sw2, float limit, int64_t chunk,
                                 bool bf16_weights) {
-  const int64_t S = x.shape(0), H = x.shape(1), k = idx.shape(1);
-  const int64_t E = w1.shape(0), I = w1.shape(1);
-  DSV41RT_CHECK(idx.shape(0) == size_t(S) && weight.shape(0) == size_t(S) &&
-                    weight.shape(1) == size_t(k) && w1.shape(2) == size_t(H) &&
-                    w3.shape(0) == size_t(E) && w3.shape(1) == size_t(I) &&
-                    w3.shape(2) == size_t(H) && w2.shape(0) == size_t(E) &&
-                    w2.shape(1) == size_t(H) && w2.shape(2) == size_t(I),
-                "moe_forward_split: expected idx / weight [S, k], w1, w3 [E, I, H], w2 [E, H, I]");
-  const bool has_shared = sw1.has_value();
-  DSV41RT_CHECK(has_shared == sw3.has_value() && has_shared == sw2.has_value(),
-                "moe_forward_split: give all or none of shared_w1, shared_w3, shared_w2");
-  const int64_t Is = has_shared ? int64_t(sw1->shape(0)) : 0;
-  if (has_shared) {
-    DSV41RT_CHECK(sw1->shape(1) == size_t(H) && sw3->shape(0) == size_t(Is) &&
-                      sw3->shape(1) == size_t(H) && sw2->shape(0) == size_t(H) &&
-                      sw2->shape(1) == size_t(Is),
-                  "moe_forward_split: expected shared w1, w3 [Is, H] and w2 [H, Is]");
-  }
-  auto y = make_out<float>({size_t(S), size_t(H)});
+  const MoeCall c = moe_call("moe_forward_split", x, idx, weight, w1, w3, w2, sw1, sw3, sw2);
+  auto y = make_out<float>({size_t(c.S), size_t(c.H)});
   {
     nb::gil_scoped_release release;
-    entry::moe_forward_split(x.data(), idx.data(), weight.data(), S, H, k, E, I, w1.data(),
-                             w3.data(), w2.data(), has_shared ? sw1->data() : nullptr,
-                             has_shared ? sw3->data() : nullptr, has_shared ? sw2->data() : nullptr,
-                             Is, limit, chunk, bf16_weights, y.data());
+    entry::moe_forward_split(x.data(), idx.data(), weight.data(), c.S, c.H, c.k, c.E, c.I,
+                             w1.data(), w3.data(), w2.data(), c.s1, c.s3, c.s2, c.Is, limit, chunk,
+                             bf16_weights, y.data());
   }
   return y;
 }
@@ -146,31 +142,12 @@ Out<float> moe_grouped_bf16_np(In<float, 2> x, In<int32_t, 2> idx, In<float, 2> 
                                In<float, 3> w1, In<float, 3> w3, In<float, 3> w2,
                                std::optional<In<float, 2>> sw1, std::optional<In<float, 2>> sw3,
                                std::optional<In<float, 2>> sw2, float limit) {
-  const int64_t S = x.shape(0), H = x.shape(1), k = idx.shape(1);
-  const int64_t E = w1.shape(0), I = w1.shape(1);
-  DSV41RT_CHECK(idx.shape(0) == size_t(S) && weight.shape(0) == size_t(S) &&
-                    weight.shape(1) == size_t(k) && w1.shape(2) == size_t(H) &&
-                    w3.shape(0) == size_t(E) && w3.shape(1) == size_t(I) &&
-                    w3.shape(2) == size_t(H) && w2.shape(0) == size_t(E) &&
-                    w2.shape(1) == size_t(H) && w2.shape(2) == size_t(I),
-                "moe_grouped_bf16: expected idx / weight [S, k], w1, w3 [E, I, H], w2 [E, H, I]");
-  const bool has_shared = sw1.has_value();
-  DSV41RT_CHECK(has_shared == sw3.has_value() && has_shared == sw2.has_value(),
-                "moe_grouped_bf16: give all or none of shared_w1, shared_w3, shared_w2");
-  const int64_t Is = has_shared ? int64_t(sw1->shape(0)) : 0;
-  if (has_shared) {
-    DSV41RT_CHECK(sw1->shape(1) == size_t(H) && sw3->shape(0) == size_t(Is) &&
-                      sw3->shape(1) == size_t(H) && sw2->shape(0) == size_t(H) &&
-                      sw2->shape(1) == size_t(Is),
-                  "moe_grouped_bf16: expected shared w1, w3 [Is, H] and w2 [H, Is]");
-  }
-  auto y = make_out<float>({size_t(S), size_t(H)});
+  const MoeCall c = moe_call("moe_grouped_bf16", x, idx, weight, w1, w3, w2, sw1, sw3, sw2);
+  auto y = make_out<float>({size_t(c.S), size_t(c.H)});
   {
     nb::gil_scoped_release release;
-    entry::moe_grouped_bf16(x.data(), idx.data(), weight.data(), S, H, k, E, I, w1.data(),
-                            w3.data(), w2.data(), has_shared ? sw1->data() : nullptr,
-                            has_shared ? sw3->data() : nullptr, has_shared ? sw2->data() : nullptr,
-                            Is, limit, y.data());
+    entry::moe_grouped_bf16(x.data(), idx.data(), weight.data(), c.S, c.H, c.k, c.E, c.I, w1.data(),
+                            w3.data(), w2.data(), c.s1, c.s3, c.s2, c.Is, limit, y.data());
   }
   return y;
 }
