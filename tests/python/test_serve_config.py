@@ -57,6 +57,11 @@ def test_api_key_from_environment_is_redacted(monkeypatch) -> None:
         ({"served-model-name": [1]}, "served-model-name: expected a string or a list"),
         ({"default-max-tokens": 100000}, "default-max-tokens: must be in [1, max-tokens-limit]"),
         ({"max-request-bytes": 10}, "max-request-bytes: must be >= 1024"),
+        ({"precision": "fp8"}, "precision: fp32 or bf16"),
+        ({"precision": "bf16"}, "precision: bf16 needs a CUDA device"),
+        ({"context-parallel-size": 0}, "context-parallel-size: must be in [1, 64]"),
+        ({"cp-comm": "mpi"}, "cp-comm: local or nccl"),
+        ({"cp-comm": "nccl"}, "cp-comm: nccl needs a CUDA device"),
     ],
 )
 def test_bad_values_name_the_key(values: dict, message: str) -> None:

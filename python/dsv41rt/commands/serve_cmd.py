@@ -110,6 +110,9 @@ def run_serve(args: argparse.Namespace) -> int:
         max_running=cfg.max_num_seqs,
         token_budget=cfg.max_num_batched_tokens,
         max_context=cfg.max_model_len,
+        precision=cfg.precision,
+        cp_size=cfg.context_parallel_size,
+        cp_comm=cfg.cp_comm,
         progress=True,
     )
     log.info("%s", rt.describe_pool())

@@ -29,6 +29,9 @@ class ServeConfig:
     model: str | None = None  # checkpoint directory; None = the built-in tiny V4.1 model
     served_model_name: tuple[str, ...] = ()  # names accepted in requests; default: the model's name
     device: str = "cpu"  # cpu, cuda, cuda:N
+    precision: str = "fp32"  # fp32 (the reference numerics) or bf16 (tensor-core GEMMs, CUDA only)
+    context_parallel_size: int = 1  # prefill split over this many ranks (docs/design/context-parallel.md)
+    cp_comm: str = "local"  # local (virtual ranks in this process) or nccl (rank r on GPU base + r)
     kv_memory: int = 256 << 20  # KV pool bytes (request slots + token pages + workspaces)
     max_num_seqs: int = 16  # requests running at once
     max_num_batched_tokens: int = 512  # chunked-prefill token budget per engine step
@@ -131,6 +134,11 @@ def _validate(cfg: ServeConfig) -> ServeConfig:
     need(cfg.log_level in LOG_LEVELS, "log-level", f"must be one of {', '.join(LOG_LEVELS)}, got {cfg.log_level!r}")
     dev = cfg.device
     need(dev in ("cpu", "cuda") or bool(re.fullmatch(r"cuda:\d+", dev)), "device", f"cpu, cuda or cuda:N, got {dev!r}")
+    need(cfg.precision in ("fp32", "bf16"), "precision", f"fp32 or bf16, got {cfg.precision!r}")
+    need(cfg.precision == "fp32" or dev != "cpu", "precision", "bf16 needs a CUDA device")
+    need(1 <= cfg.context_parallel_size <= 64, "context-parallel-size", "must be in [1, 64]")
+    need(cfg.cp_comm in ("local", "nccl"), "cp-comm", f"local or nccl, got {cfg.cp_comm!r}")
+    need(cfg.cp_comm == "local" or dev != "cpu", "cp-comm", "nccl needs a CUDA device")
     return cfg  # the model directory is checked when the server starts (configs travel between machines)
 
 
