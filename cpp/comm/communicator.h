@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "runtime/dtype.h"
 #include "runtime/export.h"
@@ -37,6 +38,10 @@ class DSV41RT_API Communicator {
   /// True when the buffers are device memory used on `stream` (NCCL); false for host-memory
   /// communicators (LocalComm), which a GPU caller stages through host memory.
   virtual bool device_buffers() const { return false; }
+  /// Makes the group unusable so that ranks blocked in (or arriving at) a collective fail with
+  /// `reason` instead of waiting for a rank that will not come; called by a group driver when
+  /// one rank failed. Safe from any thread.
+  virtual void abort(const std::string& reason) = 0;
 };
 
 }  // namespace dsv41rt::comm

@@ -157,6 +157,12 @@ class LocalComm final : public Communicator {
 
   void barrier() override { g_->rendezvous(rank_, "barrier"); }
 
+  void abort(const std::string& reason) override {
+    std::lock_guard<std::mutex> lock(g_->mu);
+    if (g_->failure.empty()) g_->failure = "aborted: " + reason;
+    g_->cv.notify_all();
+  }
+
  private:
   static std::vector<const void*> sends(const std::vector<Group::Call>& c) {
     std::vector<const void*> out;

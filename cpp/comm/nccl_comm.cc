@@ -133,6 +133,8 @@ void NcclComm::release() noexcept {
   if (switched) cudaSetDevice(previous);
 }
 
+void NcclComm::abort(const std::string&) { abort_now(); }
+
 void NcclComm::abort_now() noexcept {
   if (comm_) api_->comm_abort(comm_);
   comm_ = nullptr;

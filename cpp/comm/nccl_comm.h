@@ -55,6 +55,8 @@ class DSV41RT_API NcclComm final : public Communicator {
   /// (a peer died) or the ranks do not all arrive within the barrier timeout.
   void barrier() override;
   bool device_buffers() const override { return true; }  // device pointers, stream-ordered
+  /// ncclCommAbort: collectives in flight on the GPU return; the communicator is unusable after.
+  void abort(const std::string& reason) override;
 
  private:
   size_t prepare(const char* op, const void* send, const void* recv, size_t count, DType dtype,

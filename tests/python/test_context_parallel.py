@@ -141,3 +141,28 @@ def test_cp_over_one_rank_nccl_equals_plain_and_overlaps_the_q_projection(tiny_v
     assert s["cp_size"] == 1 and s["cp_forwards"] == 1
     assert s["cp_layers_timed"] == rt.config.num_hidden_layers
     assert s["cp_all_gather_us"] > 0 and s["cp_q_projection_us"] > 0 and s["cp_overlap_us"] > 0
+
+
+def test_cp_ranks_without_rows_and_bad_input(tiny_v41_dir) -> None:
+    """Prompts shorter than the group (ranks with no query rows) still match CP = 1; a bad token is
+    refused before any rank runs (at once, not after a collective's timeout) and the group stays
+    usable."""
+    import time
+
+    from dsv41rt import _core
+    from dsv41rt.runtime import Runtime
+
+    kw = dict(kv_memory=64 << 20, max_running=4)
+    one, cp = Runtime(tiny_v41_dir, **kw), Runtime(tiny_v41_dir, cp_size=4, **kw)
+    for n in (2, 3, 5):
+        p = prompt_of(n)
+        want = prefill_and_decode(one, p)
+        got = prefill_and_decode(cp, p)
+        assert np.array_equal(got[0], want[0]) and got[1] == want[1] and np.array_equal(got[2], want[2]), n
+    h = cp.new_handle()
+    t0 = time.monotonic()
+    with pytest.raises(_core.Error, match="outside the vocabulary"):  # the C++ check, not Python's
+        cp._ex.forward(h, np.asarray([5, 10**8], np.int32), all_logits=True)
+    assert time.monotonic() - t0 < 5
+    cp.release_handle(h)
+    assert np.array_equal(prefill_and_decode(cp, prompt_of(37))[0], prefill_and_decode(one, prompt_of(37))[0])

@@ -30,6 +30,7 @@ class CpExecutor final : public Executor {
   }
 
   void forward(std::vector<BatchItem>& batch) override {
+    check(batch);  // bad input fails here, before any rank runs: the group stays usable
     bool prefill = false;
     for (const BatchItem& b : batch) prefill = prefill || b.n > 1;
     cp_forwards_ += prefill ? 1 : 0;
@@ -72,6 +73,25 @@ class CpExecutor final : public Executor {
   }
 
  private:
+  // What every rank's forward would refuse, checked once on the host.
+  void check(const std::vector<BatchItem>& batch) const {
+    const ModelConfig& c = plan().config;
+    DSV41RT_CHECK(!batch.empty(), "forward needs at least one item");
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const BatchItem& b = batch[i];
+      DSV41RT_CHECK(b.n > 0 && b.tokens && b.logits, "batch item ", i, " has no tokens or output");
+      DSV41RT_CHECK(b.request.slot != nullptr, "batch item ", i, " has no state slot");
+      DSV41RT_CHECK(b.request.n_pages * layout().page_tokens() >= b.request.length + b.n,
+                    "batch item ", i, ": pages cover ", b.request.n_pages * layout().page_tokens(),
+                    " positions, the forward needs ", b.request.length + b.n);
+      for (int64_t t = 0; t < b.n; ++t) {
+        DSV41RT_CHECK(b.tokens[t] >= 0 && b.tokens[t] < c.vocab_size, "batch item ", i,
+                      ": token id ", b.tokens[t], " at index ", t,
+                      " is outside the vocabulary [0, ", c.vocab_size, ")");
+      }
+    }
+  }
+
   // Rank r's view of a request: the same slot and page ids in its own pool.
   RequestView translate(int r, const RequestView& v) const {
     if (r == 0) return v;
@@ -100,21 +120,21 @@ class CpExecutor final : public Executor {
       }
     }
     std::vector<std::exception_ptr> errors(static_cast<size_t>(P));
+    // A rank that fails aborts the group, so the others do not wait for it in a collective.
+    auto guarded = [&](int r) {
+      try {
+        fn(r, batches[r]);
+      } catch (const std::exception& e) {
+        errors[r] = std::current_exception();
+        for (auto& c : comms_) c->abort("rank " + std::to_string(r) + " failed: " + e.what());
+      } catch (...) {
+        errors[r] = std::current_exception();
+        for (auto& c : comms_) c->abort("rank " + std::to_string(r) + " failed");
+      }
+    };
     std::vector<std::thread> threads;
-    for (int r = 1; r < P; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          fn(r, batches[r]);
-        } catch (...) {
-          errors[r] = std::current_exception();
-        }
-      });
-    }
-    try {
-      fn(0, batches[0]);
-    } catch (...) {
-      errors[0] = std::current_exception();
-    }
+    for (int r = 1; r < P; ++r) threads.emplace_back(guarded, r);
+    guarded(0);
     for (std::thread& t : threads) t.join();
     for (const std::exception_ptr& e : errors) {
       if (e) std::rethrow_exception(e);  // rank 0's first: the others often fail because of it

@@ -634,7 +634,7 @@ void CudaExecutor::attention(const LayerPlan& layer, const CudaLayerWeights& w,
     // indexer follows the Q projection on the same side stream, after the compressor.
     st_->fork.link(s, side(2));
     cp_mark(0, side(2));
-    q_projection(side(2));
+    if (NQ > 0) q_projection(side(2));
     cp_mark(1, side(2));
     float* xg = xg_.ensure(N * H, generation_);
     cp_mark(2, s);
@@ -646,7 +646,8 @@ void CudaExecutor::attention(const LayerPlan& layer, const CudaLayerWeights& w,
       compressor(layer, w, f, xs, side(1));
       if (side(1) != s) DSV41RT_CU(cudaEventRecord(st_->comp.get(), side(1)));
     }
-    if (selects) indexer(layer, w, f, side(2));
+    if (selects && NQ > 0) indexer(layer, w, f, side(2));
+    if (selects) topk_source_ = layer.index;  // (no query rows: nothing selected, nothing read)
     if (side(2) != s) DSV41RT_CU(cudaEventRecord(st_->idx.get(), side(2)));
   } else {
     // Fork: the layer input xn is ready; the compressor needs nothing else.
@@ -705,6 +706,7 @@ void CudaExecutor::attention(const LayerPlan& layer, const CudaLayerWeights& w,
   if ((selects || comm_) && side(2) != s) DSV41RT_CU(cudaStreamWaitEvent(s, st_->idx.get(), 0));
   st_->store.link(side(0), s);
   const int64_t KI = layer.ratio > 0 ? c.index_topk : 0;
+  if (NQ == 0) return;  // a CP rank without query rows: the state writes above were its part
   if (KI > 0) {
     DSV41RT_CHECK(topk_source_ == layer.topk_source, "layer ", layer.index,
                   " expects the top-k of layer ", layer.topk_source, ", found ", topk_source_);
@@ -754,15 +756,20 @@ void CudaExecutor::run(const ForwardPlan& f) {
   float* f_post = f_post_.ensure(N * hc, generation_);
   float* f_comb = f_comb_.ensure(N * hc * hc, generation_);
 
-  DSV41RT_CU(kc::embed_rows(weights_.embed, weights_.embed_bf16, meta_.q_tokens, N, H, hc, X, s));
-  DSV41RT_CU(cudaMemcpyAsync(pre, meta_.pre0, size_t(N * hc) * sizeof(float),
-                             cudaMemcpyDeviceToDevice, s));
+  // A CP rank may own no rows of a short batch: it still takes part in the all-gathers and
+  // writes every row's state (attention), and skips the row-wise ops.
+  const bool rows_here = N > 0;
+  if (rows_here) {
+    DSV41RT_CU(kc::embed_rows(weights_.embed, weights_.embed_bf16, meta_.q_tokens, N, H, hc, X, s));
+    DSV41RT_CU(cudaMemcpyAsync(pre, meta_.pre0, size_t(N * hc) * sizeof(float),
+                               cudaMemcpyDeviceToDevice, s));
+  }
 
   int engram_pos = 0;
   for (size_t li = 0; li < plan_.layers.size(); ++li) {
     const LayerPlan& layer = plan_.layers[li];
     const CudaLayerWeights& w = weights_.layers[li];
-    if (layer.engram) {
+    if (layer.engram && rows_here) {
       const EngramSpec& e = *c.engram;
       const int64_t cols = int64_t(e.max_ngram_size - 1) * e.n_heads, hd = e.head_dim;
       float* emb = emb_.ensure(N * cols * hd, generation_);
@@ -771,13 +778,19 @@ void CudaExecutor::run(const ForwardPlan& f) {
                                    N * cols, hd, emb, s));
       DSV41RT_CU(kc::engram_forward(X, emb, w.engram_wkv, w.engram_q, w.engram_k, nullptr, N, hc, H,
                                     cols * hd, eps, ws, s));
-      ++engram_pos;
     }
-    DSV41RT_CU(kc::hc_mix(X, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale, N, hc, H, eps, hc_eps,
-                          c.hc_sinkhorn_iters, a_pre, a_post, a_comb, s));
-    DSV41RT_CU(kc::hc_collapse(X, pre, N, hc, H, u, s));
-    DSV41RT_CU(kc::rms_norm(u, w.attn_norm, N, H, eps, xn, s));
+    if (layer.engram) ++engram_pos;
+    if (rows_here) {
+      DSV41RT_CU(kc::hc_mix(X, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale, N, hc, H, eps, hc_eps,
+                            c.hc_sinkhorn_iters, a_pre, a_post, a_comb, s));
+      DSV41RT_CU(kc::hc_collapse(X, pre, N, hc, H, u, s));
+      DSV41RT_CU(kc::rms_norm(u, w.attn_norm, N, H, eps, xn, s));
+    }
     attention(layer, w, f);
+    if (!rows_here) {
+      std::swap(pre, f_pre);
+      continue;
+    }
     DSV41RT_CU(kc::hc_expand(X, yv, a_post, a_comb, N, hc, H, X1, s));
     DSV41RT_CU(kc::hc_mix(X1, w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale, N, hc, H, eps, hc_eps,
                           c.hc_sinkhorn_iters, f_pre, f_post, f_comb, s));
@@ -800,7 +813,7 @@ void CudaExecutor::run(const ForwardPlan& f) {
     DSV41RT_CU(kc::hc_expand(X1, yv, f_post, f_comb, N, hc, H, X, s));
     std::swap(pre, f_pre);
   }
-  DSV41RT_CU(kc::hc_collapse(X, pre, N, hc, H, u, s));
+  if (rows_here) DSV41RT_CU(kc::hc_collapse(X, pre, N, hc, H, u, s));
   const float* u_all = u;
   if (comm_) {  // every rank gathers the final hidden states and computes every wanted logit
     float* ug = ug_.ensure(f.rows * H, generation_);

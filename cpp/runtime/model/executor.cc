@@ -52,7 +52,7 @@ struct CpuExecutor::Rows {
   void gather(const float* x, int64_t dim, std::vector<float>& out) const {
     const int64_t P = comm->size();
     std::vector<float> send(max_local * dim, 0.0f), recv(P * max_local * dim);
-    std::copy(x, x + NL() * dim, send.begin());
+    if (NL() > 0) std::copy(x, x + NL() * dim, send.begin());
     comm->all_gather(send.data(), recv.data(), size_t(max_local * dim), DType::kF32);
     out.resize(N * dim);
     for (int64_t g = 0; g < N; ++g) {
@@ -399,10 +399,12 @@ void CpuExecutor::attention(const LayerPlan& layer, const AttentionWeights& w,
 
   // Projections (row-independent ops): queries of the local rows, KV of all rows.
   std::vector<float> qr(NL * c.q_lora_rank), q(NL * nh * D), kv(N * D);
-  k::linear(x, w.wq_a.ptr(), NL, H, c.q_lora_rank, qr.data());
-  k::rms_norm(qr.data(), w.q_norm.ptr(), NL, c.q_lora_rank, eps, qr.data());
-  k::linear(qr.data(), w.wq_b.ptr(), NL, c.q_lora_rank, nh * D, q.data());
-  k::apply_rope(q.data(), NL, nh, D, R, pos_q.data(), freq.data(), false);
+  if (NL > 0) {
+    k::linear(x, w.wq_a.ptr(), NL, H, c.q_lora_rank, qr.data());
+    k::rms_norm(qr.data(), w.q_norm.ptr(), NL, c.q_lora_rank, eps, qr.data());
+    k::linear(qr.data(), w.wq_b.ptr(), NL, c.q_lora_rank, nh * D, q.data());
+    k::apply_rope(q.data(), NL, nh, D, R, pos_q.data(), freq.data(), false);
+  }
   k::linear(xg, w.wkv.ptr(), N, H, D, kv.data());
   k::rms_norm(kv.data(), w.kv_norm.ptr(), N, D, eps, kv.data());
   k::apply_rope(kv.data(), N, 1, D, R, pos.data(), freq.data(), false);
@@ -567,21 +569,27 @@ void CpuExecutor::run(std::vector<BatchItem>& batch, comm::Communicator* comm) {
       }
       ++engram_pos;
     }
-    k::hc_mix(X.data(), w.hc_attn_fn.ptr(), w.hc_attn_base.ptr(), w.hc_attn_scale.ptr(), NL, hc, H,
-              eps, hc_eps, c.hc_sinkhorn_iters, a_pre.data(), a_post.data(), a_comb.data());
-    k::hc_collapse(X.data(), pre.data(), NL, hc, H, u.data());
-    k::rms_norm(u.data(), w.attn_norm.ptr(), NL, H, eps, xn.data());
+    // A CP rank may own no rows of a short batch: it still takes part in the all-gathers and
+    // writes every row's state (attention), and skips the row-wise ops.
+    if (NL > 0) {
+      k::hc_mix(X.data(), w.hc_attn_fn.ptr(), w.hc_attn_base.ptr(), w.hc_attn_scale.ptr(), NL, hc,
+                H, eps, hc_eps, c.hc_sinkhorn_iters, a_pre.data(), a_post.data(), a_comb.data());
+      k::hc_collapse(X.data(), pre.data(), NL, hc, H, u.data());
+      k::rms_norm(u.data(), w.attn_norm.ptr(), NL, H, eps, xn.data());
+    }
     attention(layer, w.attn, items, rows, xn.data(), yv.data());
-    k::hc_expand(X.data(), yv.data(), a_post.data(), a_comb.data(), NL, hc, H, X1.data());
-    k::hc_mix(X1.data(), w.hc_ffn_fn.ptr(), w.hc_ffn_base.ptr(), w.hc_ffn_scale.ptr(), NL, hc, H,
-              eps, hc_eps, c.hc_sinkhorn_iters, f_pre.data(), f_post.data(), f_comb.data());
-    k::hc_collapse(X1.data(), a_pre.data(), NL, hc, H, u.data());
-    k::rms_norm(u.data(), w.ffn_norm.ptr(), NL, H, eps, xn.data());
-    moe(layer, w.moe, xn.data(), NL, yv.data());
-    k::hc_expand(X1.data(), yv.data(), f_post.data(), f_comb.data(), NL, hc, H, X.data());
+    if (NL > 0) {
+      k::hc_expand(X.data(), yv.data(), a_post.data(), a_comb.data(), NL, hc, H, X1.data());
+      k::hc_mix(X1.data(), w.hc_ffn_fn.ptr(), w.hc_ffn_base.ptr(), w.hc_ffn_scale.ptr(), NL, hc, H,
+                eps, hc_eps, c.hc_sinkhorn_iters, f_pre.data(), f_post.data(), f_comb.data());
+      k::hc_collapse(X1.data(), a_pre.data(), NL, hc, H, u.data());
+      k::rms_norm(u.data(), w.ffn_norm.ptr(), NL, H, eps, xn.data());
+      moe(layer, w.moe, xn.data(), NL, yv.data());
+      k::hc_expand(X1.data(), yv.data(), f_post.data(), f_comb.data(), NL, hc, H, X.data());
+    }
     pre.swap(f_pre);
   }
-  k::hc_collapse(X.data(), pre.data(), NL, hc, H, u.data());
+  if (NL > 0) k::hc_collapse(X.data(), pre.data(), NL, hc, H, u.data());
   // Under context parallelism every rank gathers the final hidden states and computes the
   // logits of every wanted row (the same values on every rank).
   std::vector<float> u_all;
