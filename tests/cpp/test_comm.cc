@@ -139,6 +139,28 @@ TEST(LocalComm, AMissingRankTimesOutInsteadOfHanging) {
   EXPECT_THROW(group[1]->barrier(), dsv41rt::Error);  // the group is failed for everyone
 }
 
+TEST(LocalComm, AbortWakesWaitingRanksAtOnce) {
+  // Rank 1 never calls the collective; a driver aborts the group after 50 ms instead: rank 0
+  // fails with the reason long before the (60 s) timeout, and the group stays failed.
+  auto group = make_local_group(2, std::chrono::seconds(60));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    group[1]->abort("rank 1 failed: test");
+  });
+  float send = 1.0f, recv[2] = {0.0f, 0.0f};
+  try {
+    group[0]->all_gather(&send, recv, 1, DType::kF32);
+    ADD_FAILURE() << "all_gather returned on an aborted group";
+  } catch (const dsv41rt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("aborted: rank 1 failed: test"), std::string::npos)
+        << e.what();
+  }
+  aborter.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_THROW(group[0]->barrier(), dsv41rt::Error);
+}
+
 TEST(LocalComm, BadArguments) {
   EXPECT_THROW(make_local_group(0), dsv41rt::Error);
   auto group = make_local_group(1);
