@@ -143,7 +143,8 @@ def test_cp_over_one_rank_nccl_equals_plain_and_overlaps_the_q_projection(tiny_v
     assert s["cp_all_gather_us"] > 0 and s["cp_q_projection_us"] > 0 and s["cp_overlap_us"] > 0
 
 
-def test_cp_ranks_without_rows_and_bad_input(tiny_v41_dir) -> None:
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_cp_ranks_without_rows_and_bad_input(tiny_v41_dir, device: str) -> None:
     """Prompts shorter than the group (ranks with no query rows) still match CP = 1; a bad token is
     refused before any rank runs (at once, not after a collective's timeout) and the group stays
     usable."""
@@ -153,7 +154,7 @@ def test_cp_ranks_without_rows_and_bad_input(tiny_v41_dir) -> None:
     from dsv41rt.runtime import Runtime
 
     kw = dict(kv_memory=64 << 20, max_running=4)
-    one, cp = Runtime(tiny_v41_dir, **kw), Runtime(tiny_v41_dir, cp_size=4, **kw)
+    one, cp = Runtime(tiny_v41_dir, device, **kw), Runtime(tiny_v41_dir, device, cp_size=4, **kw)
     for n in (2, 3, 5):
         p = prompt_of(n)
         want = prefill_and_decode(one, p)
