@@ -5,6 +5,7 @@
 //   all_reduce:     send [count]          -> recv [count]
 //   all_to_all:     send [size * count]   -> recv [size * count]; chunk p of rank r's recv is
 //                   chunk r of rank p's send
+//   broadcast:      buf [count] of rank `root` -> buf [count] of every rank (in place)
 // `stream` is the cudaStream_t of GPU implementations (collectives are stream-ordered there) and
 // ignored by CPU ones, which complete before returning. Reductions run in rank order, so every
 // rank gets bitwise the same result. Errors (mismatched calls between ranks, a rank that never
@@ -34,6 +35,8 @@ class DSV41RT_API Communicator {
                           void* stream = nullptr) = 0;
   virtual void all_to_all(const void* send, void* recv, size_t count, DType dtype,
                           void* stream = nullptr) = 0;
+  virtual void broadcast(void* buf, size_t count, DType dtype, int root,
+                         void* stream = nullptr) = 0;
   virtual void barrier() = 0;
   /// True when the buffers are device memory used on `stream` (NCCL); false for host-memory
   /// communicators (LocalComm), which a GPU caller stages through host memory.

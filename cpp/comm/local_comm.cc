@@ -155,6 +155,15 @@ class LocalComm final : public Communicator {
         });
   }
 
+  void broadcast(void* buf, size_t count, DType t, int root, void*) override {
+    DSV41RT_CHECK(root >= 0 && root < size(), "LocalComm broadcast: root ", root, " of ", size());
+    // The root rides in the call record's op field, so ranks naming different roots mismatch.
+    run("broadcast", buf, buf, count, t, ReduceOp(root),
+        [&](const std::vector<Group::Call>& c, uint8_t* out) {
+          std::memcpy(out, c[size_t(root)].send, count * element_bytes(t));
+        });
+  }
+
   void barrier() override { g_->rendezvous(rank_, "barrier"); }
 
   void abort(const std::string& reason) override {

@@ -200,6 +200,17 @@ void NcclComm::all_reduce(const void* send, void* recv, size_t count, DType dtyp
              "ncclAllReduce");
 }
 
+void NcclComm::broadcast(void* buf, size_t count, DType dtype, int root, void* stream) {
+  const ncclDataType_t type = move_type(dtype, "broadcast");
+  DSV41RT_CHECK(root >= 0 && root < size_, "NcclComm broadcast: root ", root, " of ", size_);
+  const size_t bytes = prepare("broadcast", buf, buf, count, dtype, 1);
+  if (bytes == 0) return;
+  DeviceGuard guard(device_);
+  check_nccl(api_->broadcast(buf, buf, type == ncclUint8 ? bytes : count, type, root, comm_,
+                             static_cast<cudaStream_t>(stream)),
+             "ncclBroadcast");
+}
+
 void NcclComm::all_to_all(const void* send, void* recv, size_t count, DType dtype, void* stream) {
   const ncclDataType_t type = move_type(dtype, "all_to_all");
   const size_t bytes = prepare("all_to_all", send, recv, count, dtype, size_);

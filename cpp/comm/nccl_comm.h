@@ -50,6 +50,7 @@ class DSV41RT_API NcclComm final : public Communicator {
                   void* stream = nullptr) override;
   void all_to_all(const void* send, void* recv, size_t count, DType dtype,
                   void* stream = nullptr) override;
+  void broadcast(void* buf, size_t count, DType dtype, int root, void* stream = nullptr) override;
   /// A 1-element all_reduce on an internal stream, waited for on the host (so: not inside a
   /// graph capture). Throws, and aborts the communicator, if NCCL reports an asynchronous error
   /// (a peer died) or the ranks do not all arrive within the barrier timeout.

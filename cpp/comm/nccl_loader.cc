@@ -93,6 +93,7 @@ std::string resolve(void* handle, NcclApi* api) {
   sym(api->get_error_string, "ncclGetErrorString");
   sym(api->get_last_error, "ncclGetLastError", /*required=*/false);
   sym(api->all_gather, "ncclAllGather");
+  sym(api->broadcast, "ncclBroadcast");
   sym(api->reduce_scatter, "ncclReduceScatter");
   sym(api->all_reduce, "ncclAllReduce");
   sym(api->send, "ncclSend");

@@ -33,6 +33,7 @@ struct NcclApi {
   decltype(&::ncclAllGather) all_gather;
   decltype(&::ncclReduceScatter) reduce_scatter;
   decltype(&::ncclAllReduce) all_reduce;
+  decltype(&::ncclBroadcast) broadcast;
   decltype(&::ncclSend) send;
   decltype(&::ncclRecv) recv;
   decltype(&::ncclGroupStart) group_start;

@@ -139,6 +139,33 @@ TEST(LocalComm, AMissingRankTimesOutInsteadOfHanging) {
   EXPECT_THROW(group[1]->barrier(), dsv41rt::Error);  // the group is failed for everyone
 }
 
+TEST(LocalComm, BroadcastFromEveryRoot) {
+  for (int n = 1; n <= 4; ++n) {
+    for (int root = 0; root < n; ++root) {
+      auto group = make_local_group(n);
+      std::vector<std::vector<int64_t>> bufs(static_cast<size_t>(n));
+      const auto errors = run_ranks(group, [&](Communicator& c) {
+        std::vector<int64_t>& b = bufs[size_t(c.rank())];
+        b = {100 * c.rank() + 1, 100 * c.rank() + 2, 100 * c.rank() + 3};
+        c.broadcast(b.data(), b.size(), DType::kI64, root);
+      });
+      for (int r = 0; r < n; ++r) {
+        EXPECT_EQ(errors[size_t(r)], "");
+        EXPECT_EQ(bufs[size_t(r)],
+                  (std::vector<int64_t>{100 * root + 1, 100 * root + 2, 100 * root + 3}))
+            << "n " << n << " root " << root << " rank " << r;
+      }
+    }
+  }
+  auto group = make_local_group(2);
+  const auto errors = run_ranks(group, [&](Communicator& c) {
+    int64_t v = 0;
+    c.broadcast(&v, 1, DType::kI64, c.rank());  // each rank names itself: a mismatch
+  });
+  EXPECT_NE(errors[0].find("different collectives"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("different collectives"), std::string::npos) << errors[1];
+}
+
 TEST(LocalComm, AbortWakesWaitingRanksAtOnce) {
   // Rank 1 never calls the collective; a driver aborts the group after 50 ms instead: rank 0
   // fails with the reason long before the (60 s) timeout, and the group stays failed.
