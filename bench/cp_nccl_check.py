@@ -28,6 +28,7 @@ def run(rt, prompt: list[int], steps: int = 6):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--cp-size", type=int, default=2)
+    ap.add_argument("--processes", action="store_true", help="one process per GPU (dsv41rt.cp_launch)")
     args = ap.parse_args()
     from dsv41rt.checkpoint.generator import make_checkpoint
     from dsv41rt.config.presets import preset_config_json
@@ -39,7 +40,13 @@ def main() -> int:
         make_checkpoint(preset_config_json(preset), ck, 1)
         kw = dict(kv_memory=256 << 20, max_running=4)
         one = Runtime(ck, "cuda:0", **kw)
-        cp = Runtime(ck, "cuda", cp_size=args.cp_size, cp_comm="nccl", **kw)
+        if args.processes:
+            from dsv41rt.cp_launch import cp_processes
+
+            launched = cp_processes(ck, args.cp_size, "cuda:0", **kw)
+            cp = launched.__enter__()
+        else:
+            cp = Runtime(ck, "cuda", cp_size=args.cp_size, cp_comm="nccl", **kw)
         cp.set_backend_option("cp_timing", True)
         for n in (37, 201, 1000):
             p = [0] + [int(t) for t in np.random.default_rng(4000 + n).integers(3, 129000, n - 1)]
@@ -52,8 +59,10 @@ def main() -> int:
                 f" (max |Δ| prefill {np.abs(a[0] - b[0]).max():.3g}); rank 0: all-gather {s['cp_all_gather_us']} us,"
                 f" Q projection {s['cp_q_projection_us']} us, both running {s['cp_overlap_us']} us"
             )
-        print(f"{preset}: cp_forwards {cp.backend_stats()['cp_forwards']}")
+        print(f"{preset}: {cp.backend_stats()}")
         del one, cp
+        if args.processes:
+            launched.__exit__(None, None, None)
     print("ALL EQUAL" if ok else "MISMATCH")
     return 0 if ok else 1
 

@@ -50,7 +50,7 @@ class PyEngine {
            int64_t kv_memory_bytes, int64_t max_running, int64_t token_budget, int64_t max_context,
            int64_t page_tokens, const std::string& device, bool multistream, bool cuda_graphs,
            const std::string& precision, int64_t cp_size, const std::string& cp_comm,
-           nb::object progress) {
+           int64_t cp_rank, nb::bytes cp_id, bool cp_workers, nb::object progress) {
     ModelPlan plan = build_model_plan(load_model_config(path));
     auto ck = std::make_shared<Checkpoint>(path);
     EngramTables tables;
@@ -93,6 +93,9 @@ class PyEngine {
     options.precision = precision;
     options.cp_size = cp_size;
     options.cp_comm = cp_comm;
+    options.cp_rank = cp_rank;
+    options.cp_id.assign(static_cast<const char*>(cp_id.data()), cp_id.size());
+    options.cp_workers = cp_workers;
     std::shared_ptr<Executor> exec =
         model::make_executor(std::move(plan), std::move(weights), std::move(tables), options);
     engine_ = std::make_unique<Engine>(
@@ -259,6 +262,8 @@ class PyEngine {
     return nb::ndarray<nb::numpy, float>(out, {size_t(B), size_t(V)}, owner);
   }
 
+  void run_cp_worker() { exec().run_cp_worker(); }
+
   void release(int64_t hid) {
     free_handle(handle(hid));
     handles_.erase(hid);
@@ -323,7 +328,8 @@ void register_engine(nb::module_& m) {
                        "(submit/step/cancel/stats) and direct handles (forward).")
       .def(nb::init<const std::string&, nb::object, const std::vector<nb::dict>&, bool, bool,
                     int64_t, int64_t, int64_t, int64_t, int64_t, const std::string&, bool, bool,
-                    const std::string&, int64_t, const std::string&, nb::object>(),
+                    const std::string&, int64_t, const std::string&, int64_t, nb::bytes, bool,
+                    nb::object>(),
            nb::arg("path"), nb::arg("token_map") = nb::none(),
            nb::arg("engram_layers") = std::vector<nb::dict>{}, nb::kw_only(),
            nb::arg("cache_quant") = true, nb::arg("record_decisions") = false,
@@ -331,6 +337,7 @@ void register_engine(nb::module_& m) {
            nb::arg("token_budget") = 512, nb::arg("max_context") = 0, nb::arg("page_tokens") = 64,
            nb::arg("device") = "cpu", nb::arg("multistream") = true, nb::arg("cuda_graphs") = true,
            nb::arg("precision") = "fp32", nb::arg("cp_size") = 1, nb::arg("cp_comm") = "local",
+           nb::arg("cp_rank") = -1, nb::arg("cp_id") = nb::bytes(""), nb::arg("cp_workers") = false,
            nb::arg("progress") = nb::none())
       .def("submit", &PyEngine::submit, nb::arg("prompt"), nb::arg("max_new_tokens"),
            nb::arg("sampling") = nb::dict(), nb::arg("stop_token_ids") = std::vector<int32_t>{},
@@ -348,6 +355,13 @@ void register_engine(nb::module_& m) {
       .def("forward", &PyEngine::forward, nb::arg("handle"), nb::arg("tokens"),
            nb::arg("all_logits") = true)
       .def("release", &PyEngine::release, nb::arg("handle"))
+      .def(
+          "run_cp_worker",
+          [](PyEngine& e) {
+            nb::gil_scoped_release release;
+            e.run_cp_worker();
+          },
+          "Context-parallel rank > 0 in its own process: replay rank 0's calls until it shuts down.")
       .def("fork", &PyEngine::fork, nb::arg("handle"),
            "A new handle with a copy of the handle's state (continues exactly as it would).")
       .def("decode", &PyEngine::decode, nb::arg("handles"), nb::arg("tokens"),

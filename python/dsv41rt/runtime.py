@@ -108,6 +108,9 @@ class Runtime:
         precision: str = "fp32",
         cp_size: int = 1,
         cp_comm: str = "local",
+        cp_rank: int = -1,
+        cp_id: bytes = b"",
+        cp_workers: bool = False,
         progress: bool = False,
     ) -> None:
         """Load `checkpoint` (validated against its config).
@@ -126,6 +129,9 @@ class Runtime:
         (virtual ranks in this process, each with a replica of the KV state; decode runs
         replicated): the same logits as cp_size 1 (docs/design/context-parallel.md). cp_comm "nccl"
         puts rank r on CUDA device base + r over NCCL (cp_size 1: the CP data flow on one GPU).
+        One process per GPU (dsv41rt.cp_launch): cp_rank r of cp_size with the group's NCCL id cp_id;
+        rank 0 runs the engine, the others call run_cp_worker(). cp_workers runs that protocol with
+        the ranks as threads of this process (LocalComm), for tests.
         """
         if not (device in ("cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
             raise Dsv41rtError(f"unknown device {device!r} (expected 'cpu', 'cuda' or 'cuda:N')")
@@ -154,6 +160,9 @@ class Runtime:
                 precision=str(precision),
                 cp_size=int(cp_size),
                 cp_comm=str(cp_comm),
+                cp_rank=int(cp_rank),
+                cp_id=bytes(cp_id),
+                cp_workers=bool(cp_workers),
                 progress=bar,
             )
         except _core.Error as err:
@@ -303,6 +312,14 @@ class Runtime:
         ids = np.asarray(self._check_ids(tokens, "tokens"), np.int32)
         try:
             return self._ex.forward(handle, ids, all_logits=True)
+        except _core.Error as err:
+            raise Dsv41rtError(str(err)) from None
+
+    def run_cp_worker(self) -> None:
+        """Context-parallel rank > 0 (cp_rank) in its own process: replays rank 0's calls until rank 0
+        shuts the group down (its Runtime is closed)."""
+        try:
+            self._ex.run_cp_worker()
         except _core.Error as err:
             raise Dsv41rtError(str(err)) from None
 

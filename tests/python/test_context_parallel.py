@@ -167,3 +167,57 @@ def test_cp_ranks_without_rows_and_bad_input(tiny_v41_dir, device: str) -> None:
     assert time.monotonic() - t0 < 5
     cp.release_handle(h)
     assert np.array_equal(prefill_and_decode(cp, prompt_of(37))[0], prefill_and_decode(one, prompt_of(37))[0])
+
+
+def test_cp_worker_protocol_in_threads_equals_cp1(tiny_v41_dir) -> None:
+    """The one-process-per-rank protocol (a leader broadcasting every state-changing call, worker
+    loops replaying it), run with the ranks as threads: the CP = 1 logits, decode, forks and engine
+    tokens; bad input refused before anything is sent, and the group still works after it."""
+    from dsv41rt import _core
+    from dsv41rt.runtime import Runtime
+
+    kw = dict(kv_memory=64 << 20, max_running=4)
+    one = Runtime(tiny_v41_dir, **kw)
+    rt = Runtime(tiny_v41_dir, cp_size=3, cp_workers=True, **kw)
+    assert rt.backend_stats()["cp_size"] == 3 and rt.backend_stats()["cp_processes"] == 0
+    for n in (2, 201):
+        want, got = prefill_and_decode(one, prompt_of(n)), prefill_and_decode(rt, prompt_of(n))
+        assert np.array_equal(got[0], want[0]) and got[1] == want[1] and np.array_equal(got[2], want[2]), n
+    h = rt.new_handle()
+    rt.forward_tokens(h, prompt_of(70))
+    forks = [rt.fork_handle(h) for _ in range(2)]  # copy_state travels to the workers too
+    rows = rt.decode_handles([h, *forks], [9, 9, 9])
+    assert np.array_equal(rows[1], rows[0]) and np.array_equal(rows[2], rows[0])
+    with pytest.raises(_core.Error, match="outside the vocabulary"):
+        rt._ex.forward(h, np.asarray([5, 10**8], np.int32), all_logits=True)
+    for x in (h, *forks):
+        rt.release_handle(x)
+    prompts = [prompt_of(n) for n in (5, 70, 130)]
+    ekw = dict(kw, token_budget=48)
+    want = Runtime(tiny_v41_dir, **ekw).generate(prompts, max_new_tokens=6, ignore_eos=True)
+    assert (
+        Runtime(tiny_v41_dir, cp_size=2, cp_workers=True, **ekw).generate(prompts, max_new_tokens=6, ignore_eos=True)
+        == want
+    )
+
+
+def test_cp_rank_options_are_checked(tiny_v41_dir, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from dsv41rt.errors import Dsv41rtError
+    from dsv41rt.runtime import Runtime
+
+    with pytest.raises(Dsv41rtError, match="cp_rank 0 needs cp_comm 'nccl'"):
+        Runtime(tiny_v41_dir, cp_size=2, cp_rank=0)
+    with pytest.raises(Dsv41rtError, match="is not a context-parallel worker"):
+        Runtime(tiny_v41_dir).run_cp_worker()
+    ident = tmp_path / "id"
+    ident.write_bytes(b"x" * 128)
+    r = subprocess.run(
+        [sys.executable, "-m", "dsv41rt", "cp-worker", "--checkpoint", tiny_v41_dir, "--rank", "0"]
+        + ["--size", "2", "--device", "cuda:1", "--id-file", str(ident)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and "--rank must be in [1, --size)" in r.stderr, r.stderr

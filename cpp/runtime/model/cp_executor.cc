@@ -30,16 +30,12 @@ class CpExecutor final : public Executor {
   }
 
   void forward(std::vector<BatchItem>& batch) override {
-    check(batch);  // bad input fails here, before any rank runs: the group stays usable
+    check_cp_batch(*this, batch);  // bad input fails here, before any rank runs
     bool prefill = false;
     for (const BatchItem& b : batch) prefill = prefill || b.n > 1;
     cp_forwards_ += prefill ? 1 : 0;
     on_every_rank(batch, [&](int r, std::vector<BatchItem>& mine) {
-      if (prefill) {
-        ranks_[r]->forward_cp(mine, *comms_[r]);
-      } else {
-        ranks_[r]->forward(mine);
-      }
+      run_cp_forward(*ranks_[r], *comms_[r], mine);
     });
   }
 
@@ -73,25 +69,6 @@ class CpExecutor final : public Executor {
   }
 
  private:
-  // What every rank's forward would refuse, checked once on the host.
-  void check(const std::vector<BatchItem>& batch) const {
-    const ModelConfig& c = plan().config;
-    DSV41RT_CHECK(!batch.empty(), "forward needs at least one item");
-    for (size_t i = 0; i < batch.size(); ++i) {
-      const BatchItem& b = batch[i];
-      DSV41RT_CHECK(b.n > 0 && b.tokens && b.logits, "batch item ", i, " has no tokens or output");
-      DSV41RT_CHECK(b.request.slot != nullptr, "batch item ", i, " has no state slot");
-      DSV41RT_CHECK(b.request.n_pages * layout().page_tokens() >= b.request.length + b.n,
-                    "batch item ", i, ": pages cover ", b.request.n_pages * layout().page_tokens(),
-                    " positions, the forward needs ", b.request.length + b.n);
-      for (int64_t t = 0; t < b.n; ++t) {
-        DSV41RT_CHECK(b.tokens[t] >= 0 && b.tokens[t] < c.vocab_size, "batch item ", i,
-                      ": token id ", b.tokens[t], " at index ", t,
-                      " is outside the vocabulary [0, ", c.vocab_size, ")");
-      }
-    }
-  }
-
   // Rank r's view of a request: the same slot and page ids in its own pool.
   RequestView translate(int r, const RequestView& v) const {
     if (r == 0) return v;
@@ -148,6 +125,34 @@ class CpExecutor final : public Executor {
 };
 
 }  // namespace
+
+void check_cp_batch(const Executor& e, const std::vector<BatchItem>& batch) {
+  const ModelConfig& c = e.plan().config;
+  DSV41RT_CHECK(!batch.empty(), "forward needs at least one item");
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const BatchItem& b = batch[i];
+    DSV41RT_CHECK(b.n > 0 && b.tokens && b.logits, "batch item ", i, " has no tokens or output");
+    DSV41RT_CHECK(b.request.slot != nullptr, "batch item ", i, " has no state slot");
+    DSV41RT_CHECK(b.request.n_pages * e.layout().page_tokens() >= b.request.length + b.n,
+                  "batch item ", i, ": pages cover ", b.request.n_pages * e.layout().page_tokens(),
+                  " positions, the forward needs ", b.request.length + b.n);
+    for (int64_t t = 0; t < b.n; ++t) {
+      DSV41RT_CHECK(b.tokens[t] >= 0 && b.tokens[t] < c.vocab_size, "batch item ", i, ": token id ",
+                    b.tokens[t], " at index ", t, " is outside the vocabulary [0, ", c.vocab_size,
+                    ")");
+    }
+  }
+}
+
+void run_cp_forward(Executor& e, comm::Communicator& comm, std::vector<BatchItem>& batch) {
+  bool prefill = false;
+  for (const BatchItem& b : batch) prefill = prefill || b.n > 1;
+  if (prefill) {
+    e.forward_cp(batch, comm);
+  } else {
+    e.forward(batch);
+  }
+}
 
 std::shared_ptr<Executor> make_cp_executor(std::vector<std::shared_ptr<Executor>> ranks,
                                            std::vector<std::unique_ptr<comm::Communicator>> comms) {

@@ -24,4 +24,12 @@ namespace dsv41rt::model {
 std::shared_ptr<Executor> make_cp_executor(std::vector<std::shared_ptr<Executor>> ranks,
                                            std::vector<std::unique_ptr<comm::Communicator>> comms);
 
+/// What every rank's forward would refuse, checked once on the host before any rank runs (so bad
+/// input leaves the group usable). Throws Error naming the item.
+void check_cp_batch(const Executor& e, const std::vector<BatchItem>& batch);
+
+/// One rank's part of a group forward: forward_cp when an item carries a prefill chunk (more than
+/// one token), else the plain forward on the whole batch (decode runs replicated).
+void run_cp_forward(Executor& e, comm::Communicator& comm, std::vector<BatchItem>& batch);
+
 }  // namespace dsv41rt::model

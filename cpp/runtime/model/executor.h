@@ -74,6 +74,14 @@ struct ExecutorOptions {
   /// host memory on CUDA) or "nccl" (NcclComm: rank r on CUDA device base + r, all driven from
   /// this process; cp_size 1 runs the CP data flow over a one-rank NCCL group).
   std::string cp_comm = "local";
+  /// One process per rank: this process is rank cp_rank of the cp_size group (NCCL; every process
+  /// gets the same cp_id, the 128 bytes of an ncclUniqueId). Rank 0 runs the engine; the others
+  /// run Executor::run_cp_worker. -1: every rank in this process.
+  int64_t cp_rank = -1;
+  std::string cp_id;
+  /// In-process group run through the one-process-per-rank protocol (leader + worker loops in
+  /// threads): how the protocol is tested without several GPUs.
+  bool cp_workers = false;
 };
 
 /// Where the memory budget goes (closed form; see MemoryPlan::plan in executor.cc). Everything
@@ -136,6 +144,9 @@ class DSV41RT_API Executor {
   /// once so every rank writes the whole batch's KV state at its global locations, and gathers
   /// the final hidden states so every rank returns all the logits. Same results as forward().
   virtual void forward_cp(std::vector<BatchItem>& items, comm::Communicator& comm);
+  /// The worker loop of a context-parallel rank > 0 in its own process (cp_remote.h): replays
+  /// rank 0's calls until it shuts the group down. Throws Error(kUnsupported) elsewhere.
+  virtual void run_cp_worker();
 };
 
 /// The executor for options.device ("cpu", "cuda", "cuda:N"); throws Error naming the device when

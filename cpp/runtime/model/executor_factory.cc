@@ -8,6 +8,7 @@
 #include "comm/nccl_comm.h"
 #endif
 #include "runtime/model/cp_executor.h"
+#include "runtime/model/cp_remote.h"
 #include "runtime/model/executor.h"
 #include "runtime/status.h"
 #if DSV41RT_WITH_CUDA
@@ -24,6 +25,11 @@ void Executor::set_backend_option(const std::string& name, bool) {
 void Executor::forward_cp(std::vector<BatchItem>&, comm::Communicator&) {
   DSV41RT_THROW_CODE(kUnsupported, "context parallelism is not implemented by the ", device(),
                      " executor");
+}
+
+void Executor::run_cp_worker() {
+  DSV41RT_THROW_CODE(kUnsupported, "this ", device(),
+                     " executor is not a context-parallel worker (cp_rank > 0)");
 }
 
 void check_copy_state(const engine::KvPool& pool, const RequestView& src, const RequestView& dst) {
@@ -45,6 +51,28 @@ std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights weights, En
   DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_comm == "local" || options.cp_comm == "nccl",
                      "unknown cp_comm '", options.cp_comm, "' (expected 'local' or 'nccl')");
   const bool nccl = options.cp_comm == "nccl";
+  if (options.cp_rank >= 0) {
+    // One process per rank: this process's executor and its NCCL communicator.
+    DSV41RT_CHECK_CODE(kInvalidArgument, nccl && options.cp_rank < options.cp_size, "cp_rank ",
+                       options.cp_rank, " needs cp_comm 'nccl' and cp_rank < cp_size (",
+                       options.cp_size, ")");
+    DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_id.size() == 128,
+                       "cp_id must be the 128 bytes of an NCCL unique id, got ",
+                       options.cp_id.size());
+    DSV41RT_CHECK_CODE(kInvalidArgument, d.rfind("cuda:", 0) == 0,
+                       "cp_rank needs an explicit device cuda:N, got '", d, "'");
+#if DSV41RT_HAVE_NCCL
+    ExecutorOptions one = options;
+    one.cp_size = 1, one.cp_rank = -1, one.cp_comm = "local", one.cp_id.clear();
+    auto local = make_executor(std::move(plan), std::move(weights), std::move(engram), one);
+    auto comm = comm::make_nccl_comm(options.cp_id, int(options.cp_rank), int(options.cp_size),
+                                     std::stoi(d.substr(5)));
+    return options.cp_rank == 0 ? make_cp_leader(std::move(local), std::move(comm))
+                                : make_cp_worker(std::move(local), std::move(comm));
+#else
+    DSV41RT_THROW_CODE(kUnsupported, "cp_rank: this build of dsv41rt has no NCCL");
+#endif
+  }
   if (options.cp_size > 1 || nccl) {
     // One full executor per rank, each with its own replica of the state.
     const int P = int(options.cp_size);
@@ -63,6 +91,26 @@ std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights weights, En
       ranks.push_back(
           r + 1 < P ? make_executor(plan, weights, engram, one)
                     : make_executor(std::move(plan), std::move(weights), std::move(engram), one));
+    }
+    if (!nccl && options.cp_workers) {
+      // The one-process-per-rank protocol with the ranks as threads of this process.
+      auto comms = comm::make_local_group(P);
+      auto workers = std::make_unique<CpWorkerThreads>();
+      for (int r = 1; r < P; ++r) {
+        workers->executors.push_back(ranks[r]);
+        workers->comms.push_back(std::move(comms[r]));
+      }
+      for (int r = 1; r < P; ++r) {
+        Executor* e = workers->executors[r - 1].get();
+        comm::Communicator* c = workers->comms[r - 1].get();
+        workers->threads.emplace_back([e, c] {
+          try {
+            run_cp_worker(*e, *c);
+          } catch (...) {  // the group is aborted: rank 0's next call fails with the reason
+          }
+        });
+      }
+      return make_cp_leader(ranks[0], std::move(comms[0]), std::move(workers));
     }
     if (!nccl) return make_cp_executor(std::move(ranks), comm::make_local_group(P));
 #if DSV41RT_HAVE_NCCL

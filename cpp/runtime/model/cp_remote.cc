@@ -1,0 +1,287 @@
+#include "runtime/model/cp_remote.h"
+
+#include <cstring>
+#include <string>
+
+#include "runtime/model/cp_executor.h"
+#include "runtime/status.h"
+#if DSV41RT_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace dsv41rt::model {
+namespace {
+
+enum Kind : int64_t { kShutdown = 0, kForward = 1, kCopyState = 2, kOption = 3 };
+
+// Messages are int64 arrays broadcast from rank 0: first the length, then the array. Device
+// communicators (NCCL) move them through a device buffer on the rank's GPU.
+class Channel {
+ public:
+  Channel(comm::Communicator& comm, const std::string& device) : comm_(comm) {
+    if (device.rfind("cuda", 0) == 0) gpu_ = device == "cuda" ? 0 : std::stoi(device.substr(5));
+  }
+  ~Channel() {
+#if DSV41RT_WITH_CUDA
+    if (dev_) cudaFree(dev_);
+#endif
+  }
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  void send(std::vector<int64_t> msg) {
+    int64_t n = int64_t(msg.size());
+    move(&n, 1);
+    move(msg.data(), n);
+  }
+  std::vector<int64_t> receive() {
+    int64_t n = 0;
+    move(&n, 1);
+    DSV41RT_CHECK_CODE(kInternal, n >= 1 && n < (int64_t(1) << 34), "context-parallel worker ",
+                       comm_.rank(), ": bad message length ", n);
+    std::vector<int64_t> msg(static_cast<size_t>(n));
+    move(msg.data(), n);
+    return msg;
+  }
+
+ private:
+  // In place: rank 0's values to every rank.
+  void move(int64_t* host, int64_t n) {
+    if (!comm_.device_buffers()) {
+      comm_.broadcast(host, size_t(n), DType::kI64, 0);
+      return;
+    }
+#if DSV41RT_WITH_CUDA
+    auto ok = [](cudaError_t e, const char* what) {
+      DSV41RT_CHECK_CODE(kInternal, e == cudaSuccess, what, ": ", cudaGetErrorString(e));
+    };
+    ok(cudaSetDevice(gpu_), "cudaSetDevice");
+    if (n > capacity_) {
+      if (dev_) cudaFree(dev_);
+      dev_ = nullptr;
+      ok(cudaMalloc(&dev_, size_t(n) * sizeof(int64_t)), "cudaMalloc");
+      capacity_ = n;
+    }
+    ok(cudaMemcpy(dev_, host, size_t(n) * sizeof(int64_t), cudaMemcpyHostToDevice), "cudaMemcpy");
+    comm_.broadcast(dev_, size_t(n), DType::kI64, 0, nullptr);
+    ok(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize");
+    ok(cudaMemcpy(host, dev_, size_t(n) * sizeof(int64_t), cudaMemcpyDeviceToHost), "cudaMemcpy");
+#else
+    DSV41RT_THROW_CODE(kUnsupported, "a device communicator in a build without CUDA");
+#endif
+  }
+
+  comm::Communicator& comm_;
+  int gpu_ = -1;
+  void* dev_ = nullptr;
+  int64_t capacity_ = 0;
+};
+
+int64_t slot_id(const Executor& e, const uint8_t* slot) {
+  const engine::KvPool& p = const_cast<Executor&>(e).pool();
+  return (slot - p.slot_data(0)) / p.geometry().slot_bytes;
+}
+
+void put_request(const Executor& e, const RequestView& r, std::vector<int64_t>& m) {
+  m.push_back(slot_id(e, r.slot));
+  m.push_back(r.length);
+  m.push_back(r.n_pages);
+  m.insert(m.end(), r.pages, r.pages + r.n_pages);
+}
+
+// A request read back from a message: the view points into `pages`, which must outlive it.
+RequestView get_request(Executor& e, const std::vector<int64_t>& m, size_t& at,
+                        std::vector<int32_t>& pages) {
+  RequestView r;
+  r.slot = e.pool().slot_data(int32_t(m.at(at++)));
+  r.length = m.at(at++);
+  r.n_pages = m.at(at++);
+  pages.assign(m.begin() + int64_t(at), m.begin() + int64_t(at + size_t(r.n_pages)));
+  at += size_t(r.n_pages);
+  r.pages = pages.data();
+  return r;
+}
+
+void replay_forward(Executor& local, comm::Communicator& comm, const std::vector<int64_t>& m) {
+  size_t at = 1;
+  const int64_t items = m.at(at++);
+  std::vector<BatchItem> batch(static_cast<size_t>(items));
+  std::vector<std::vector<int32_t>> pages(static_cast<size_t>(items)), tokens(batch.size());
+  int64_t rows = 0;
+  for (int64_t i = 0; i < items; ++i) {
+    BatchItem& b = batch[size_t(i)];
+    b.request = get_request(local, m, at, pages[size_t(i)]);
+    b.n = m.at(at++);
+    b.all_logits = m.at(at++) != 0;
+    tokens[size_t(i)].assign(m.begin() + int64_t(at), m.begin() + int64_t(at + size_t(b.n)));
+    at += size_t(b.n);
+    b.tokens = tokens[size_t(i)].data();
+    rows += b.all_logits ? b.n : 1;
+  }
+  std::vector<float> logits(size_t(rows * local.plan().config.vocab_size));
+  int64_t r = 0;
+  for (BatchItem& b : batch) {
+    b.logits = logits.data() + r * local.plan().config.vocab_size;
+    r += b.all_logits ? b.n : 1;
+  }
+  run_cp_forward(local, comm, batch);
+}
+
+class CpLeader final : public Executor {
+ public:
+  CpLeader(std::shared_ptr<Executor> local, std::unique_ptr<comm::Communicator> comm,
+           std::unique_ptr<CpWorkerThreads> workers)
+      : local_(std::move(local)),
+        comm_(std::move(comm)),
+        channel_(*comm_, local_->device()),
+        workers_(std::move(workers)) {
+    DSV41RT_CHECK(comm_->rank() == 0, "the context-parallel leader must be rank 0, not ",
+                  comm_->rank());
+  }
+  ~CpLeader() override {
+    try {
+      channel_.send({kShutdown});
+    } catch (...) {  // a broken group: the workers fail on their own
+    }
+    if (workers_) {
+      for (std::thread& t : workers_->threads) t.join();
+    }
+  }
+
+  void forward(std::vector<BatchItem>& batch) override {
+    check_cp_batch(*local_, batch);  // bad input fails before anything is sent
+    std::vector<int64_t> m{kForward, int64_t(batch.size())};
+    for (const BatchItem& b : batch) {
+      put_request(*local_, b.request, m);
+      m.push_back(b.n);
+      m.push_back(b.all_logits ? 1 : 0);
+      m.insert(m.end(), b.tokens, b.tokens + b.n);
+    }
+    channel_.send(std::move(m));
+    guarded([&] { run_cp_forward(*local_, *comm_, batch); });
+  }
+  void copy_state(const RequestView& src, const RequestView& dst) override {
+    check_copy_state(local_->pool(), src, dst);
+    std::vector<int64_t> m{kCopyState};
+    put_request(*local_, src, m);
+    put_request(*local_, dst, m);
+    channel_.send(std::move(m));
+    local_->copy_state(src, dst);
+  }
+  void set_backend_option(const std::string& name, bool on) override {
+    local_->set_backend_option(name, on);  // an unknown option fails here, before sending
+    std::vector<int64_t> m{kOption, on ? 1 : 0};
+    m.insert(m.end(), name.begin(), name.end());
+    channel_.send(std::move(m));
+  }
+  void forward_cp(std::vector<BatchItem>&, comm::Communicator&) override {
+    DSV41RT_THROW_CODE(kUnsupported, "a context-parallel group cannot be a rank of another");
+  }
+
+  const ModelPlan& plan() const override { return local_->plan(); }
+  const StateLayout& layout() const override { return local_->layout(); }
+  engine::KvPool& pool() override { return local_->pool(); }
+  const MemoryPlan& memory_plan() const override { return local_->memory_plan(); }
+  const std::map<std::string, std::vector<int32_t>>& decisions() const override {
+    return local_->decisions();
+  }
+  DequantWorkspaces& workspaces() override { return local_->workspaces(); }
+  std::string device() const override { return local_->device(); }
+  std::map<std::string, int64_t> backend_stats() const override {
+    std::map<std::string, int64_t> s = local_->backend_stats();
+    s["cp_size"] = comm_->size();
+    s["cp_processes"] = workers_ ? 0 : 1;
+    return s;
+  }
+
+ private:
+  template <typename Fn>
+  void guarded(Fn fn) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      comm_->abort(std::string("rank 0 failed: ") + e.what());
+      throw;
+    }
+  }
+
+  std::shared_ptr<Executor> local_;
+  std::unique_ptr<comm::Communicator> comm_;
+  Channel channel_;
+  std::unique_ptr<CpWorkerThreads> workers_;
+};
+
+class CpWorker final : public Executor {
+ public:
+  CpWorker(std::shared_ptr<Executor> local, std::unique_ptr<comm::Communicator> comm)
+      : local_(std::move(local)), comm_(std::move(comm)) {}
+  void run_cp_worker() override { model::run_cp_worker(*local_, *comm_); }
+  void forward(std::vector<BatchItem>&) override { refuse(); }
+  void forward_cp(std::vector<BatchItem>&, comm::Communicator&) override { refuse(); }
+  void copy_state(const RequestView&, const RequestView&) override { refuse(); }
+  const ModelPlan& plan() const override { return local_->plan(); }
+  const StateLayout& layout() const override { return local_->layout(); }
+  engine::KvPool& pool() override { return local_->pool(); }
+  const MemoryPlan& memory_plan() const override { return local_->memory_plan(); }
+  const std::map<std::string, std::vector<int32_t>>& decisions() const override {
+    return local_->decisions();
+  }
+  DequantWorkspaces& workspaces() override { return local_->workspaces(); }
+  std::string device() const override { return local_->device(); }
+
+ private:
+  [[noreturn]] void refuse() const {
+    DSV41RT_THROW_CODE(kUnsupported, "context-parallel rank ", comm_->rank(),
+                       " is a worker: its work comes from rank 0 (call run_cp_worker)");
+  }
+  std::shared_ptr<Executor> local_;
+  std::unique_ptr<comm::Communicator> comm_;
+};
+
+}  // namespace
+
+void run_cp_worker(Executor& local, comm::Communicator& comm) {
+  Channel channel(comm, local.device());
+  try {
+    for (;;) {
+      const std::vector<int64_t> m = channel.receive();
+      switch (m[0]) {
+        case kShutdown:
+          return;
+        case kForward:
+          replay_forward(local, comm, m);
+          break;
+        case kCopyState: {
+          size_t at = 1;
+          std::vector<int32_t> a, b;
+          const RequestView src = get_request(local, m, at, a);
+          const RequestView dst = get_request(local, m, at, b);
+          local.copy_state(src, dst);
+          break;
+        }
+        case kOption:
+          local.set_backend_option(std::string(m.begin() + 2, m.end()), m.at(1) != 0);
+          break;
+        default:
+          DSV41RT_THROW_CODE(kInternal, "context-parallel worker ", comm.rank(),
+                             ": unknown message kind ", m[0]);
+      }
+    }
+  } catch (const std::exception& e) {
+    comm.abort("rank " + std::to_string(comm.rank()) + " failed: " + e.what());
+    throw;
+  }
+}
+
+std::shared_ptr<Executor> make_cp_leader(std::shared_ptr<Executor> local,
+                                         std::unique_ptr<comm::Communicator> comm,
+                                         std::unique_ptr<CpWorkerThreads> workers) {
+  return std::make_shared<CpLeader>(std::move(local), std::move(comm), std::move(workers));
+}
+
+std::shared_ptr<Executor> make_cp_worker(std::shared_ptr<Executor> local,
+                                         std::unique_ptr<comm::Communicator> comm) {
+  return std::make_shared<CpWorker>(std::move(local), std::move(comm));
+}
+
+}  // namespace dsv41rt::model
