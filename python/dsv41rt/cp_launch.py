@@ -61,7 +61,8 @@ def cp_processes(checkpoint: str, cp_size: int, device: str = "cuda:0", **option
             rt = Runtime(checkpoint, device, cp_size=cp_size, cp_comm="nccl", cp_rank=0, cp_id=uid, **options)
             yield rt
         finally:
-            del rt  # rank 0's executor sends the shutdown message
+            if rt is not None:
+                rt.close()  # rank 0's executor sends the shutdown message
             for p in procs:
                 try:
                     p.wait(timeout=120)

@@ -315,6 +315,11 @@ class Runtime:
         except _core.Error as err:
             raise Dsv41rtError(str(err)) from None
 
+    def close(self) -> None:
+        """Releases the engine, its executor and its device memory now (a context-parallel rank 0
+        then shuts its worker processes down). The Runtime is unusable afterwards."""
+        self.__dict__.pop("_ex", None)
+
     def run_cp_worker(self) -> None:
         """Context-parallel rank > 0 (cp_rank) in its own process: replays rank 0's calls until rank 0
         shuts the group down (its Runtime is closed)."""
