@@ -3,16 +3,19 @@
 #include <exception>
 #include <thread>
 
+#include "runtime/model/delegating_executor.h"
 #include "runtime/status.h"
 
 namespace dsv41rt::model {
 namespace {
 
-class CpExecutor final : public Executor {
+class CpExecutor final : public DelegatingExecutor {
  public:
   CpExecutor(std::vector<std::shared_ptr<Executor>> ranks,
              std::vector<std::unique_ptr<comm::Communicator>> comms)
-      : ranks_(std::move(ranks)), comms_(std::move(comms)) {
+      : DelegatingExecutor(ranks.empty() ? nullptr : ranks[0].get()),
+        ranks_(std::move(ranks)),
+        comms_(std::move(comms)) {
     DSV41RT_CHECK(!ranks_.empty() && ranks_.size() == comms_.size(),
                   "a context-parallel group needs ranks and one communicator each (", ranks_.size(),
                   " executors, ", comms_.size(), " communicators)");
@@ -49,15 +52,6 @@ class CpExecutor final : public Executor {
     }
   }
 
-  const ModelPlan& plan() const override { return ranks_[0]->plan(); }
-  const StateLayout& layout() const override { return ranks_[0]->layout(); }
-  engine::KvPool& pool() override { return ranks_[0]->pool(); }
-  const MemoryPlan& memory_plan() const override { return ranks_[0]->memory_plan(); }
-  const std::map<std::string, std::vector<int32_t>>& decisions() const override {
-    return ranks_[0]->decisions();  // under CP: rank 0's query rows only
-  }
-  DequantWorkspaces& workspaces() override { return ranks_[0]->workspaces(); }
-  std::string device() const override { return ranks_[0]->device(); }
   std::map<std::string, int64_t> backend_stats() const override {
     std::map<std::string, int64_t> s = ranks_[0]->backend_stats();
     s["cp_size"] = int64_t(ranks_.size());

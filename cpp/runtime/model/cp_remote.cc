@@ -4,6 +4,7 @@
 #include <string>
 
 #include "runtime/model/cp_executor.h"
+#include "runtime/model/delegating_executor.h"
 #include "runtime/status.h"
 #if DSV41RT_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -127,11 +128,12 @@ void replay_forward(Executor& local, comm::Communicator& comm, const std::vector
   run_cp_forward(local, comm, batch);
 }
 
-class CpLeader final : public Executor {
+class CpLeader final : public DelegatingExecutor {
  public:
   CpLeader(std::shared_ptr<Executor> local, std::unique_ptr<comm::Communicator> comm,
            std::unique_ptr<CpWorkerThreads> workers)
-      : local_(std::move(local)),
+      : DelegatingExecutor(local.get()),
+        local_(std::move(local)),
         comm_(std::move(comm)),
         channel_(*comm_, local_->device()),
         workers_(std::move(workers)) {
@@ -178,15 +180,6 @@ class CpLeader final : public Executor {
     DSV41RT_THROW_CODE(kUnsupported, "a context-parallel group cannot be a rank of another");
   }
 
-  const ModelPlan& plan() const override { return local_->plan(); }
-  const StateLayout& layout() const override { return local_->layout(); }
-  engine::KvPool& pool() override { return local_->pool(); }
-  const MemoryPlan& memory_plan() const override { return local_->memory_plan(); }
-  const std::map<std::string, std::vector<int32_t>>& decisions() const override {
-    return local_->decisions();
-  }
-  DequantWorkspaces& workspaces() override { return local_->workspaces(); }
-  std::string device() const override { return local_->device(); }
   std::map<std::string, int64_t> backend_stats() const override {
     std::map<std::string, int64_t> s = local_->backend_stats();
     s["cp_size"] = comm_->size();
@@ -211,23 +204,14 @@ class CpLeader final : public Executor {
   std::unique_ptr<CpWorkerThreads> workers_;
 };
 
-class CpWorker final : public Executor {
+class CpWorker final : public DelegatingExecutor {
  public:
   CpWorker(std::shared_ptr<Executor> local, std::unique_ptr<comm::Communicator> comm)
-      : local_(std::move(local)), comm_(std::move(comm)) {}
+      : DelegatingExecutor(local.get()), local_(std::move(local)), comm_(std::move(comm)) {}
   void run_cp_worker() override { model::run_cp_worker(*local_, *comm_); }
   void forward(std::vector<BatchItem>&) override { refuse(); }
   void forward_cp(std::vector<BatchItem>&, comm::Communicator&) override { refuse(); }
   void copy_state(const RequestView&, const RequestView&) override { refuse(); }
-  const ModelPlan& plan() const override { return local_->plan(); }
-  const StateLayout& layout() const override { return local_->layout(); }
-  engine::KvPool& pool() override { return local_->pool(); }
-  const MemoryPlan& memory_plan() const override { return local_->memory_plan(); }
-  const std::map<std::string, std::vector<int32_t>>& decisions() const override {
-    return local_->decisions();
-  }
-  DequantWorkspaces& workspaces() override { return local_->workspaces(); }
-  std::string device() const override { return local_->device(); }
 
  private:
   [[noreturn]] void refuse() const {
