@@ -36,6 +36,7 @@ def main() -> int:
     ap.add_argument("--tokens", default="8192,32768")
     ap.add_argument("--cp1-tokens", default="8192")
     ap.add_argument("--budget", type=int, default=8192)
+    ap.add_argument("--processes", action="store_true", help="one process per GPU (dsv41rt.cp_launch)")
     ap.add_argument("--out")
     args = ap.parse_args()
     from dsv41rt.runtime import Runtime
