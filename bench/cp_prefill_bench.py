@@ -43,12 +43,19 @@ def main() -> int:
 
     rows = []
     for cp, lengths in ((args.cp_size, args.tokens), (1, args.cp1_tokens)):
+        if not lengths:
+            continue
         kw = dict(kv_memory=12 << 30, max_running=2, token_budget=args.budget, max_context=33000, precision="bf16")
-        rt = (
-            Runtime(args.checkpoint, "cuda", cp_size=cp, cp_comm="nccl", **kw)
-            if cp > 1
-            else Runtime(args.checkpoint, "cuda:0", **kw)
-        )
+        launched = None
+        if cp > 1 and args.processes:
+            from dsv41rt.cp_launch import cp_processes
+
+            launched = cp_processes(args.checkpoint, cp, "cuda:0", **kw)
+            rt = launched.__enter__()
+        elif cp > 1:
+            rt = Runtime(args.checkpoint, "cuda", cp_size=cp, cp_comm="nccl", **kw)
+        else:
+            rt = Runtime(args.checkpoint, "cuda:0", **kw)
         if cp > 1:
             rt.set_backend_option("cp_timing", True)
         rng = np.random.default_rng(0)
@@ -64,6 +71,8 @@ def main() -> int:
                 flush=True,
             )
         del rt
+        if launched is not None:
+            launched.__exit__(None, None, None)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)

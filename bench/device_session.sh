@@ -10,6 +10,7 @@
 #   comm     NCCL communicator and context-parallel tests/timings
 #   gemm     tensor-core GEMM throughput at the bench-40 shapes
 #   profile  per-kernel device time of one bench-40 prefill (after bench40, or generates it)
+#   cp2      (2 GPUs) CP 2 over NCCL vs CP 1, threads and one process per GPU; bench-40 prefill
 # Usage (device machine, repo root):  STEPS="tests tiny" K="gemm or fork" bash bench/device_session.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/dsv41rt-out}
@@ -79,6 +80,15 @@ for step in ${STEPS:-tests}; do
       echo "== where a bench-40 prefill spends its time"
       [ -d /tmp/bench-40 ] || python3 -m dsv41rt make-checkpoint --preset bench-40 --seed 0 --out /tmp/bench-40 --workers 16 | tail -1
       timeout 200 python3 -u bench/profile_prefill.py --checkpoint /tmp/bench-40 --tokens "${PROFILE_TOKENS:-4096}" 2>&1 | tail -22
+      ;;
+    cp2)
+      echo "== CP over NCCL on 2 GPUs (nvidia-h200-x2): threads, then one process per GPU"
+      export NCCL_NVLS_ENABLE=0
+      timeout 200 python3 -u bench/cp_nccl_check.py --cp-size 2 2>&1 | tail -9
+      timeout 200 python3 -u bench/cp_nccl_check.py --cp-size 2 --processes 2>&1 | tail -9
+      [ -d /tmp/bench-40 ] || python3 -m dsv41rt make-checkpoint --preset bench-40 --seed 0 --out /tmp/bench-40 --workers 24 | tail -1
+      timeout 300 python3 -u bench/cp_prefill_bench.py --checkpoint /tmp/bench-40 --cp-size 2 --processes \
+        --cp1-tokens "" --out "$OUT/cp_prefill_processes.json" 2>&1 | grep -v Warning | tail -4
       ;;
     comm)
       echo "== communicator + context parallel"
