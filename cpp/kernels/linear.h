@@ -16,6 +16,10 @@ namespace dsv41rt::kernels::cpu {
 DSV41RT_API void linear(const float* x, const float* w, int64_t m, int64_t k, int64_t n, float* y,
                         bool accumulate = false);
 
+/// Rounds v[0, n) to BF16 (nearest even, as the GPU stages tensor-core inputs) in place: the CPU
+/// emulation of precision "bf16".
+DSV41RT_API void round_to_bf16(float* v, int64_t n);
+
 /// Grouped projection (V4.1 `wo_a`): x [m, g, k_g], w [g, n_g, k_g] -> y [m, g, n_g], group by
 /// group.
 DSV41RT_API void grouped_linear(const float* x, const float* w, int64_t m, int64_t groups,

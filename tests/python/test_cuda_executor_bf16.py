@@ -56,11 +56,47 @@ def test_bf16_graph_batched_decode_matches_eager(tiny_v41_dir, requests: int) ->
     assert graph.backend_stats()["graph_replays"] > 0
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("n", (37, 200))
+def test_bf16_gpu_matches_the_cpu_emulation_far_better_than_fp32(tiny_v41_dir, n: int) -> None:
+    """The CPU executor emulates precision "bf16" (the same GEMM inputs rounded to BF16, the same
+    per-forward choice). The GPU's deviation from that emulation must be at least 10x smaller (median
+    over positions) than its deviation from the FP32 reference: a self-calibrating bound that fails
+    when the GPU rounds anything the emulation does not (or the other way round), because then the
+    two differ by BF16-sized amounts like bf16 and fp32 do."""
+    from dsv41rt.runtime import Runtime
+
+    ours, greedy = run_prompt(Runtime(tiny_v41_dir, "cuda", precision="bf16"), prompt_of(n), 12)
+    emul, _ = run_prompt(Runtime(tiny_v41_dir, precision="bf16"), prompt_of(n), 12, greedy)
+    fp32, _ = run_prompt(Runtime(tiny_v41_dir), prompt_of(n), 12, greedy)
+    scale = np.abs(fp32).max(-1)
+    to_emul = np.abs(ours - emul).max(-1) / scale
+    to_fp32 = np.abs(ours - fp32).max(-1) / scale
+    print(
+        f"bf16 n {n}: GPU vs CPU emulation median {np.median(to_emul):.2e} (max {to_emul.max():.2e}); "
+        f"GPU vs FP32 median {np.median(to_fp32):.2e}"
+    )
+    assert np.median(to_emul) <= 0.1 * np.median(to_fp32), (np.median(to_emul), np.median(to_fp32))
+
+
+def test_cpu_bf16_emulation_switches_per_forward(tiny_v41_dir) -> None:
+    """CPU precision "bf16": a forward of <= 8 rows is the FP32 one (bitwise); one of 9+ rows rounds
+    its GEMM inputs (different logits, within BF16 distance of FP32)."""
+    from dsv41rt.runtime import Runtime
+
+    fp32, bf16 = Runtime(tiny_v41_dir), Runtime(tiny_v41_dir, precision="bf16")
+    for n, same in ((8, True), (40, False)):
+        p = prompt_of(n)
+        a, b = fp32.score(p), bf16.score(p)
+        assert np.array_equal(a, b) == same, n
+        if not same:
+            err = np.abs(a - b).max(-1) / np.abs(a).max(-1)
+            assert 0 < np.median(err) <= 0.1, np.median(err)
+
+
 def test_precision_is_checked_at_load(tiny_v41_dir) -> None:
     from dsv41rt.errors import Dsv41rtError
     from dsv41rt.runtime import Runtime
 
-    with pytest.raises(Dsv41rtError, match="precision 'bf16' needs a CUDA device"):
-        Runtime(tiny_v41_dir, "cpu", precision="bf16")
     with pytest.raises(Dsv41rtError, match="unknown precision 'fp8'"):
         Runtime(tiny_v41_dir, "cpu", precision="fp8")

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "runtime/dtype.h"
+
 namespace dsv41rt::kernels::cpu {
 namespace {
 
@@ -39,6 +41,10 @@ void linear(const float* x, const float* w, int64_t m, int64_t k, int64_t n, flo
       }
     }
   }
+}
+
+void round_to_bf16(float* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) v[i] = bf16_to_f32(f32_to_bf16(v[i]));
 }
 
 void grouped_linear(const float* x, const float* w, int64_t m, int64_t groups, int64_t k_g,

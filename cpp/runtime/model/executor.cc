@@ -94,7 +94,8 @@ CpuExecutor::CpuExecutor(ModelPlan plan, ModelWeights weights, EngramTables engr
     : plan_(std::move(plan)),
       weights_(std::move(weights)),
       engram_(std::move(engram)),
-      options_(options) {
+      options_(options),
+      bf16_(options.precision == "bf16") {
   const ModelConfig& c = plan_.config;
   DSV41RT_CHECK_CODE(kInternal, !weights_.head.data.empty(),
                      "the CPU executor needs weights loaded with host values");
@@ -249,7 +250,7 @@ void CpuExecutor::compress(const LayerPlan& layer, const AttentionWeights& w, It
   int64_t groups = 0;
   if (m == 1) {
     latent.resize(n * D);
-    k::linear(x, w.comp_wkv.ptr(), n, H, D, latent.data());
+    lin(x, w.comp_wkv.ptr(), n, H, D, latent.data());
     groups = n;
   } else {
     // Prepend the pending tokens of the incomplete group, pool every complete group, keep the rest.
@@ -259,8 +260,8 @@ void CpuExecutor::compress(const LayerPlan& layer, const AttentionWeights& w, It
     float* ps = layout_->pending_scores(req, layer.index);
     std::copy(pv, pv + pending * D, values.begin());
     std::copy(ps, ps + pending * D, scores.begin());
-    k::linear(x, w.comp_wkv.ptr(), n, H, D, values.data() + pending * D);
-    k::linear(x, w.comp_wgate.ptr(), n, H, D, scores.data() + pending * D);
+    lin(x, w.comp_wkv.ptr(), n, H, D, values.data() + pending * D);
+    lin(x, w.comp_wgate.ptr(), n, H, D, scores.data() + pending * D);
     groups = total / m;
     latent.resize(groups * D);
     k::compress_pool(values.data(), scores.data(), groups, m, D, latent.data());
@@ -277,7 +278,7 @@ void CpuExecutor::compress(const LayerPlan& layer, const AttentionWeights& w, It
   const std::vector<float>& freq = inv_freq_[layer.index];
   // Index keys come from the un-rotated latent; then the latent itself is rotated and stored.
   std::vector<float> keys(groups * DI);
-  k::linear(latent.data(), w.idx_wk.ptr(), groups, D, DI, keys.data());
+  lin(latent.data(), w.idx_wk.ptr(), groups, D, DI, keys.data());
   k::rms_norm(keys.data(), w.idx_k_norm.ptr(), groups, DI, float(c.rms_norm_eps), keys.data());
   k::apply_rope(keys.data(), groups, 1, DI, R, pos.data(), freq.data(), false);
   k::apply_rope(latent.data(), groups, 1, D, R, pos.data(), freq.data(), false);
@@ -326,10 +327,10 @@ void CpuExecutor::item_attention(const LayerPlan& layer, const AttentionWeights&
       const int64_t HI = c.index_n_heads, DI = c.index_head_dim;
       const RowCodec& kc = layout_->key_codec();
       std::vector<float> qi(nq * HI * DI), wts(nq * HI), ikeys(T * DI), scores(nq * T);
-      k::linear(qr, w.idx_wq_b.ptr(), nq, c.q_lora_rank, HI * DI, qi.data());
+      lin(qr, w.idx_wq_b.ptr(), nq, c.q_lora_rank, HI * DI, qi.data());
       k::apply_rope(qi.data(), nq, HI, DI, R, it.positions.data(), freq.data(), false);
       if (kc.qdq) kc.qdq(qi.data(), nq * HI, DI, qi.data());  // queries are MXFP4 too
-      k::linear(x, w.idx_weights_proj.ptr(), nq, H, HI, wts.data());
+      lin(x, w.idx_weights_proj.ptr(), nq, H, HI, wts.data());
       const float wscale = float(std::pow(double(DI), -0.5) * std::pow(double(HI), -0.5));
       for (float& v : wts) v *= wscale;
       for (int64_t j = 0; j < T; ++j) {
@@ -371,8 +372,8 @@ void CpuExecutor::item_attention(const LayerPlan& layer, const AttentionWeights&
   k::apply_rope(o.data(), nq, nh, D, R, it.positions.data(), freq.data(), true);
   const int64_t g = c.o_groups, kg = nh * D / g, ro = c.o_lora_rank;
   std::vector<float> z(nq * g * ro);
-  k::grouped_linear(o.data(), w.wo_a.ptr(), nq, g, kg, ro, z.data());
-  k::linear(z.data(), w.wo_b.ptr(), nq, g * ro, H, y);
+  grouped_lin(o.data(), w.wo_a.ptr(), nq, g, kg, ro, z.data());
+  lin(z.data(), w.wo_b.ptr(), nq, g * ro, H, y);
 }
 
 void CpuExecutor::attention(const LayerPlan& layer, const AttentionWeights& w,
@@ -400,12 +401,12 @@ void CpuExecutor::attention(const LayerPlan& layer, const AttentionWeights& w,
   // Projections (row-independent ops): queries of the local rows, KV of all rows.
   std::vector<float> qr(NL * c.q_lora_rank), q(NL * nh * D), kv(N * D);
   if (NL > 0) {
-    k::linear(x, w.wq_a.ptr(), NL, H, c.q_lora_rank, qr.data());
+    lin(x, w.wq_a.ptr(), NL, H, c.q_lora_rank, qr.data());
     k::rms_norm(qr.data(), w.q_norm.ptr(), NL, c.q_lora_rank, eps, qr.data());
-    k::linear(qr.data(), w.wq_b.ptr(), NL, c.q_lora_rank, nh * D, q.data());
+    lin(qr.data(), w.wq_b.ptr(), NL, c.q_lora_rank, nh * D, q.data());
     k::apply_rope(q.data(), NL, nh, D, R, pos_q.data(), freq.data(), false);
   }
-  k::linear(xg, w.wkv.ptr(), N, H, D, kv.data());
+  lin(xg, w.wkv.ptr(), N, H, D, kv.data());
   k::rms_norm(kv.data(), w.kv_norm.ptr(), N, D, eps, kv.data());
   k::apply_rope(kv.data(), N, 1, D, R, pos.data(), freq.data(), false);
   const RowCodec& wc = layout_->window_codec();
@@ -479,6 +480,22 @@ void CpuExecutor::moe(const LayerPlan& layer, const MoeWeights& w, const float* 
                  float(c.swiglu_limit), y);
 }
 
+void CpuExecutor::lin(const float* x, const float* w, int64_t m, int64_t k, int64_t n,
+                      float* y) const {
+  if (!tc_) return k::linear(x, w, m, k, n, y);
+  std::vector<float> xr(x, x + m * k);
+  k::round_to_bf16(xr.data(), m * k);
+  k::linear(xr.data(), w, m, k, n, y);
+}
+
+void CpuExecutor::grouped_lin(const float* x, const float* w, int64_t m, int64_t g, int64_t k,
+                              int64_t n, float* y) const {
+  if (!tc_) return k::grouped_linear(x, w, m, g, k, n, y);
+  std::vector<float> xr(x, x + m * g * k);
+  k::round_to_bf16(xr.data(), m * g * k);
+  k::grouped_linear(xr.data(), w, m, g, k, n, y);
+}
+
 void CpuExecutor::copy_state(const RequestView& src, const RequestView& dst) {
   check_copy_state(*pool_, src, dst);
   const engine::PoolGeometry& g = pool_->geometry();
@@ -530,6 +547,7 @@ void CpuExecutor::run(std::vector<BatchItem>& batch, comm::Communicator* comm) {
     }
     N += b.n;
   }
+  tc_ = bf16_ && N > 8;  // the GPU's per-forward choice (CudaExecutor::kFp32MaxRows)
   // This rank's rows: round-robin over the batch's global rows (every row without CP).
   Rows rows;
   rows.comm = comm;
@@ -611,7 +629,7 @@ void CpuExecutor::run(std::vector<BatchItem>& batch, comm::Communicator* comm) {
   }
   const int64_t V = c.vocab_size;
   std::vector<float> logits(head_rows.size() * V);
-  k::linear(hn.data(), weights_.head.ptr(), int64_t(head_rows.size()), H, V, logits.data());
+  lin(hn.data(), weights_.head.ptr(), int64_t(head_rows.size()), H, V, logits.data());
   size_t r = 0;
   for (const Item& it : items) {
     const int64_t count = it.b->all_logits ? it.n : 1;

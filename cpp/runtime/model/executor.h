@@ -63,9 +63,10 @@ struct ExecutorOptions {
   /// CUDA only: replay captured CUDA graphs for decode batches (off: always eager).
   bool cuda_graphs = true;
   /// GEMM precision. "fp32": every projection and expert in FP32 (the reference's numerics; the
-  /// weights are exact BF16 on the device). "bf16" (CUDA only): projections and experts of 16 or
-  /// more rows on BF16 tensor cores, activations rounded to BF16 at each GEMM input, FP32
-  /// accumulation - the serving mode; results then depend on the batch at BF16 rounding level.
+  /// weights are exact BF16 on the device). "bf16": in forwards of more than 8 rows, projections
+  /// and experts take BF16-rounded inputs with FP32 accumulation - on CUDA the tensor-core serving
+  /// mode, on the CPU its emulation (the reference the GPU path is tested against). Results then
+  /// depend on the batch at BF16 rounding level.
   std::string precision = "fp32";
   /// Context parallelism (docs/design/context-parallel.md): prefill forwards are split
   /// round-robin over this many ranks (virtual ranks over LocalComm in one process); 1 = off.
@@ -198,6 +199,11 @@ class DSV41RT_API CpuExecutor final : public Executor {
                       const float* comp, const float* x, const float* qr, float* q, float* kv,
                       float* y);
   void moe(const LayerPlan& layer, const MoeWeights& w, const float* x, int64_t n, float* y);
+  // The projections, with the GPU's precision "bf16" emulated when this forward uses it (inputs
+  // rounded to BF16; the same per-forward choice: more than 8 rows).
+  void lin(const float* x, const float* w, int64_t m, int64_t k, int64_t n, float* y) const;
+  void grouped_lin(const float* x, const float* w, int64_t m, int64_t g, int64_t k, int64_t n,
+                   float* y) const;
 
   ModelPlan plan_;
   ModelWeights weights_;
@@ -206,6 +212,8 @@ class DSV41RT_API CpuExecutor final : public Executor {
   std::vector<std::vector<float>> inv_freq_;  // per layer
   std::unique_ptr<StateLayout> layout_;
   MemoryPlan memory_;
+  bool bf16_ = false;  // precision "bf16": emulate the GPU tensor-core path
+  bool tc_ = false;    // this forward emulates it
   std::unique_ptr<engine::KvPool> pool_;
   DequantWorkspaces workspaces_;
   std::map<std::string, std::vector<int32_t>> decisions_;
