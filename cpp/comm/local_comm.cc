@@ -6,25 +6,14 @@
 #include <mutex>
 #include <string>
 
+#include "comm/collective_math.h"
 #include "runtime/status.h"
 
 namespace dsv41rt::comm {
 namespace {
 
-size_t element_bytes(DType t) {
-  switch (t) {
-    case DType::kF32:
-    case DType::kI32:
-      return 4;
-    case DType::kBF16:
-    case DType::kF16:
-      return 2;
-    case DType::kI64:
-      return 8;
-    default:
-      return 1;
-  }
-}
+using detail::element_bytes;
+using detail::Op;
 
 // The shared state of one group: a generation-counted rendezvous and the published calls.
 struct Group {
@@ -35,6 +24,7 @@ struct Group {
     size_t count = 0;
     DType dtype = DType::kU8;
     ReduceOp reduce = ReduceOp::kSum;
+    int root = 0;
   };
   explicit Group(int n, std::chrono::milliseconds t) : size(n), timeout(t), calls(size_t(n)) {}
 
@@ -68,52 +58,6 @@ struct Group {
   }
 };
 
-template <typename T>
-void reduce_into(T* out, const std::vector<const T*>& in, size_t n, ReduceOp op) {
-  for (size_t i = 0; i < n; ++i) {
-    T acc = in[0][i];
-    for (size_t r = 1; r < in.size(); ++r) {
-      acc = op == ReduceOp::kSum ? T(acc + in[r][i]) : std::max(acc, in[r][i]);
-    }
-    out[i] = acc;
-  }
-}
-
-void reduce_bf16(uint16_t* out, const std::vector<const uint16_t*>& in, size_t n, ReduceOp op) {
-  for (size_t i = 0; i < n; ++i) {
-    float acc = bf16_to_f32(in[0][i]);
-    for (size_t r = 1; r < in.size(); ++r) {
-      const float v = bf16_to_f32(in[r][i]);
-      acc = op == ReduceOp::kSum ? acc + v : std::max(acc, v);
-    }
-    out[i] = f32_to_bf16(acc);
-  }
-}
-
-// out[0, n) = reduction over ranks of (base_r + offset)[0, n), in rank order.
-void reduce(void* out, const std::vector<const void*>& bases, size_t offset, size_t n, DType t,
-            ReduceOp op) {
-  auto ptrs = [&](auto tag) {
-    using T = decltype(tag);
-    std::vector<const T*> p;
-    for (const void* b : bases) p.push_back(static_cast<const T*>(b) + offset);
-    return p;
-  };
-  switch (t) {
-    case DType::kF32:
-      return reduce_into(static_cast<float*>(out), ptrs(float{}), n, op);
-    case DType::kI32:
-      return reduce_into(static_cast<int32_t*>(out), ptrs(int32_t{}), n, op);
-    case DType::kI64:
-      return reduce_into(static_cast<int64_t*>(out), ptrs(int64_t{}), n, op);
-    case DType::kBF16:
-      return reduce_bf16(static_cast<uint16_t*>(out), ptrs(uint16_t{}), n, op);
-    default:
-      DSV41RT_THROW_CODE(kUnsupported, "LocalComm: reductions of ", dtype_name(t),
-                         " are not supported (F32, BF16, I32, I64)");
-  }
-}
-
 class LocalComm final : public Communicator {
  public:
   LocalComm(std::shared_ptr<Group> g, int rank) : g_(std::move(g)), rank_(rank) {}
@@ -121,49 +65,23 @@ class LocalComm final : public Communicator {
   int size() const override { return g_->size; }
 
   void all_gather(const void* send, void* recv, size_t count, DType t, void*) override {
-    run("all_gather", send, recv, count, t, ReduceOp::kSum,
-        [&](const std::vector<Group::Call>& c, uint8_t* out) {
-          const size_t bytes = count * element_bytes(t);
-          for (int r = 0; r < size(); ++r) std::memcpy(out + r * bytes, c[r].send, bytes);
-        });
+    run(Op::kAllGather, send, recv, count, t, ReduceOp::kSum, 0);
   }
-
   void reduce_scatter(const void* send, void* recv, size_t count, DType t, ReduceOp op,
                       void*) override {
-    run("reduce_scatter", send, recv, count, t, op,
-        [&](const std::vector<Group::Call>& c, uint8_t* out) {
-          reduce(out, sends(c), size_t(rank_) * count, count, t, op);
-        });
+    run(Op::kReduceScatter, send, recv, count, t, op, 0);
   }
-
   void all_reduce(const void* send, void* recv, size_t count, DType t, ReduceOp op,
                   void*) override {
-    run("all_reduce", send, recv, count, t, op,
-        [&](const std::vector<Group::Call>& c, uint8_t* out) {
-          reduce(out, sends(c), 0, count, t, op);
-        });
+    run(Op::kAllReduce, send, recv, count, t, op, 0);
   }
-
   void all_to_all(const void* send, void* recv, size_t count, DType t, void*) override {
-    run("all_to_all", send, recv, count, t, ReduceOp::kSum,
-        [&](const std::vector<Group::Call>& c, uint8_t* out) {
-          const size_t bytes = count * element_bytes(t);
-          for (int p = 0; p < size(); ++p) {
-            std::memcpy(out + p * bytes,
-                        static_cast<const uint8_t*>(c[p].send) + size_t(rank_) * bytes, bytes);
-          }
-        });
+    run(Op::kAllToAll, send, recv, count, t, ReduceOp::kSum, 0);
   }
-
   void broadcast(void* buf, size_t count, DType t, int root, void*) override {
     DSV41RT_CHECK(root >= 0 && root < size(), "LocalComm broadcast: root ", root, " of ", size());
-    // The root rides in the call record's op field, so ranks naming different roots mismatch.
-    run("broadcast", buf, buf, count, t, ReduceOp(root),
-        [&](const std::vector<Group::Call>& c, uint8_t* out) {
-          std::memcpy(out, c[size_t(root)].send, count * element_bytes(t));
-        });
+    run(Op::kBroadcast, buf, buf, count, t, ReduceOp::kSum, root);
   }
-
   void barrier() override { g_->rendezvous(rank_, "barrier"); }
 
   void abort(const std::string& reason) override {
@@ -173,24 +91,19 @@ class LocalComm final : public Communicator {
   }
 
  private:
-  static std::vector<const void*> sends(const std::vector<Group::Call>& c) {
-    std::vector<const void*> out;
-    for (const Group::Call& call : c) out.push_back(call.send);
-    return out;
-  }
-
   // Publish, rendezvous, check every rank made the same call, compute into a private buffer,
   // rendezvous (every rank has read every input), then write the output: outputs may alias the
   // caller's own inputs (in-place collectives).
-  template <class Compute>
-  void run(const char* op, const void* send, void* recv, size_t count, DType t, ReduceOp reduce_op,
-           Compute&& compute) {
-    DSV41RT_CHECK(count == 0 || (send && recv), "LocalComm ", op, ": NULL buffer on rank ", rank_);
+  void run(Op op, const void* send, void* recv, size_t count, DType t, ReduceOp reduce_op,
+           int root) {
+    const char* name = detail::op_name(op);
+    DSV41RT_CHECK(count == 0 || (send && recv), "LocalComm ", name, ": NULL buffer on rank ",
+                  rank_);
     {
       std::lock_guard<std::mutex> lock(g_->mu);
-      g_->calls[size_t(rank_)] = {op, send, recv, count, t, reduce_op};
+      g_->calls[size_t(rank_)] = {name, send, recv, count, t, reduce_op, root};
     }
-    g_->rendezvous(rank_, op);
+    g_->rendezvous(rank_, name);
     std::vector<Group::Call> calls;
     {
       std::lock_guard<std::mutex> lock(g_->mu);
@@ -198,23 +111,20 @@ class LocalComm final : public Communicator {
     }
     bool same = true;
     std::string all;
+    std::vector<const void*> sends;
     for (int r = 0; r < size(); ++r) {
       const Group::Call& c = calls[size_t(r)];
-      same = same && std::strcmp(c.op, op) == 0 && c.count == count && c.dtype == t &&
-             c.reduce == reduce_op;
+      same = same && std::strcmp(c.op, name) == 0 && c.count == count && c.dtype == t &&
+             c.reduce == reduce_op && c.root == root;
       all += (r ? ", rank " : "rank ") + std::to_string(r) + " " + c.op + "(count " +
              std::to_string(c.count) + ", " + dtype_name(c.dtype) + ")";
+      sends.push_back(c.send);
     }
     DSV41RT_CHECK(same, "LocalComm: the ranks called different collectives: ", all);
-    std::vector<uint8_t> out(out_elements(op, count) * element_bytes(t));
-    if (count) compute(calls, out.data());
-    g_->rendezvous(rank_, op);
+    std::vector<uint8_t> out(detail::output_elements(op, count, size()) * element_bytes(t));
+    if (count) detail::collective_output(op, sends, rank_, count, t, reduce_op, root, out.data());
+    g_->rendezvous(rank_, name);
     if (!out.empty()) std::memcpy(recv, out.data(), out.size());
-  }
-
-  size_t out_elements(const char* op, size_t count) const {
-    const bool whole = std::strcmp(op, "all_gather") == 0 || std::strcmp(op, "all_to_all") == 0;
-    return whole ? count * size_t(size()) : count;
   }
 
   std::shared_ptr<Group> g_;

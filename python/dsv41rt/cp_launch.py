@@ -1,6 +1,7 @@
-"""Context parallelism with one process per GPU: rank 0 (this process) runs the engine, ranks
-1..P-1 are `dsv41rt cp-worker` processes on GPUs base+1..base+P-1 that replay rank 0's calls
-(docs/design/context-parallel.md). Every rank gets the same pool and model options, or the paged
+"""Context parallelism with one process per rank: rank 0 (this process) runs the engine, ranks
+1..P-1 are `dsv41rt cp-worker` processes that replay rank 0's calls (docs/design/context-parallel.md):
+over NCCL on GPUs base+1..base+P-1, or over TCP sockets on any device (how the mode is tested
+without GPUs). Every rank gets the same pool and model options, or the paged
 state would not line up.
 
     with cp_processes(checkpoint, cp_size=2, device="cuda:0", kv_memory=8 << 30) as rt:
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,9 +25,11 @@ from .errors import Dsv41rtError
 SHARED_OPTIONS = ("kv_memory", "max_running", "token_budget", "max_context", "page_tokens", "cache_quant", "precision")
 
 
-def worker_argv(checkpoint: str, rank: int, size: int, device: str, id_file: str, options: dict[str, Any]) -> list[str]:
+def worker_argv(
+    checkpoint: str, rank: int, size: int, device: str, id_file: str, comm: str, options: dict[str, Any]
+) -> list[str]:
     argv = [sys.executable, "-m", "dsv41rt", "cp-worker", "--checkpoint", checkpoint]
-    argv += ["--rank", str(rank), "--size", str(size), "--device", device, "--id-file", id_file]
+    argv += ["--rank", str(rank), "--size", str(size), "--device", device, "--id-file", id_file, "--cp-comm", comm]
     for name in SHARED_OPTIONS:
         if name in options:
             value = options[name]
@@ -33,32 +37,50 @@ def worker_argv(checkpoint: str, rank: int, size: int, device: str, id_file: str
     return argv
 
 
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @contextlib.contextmanager
-def cp_processes(checkpoint: str, cp_size: int, device: str = "cuda:0", **options: Any) -> Iterator[Any]:
-    """A rank-0 Runtime whose CP ranks 1..cp_size-1 run in worker processes (one GPU each)."""
-    from . import comm
+def cp_processes(
+    checkpoint: str, cp_size: int, device: str = "cuda:0", comm: str = "nccl", **options: Any
+) -> Iterator[Any]:
+    """A rank-0 Runtime whose CP ranks 1..cp_size-1 run in worker processes: over NCCL one GPU
+    each (rank r on cuda:N+r), or over TCP sockets on any device (comm="socket": every rank on
+    `device`, e.g. "cpu")."""
     from .runtime import Runtime
 
     unknown = set(options) - set(SHARED_OPTIONS) - {"multistream", "cuda_graphs", "progress"}
     if unknown:
         raise Dsv41rtError(f"cp_processes: unsupported options {sorted(unknown)}")
-    if not device.startswith("cuda:") or not device[5:].isdigit():
+    if comm not in ("nccl", "socket"):
+        raise Dsv41rtError(f"cp_processes: comm must be 'nccl' or 'socket', got {comm!r}")
+    if comm == "nccl" and (not device.startswith("cuda:") or not device[5:].isdigit()):
         raise Dsv41rtError(f"cp_processes: device must be cuda:N (rank r runs on cuda:N+r), got {device!r}")
     if cp_size < 2:
         raise Dsv41rtError(f"cp_processes: cp_size must be >= 2, got {cp_size}")
-    base = int(device[5:])
-    uid = comm.nccl_unique_id()
+    if comm == "nccl":
+        from . import comm as nccl
+
+        uid = nccl.nccl_unique_id()
+        base = int(device[5:])
+        devices = [f"cuda:{base + r}" for r in range(cp_size)]
+    else:
+        uid = f"127.0.0.1:{_free_port()}".encode()
+        devices = [device] * cp_size
     with tempfile.TemporaryDirectory() as tmp:
         id_file = os.path.join(tmp, "nccl_id")
         with open(id_file, "wb") as f:
             f.write(uid)
         procs = [
-            subprocess.Popen(worker_argv(checkpoint, r, cp_size, f"cuda:{base + r}", id_file, options))
+            subprocess.Popen(worker_argv(checkpoint, r, cp_size, devices[r], id_file, comm, options))
             for r in range(1, cp_size)
         ]
         rt = None
         try:
-            rt = Runtime(checkpoint, device, cp_size=cp_size, cp_comm="nccl", cp_rank=0, cp_id=uid, **options)
+            rt = Runtime(checkpoint, devices[0], cp_size=cp_size, cp_comm=comm, cp_rank=0, cp_id=uid, **options)
             yield rt
         finally:
             if rt is not None:

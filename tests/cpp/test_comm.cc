@@ -1,19 +1,26 @@
 // LocalComm: every collective against hand-computed results for 1-4 ranks, bitwise-identical
 // reductions on every rank, mismatched calls and missing ranks failing on every rank (no hang).
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "comm/local_comm.h"
+#include "comm/socket_comm.h"
 #include "runtime/status.h"
 
 using dsv41rt::DType;
 using dsv41rt::comm::Communicator;
 using dsv41rt::comm::make_local_group;
+using dsv41rt::comm::make_socket_comm;
 using dsv41rt::comm::ReduceOp;
 
 namespace {
@@ -40,9 +47,8 @@ std::vector<std::string> run_ranks(std::vector<std::unique_ptr<Communicator>>& g
 
 class LocalCommTest : public ::testing::TestWithParam<int> {};
 
-TEST_P(LocalCommTest, EveryCollectiveMatchesHandComputedResults) {
-  const int n = GetParam();
-  auto group = make_local_group(n);
+void check_every_collective(std::vector<std::unique_ptr<Communicator>>& group) {
+  const int n = int(group.size());
   const size_t count = 5;
   std::vector<std::vector<float>> gathered(n), scattered(n), reduced(n), maxed(n), exchanged(n);
   const auto errors = run_ranks(group, [&](Communicator& c) {
@@ -84,6 +90,77 @@ TEST_P(LocalCommTest, EveryCollectiveMatchesHandComputedResults) {
     }
     EXPECT_EQ(reduced[r], reduced[0]);  // bitwise the same on every rank
   }
+}
+
+TEST_P(LocalCommTest, EveryCollectiveMatchesHandComputedResults) {
+  auto group = make_local_group(GetParam());
+  check_every_collective(group);
+}
+
+// n SocketComm ranks as threads of this process, over 127.0.0.1 (a port the OS had free).
+std::vector<std::unique_ptr<Communicator>> make_socket_group(int n) {
+  const int probe = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  EXPECT_EQ(::bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  EXPECT_EQ(::getsockname(probe, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  ::close(probe);
+  const std::string address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  std::vector<std::unique_ptr<Communicator>> group(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 1; r < n; ++r) {
+    threads.emplace_back([&, r] { group[size_t(r)] = make_socket_comm(address, r, n); });
+  }
+  group[0] = make_socket_comm(address, 0, n);
+  for (auto& t : threads) t.join();
+  return group;
+}
+
+TEST(SocketComm, EveryCollectiveMatchesHandComputedResults) {
+  for (int n = 1; n <= 3; ++n) {
+    auto group = make_socket_group(n);
+    check_every_collective(group);
+    std::vector<std::vector<int64_t>> bufs(static_cast<size_t>(n));
+    const auto errors = run_ranks(group, [&](Communicator& c) {
+      bufs[size_t(c.rank())] = {c.rank() + 1, 7};
+      c.broadcast(bufs[size_t(c.rank())].data(), 2, DType::kI64, n - 1);
+    });
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(errors[size_t(r)], "");
+      EXPECT_EQ(bufs[size_t(r)], (std::vector<int64_t>{n, 7}));
+    }
+  }
+}
+
+TEST(SocketComm, MismatchAndAbortFailEveryRankAtOnce) {
+  auto group = make_socket_group(2);
+  const auto errors = run_ranks(group, [&](Communicator& c) {
+    float v = 1.0f, out[2];
+    if (c.rank() == 0) {
+      c.all_gather(&v, out, 1, DType::kF32);
+    } else {
+      c.all_reduce(&v, out, 1, DType::kF32, ReduceOp::kSum);
+    }
+  });
+  EXPECT_NE(errors[0].find("different collectives"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("different collectives"), std::string::npos) << errors[1];
+  // Rank 1 waits in a collective; rank 0 aborts instead of joining: rank 1 fails at once.
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string error;
+  std::thread waiter([&] {
+    try {
+      group[1]->barrier();
+    } catch (const dsv41rt::Error& e) {
+      error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  group[0]->abort("test");
+  waiter.join();
+  EXPECT_NE(error.find("rank 0 is gone"), std::string::npos) << error;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
 }
 
 TEST_P(LocalCommTest, IntegerAndBf16Types) {

@@ -208,8 +208,10 @@ def test_cp_rank_options_are_checked(tiny_v41_dir, tmp_path) -> None:
     from dsv41rt.errors import Dsv41rtError
     from dsv41rt.runtime import Runtime
 
-    with pytest.raises(Dsv41rtError, match="cp_rank 0 needs cp_comm 'nccl'"):
+    with pytest.raises(Dsv41rtError, match="cp_rank 0 needs cp_comm 'nccl' or 'socket'"):
         Runtime(tiny_v41_dir, cp_size=2, cp_rank=0)
+    with pytest.raises(Dsv41rtError, match="cp_comm 'socket' is for one process per rank"):
+        Runtime(tiny_v41_dir, cp_size=2, cp_comm="socket")
     with pytest.raises(Dsv41rtError, match="is not a context-parallel worker"):
         Runtime(tiny_v41_dir).run_cp_worker()
     ident = tmp_path / "id"
@@ -221,3 +223,24 @@ def test_cp_rank_options_are_checked(tiny_v41_dir, tmp_path) -> None:
         text=True,
     )
     assert r.returncode == 2 and "--rank must be in [1, --size)" in r.stderr, r.stderr
+
+
+def test_cp_one_process_per_rank_over_sockets_equals_cp1(tiny_v41_dir) -> None:
+    """The real multi-process mode on the CPU: rank 0 here, ranks 1 and 2 as `dsv41rt cp-worker`
+    processes over TCP (dsv41rt.cp_launch): prefill + decode and a fork equal CP = 1; closing rank 0
+    shuts the workers down cleanly (the launcher raises on a non-zero worker exit)."""
+    from dsv41rt.cp_launch import cp_processes
+    from dsv41rt.runtime import Runtime
+
+    kw = dict(kv_memory=64 << 20, max_running=4)
+    one = Runtime(tiny_v41_dir, **kw)
+    with cp_processes(tiny_v41_dir, 3, "cpu", comm="socket", **kw) as rt:
+        assert rt.backend_stats()["cp_processes"] == 1 and rt.backend_stats()["cp_size"] == 3
+        for n in (37, 201):
+            want, got = prefill_and_decode(one, prompt_of(n)), prefill_and_decode(rt, prompt_of(n))
+            assert np.array_equal(got[0], want[0]) and got[1] == want[1] and np.array_equal(got[2], want[2]), n
+        h = rt.new_handle()
+        rt.forward_tokens(h, prompt_of(50))
+        f = rt.fork_handle(h)
+        rows = rt.decode_handles([h, f], [11, 11])
+        assert np.array_equal(rows[0], rows[1])

@@ -75,9 +75,10 @@ struct ExecutorOptions {
   /// host memory on CUDA) or "nccl" (NcclComm: rank r on CUDA device base + r, all driven from
   /// this process; cp_size 1 runs the CP data flow over a one-rank NCCL group).
   std::string cp_comm = "local";
-  /// One process per rank: this process is rank cp_rank of the cp_size group (NCCL; every process
-  /// gets the same cp_id, the 128 bytes of an ncclUniqueId). Rank 0 runs the engine; the others
-  /// run Executor::run_cp_worker. -1: every rank in this process.
+  /// One process per rank: this process is rank cp_rank of the cp_size group over cp_comm "nccl"
+  /// (cp_id: the 128 bytes of an ncclUniqueId) or "socket" (TCP on any device; cp_id: rank 0's
+  /// "host:port"). Rank 0 runs the engine; the others run Executor::run_cp_worker. -1: every
+  /// rank in this process.
   int64_t cp_rank = -1;
   std::string cp_id;
   /// In-process group run through the one-process-per-rank protocol (leader + worker loops in

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "comm/local_comm.h"
+#include "comm/socket_comm.h"
 #if DSV41RT_HAVE_NCCL
 #include "comm/nccl_comm.h"
 #endif
@@ -48,30 +49,42 @@ std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights weights, En
                      "unknown precision '", options.precision, "' (expected 'fp32' or 'bf16')");
   DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_size >= 1 && options.cp_size <= 64, "cp_size ",
                      options.cp_size, " must be in [1, 64]");
-  DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_comm == "local" || options.cp_comm == "nccl",
-                     "unknown cp_comm '", options.cp_comm, "' (expected 'local' or 'nccl')");
+  DSV41RT_CHECK_CODE(
+      kInvalidArgument,
+      options.cp_comm == "local" || options.cp_comm == "nccl" || options.cp_comm == "socket",
+      "unknown cp_comm '", options.cp_comm, "' (expected 'local', 'nccl' or 'socket')");
   const bool nccl = options.cp_comm == "nccl";
+  DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_comm != "socket" || options.cp_rank >= 0,
+                     "cp_comm 'socket' is for one process per rank (set cp_rank)");
   if (options.cp_rank >= 0) {
-    // One process per rank: this process's executor and its NCCL communicator.
-    DSV41RT_CHECK_CODE(kInvalidArgument, nccl && options.cp_rank < options.cp_size, "cp_rank ",
-                       options.cp_rank, " needs cp_comm 'nccl' and cp_rank < cp_size (",
+    // One process per rank: this process's executor and its communicator (NCCL between GPUs;
+    // TCP sockets on any device, cp_id = "host:port" of rank 0).
+    DSV41RT_CHECK_CODE(kInvalidArgument,
+                       options.cp_comm != "local" && options.cp_rank < options.cp_size, "cp_rank ",
+                       options.cp_rank, " needs cp_comm 'nccl' or 'socket' and cp_rank < cp_size (",
                        options.cp_size, ")");
-    DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_id.size() == 128,
-                       "cp_id must be the 128 bytes of an NCCL unique id, got ",
-                       options.cp_id.size());
-    DSV41RT_CHECK_CODE(kInvalidArgument, d.rfind("cuda:", 0) == 0,
-                       "cp_rank needs an explicit device cuda:N, got '", d, "'");
-#if DSV41RT_HAVE_NCCL
     ExecutorOptions one = options;
     one.cp_size = 1, one.cp_rank = -1, one.cp_comm = "local", one.cp_id.clear();
+    std::unique_ptr<comm::Communicator> comm;
+    if (nccl) {
+      DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_id.size() == 128,
+                         "cp_id must be the 128 bytes of an NCCL unique id, got ",
+                         options.cp_id.size());
+      DSV41RT_CHECK_CODE(kInvalidArgument, d.rfind("cuda:", 0) == 0,
+                         "cp_rank over NCCL needs an explicit device cuda:N, got '", d, "'");
+#if DSV41RT_HAVE_NCCL
+      comm = comm::make_nccl_comm(options.cp_id, int(options.cp_rank), int(options.cp_size),
+                                  std::stoi(d.substr(5)));
+#else
+      DSV41RT_THROW_CODE(kUnsupported, "cp_rank: this build of dsv41rt has no NCCL");
+#endif
+    }
     auto local = make_executor(std::move(plan), std::move(weights), std::move(engram), one);
-    auto comm = comm::make_nccl_comm(options.cp_id, int(options.cp_rank), int(options.cp_size),
-                                     std::stoi(d.substr(5)));
+    if (!nccl) {
+      comm = comm::make_socket_comm(options.cp_id, int(options.cp_rank), int(options.cp_size));
+    }
     return options.cp_rank == 0 ? make_cp_leader(std::move(local), std::move(comm))
                                 : make_cp_worker(std::move(local), std::move(comm));
-#else
-    DSV41RT_THROW_CODE(kUnsupported, "cp_rank: this build of dsv41rt has no NCCL");
-#endif
   }
   if (options.cp_size > 1 || nccl) {
     // One full executor per rank, each with its own replica of the state.
@@ -93,8 +106,9 @@ std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights weights, En
                     : make_executor(std::move(plan), std::move(weights), std::move(engram), one));
     }
     if (!nccl && options.cp_workers) {
-      // The one-process-per-rank protocol with the ranks as threads of this process.
-      auto comms = comm::make_local_group(P);
+      // The one-process-per-rank protocol with the ranks as threads of this process. The workers
+      // idle in a collective while rank 0 has no work: no timeout.
+      auto comms = comm::make_local_group(P, std::chrono::hours(24 * 365));
       auto workers = std::make_unique<CpWorkerThreads>();
       for (int r = 1; r < P; ++r) {
         workers->executors.push_back(ranks[r]);

@@ -14,8 +14,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--size", type=int, required=True)
-    p.add_argument("--device", required=True, help="cuda:N")
-    p.add_argument("--id-file", required=True, help="file holding the group's 128-byte NCCL unique id")
+    p.add_argument("--device", required=True, help="cuda:N (nccl) or any device (socket)")
+    p.add_argument("--cp-comm", default="nccl", choices=("nccl", "socket"))
+    p.add_argument(
+        "--id-file",
+        required=True,
+        help="file holding the group's id: the 128-byte NCCL unique id or rank 0's host:port",
+    )
     p.add_argument("--kv-memory", type=_size, default=256 << 20)
     p.add_argument("--max-running", type=int, default=64)
     p.add_argument("--token-budget", type=int, default=512)
@@ -27,7 +32,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import comm  # noqa: F401  (puts the pip NCCL on the loader's search path)
     from ..runtime import Runtime
 
     if not 1 <= args.rank < args.size:
@@ -48,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         cache_quant=bool(args.cache_quant),
         precision=args.precision,
         cp_size=args.size,
-        cp_comm="nccl",
+        cp_comm=args.cp_comm,
         cp_rank=args.rank,
         cp_id=uid,
     )
