@@ -86,6 +86,8 @@ for step in ${STEPS:-tests}; do
       export NCCL_NVLS_ENABLE=0
       timeout 200 python3 -u bench/cp_nccl_check.py --cp-size 2 2>&1 | tail -9
       timeout 200 python3 -u bench/cp_nccl_check.py --cp-size 2 --processes 2>&1 | tail -9
+      timeout 200 python3 -m pytest -q -p no:cacheprovider -m cuda -k "over_nccl or nccl_equals" -s \
+        tests/python/test_context_parallel.py 2>&1 | tail -4
       [ -d /tmp/bench-40 ] || python3 -m dsv41rt make-checkpoint --preset bench-40 --seed 0 --out /tmp/bench-40 --workers 24 | tail -1
       timeout 300 python3 -u bench/cp_prefill_bench.py --checkpoint /tmp/bench-40 --cp-size 2 --processes \
         --cp1-tokens "" --out "$OUT/cp_prefill_processes.json" 2>&1 | grep -v Warning | tail -4

@@ -172,6 +172,14 @@ void register_comm(nb::module_& m) {
           nb::arg("send_ptr"), nb::arg("recv_ptr"), nb::arg("count"), nb::arg("dtype"),
           nb::arg("stream") = 0, G())
       .def(
+          "broadcast",
+          [](PyNcclComm& s, uintptr_t buf, size_t count, const std::string& dtype, int root,
+             uintptr_t stream) {
+            s.get().broadcast(ptr(buf), count, dtype_from_name(dtype), root, ptr(stream));
+          },
+          nb::arg("buf_ptr"), nb::arg("count"), nb::arg("dtype"), nb::arg("root") = 0,
+          nb::arg("stream") = 0, G())
+      .def(
           "barrier", [](PyNcclComm& s) { s.get().barrier(); }, G())
       .def("close", &PyNcclComm::close, G(),
            "Destroys the NCCL communicator now (later calls raise). Destroy CUDA graphs that "

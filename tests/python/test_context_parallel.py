@@ -102,21 +102,23 @@ def test_cli_score_and_generate_take_cp_size(tiny_v41_dir, tmp_path) -> None:
     prompts = tmp_path / "p.json"
     prompts.write_text(json.dumps([prompt_of(37), prompt_of(20)]))
     outs = {}
-    for cp in (1, 2):
-        s = tmp_path / f"s{cp}.npz"
-        g = tmp_path / f"g{cp}.json"
+    for cp, mode in ((1, []), (2, []), (2, ["--cp-processes"])):  # the last: a worker process over TCP
+        s = tmp_path / f"s{cp}{len(mode)}.npz"
+        g = tmp_path / f"g{cp}{len(mode)}.json"
         for cmd, out, extra in (("score", s, []), ("generate", g, ["--max-new-tokens", "4"])):
             r = subprocess.run(
                 [sys.executable, "-m", "dsv41rt", cmd, "--checkpoint", tiny_v41_dir, "--prompts", str(prompts)]
-                + ["--out", str(out), "--cp-size", str(cp), *extra],
+                + ["--out", str(out), "--cp-size", str(cp), *mode, *extra],
                 capture_output=True,
                 text=True,
             )
             assert r.returncode == 0, r.stderr
-        outs[cp] = (dict(np.load(s)), json.loads(g.read_text()))
-    for key in outs[1][0]:
-        assert np.array_equal(outs[1][0][key], outs[2][0][key]), key
-    assert outs[1][1] == outs[2][1]
+        outs[(cp, len(mode))] = (dict(np.load(s)), json.loads(g.read_text()))
+    base = outs[(1, 0)]
+    for other in ((2, 0), (2, 1)):
+        for key in base[0]:
+            assert np.array_equal(base[0][key], outs[other][0][key]), (other, key)
+        assert base[1] == outs[other][1], other
 
 
 @pytest.mark.cuda
@@ -244,3 +246,20 @@ def test_cp_one_process_per_rank_over_sockets_equals_cp1(tiny_v41_dir) -> None:
         f = rt.fork_handle(h)
         rows = rt.decode_handles([h, f], [11, 11])
         assert np.array_equal(rows[0], rows[1])
+
+
+@pytest.mark.cuda
+def test_cp_one_process_per_gpu_over_nccl_equals_cp1(tiny_v41_dir) -> None:
+    """Issue 9's mode: rank 0 here on cuda:0, rank 1 a `dsv41rt cp-worker` process on cuda:1, NCCL."""
+    from dsv41rt import _core
+    from dsv41rt.cp_launch import cp_processes
+    from dsv41rt.runtime import Runtime
+
+    if _core.cuda_device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    kw = dict(kv_memory=256 << 20, max_running=4)
+    one = Runtime(tiny_v41_dir, "cuda:0", **kw)
+    with cp_processes(tiny_v41_dir, 2, "cuda:0", comm="nccl", **kw) as rt:
+        for n in PROMPTS:
+            want, got = prefill_and_decode(one, prompt_of(n)), prefill_and_decode(rt, prompt_of(n))
+            assert np.array_equal(got[0], want[0]) and got[1] == want[1] and np.array_equal(got[2], want[2]), n

@@ -169,6 +169,10 @@ def test_one_rank_collectives_are_exact_copies(nccl, dtype):
     inplace[:COUNT] = x
     nccl.all_reduce(inplace.data_ptr(), inplace.data_ptr(), COUNT, dtype, "sum", s)
     _check(inplace, x, "in-place all_reduce", seed)
+    inplace = _poisoned(dtype, COUNT)
+    inplace[:COUNT] = x
+    nccl.broadcast(inplace.data_ptr(), COUNT, dtype, 0, s)  # in place, root 0
+    _check(inplace, x, "broadcast", seed)
     nccl.barrier()
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +51,11 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="context-parallel ranks for prefill (virtual ranks in this process over LocalComm; default 1)",
     )
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="GEMM precision (bf16: CUDA only)")
+    p.add_argument(
+        "--cp-processes",
+        action="store_true",
+        help="run CP ranks 1..N-1 as worker processes (NCCL, one GPU each, on cuda devices; TCP on the CPU)",
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -65,30 +73,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.set_defaults(run=run_generate)
 
 
-def _runtime(args: argparse.Namespace):
+@contextlib.contextmanager
+def _runtime(args: argparse.Namespace) -> Iterator[Any]:
     from ..runtime import Runtime
 
     for name in ("max_running", "token_budget", "cp_size"):
         if getattr(args, name) < 1:
             raise Dsv41rtError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    rt = Runtime(
-        args.checkpoint,
-        device=args.device,
-        kv_memory=args.kv_memory,
-        max_running=args.max_running,
-        token_budget=args.token_budget,
-        cp_size=args.cp_size,
-        precision=args.precision,
+    kw = dict(
+        kv_memory=args.kv_memory, max_running=args.max_running, token_budget=args.token_budget, precision=args.precision
     )
+    if args.cp_processes:
+        from ..cp_launch import cp_processes
+
+        gpu = args.device.startswith("cuda")
+        device = "cuda:0" if args.device == "cuda" else args.device
+        with cp_processes(args.checkpoint, args.cp_size, device, comm="nccl" if gpu else "socket", **kw) as rt:
+            print(rt.describe_pool(), file=sys.stderr)
+            yield rt
+        return
+    rt = Runtime(args.checkpoint, device=args.device, cp_size=args.cp_size, **kw)
     print(rt.describe_pool(), file=sys.stderr)  # capacity: tokens and concurrent requests
-    return rt
+    yield rt
 
 
 def run_score(args: argparse.Namespace) -> int:
     prompts = load_prompts(args.prompts)
-    rt = _runtime(args)
-    t0 = time.time()
-    out = {f"logits_{i}": rt.score(p, chunk_size=args.chunk_size) for i, p in enumerate(prompts)}
+    with _runtime(args) as rt:
+        t0 = time.time()
+        out = {f"logits_{i}": rt.score(p, chunk_size=args.chunk_size) for i, p in enumerate(prompts)}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     np.savez(args.out, **out)
     n = sum(len(p) for p in prompts)
@@ -100,16 +113,16 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise Dsv41rtError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     prompts = load_prompts(args.prompts)
-    rt = _runtime(args)
-    t0 = time.time()
-    out = rt.generate(
-        prompts, max_new_tokens=args.max_new_tokens, sequential=args.sequential, ignore_eos=args.ignore_eos
-    )
+    with _runtime(args) as rt:
+        t0 = time.time()
+        out = rt.generate(
+            prompts, max_new_tokens=args.max_new_tokens, sequential=args.sequential, ignore_eos=args.ignore_eos
+        )
+        stats = rt.stats()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(out, f)
         f.write("\n")
-    stats = rt.stats()
     print(
         f"generated {sum(map(len, out))} tokens for {len(prompts)} prompt(s) in {time.time() - t0:.2f}s "
         f"({stats['steps']} steps, {stats['preemptions']} preemptions, max queue {stats['max_waiting_seen']}) "
