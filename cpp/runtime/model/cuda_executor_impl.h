@@ -101,27 +101,8 @@ class CudaExecutor final : public Executor {
     bf16_gemm_ = options_.precision == "bf16";
     DSV41RT_CU(cudaSetDevice(device_));
     const ModelConfig& c = plan_.config;
-    if (c.engram) {
-      DSV41RT_CHECK(engram_.layers.size() == c.engram->layer_ids.size(), c.source,
-                    ": Engram tables for ", engram_.layers.size(), " layers, config has ",
-                    c.engram->layer_ids.size());
-      DSV41RT_CHECK(int64_t(engram_.token_map.size()) == c.vocab_size, c.source,
-                    ": Engram token map has ", engram_.token_map.size(), " entries, vocab is ",
-                    c.vocab_size);
-    }
-    std::vector<std::vector<float>> inv_freq;
-    for (const LayerPlan& layer : plan_.layers) {
-      kernels::cpu::YarnParams yarn;
-      const kernels::cpu::YarnParams* yp = nullptr;
-      if (layer.yarn && c.yarn) {
-        yarn.factor = c.yarn->factor;
-        yarn.original_max_position = c.yarn->original_max_position;
-        yarn.beta_fast = c.yarn->beta_fast;
-        yarn.beta_slow = c.yarn->beta_slow;
-        yp = &yarn;
-      }
-      inv_freq.push_back(kernels::cpu::rope_inv_freq(c.qk_rope_head_dim, layer.rope_base, yp));
-    }
+    check_engram_tables(c, engram_);
+    const std::vector<std::vector<float>> inv_freq = rope_inv_freqs(plan_);
     weights_ = upload_weights(plan_, weights, inv_freq);
     layout_ = make_state_layout(plan_, options_);
     memory_ = plan_memory(plan_, *layout_, options_);

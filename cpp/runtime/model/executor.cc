@@ -99,15 +99,29 @@ CpuExecutor::CpuExecutor(ModelPlan plan, ModelWeights weights, EngramTables engr
   const ModelConfig& c = plan_.config;
   DSV41RT_CHECK_CODE(kInternal, !weights_.head.data.empty(),
                      "the CPU executor needs weights loaded with host values");
-  if (c.engram) {
-    DSV41RT_CHECK(engram_.layers.size() == c.engram->layer_ids.size(), c.source,
-                  ": Engram tables for ", engram_.layers.size(), " layers, config has ",
-                  c.engram->layer_ids.size());
-    DSV41RT_CHECK(int64_t(engram_.token_map.size()) == c.vocab_size, c.source,
-                  ": Engram token map has ", engram_.token_map.size(), " entries, vocab is ",
-                  c.vocab_size);
-  }
-  for (const LayerPlan& layer : plan_.layers) {
+  check_engram_tables(c, engram_);
+  inv_freq_ = rope_inv_freqs(plan_);
+  layout_ = make_state_layout(plan_, options_);
+  memory_ = plan_memory(plan_, *layout_, options_);
+  const engine::PoolGeometry g = layout_->geometry();
+  pool_ = std::make_unique<engine::KvPool>(engine::KvPool::from_budget(
+      g, memory_.num_slots * g.slot_bytes + memory_.num_pages * g.page_bytes, memory_.num_slots));
+}
+
+void check_engram_tables(const ModelConfig& c, const EngramTables& engram) {
+  if (!c.engram) return;
+  DSV41RT_CHECK(engram.layers.size() == c.engram->layer_ids.size(), c.source,
+                ": Engram tables for ", engram.layers.size(), " layers, config has ",
+                c.engram->layer_ids.size());
+  DSV41RT_CHECK(int64_t(engram.token_map.size()) == c.vocab_size, c.source,
+                ": Engram token map has ", engram.token_map.size(), " entries, vocab is ",
+                c.vocab_size);
+}
+
+std::vector<std::vector<float>> rope_inv_freqs(const ModelPlan& plan) {
+  const ModelConfig& c = plan.config;
+  std::vector<std::vector<float>> out;
+  for (const LayerPlan& layer : plan.layers) {
     k::YarnParams yarn;
     const k::YarnParams* yp = nullptr;
     if (layer.yarn && c.yarn) {
@@ -117,13 +131,9 @@ CpuExecutor::CpuExecutor(ModelPlan plan, ModelWeights weights, EngramTables engr
       yarn.beta_slow = c.yarn->beta_slow;
       yp = &yarn;
     }
-    inv_freq_.push_back(k::rope_inv_freq(c.qk_rope_head_dim, layer.rope_base, yp));
+    out.push_back(k::rope_inv_freq(c.qk_rope_head_dim, layer.rope_base, yp));
   }
-  layout_ = make_state_layout(plan_, options_);
-  memory_ = plan_memory(plan_, *layout_, options_);
-  const engine::PoolGeometry g = layout_->geometry();
-  pool_ = std::make_unique<engine::KvPool>(engine::KvPool::from_budget(
-      g, memory_.num_slots * g.slot_bytes + memory_.num_pages * g.page_bytes, memory_.num_slots));
+  return out;
 }
 
 std::unique_ptr<StateLayout> make_state_layout(const ModelPlan& plan, const ExecutorOptions& o) {

@@ -159,6 +159,12 @@ DSV41RT_API std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights
 /// The state layout of the options' cache formats (shared by both executors).
 std::unique_ptr<StateLayout> make_state_layout(const ModelPlan& plan, const ExecutorOptions& o);
 
+/// Load-time check that the Engram tables match the config (both executors); throws Error.
+void check_engram_tables(const ModelConfig& c, const EngramTables& engram);
+
+/// Per layer, the RoPE inverse frequencies (YaRN-scaled where the layer uses it; spec §2.3).
+std::vector<std::vector<float>> rope_inv_freqs(const ModelPlan& plan);
+
 /// Argument checks of Executor::copy_state (shared by both executors); throws Error.
 void check_copy_state(const engine::KvPool& pool, const RequestView& src, const RequestView& dst);
 
