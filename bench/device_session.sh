@@ -10,7 +10,8 @@
 #   comm     NCCL communicator and context-parallel tests/timings
 #   gemm     tensor-core GEMM throughput at the bench-40 shapes
 #   profile  per-kernel device time of one bench-40 prefill (after bench40, or generates it)
-#   cp2      (2 GPUs) CP 2 over NCCL vs CP 1, threads and one process per GPU; bench-40 prefill
+#   cp2      (2 GPUs) CP 2 over NCCL vs CP 1 on the tiny presets, threads and one process per GPU
+#   cp2bench (2 GPUs) bench-40 prefill, CP 2 one process per GPU vs CP 1 (CP_TOKENS, CP1_TOKENS, REPEATS)
 # Usage (device machine, repo root):  STEPS="tests tiny" K="gemm or fork" bash bench/device_session.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/dsv41rt-out}
@@ -84,13 +85,18 @@ for step in ${STEPS:-tests}; do
     cp2)
       echo "== CP over NCCL on 2 GPUs (nvidia-h200-x2): threads, then one process per GPU"
       export NCCL_NVLS_ENABLE=0
-      timeout 200 python3 -u bench/cp_nccl_check.py --cp-size 2 2>&1 | tail -9
-      timeout 200 python3 -u bench/cp_nccl_check.py --cp-size 2 --processes 2>&1 | tail -9
+      timeout 200 python3 -u bench/cp_nccl_check.py --cp-size 2 2>&1 | tee "$OUT/cp_nccl_threads.log" | tail -9
+      timeout 200 python3 -u bench/cp_nccl_check.py --cp-size 2 --processes 2>&1 | tee "$OUT/cp_nccl_processes.log" | tail -9
       timeout 200 python3 -m pytest -q -p no:cacheprovider -m cuda -k "over_nccl or nccl_equals" -s \
-        tests/python/test_context_parallel.py 2>&1 | tail -4
+        tests/python/test_context_parallel.py 2>&1 | tee "$OUT/pytest_cp2.log" | tail -4
+      ;;
+    cp2bench)
+      echo "== bench-40 prefill, CP 2 one process per GPU (tokens ${CP_TOKENS:-8192,32768}) vs CP 1 (${CP1_TOKENS-8192})"
+      export NCCL_NVLS_ENABLE=0
       [ -d /tmp/bench-40 ] || python3 -m dsv41rt make-checkpoint --preset bench-40 --seed 0 --out /tmp/bench-40 --workers 24 | tail -1
-      timeout 300 python3 -u bench/cp_prefill_bench.py --checkpoint /tmp/bench-40 --cp-size 2 --processes \
-        --cp1-tokens "" --out "$OUT/cp_prefill_processes.json" 2>&1 | grep -v Warning | tail -4
+      DSV41RT_COMMIT=$commit timeout "${BENCH_TIMEOUT:-540}" python3 -u bench/cp_prefill_bench.py --checkpoint /tmp/bench-40 \
+        --cp-size 2 --processes --tokens "${CP_TOKENS:-8192,32768}" --cp1-tokens "${CP1_TOKENS-8192}" \
+        --repeats "${REPEATS:-3}" --out "$OUT/cp_prefill_${CP_TAG:-processes}.json" 2>&1 | grep -v Warning | tail -6
       ;;
     comm)
       echo "== communicator + context parallel"
