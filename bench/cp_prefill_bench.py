@@ -37,6 +37,23 @@ def prefill(rt, n: int, budget: int, rng) -> dict:
     return tot
 
 
+def metadata(args) -> dict:
+    try:
+        smi = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+        gpus = subprocess.run(smi, capture_output=True, text=True).stdout.split("\n")
+    except FileNotFoundError:
+        gpus = ["cpu (no nvidia-smi)"]
+    return {
+        "device": [g for g in gpus if g],
+        "commit": os.environ.get("DSV41RT_COMMIT", "?"),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "mode": "one process per GPU" if args.processes else "one thread per GPU",
+        "precision": "fp32" if args.cpu else "bf16",
+        "checkpoint": args.checkpoint,
+        "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--checkpoint", required=True)
@@ -51,7 +68,7 @@ def main() -> int:
     args = ap.parse_args()
     from dsv41rt.runtime import Runtime
 
-    rows = []
+    rows, meta = [], metadata(args)
     for cp, lengths in ((args.cp_size, args.tokens), (1, args.cp1_tokens)):
         if not lengths:
             continue
@@ -79,6 +96,9 @@ def main() -> int:
             r.update({"cp": cp, "tokens": n, "tokens_per_s": n / r["ms"] * 1e3, "repeats": args.repeats})
             r["runs_ms"] = [round(x["ms"], 1) for x in runs]
             rows.append(r)
+            if args.out:  # after every row: a later length that runs out of time loses only itself
+                with open(args.out, "w") as f:
+                    json.dump({"meta": meta, "rows": rows}, f, indent=1)
             print(
                 f"CP {cp} prefill {n:6d}: {r['ms']:9.1f} ms ({r['tokens_per_s']:6.0f} tok/s, median of "
                 f"{args.repeats}: {r['runs_ms']}); all-gather {r['gather_us'] / 1e3:7.2f} ms, Q projection "
@@ -90,23 +110,6 @@ def main() -> int:
         del rt
         if launched is not None:
             launched.__exit__(None, None, None)
-    if args.out:
-        try:
-            smi = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
-            gpus = subprocess.run(smi, capture_output=True, text=True).stdout.split("\n")
-        except FileNotFoundError:
-            gpus = ["cpu (no nvidia-smi)"]
-        meta = {
-            "device": [g for g in gpus if g],
-            "commit": os.environ.get("DSV41RT_COMMIT", "?"),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "mode": "one process per GPU" if args.processes else "one thread per GPU",
-            "precision": kw.get("precision", "fp32"),
-            "checkpoint": args.checkpoint,
-            "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"),
-        }
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
     return 0
 
 

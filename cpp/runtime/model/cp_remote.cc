@@ -103,7 +103,11 @@ RequestView get_request(Executor& e, const std::vector<int64_t>& m, size_t& at,
   return r;
 }
 
-void replay_forward(Executor& local, comm::Communicator& comm, const std::vector<int64_t>& m) {
+// `logits` is the worker's output buffer, kept across forwards: the rows equal rank 0's and are
+// not read, and a fresh buffer per forward (page faults on every first touch of up to rows x vocab
+// floats) made the worker reach each all-gather late; rank 0 waited for it there.
+void replay_forward(Executor& local, comm::Communicator& comm, const std::vector<int64_t>& m,
+                    std::vector<float>& logits) {
   size_t at = 1;
   const int64_t items = m.at(at++);
   std::vector<BatchItem> batch(static_cast<size_t>(items));
@@ -119,7 +123,8 @@ void replay_forward(Executor& local, comm::Communicator& comm, const std::vector
     b.tokens = tokens[size_t(i)].data();
     rows += b.all_logits ? b.n : 1;
   }
-  std::vector<float> logits(size_t(rows * local.plan().config.vocab_size));
+  const size_t needed = size_t(rows * local.plan().config.vocab_size);
+  if (logits.size() < needed) logits.resize(needed);
   int64_t r = 0;
   for (BatchItem& b : batch) {
     b.logits = logits.data() + r * local.plan().config.vocab_size;
@@ -226,6 +231,7 @@ class CpWorker final : public DelegatingExecutor {
 
 void run_cp_worker(Executor& local, comm::Communicator& comm) {
   Channel channel(comm, local.device());
+  std::vector<float> logits;
   try {
     for (;;) {
       const std::vector<int64_t> m = channel.receive();
@@ -233,7 +239,7 @@ void run_cp_worker(Executor& local, comm::Communicator& comm) {
         case kShutdown:
           return;
         case kForward:
-          replay_forward(local, comm, m);
+          replay_forward(local, comm, m, logits);
           break;
         case kCopyState: {
           size_t at = 1;
