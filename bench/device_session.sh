@@ -12,7 +12,8 @@
 #   profile  per-kernel device time of one bench-40 prefill (after bench40, or generates it)
 #   cp2      (2 GPUs) CP 2 over NCCL vs CP 1 on the tiny presets, threads and one process per GPU
 #   bf16diag GPU precision bf16 vs the CPU emulation of it, per position (logits saved for analysis)
-#   cp2bench (2 GPUs) bench-40 prefill, CP 2 one process per GPU vs CP 1 (CP_TOKENS, CP1_TOKENS, REPEATS)
+#   cp2bench (2 GPUs) bench-40 prefill, CP 2 one process per GPU vs CP 1 (CP_MODES processes|threads, CP_TOKENS,
+#            CP1_TOKENS, REPEATS)
 # Usage (device machine, repo root):  STEPS="tests tiny" K="gemm or fork" bash bench/device_session.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/dsv41rt-out}
@@ -92,12 +93,15 @@ for step in ${STEPS:-tests}; do
         tests/python/test_context_parallel.py 2>&1 | tee "$OUT/pytest_cp2.log" | tail -4
       ;;
     cp2bench)
-      echo "== bench-40 prefill, CP 2 one process per GPU (tokens ${CP_TOKENS-8192,32768}) vs CP 1 (${CP1_TOKENS-8192})"
       export NCCL_NVLS_ENABLE=0
       [ -d /tmp/bench-40 ] || python3 -m dsv41rt make-checkpoint --preset bench-40 --seed 0 --out /tmp/bench-40 --workers 24 | tail -1
-      DSV41RT_COMMIT=$commit timeout "${BENCH_TIMEOUT:-540}" python3 -u bench/cp_prefill_bench.py --checkpoint /tmp/bench-40 \
-        --cp-size 2 --processes --tokens "${CP_TOKENS-8192,32768}" --cp1-tokens "${CP1_TOKENS-8192}" \
-        --repeats "${REPEATS:-3}" --out "$OUT/cp_prefill_${CP_TAG:-processes}.json" 2>&1 | grep -v Warning | tail -6
+      for mode in ${CP_MODES:-processes}; do
+        echo "== bench-40 prefill, CP 2 ($mode; tokens ${CP_TOKENS-8192,32768}) vs CP 1 (${CP1_TOKENS-8192})"
+        DSV41RT_COMMIT=$commit timeout "${BENCH_TIMEOUT:-540}" python3 -u bench/cp_prefill_bench.py --checkpoint /tmp/bench-40 \
+          --cp-size 2 $([ "$mode" = processes ] && echo --processes) --tokens "${CP_TOKENS-8192,32768}" \
+          --cp1-tokens "${CP1_TOKENS-8192}" --repeats "${REPEATS:-3}" --out "$OUT/cp_prefill_$mode.json" 2>&1 |
+          grep -v Warning | tail -6
+      done
       ;;
     bf16diag)
       echo "== GPU bf16 vs its CPU emulation, per position"

@@ -73,21 +73,16 @@ class CpExecutor final : public DelegatingExecutor {
     return out;
   }
 
-  // Runs fn(rank, that rank's batch) on one thread per rank; rank 0 writes the caller's logits.
+  // Runs fn(rank, that rank's batch) on one thread per rank; rank 0 writes the caller's logits
+  // (the other ranks' equal them and are not copied out).
   template <typename Fn>
   void on_every_rank(std::vector<BatchItem>& batch, Fn fn) {
     const int P = int(ranks_.size());
-    int64_t V = plan().config.vocab_size, rows = 0;
-    for (const BatchItem& b : batch) rows += b.all_logits ? b.n : 1;
-    scratch_.resize(size_t(P - 1));
     std::vector<std::vector<BatchItem>> batches(size_t(P), batch);
     for (int r = 1; r < P; ++r) {
-      scratch_[r - 1].resize(size_t(rows * V));
-      int64_t at = 0;
       for (BatchItem& b : batches[r]) {
         b.request = translate(r, b.request);
-        b.logits = scratch_[r - 1].data() + at * V;
-        at += b.all_logits ? b.n : 1;
+        b.logits = nullptr;
       }
     }
     std::vector<std::exception_ptr> errors(static_cast<size_t>(P));
@@ -115,7 +110,6 @@ class CpExecutor final : public DelegatingExecutor {
   std::vector<std::shared_ptr<Executor>> ranks_;
   std::vector<std::unique_ptr<comm::Communicator>> comms_;
   int64_t cp_forwards_ = 0;
-  std::vector<std::vector<float>> scratch_;  // logits of ranks 1..P-1 (identical to rank 0's)
 };
 
 }  // namespace
@@ -125,7 +119,7 @@ void check_cp_batch(const Executor& e, const std::vector<BatchItem>& batch) {
   DSV41RT_CHECK(!batch.empty(), "forward needs at least one item");
   for (size_t i = 0; i < batch.size(); ++i) {
     const BatchItem& b = batch[i];
-    DSV41RT_CHECK(b.n > 0 && b.tokens && b.logits, "batch item ", i, " has no tokens or output");
+    DSV41RT_CHECK(b.n > 0 && b.tokens, "batch item ", i, " has no tokens");
     DSV41RT_CHECK(b.request.slot != nullptr, "batch item ", i, " has no state slot");
     DSV41RT_CHECK(b.request.n_pages * e.layout().page_tokens() >= b.request.length + b.n,
                   "batch item ", i, ": pages cover ", b.request.n_pages * e.layout().page_tokens(),

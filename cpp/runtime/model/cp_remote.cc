@@ -103,16 +103,14 @@ RequestView get_request(Executor& e, const std::vector<int64_t>& m, size_t& at,
   return r;
 }
 
-// `logits` is the worker's output buffer, kept across forwards: the rows equal rank 0's and are
-// not read, and a fresh buffer per forward (page faults on every first touch of up to rows x vocab
-// floats) made the worker reach each all-gather late; rank 0 waited for it there.
-void replay_forward(Executor& local, comm::Communicator& comm, const std::vector<int64_t>& m,
-                    std::vector<float>& logits) {
+// The worker's logits equal rank 0's and nobody reads them: no output buffer (one of up to
+// rows x vocab floats, touched afresh per forward, made the worker reach the first all-gather
+// hundreds of ms late on all-position prefills; rank 0 waited for it there).
+void replay_forward(Executor& local, comm::Communicator& comm, const std::vector<int64_t>& m) {
   size_t at = 1;
   const int64_t items = m.at(at++);
   std::vector<BatchItem> batch(static_cast<size_t>(items));
   std::vector<std::vector<int32_t>> pages(static_cast<size_t>(items)), tokens(batch.size());
-  int64_t rows = 0;
   for (int64_t i = 0; i < items; ++i) {
     BatchItem& b = batch[size_t(i)];
     b.request = get_request(local, m, at, pages[size_t(i)]);
@@ -121,14 +119,6 @@ void replay_forward(Executor& local, comm::Communicator& comm, const std::vector
     tokens[size_t(i)].assign(m.begin() + int64_t(at), m.begin() + int64_t(at + size_t(b.n)));
     at += size_t(b.n);
     b.tokens = tokens[size_t(i)].data();
-    rows += b.all_logits ? b.n : 1;
-  }
-  const size_t needed = size_t(rows * local.plan().config.vocab_size);
-  if (logits.size() < needed) logits.resize(needed);
-  int64_t r = 0;
-  for (BatchItem& b : batch) {
-    b.logits = logits.data() + r * local.plan().config.vocab_size;
-    r += b.all_logits ? b.n : 1;
   }
   run_cp_forward(local, comm, batch);
 }
@@ -231,7 +221,6 @@ class CpWorker final : public DelegatingExecutor {
 
 void run_cp_worker(Executor& local, comm::Communicator& comm) {
   Channel channel(comm, local.device());
-  std::vector<float> logits;
   try {
     for (;;) {
       const std::vector<int64_t> m = channel.receive();
@@ -239,7 +228,7 @@ void run_cp_worker(Executor& local, comm::Communicator& comm) {
         case kShutdown:
           return;
         case kForward:
-          replay_forward(local, comm, m, logits);
+          replay_forward(local, comm, m);
           break;
         case kCopyState: {
           size_t at = 1;

@@ -349,9 +349,15 @@ void CudaExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicato
     ++eager_forwards_;
   }
   const int64_t V = c.vocab_size;
-  std::vector<float> logits(f.head_rows.size() * V);  // real rows come first in a padded plan
-  DSV41RT_CU(cudaMemcpyAsync(logits.data(), logits_.get(), logits.size() * sizeof(float),
-                             cudaMemcpyDeviceToHost, main()));
+  // The head runs for every planned row (a fixed launch sequence for graphs); only logits that
+  // somebody reads come back to the host.
+  bool wanted = false;
+  for (const BatchItem& b : batch) wanted = wanted || b.logits;
+  std::vector<float> logits(wanted ? f.head_rows.size() * V : 0);  // real rows first when padded
+  if (wanted) {
+    DSV41RT_CU(cudaMemcpyAsync(logits.data(), logits_.get(), logits.size() * sizeof(float),
+                               cudaMemcpyDeviceToHost, main()));
+  }
   DSV41RT_CU(cudaEventRecord(st_->t1.get(), main()));
   DSV41RT_CU(cudaStreamSynchronize(main()));
   float ms = 0.0f;
@@ -361,7 +367,7 @@ void CudaExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicato
   size_t r = 0;
   for (BatchItem& b : batch) {
     const int64_t count = b.all_logits ? b.n : 1;
-    std::copy(logits.begin() + r * V, logits.begin() + (r + count) * V, b.logits);
+    if (b.logits) std::copy(logits.begin() + r * V, logits.begin() + (r + count) * V, b.logits);
     r += count;
   }
   // Engram history mirror: the last `hist` ids of (old history, chunk).

@@ -527,7 +527,7 @@ void CpuExecutor::run(std::vector<BatchItem>& batch, comm::Communicator* comm) {
   int64_t N = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     BatchItem& b = batch[i];
-    DSV41RT_CHECK(b.n > 0 && b.tokens && b.logits, "batch item ", i, " has no tokens or output");
+    DSV41RT_CHECK(b.n > 0 && b.tokens, "batch item ", i, " has no tokens");
     DSV41RT_CHECK(b.request.slot != nullptr, "batch item ", i, " has no state slot");
     DSV41RT_CHECK(b.request.n_pages * layout_->page_tokens() >= b.request.length + b.n,
                   "batch item ", i, ": pages cover ", b.request.n_pages * layout_->page_tokens(),
@@ -629,6 +629,7 @@ void CpuExecutor::run(std::vector<BatchItem>& batch, comm::Communicator* comm) {
   // Head: only the rows whose logits are wanted, in one GEMM.
   std::vector<int64_t> head_rows;
   for (const Item& it : items) {
+    if (!it.b->logits) continue;  // nobody reads them: no head GEMM for these rows
     for (int64_t t = it.b->all_logits ? 0 : it.n - 1; t < it.n; ++t) {
       head_rows.push_back(it.row0 + t);
     }
@@ -642,6 +643,7 @@ void CpuExecutor::run(std::vector<BatchItem>& batch, comm::Communicator* comm) {
   lin(hn.data(), weights_.head.ptr(), int64_t(head_rows.size()), H, V, logits.data());
   size_t r = 0;
   for (const Item& it : items) {
+    if (!it.b->logits) continue;
     const int64_t count = it.b->all_logits ? it.n : 1;
     std::copy(logits.begin() + r * V, logits.begin() + (r + count) * V, it.b->logits);
     r += count;

@@ -105,7 +105,9 @@ struct BatchItem {
   RequestView request;  ///< state; request.length = positions already computed
   const int32_t* tokens = nullptr;
   int64_t n = 0;
-  float* logits = nullptr;  ///< [n, vocab] (all_logits) or [1, vocab]
+  /// [n, vocab] (all_logits) or [1, vocab]; null: nobody reads them, so they are not copied out
+  /// (a context-parallel rank other than 0, whose logits equal rank 0's).
+  float* logits = nullptr;
   bool all_logits = true;
 };
 
