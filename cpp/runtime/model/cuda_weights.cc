@@ -7,12 +7,10 @@ namespace dsv41rt::model {
 
 namespace {
 
-bool bf16_exact(DType d) { return d == DType::kFP8E4M3 || d == DType::kI8 || d == DType::kBF16; }
-
 /// Every tensor is loaded without host values and stored in a format BF16 holds exactly.
 bool all_bf16_exact(const std::vector<const Tensor*>& ts) {
   for (const Tensor* t : ts) {
-    if (!t->data.empty() || !bf16_exact(t->source.dtype)) return false;
+    if (!t->data.empty() || !bf16_exact(*t)) return false;
   }
   return true;
 }

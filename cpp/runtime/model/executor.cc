@@ -260,7 +260,7 @@ void CpuExecutor::compress(const LayerPlan& layer, const AttentionWeights& w, It
   int64_t groups = 0;
   if (m == 1) {
     latent.resize(n * D);
-    lin(x, w.comp_wkv.ptr(), n, H, D, latent.data());
+    lin(x, w.comp_wkv, n, H, D, latent.data());
     groups = n;
   } else {
     // Prepend the pending tokens of the incomplete group, pool every complete group, keep the rest.
@@ -270,8 +270,8 @@ void CpuExecutor::compress(const LayerPlan& layer, const AttentionWeights& w, It
     float* ps = layout_->pending_scores(req, layer.index);
     std::copy(pv, pv + pending * D, values.begin());
     std::copy(ps, ps + pending * D, scores.begin());
-    lin(x, w.comp_wkv.ptr(), n, H, D, values.data() + pending * D);
-    lin(x, w.comp_wgate.ptr(), n, H, D, scores.data() + pending * D);
+    lin(x, w.comp_wkv, n, H, D, values.data() + pending * D);
+    lin(x, w.comp_wgate, n, H, D, scores.data() + pending * D);
     groups = total / m;
     latent.resize(groups * D);
     k::compress_pool(values.data(), scores.data(), groups, m, D, latent.data());
@@ -288,7 +288,7 @@ void CpuExecutor::compress(const LayerPlan& layer, const AttentionWeights& w, It
   const std::vector<float>& freq = inv_freq_[layer.index];
   // Index keys come from the un-rotated latent; then the latent itself is rotated and stored.
   std::vector<float> keys(groups * DI);
-  lin(latent.data(), w.idx_wk.ptr(), groups, D, DI, keys.data());
+  lin(latent.data(), w.idx_wk, groups, D, DI, keys.data());
   k::rms_norm(keys.data(), w.idx_k_norm.ptr(), groups, DI, float(c.rms_norm_eps), keys.data());
   k::apply_rope(keys.data(), groups, 1, DI, R, pos.data(), freq.data(), false);
   k::apply_rope(latent.data(), groups, 1, D, R, pos.data(), freq.data(), false);
@@ -337,10 +337,10 @@ void CpuExecutor::item_attention(const LayerPlan& layer, const AttentionWeights&
       const int64_t HI = c.index_n_heads, DI = c.index_head_dim;
       const RowCodec& kc = layout_->key_codec();
       std::vector<float> qi(nq * HI * DI), wts(nq * HI), ikeys(T * DI), scores(nq * T);
-      lin(qr, w.idx_wq_b.ptr(), nq, c.q_lora_rank, HI * DI, qi.data());
+      lin(qr, w.idx_wq_b, nq, c.q_lora_rank, HI * DI, qi.data());
       k::apply_rope(qi.data(), nq, HI, DI, R, it.positions.data(), freq.data(), false);
       if (kc.qdq) kc.qdq(qi.data(), nq * HI, DI, qi.data());  // queries are MXFP4 too
-      lin(x, w.idx_weights_proj.ptr(), nq, H, HI, wts.data());
+      lin(x, w.idx_weights_proj, nq, H, HI, wts.data());
       const float wscale = float(std::pow(double(DI), -0.5) * std::pow(double(HI), -0.5));
       for (float& v : wts) v *= wscale;
       for (int64_t j = 0; j < T; ++j) {
@@ -382,8 +382,8 @@ void CpuExecutor::item_attention(const LayerPlan& layer, const AttentionWeights&
   k::apply_rope(o.data(), nq, nh, D, R, it.positions.data(), freq.data(), true);
   const int64_t g = c.o_groups, kg = nh * D / g, ro = c.o_lora_rank;
   std::vector<float> z(nq * g * ro);
-  grouped_lin(o.data(), w.wo_a.ptr(), nq, g, kg, ro, z.data());
-  lin(z.data(), w.wo_b.ptr(), nq, g * ro, H, y);
+  grouped_lin(o.data(), w.wo_a, nq, g, kg, ro, z.data());
+  lin(z.data(), w.wo_b, nq, g * ro, H, y);
 }
 
 void CpuExecutor::attention(const LayerPlan& layer, const AttentionWeights& w,
@@ -411,12 +411,12 @@ void CpuExecutor::attention(const LayerPlan& layer, const AttentionWeights& w,
   // Projections (row-independent ops): queries of the local rows, KV of all rows.
   std::vector<float> qr(NL * c.q_lora_rank), q(NL * nh * D), kv(N * D);
   if (NL > 0) {
-    lin(x, w.wq_a.ptr(), NL, H, c.q_lora_rank, qr.data());
+    lin(x, w.wq_a, NL, H, c.q_lora_rank, qr.data());
     k::rms_norm(qr.data(), w.q_norm.ptr(), NL, c.q_lora_rank, eps, qr.data());
-    lin(qr.data(), w.wq_b.ptr(), NL, c.q_lora_rank, nh * D, q.data());
+    lin(qr.data(), w.wq_b, NL, c.q_lora_rank, nh * D, q.data());
     k::apply_rope(q.data(), NL, nh, D, R, pos_q.data(), freq.data(), false);
   }
-  lin(xg, w.wkv.ptr(), N, H, D, kv.data());
+  lin(xg, w.wkv, N, H, D, kv.data());
   k::rms_norm(kv.data(), w.kv_norm.ptr(), N, D, eps, kv.data());
   k::apply_rope(kv.data(), N, 1, D, R, pos.data(), freq.data(), false);
   const RowCodec& wc = layout_->window_codec();
@@ -486,24 +486,29 @@ void CpuExecutor::moe(const LayerPlan& layer, const MoeWeights& w, const float* 
   std::vector<k::SwigluWeights> experts(E);
   for (int64_t e = 0; e < E; ++e) experts[e] = {w.w1[e].ptr(), w.w3[e].ptr(), w.w2[e].ptr()};
   const k::SwigluWeights shared{w.shared_w1.ptr(), w.shared_w3.ptr(), w.shared_w2.ptr()};
+  // Tensor cores on the GPU when all six expert matrices are BF16-exact (one kernel, one type).
+  bool tc = tc_ && bf16_exact(w.shared_w1) && bf16_exact(w.shared_w3) && bf16_exact(w.shared_w2);
+  for (int64_t e = 0; e < E && tc; ++e) {
+    tc = bf16_exact(w.w1[e]) && bf16_exact(w.w3[e]) && bf16_exact(w.w2[e]);
+  }
   k::moe_forward(x, idx.data(), weight.data(), n, H, kk, E, I, experts.data(), &shared, I,
-                 float(c.swiglu_limit), y);
+                 float(c.swiglu_limit), y, /*bf16_inputs=*/tc);
 }
 
-void CpuExecutor::lin(const float* x, const float* w, int64_t m, int64_t k, int64_t n,
+void CpuExecutor::lin(const float* x, const Tensor& w, int64_t m, int64_t k, int64_t n,
                       float* y) const {
-  if (!tc_) return k::linear(x, w, m, k, n, y);
+  if (!tc_ || !bf16_exact(w)) return k::linear(x, w.ptr(), m, k, n, y);
   std::vector<float> xr(x, x + m * k);
   k::round_to_bf16(xr.data(), m * k);
-  k::linear(xr.data(), w, m, k, n, y);
+  k::linear(xr.data(), w.ptr(), m, k, n, y);
 }
 
-void CpuExecutor::grouped_lin(const float* x, const float* w, int64_t m, int64_t g, int64_t k,
+void CpuExecutor::grouped_lin(const float* x, const Tensor& w, int64_t m, int64_t g, int64_t k,
                               int64_t n, float* y) const {
-  if (!tc_) return k::grouped_linear(x, w, m, g, k, n, y);
+  if (!tc_ || !bf16_exact(w)) return k::grouped_linear(x, w.ptr(), m, g, k, n, y);
   std::vector<float> xr(x, x + m * g * k);
   k::round_to_bf16(xr.data(), m * g * k);
-  k::grouped_linear(xr.data(), w, m, g, k, n, y);
+  k::grouped_linear(xr.data(), w.ptr(), m, g, k, n, y);
 }
 
 void CpuExecutor::copy_state(const RequestView& src, const RequestView& dst) {
@@ -640,7 +645,7 @@ void CpuExecutor::run(std::vector<BatchItem>& batch, comm::Communicator* comm) {
   }
   const int64_t V = c.vocab_size;
   std::vector<float> logits(head_rows.size() * V);
-  lin(hn.data(), weights_.head.ptr(), int64_t(head_rows.size()), H, V, logits.data());
+  lin(hn.data(), weights_.head, int64_t(head_rows.size()), H, V, logits.data());
   size_t r = 0;
   for (const Item& it : items) {
     if (!it.b->logits) continue;

@@ -210,8 +210,8 @@ class DSV41RT_API CpuExecutor final : public Executor {
   void moe(const LayerPlan& layer, const MoeWeights& w, const float* x, int64_t n, float* y);
   // The projections, with the GPU's precision "bf16" emulated when this forward uses it (inputs
   // rounded to BF16; the same per-forward choice: more than 8 rows).
-  void lin(const float* x, const float* w, int64_t m, int64_t k, int64_t n, float* y) const;
-  void grouped_lin(const float* x, const float* w, int64_t m, int64_t g, int64_t k, int64_t n,
+  void lin(const float* x, const Tensor& w, int64_t m, int64_t k, int64_t n, float* y) const;
+  void grouped_lin(const float* x, const Tensor& w, int64_t m, int64_t g, int64_t k, int64_t n,
                    float* y) const;
 
   ModelPlan plan_;

@@ -189,6 +189,11 @@ EngramWeights load_engram(const Checkpoint& ck, const Loader& L, const ModelConf
 
 }  // namespace
 
+bool bf16_exact(const Tensor& t) {
+  const DType d = t.source.dtype;
+  return d == DType::kFP8E4M3 || d == DType::kI8 || d == DType::kBF16;
+}
+
 std::vector<float> host_values(const Tensor& t) {
   if (!t.data.empty() || t.source.data == nullptr) return t.data;
   std::vector<float> out(size_t(t.numel()));
