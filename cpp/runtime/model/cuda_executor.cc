@@ -226,7 +226,7 @@ void CudaExecutor::run(const ForwardPlan& f) {
       DSV41RT_CU(cudaMemcpyAsync(host.data(), midx, host.size() * sizeof(int32_t),
                                  cudaMemcpyDeviceToHost, s));
       DSV41RT_CU(cudaStreamSynchronize(s));
-      sorted_rows(host, N, k, decisions_["experts_L" + std::to_string(layer.index)]);
+      append_sorted_rows(host.data(), N, k, decisions_["experts_L" + std::to_string(layer.index)]);
     }
     DSV41RT_CU(kc::hc_expand(X1, yv, f_post, f_comb, N, hc, H, X, s));
     std::swap(pre, f_pre);

@@ -215,7 +215,7 @@ void CudaExecutor::attention(const LayerPlan& layer, const CudaLayerWeights& w,
     DSV41RT_CU(cudaMemcpyAsync(host.data(), topk_.get(), host.size() * sizeof(int32_t),
                                cudaMemcpyDeviceToHost, s));
     DSV41RT_CU(cudaStreamSynchronize(s));
-    sorted_rows(host, NQ, KI, decisions_["topk_L" + std::to_string(layer.index)]);
+    append_sorted_rows(host.data(), NQ, KI, decisions_["topk_L" + std::to_string(layer.index)]);
   }
 }
 

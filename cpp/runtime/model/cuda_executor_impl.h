@@ -84,15 +84,6 @@ inline cudaError_t moe_experts_fp32(const float* x, const int32_t* idx, const fl
                          f(w.shared_w3), f(w.shared_w2), I, limit, y, s);
 }
 
-inline void sorted_rows(const std::vector<int32_t>& src, int64_t rows, int64_t k,
-                        std::vector<int32_t>& dst) {
-  const size_t at = dst.size();
-  dst.insert(dst.end(), src.begin(), src.begin() + rows * k);
-  for (int64_t r = 0; r < rows; ++r) {
-    std::sort(dst.begin() + at + r * k, dst.begin() + at + (r + 1) * k);
-  }
-}
-
 class CudaExecutor final : public Executor {
  public:
   CudaExecutor(ModelPlan plan, ModelWeights weights, EngramTables engram, ExecutorOptions options)

@@ -79,15 +79,15 @@ RowCodec make_codec(bool quant, int64_t dim, int64_t quant_row_bytes,
   return RowCodec{dim, quant_row_bytes, pack, unpack, qdq};
 }
 
-void append_sorted(const int32_t* src, int64_t n, int64_t k, std::vector<int32_t>& dst) {
+}  // namespace
+
+void append_sorted_rows(const int32_t* src, int64_t rows, int64_t k, std::vector<int32_t>& dst) {
   const size_t at = dst.size();
-  dst.insert(dst.end(), src, src + n * k);
-  for (int64_t r = 0; r < n; ++r) {
+  dst.insert(dst.end(), src, src + rows * k);
+  for (int64_t r = 0; r < rows; ++r) {
     std::sort(dst.begin() + at + r * k, dst.begin() + at + (r + 1) * k);
   }
 }
-
-}  // namespace
 
 CpuExecutor::CpuExecutor(ModelPlan plan, ModelWeights weights, EngramTables engram,
                          ExecutorOptions options)
@@ -459,7 +459,7 @@ void CpuExecutor::attention(const LayerPlan& layer, const AttentionWeights& w,
       (layer.role == LayerRole::kFull || layer.role == LayerRole::kReindex)) {
     auto& rec = decisions_["topk_L" + std::to_string(layer.index)];
     for (const Item& it : items) {
-      append_sorted(it.topk.data(), int64_t(it.sel.size()), c.index_topk, rec);
+      append_sorted_rows(it.topk.data(), int64_t(it.sel.size()), c.index_topk, rec);
     }
   }
   // Read first, write last: each ring keeps the newest W positions.
@@ -481,7 +481,7 @@ void CpuExecutor::moe(const LayerPlan& layer, const MoeWeights& w, const float* 
   k::moe_route(x, w.gate.ptr(), w.bias.ptr(), n, H, E, kk, float(c.routed_scaling_factor),
                idx.data(), weight.data(), c.norm_topk_prob);
   if (options_.record_decisions) {
-    append_sorted(idx.data(), n, kk, decisions_["experts_L" + std::to_string(layer.index)]);
+    append_sorted_rows(idx.data(), n, kk, decisions_["experts_L" + std::to_string(layer.index)]);
   }
   std::vector<k::SwigluWeights> experts(E);
   for (int64_t e = 0; e < E; ++e) experts[e] = {w.w1[e].ptr(), w.w3[e].ptr(), w.w2[e].ptr()};

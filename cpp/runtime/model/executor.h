@@ -167,6 +167,10 @@ void check_engram_tables(const ModelConfig& c, const EngramTables& engram);
 /// Per layer, the RoPE inverse frequencies (YaRN-scaled where the layer uses it; spec §2.3).
 std::vector<std::vector<float>> rope_inv_freqs(const ModelPlan& plan);
 
+/// Appends the rows x k decisions `src` to a decisions() record with each row sorted (the
+/// selections compare as sets; shared by both executors).
+void append_sorted_rows(const int32_t* src, int64_t rows, int64_t k, std::vector<int32_t>& dst);
+
 /// Argument checks of Executor::copy_state (shared by both executors); throws Error.
 void check_copy_state(const engine::KvPool& pool, const RequestView& src, const RequestView& dst);
 
