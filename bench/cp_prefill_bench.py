@@ -61,6 +61,7 @@ def main() -> int:
     ap.add_argument("--tokens", default="8192,32768")
     ap.add_argument("--cp1-tokens", default="8192")
     ap.add_argument("--budget", type=int, default=8192)
+    ap.add_argument("--warmup", type=int, default=1024, help="tokens of the warm-up prefill")
     ap.add_argument("--repeats", type=int, default=3, help="prefills per length; the median is reported")
     ap.add_argument("--processes", action="store_true", help="one process per GPU (dsv41rt.cp_launch)")
     ap.add_argument("--cpu", action="store_true", help="smoke run on the CPU (TCP between rank processes)")
@@ -89,7 +90,7 @@ def main() -> int:
         if cp > 1 and not args.cpu:
             rt.set_backend_option("cp_timing", True)
         rng = np.random.default_rng(0)
-        prefill(rt, 1024, args.budget, rng)  # warm-up
+        prefill(rt, args.warmup, args.budget, rng)  # warm-up
         for n in (int(x) for x in lengths.split(",") if x):
             runs = [prefill(rt, n, args.budget, rng) for _ in range(args.repeats)]
             r = {k: statistics.median(x[k] for x in runs) for k in runs[0]}
