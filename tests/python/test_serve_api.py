@@ -207,3 +207,38 @@ def test_queue_full_is_503_with_retry_after(tiny_dir) -> None:
         assert s.stop() == 0
         for t in threads:
             t.join(timeout=60)
+
+
+def test_context_parallel_worker_processes_serve_the_same_tokens(server, tiny_dir) -> None:
+    """`context-parallel-size: 2` + `cp-processes: true`: rank 1 is a `dsv41rt cp-worker` process
+    (TCP on the CPU); greedy completions equal the single-rank server's, and SIGTERM ends the
+    server and its worker with exit code 0."""
+    cp = LiveServer("--context-parallel-size", "2", "--cp-processes", "true", model_dir=tiny_dir)
+    workers = _children(cp.proc.pid, "cp-worker")
+    try:
+        assert len(workers) == 1, workers
+        for prompt in ("The quick brown fox", "context parallel " * 20):
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+            want = httpx.post(server.url + "/v1/completions", json=body, timeout=120).json()
+            got = httpx.post(cp.url + "/v1/completions", json=body, timeout=120).json()
+            assert got["choices"][0]["text"] == want["choices"][0]["text"], (got, want)
+            assert got["usage"] == want["usage"]
+    finally:
+        assert cp.stop() == 0, cp.output()
+    assert not [w for w in workers if os.path.exists(f"/proc/{w}")]  # the worker ended and was reaped
+
+
+def _children(pid: int, word: str) -> list[int]:
+    """Live child processes of `pid` whose command line contains `word` (Linux /proc)."""
+    found = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid and word in cmd:
+            found.append(int(d))
+    return found

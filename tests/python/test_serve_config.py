@@ -62,6 +62,8 @@ def test_api_key_from_environment_is_redacted(monkeypatch) -> None:
         ({"context-parallel-size": 0}, "context-parallel-size: must be in [1, 64]"),
         ({"cp-comm": "mpi"}, "cp-comm: local or nccl"),
         ({"cp-comm": "nccl"}, "cp-comm: nccl needs a CUDA device"),
+        ({"cp-processes": True}, "cp-processes: needs context-parallel-size >= 2"),
+        ({"cp-processes": "sometimes"}, "cp-processes: expected true or false"),
     ],
 )
 def test_bad_values_name_the_key(values: dict, message: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -77,18 +78,15 @@ def run_serve(args: argparse.Namespace) -> int:
     cfg = _resolve(args)
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("dsv41rt.serve")
-    try:
-        import uvicorn
+    try:  # every server package, before a model loads
+        import uvicorn  # noqa: F401
 
-        from ..serve.app import ServerState, create_app
-        from ..serve.engine_loop import EngineLoop
-        from ..serve.metrics import Metrics
+        from ..serve.app import create_app  # noqa: F401
         from ..serve.protocol import Tokenizers
     except ImportError as err:
         raise Dsv41rtError(
             f"the server needs its packages ({err.name} is missing): pip install 'dsv41rt[serve]'"
         ) from None
-    from ..runtime import Runtime
     from ..serve.tiny_model import NAME, ensure_tiny_model
 
     if cfg.model is None:
@@ -103,18 +101,39 @@ def run_serve(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as err:
         raise Dsv41rtError(str(err)) from None
     log.info("loading %s on %s", model_dir, cfg.device)
-    rt = Runtime(
-        model_dir,
-        cfg.device,
+    with contextlib.ExitStack() as workers:  # CP worker processes live as long as the server
+        rt = _runtime(cfg, model_dir, workers)
+        return _serve(cfg, rt, tok, model_dir, default_name, log)
+
+
+def _runtime(cfg: ServeConfig, model_dir: str, workers: contextlib.ExitStack):
+    from ..runtime import Runtime
+
+    kw = dict(
         kv_memory=cfg.kv_memory,
         max_running=cfg.max_num_seqs,
         token_budget=cfg.max_num_batched_tokens,
         max_context=cfg.max_model_len,
         precision=cfg.precision,
-        cp_size=cfg.context_parallel_size,
-        cp_comm=cfg.cp_comm,
         progress=True,
     )
+    if not cfg.cp_processes:
+        return Runtime(model_dir, cfg.device, cp_size=cfg.context_parallel_size, cp_comm=cfg.cp_comm, **kw)
+    from ..cp_launch import cp_processes
+
+    gpu = cfg.device.startswith("cuda")
+    device = "cuda:0" if cfg.device == "cuda" else cfg.device
+    launch = cp_processes(model_dir, cfg.context_parallel_size, device, comm="nccl" if gpu else "socket", **kw)
+    return workers.enter_context(launch)
+
+
+def _serve(cfg: ServeConfig, rt, tok, model_dir: str, default_name: str, log: logging.Logger) -> int:
+    import uvicorn
+
+    from ..serve.app import ServerState, create_app
+    from ..serve.engine_loop import EngineLoop
+    from ..serve.metrics import Metrics
+
     log.info("%s", rt.describe_pool())
     names = cfg.model_names(default_name)
     stats = rt.stats()

@@ -32,6 +32,7 @@ class ServeConfig:
     precision: str = "fp32"  # fp32 (the reference numerics) or bf16 (tensor-core GEMMs, CUDA only)
     context_parallel_size: int = 1  # prefill split over this many ranks (docs/design/context-parallel.md)
     cp_comm: str = "local"  # local (virtual ranks in this process) or nccl (rank r on GPU base + r)
+    cp_processes: bool = False  # ranks 1..N-1 as worker processes: NCCL between GPUs, TCP on the CPU
     kv_memory: int = 256 << 20  # KV pool bytes (request slots + token pages + workspaces)
     max_num_seqs: int = 16  # requests running at once
     max_num_batched_tokens: int = 512  # chunked-prefill token budget per engine step
@@ -139,6 +140,7 @@ def _validate(cfg: ServeConfig) -> ServeConfig:
     need(1 <= cfg.context_parallel_size <= 64, "context-parallel-size", "must be in [1, 64]")
     need(cfg.cp_comm in ("local", "nccl"), "cp-comm", f"local or nccl, got {cfg.cp_comm!r}")
     need(cfg.cp_comm == "local" or dev != "cpu", "cp-comm", "nccl needs a CUDA device")
+    need(not cfg.cp_processes or cfg.context_parallel_size >= 2, "cp-processes", "needs context-parallel-size >= 2")
     return cfg  # the model directory is checked when the server starts (configs travel between machines)
 
 
