@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 
+import numpy as np
 import pytest
 
 
@@ -41,6 +42,14 @@ def require_oracle_packages() -> None:
         if os.environ.get("DSV41RT_REQUIRE_ORACLE") == "1":
             pytest.fail(msg)
         pytest.skip(msg)
+
+
+@pytest.fixture
+def rng():
+    """A fresh seed per test (printed, so a failure can be replayed): (generator, seed)."""
+    seed = int(np.random.SeedSequence().entropy % (1 << 32))
+    print(f"seed {seed}")
+    return np.random.default_rng(seed), seed
 
 
 @pytest.fixture(scope="session")

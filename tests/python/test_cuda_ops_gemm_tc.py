@@ -17,21 +17,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from dsv41rt import _core
+from numerics import rel
 
 pytestmark = pytest.mark.cuda
-
-
-@pytest.fixture
-def rng():
-    seed = int(np.random.SeedSequence().entropy % (1 << 32))
-    print(f"seed {seed}")
-    return np.random.default_rng(seed), seed
-
-
-def rel(a, b) -> float:
-    a = np.asarray(a, np.float64)
-    b = np.asarray(b, np.float64)
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
 
 
 def bf16(a: np.ndarray) -> np.ndarray:

@@ -9,19 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from dsv41rt import _core
+from numerics import rel
 
 pytestmark = pytest.mark.cuda
-
-
-@pytest.fixture
-def rng():
-    seed = int(np.random.SeedSequence().entropy % (1 << 32))
-    print(f"seed {seed}")
-    return np.random.default_rng(seed), seed
-
-
-def rel(a, b) -> float:
-    return float(np.abs(np.asarray(a, np.float64) - b).max() / max(np.abs(b).max(), 1e-30))
 
 
 @pytest.mark.parametrize("rows,dim", [(1, 64), (7, 512), (33, 5120), (3, 100)])

@@ -33,13 +33,6 @@ IDS = [f[0] for f in FORMATS]
 SHAPES = [(1, 32), (3, 64), (2, 5, 128), (17, 512), (4, 1024), (33000, 512)]
 
 
-@pytest.fixture
-def rng():
-    seed = int(np.random.SeedSequence().entropy % (1 << 32))
-    print(f"seed {seed}")
-    return np.random.default_rng(seed), seed
-
-
 def _bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 

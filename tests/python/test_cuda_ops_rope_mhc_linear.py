@@ -23,22 +23,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from dsv41rt import _core
+from numerics import rel
 
 pytestmark = pytest.mark.cuda
 
 U = 2.0**-24
-
-
-@pytest.fixture
-def rng():
-    seed = int(np.random.SeedSequence().entropy % (1 << 32))
-    print(f"seed {seed}")
-    return np.random.default_rng(seed), seed
-
-
-def rel(a, b) -> float:
-    b = np.asarray(b, np.float64)
-    return float(np.abs(np.asarray(a, np.float64) - b).max() / max(np.abs(b).max(), 1e-30))
 
 
 # ---- RoPE -----------------------------------------------------------------------------------

@@ -34,13 +34,6 @@ DEFAULTS = {
 FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
-@pytest.fixture
-def rng():
-    seed = int(np.random.SeedSequence().entropy % (1 << 32))
-    print(f"seed {seed}")
-    return np.random.default_rng(seed), seed
-
-
 def ref_probs(logits, params, prompt=(), output=()) -> np.ndarray:
     """The documented pipeline: penalties -> temperature -> top-k -> top-p -> min-p, renormalised."""
     p = {**DEFAULTS, **params}
