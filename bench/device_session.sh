@@ -11,7 +11,7 @@
 #   gemm     tensor-core GEMM throughput at the bench-40 shapes
 #   profile  per-kernel device time of one bench-40 prefill (after bench40, or generates it)
 #   cp2      (2 GPUs) CP 2 over NCCL vs CP 1 on the tiny presets, threads and one process per GPU
-#   bf16diag GPU precision bf16 vs the CPU emulation of it, per position (logits saved for analysis)
+#   bf16diag GPU precision bf16 vs the CPU emulation of it, per position (errors saved for analysis)
 #   cp2bench (2 GPUs) bench-40 prefill, CP 2 one process per GPU vs CP 1 (CP_MODES processes|threads, CP_TOKENS,
 #            CP1_TOKENS, REPEATS)
 # Usage (device machine, repo root):  STEPS="tests tiny" K="gemm or fork" bash bench/device_session.sh
