@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace nb = nanobind;
 

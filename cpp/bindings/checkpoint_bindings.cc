@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/dtype.h"
-#include "runtime/safetensors.h"
-#include "runtime/status.h"
+#include "core/dtype.h"
+#include "core/safetensors.h"
+#include "core/status.h"
 
 namespace nb = nanobind;
 

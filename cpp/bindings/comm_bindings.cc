@@ -14,8 +14,8 @@
 #include <string>
 
 #include "comm/communicator.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "core/dtype.h"
+#include "core/status.h"
 #ifdef DSV41RT_HAVE_NCCL
 #include "comm/nccl_comm.h"
 #endif

@@ -11,7 +11,7 @@
 
 #include "bindings/engram_binders.h"
 #include "bindings/sampling_binders.h"
-#include "runtime/status.h"
+#include "core/status.h"
 #ifdef DSV41RT_WITH_CUDA
 #include "kernels/cuda/testing/moe_test_entry.h"
 #endif

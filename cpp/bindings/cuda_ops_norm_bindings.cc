@@ -6,7 +6,7 @@
 #include <optional>
 #include <vector>
 
-#include "runtime/status.h"
+#include "core/status.h"
 #ifdef DSV41RT_WITH_CUDA
 #include "kernels/cuda/testing/norm_test_entry.h"
 #endif

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "bindings/quant_binders.h"
-#include "runtime/status.h"
+#include "core/status.h"
 #ifdef DSV41RT_WITH_CUDA
 #include "kernels/cuda/testing/quant_test_entry.h"
 #include "kernels/cuda/testing/rope_mhc_test_entry.h"

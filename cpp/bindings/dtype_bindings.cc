@@ -1,4 +1,4 @@
-// decode()/encode(): numpy <-> raw codes through the exact scalar conversions of runtime/dtype.h.
+// decode()/encode(): numpy <-> raw codes through the exact scalar conversions of core/dtype.h.
 //
 // fp4 codes are UNPACKED here (one uint8 code 0..15 per element); packing two per byte is the
 // caller's job, which keeps shapes identical between input and output.
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "core/dtype.h"
+#include "core/status.h"
 
 namespace nb = nanobind;
 

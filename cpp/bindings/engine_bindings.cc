@@ -17,8 +17,8 @@
 #include "runtime/engine/engine.h"
 #include "runtime/model/executor.h"
 #include "runtime/model/model_config.h"
-#include "runtime/safetensors.h"
-#include "runtime/status.h"
+#include "core/safetensors.h"
+#include "core/status.h"
 
 namespace nb = nanobind;
 

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <optional>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace nb = nanobind;
 

@@ -1,8 +1,8 @@
 // The dsv41rt._core extension module: wires the exception type and the per-area bindings.
 #include <nanobind/nanobind.h>
 
-#include "runtime/device.h"
-#include "runtime/status.h"
+#include "core/device.h"
+#include "core/status.h"
 
 namespace nb = nanobind;
 

@@ -5,7 +5,7 @@
 #include <nanobind/ndarray.h>
 
 #include "kernels/linear.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace nb = nanobind;
 

@@ -9,7 +9,7 @@
 #include "bindings/engram_binders.h"
 #include "kernels/engram.h"
 #include "kernels/moe.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace nb = nanobind;
 
@@ -99,7 +99,7 @@ Out<float> moe_forward_np(In<float, 2> x, In<int32_t, 2> idx, In<float, 2> weigh
   DSV41RT_CHECK(has_shared == sw3.has_value() && has_shared == sw2.has_value(),
                 "moe_forward: give all or none of shared_w1, shared_w3, shared_w2");
   int64_t Is = 0;
-  kernels::cpu::SwigluWeights shared;
+  kernels::SwigluWeights shared;
   if (has_shared) {
     Is = sw1->shape(0);
     DSV41RT_CHECK(sw1->shape(1) == size_t(H) && sw3->shape(0) == size_t(Is) &&
@@ -108,7 +108,7 @@ Out<float> moe_forward_np(In<float, 2> x, In<int32_t, 2> idx, In<float, 2> weigh
                   "moe_forward: expected shared w1, w3 [Is, H] and w2 [H, Is]");
     shared = {sw1->data(), sw3->data(), sw2->data()};
   }
-  std::vector<kernels::cpu::SwigluWeights> experts(E);
+  std::vector<kernels::SwigluWeights> experts(E);
   for (int64_t e = 0; e < E; ++e) {
     experts[e] = {w1.data() + e * I * H, w3.data() + e * I * H, w2.data() + e * H * I};
   }

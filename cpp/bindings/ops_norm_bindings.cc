@@ -14,7 +14,7 @@
 #include "kernels/mhc.h"
 #include "kernels/rms_norm.h"
 #include "kernels/rope.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace nb = nanobind;
 
@@ -53,8 +53,8 @@ NpF32 rms_norm_np(F32 x, F32 weight, float eps) {
 }
 
 NpF32 rope_inv_freq_np(int64_t rope_dim, double base, std::optional<nb::dict> yarn) {
-  kernels::cpu::YarnParams p;
-  const kernels::cpu::YarnParams* pp = nullptr;
+  kernels::YarnParams p;
+  const kernels::YarnParams* pp = nullptr;
   if (yarn.has_value()) {
     const nb::dict& d = *yarn;
     auto get = [&](const char* key, double dflt) {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "kernels/quant.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace nb = nanobind;
 
@@ -144,38 +144,38 @@ void register_quant_family(nb::module_& ops, const QuantFns& k) {
   ops.def(
       "fp8_window_pack",
       [k](const F32In& x) {
-        return pack_np(x, k.fp8_window_pack, kernels::cpu::fp8_window_row_bytes, "fp8_window_pack");
+        return pack_np(x, k.fp8_window_pack, kernels::fp8_window_row_bytes, "fp8_window_pack");
       },
       nb::arg("x"), "float32 [..., dim] -> uint8 [..., dim + dim/32].");
   ops.def(
       "fp8_window_unpack",
       [k](const U8In& b) {
-        return unpack_np(b, k.fp8_window_unpack, kernels::cpu::fp8_window_row_bytes, 32, 33,
+        return unpack_np(b, k.fp8_window_unpack, kernels::fp8_window_row_bytes, 32, 33,
                          "fp8_window_unpack");
       },
       nb::arg("packed"), "uint8 [..., dim + dim/32] -> float32 [..., dim].");
   ops.def(
       "nvfp4_pack",
       [k](const F32In& x) {
-        return pack_np(x, k.nvfp4_pack, kernels::cpu::nvfp4_row_bytes, "nvfp4_pack");
+        return pack_np(x, k.nvfp4_pack, kernels::nvfp4_row_bytes, "nvfp4_pack");
       },
       nb::arg("x"), "float32 [..., dim] -> uint8 [..., dim/2 + dim/16].");
   ops.def(
       "nvfp4_unpack",
       [k](const U8In& b) {
-        return unpack_np(b, k.nvfp4_unpack, kernels::cpu::nvfp4_row_bytes, 16, 9, "nvfp4_unpack");
+        return unpack_np(b, k.nvfp4_unpack, kernels::nvfp4_row_bytes, 16, 9, "nvfp4_unpack");
       },
       nb::arg("packed"), "uint8 [..., dim/2 + dim/16] -> float32 [..., dim].");
   ops.def(
       "mxfp4_pack",
       [k](const F32In& x) {
-        return pack_np(x, k.mxfp4_pack, kernels::cpu::mxfp4_row_bytes, "mxfp4_pack");
+        return pack_np(x, k.mxfp4_pack, kernels::mxfp4_row_bytes, "mxfp4_pack");
       },
       nb::arg("x"), "float32 [..., dim] -> uint8 [..., dim/2 + dim/32].");
   ops.def(
       "mxfp4_unpack",
       [k](const U8In& b) {
-        return unpack_np(b, k.mxfp4_unpack, kernels::cpu::mxfp4_row_bytes, 32, 17, "mxfp4_unpack");
+        return unpack_np(b, k.mxfp4_unpack, kernels::mxfp4_row_bytes, 32, 17, "mxfp4_unpack");
       },
       nb::arg("packed"), "uint8 [..., dim/2 + dim/32] -> float32 [..., dim].");
   ops.def(

@@ -12,14 +12,14 @@
 
 #include "bindings/sampling_params.h"
 #include "kernels/sampling.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace nb = nanobind;
 
 namespace dsv41rt::bindings {
 namespace {
 
-using kernels::cpu::SamplingParams;
+using kernels::SamplingParams;
 
 using Logits = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using Tokens = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
@@ -64,7 +64,7 @@ nb::tuple sample_token_np(SamplingFns::Sample fn, Logits logits, nb::dict params
   const SamplingParams p = sampling_params_from_dict(params);
   const History h = history(prompt, output);
   const int64_t V = logits.shape(0);
-  kernels::cpu::SampledToken s;
+  kernels::SampledToken s;
   {
     nb::gil_scoped_release release;
     s = fn(logits.data(), V, p, h.prompt, h.n_prompt, h.output, h.n_output, step);

@@ -13,10 +13,10 @@
 namespace dsv41rt::bindings {
 
 struct SamplingFns {
-  using Probs = void (*)(const float*, int64_t, const kernels::cpu::SamplingParams&, const int32_t*,
+  using Probs = void (*)(const float*, int64_t, const kernels::SamplingParams&, const int32_t*,
                          int64_t, const int32_t*, int64_t, float*);
-  using Sample = kernels::cpu::SampledToken (*)(const float*, int64_t,
-                                                const kernels::cpu::SamplingParams&, const int32_t*,
+  using Sample = kernels::SampledToken (*)(const float*, int64_t,
+                                                const kernels::SamplingParams&, const int32_t*,
                                                 int64_t, const int32_t*, int64_t, uint64_t);
   Probs sampling_probs;
   Sample sample_token;

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace nb = nanobind;
 
@@ -27,8 +27,8 @@ T field(nb::handle value, const std::string& key) {
 
 }  // namespace
 
-kernels::cpu::SamplingParams sampling_params_from_dict(const nb::dict& d) {
-  kernels::cpu::SamplingParams p;
+kernels::SamplingParams sampling_params_from_dict(const nb::dict& d) {
+  kernels::SamplingParams p;
   for (auto [k, v] : d) {
     DSV41RT_CHECK(nb::isinstance<nb::str>(k), "sampling params: keys must be strings");
     const std::string key = nb::borrow<nb::str>(k).c_str();

@@ -10,6 +10,6 @@ namespace dsv41rt::bindings {
 
 /// Missing keys keep the defaults; an unknown key or a value of the wrong type is an Error naming
 /// the key. Values are range-checked later by validate_sampling_params.
-kernels::cpu::SamplingParams sampling_params_from_dict(const nanobind::dict& d);
+kernels::SamplingParams sampling_params_from_dict(const nanobind::dict& d);
 
 }  // namespace dsv41rt::bindings

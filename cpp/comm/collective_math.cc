@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::comm::detail {
 namespace {

@@ -15,8 +15,8 @@
 #include <cstddef>
 #include <string>
 
-#include "runtime/dtype.h"
-#include "runtime/export.h"
+#include "core/dtype.h"
+#include "core/export.h"
 
 namespace dsv41rt::comm {
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "comm/collective_math.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::comm {
 namespace {

@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "comm/nccl_loader.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::comm {
 namespace {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "comm/nccl_comm.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 #ifndef DSV41RT_NCCL_BUILD_LIBDIR
 #define DSV41RT_NCCL_BUILD_LIBDIR ""

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "comm/collective_math.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::comm {
 namespace {

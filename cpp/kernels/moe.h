@@ -9,7 +9,18 @@
 
 #include <cstdint>
 
-#include "runtime/export.h"
+#include "core/export.h"
+
+namespace dsv41rt::kernels {
+
+/// Pointers to one expert's FP32 weights: w1, w3 [I, H], w2 [H, I].
+struct SwigluWeights {
+  const float* w1 = nullptr;
+  const float* w3 = nullptr;
+  const float* w2 = nullptr;
+};
+
+}  // namespace dsv41rt::kernels
 
 namespace dsv41rt::kernels::cpu {
 
@@ -47,13 +58,6 @@ DSV41RT_API void moe_route_hash(const float* x, const float* gate_w, const int32
 DSV41RT_API void swiglu_expert(const float* x, const float* w1, const float* w3, const float* w2,
                                const float* row_scale, int64_t m, int64_t H, int64_t I, float limit,
                                float* y, bool accumulate = false, bool bf16_inputs = false);
-
-/// Pointers to one expert's FP32 weights: w1, w3 [I, H], w2 [H, I].
-struct SwigluWeights {
-  const float* w1 = nullptr;
-  const float* w3 = nullptr;
-  const float* w2 = nullptr;
-};
 
 /// MoE block output y [S, H] (overwritten):
 ///   y[t] = Σ_{e in ascending expert id, each (t, slot) with idx[t, slot] == e}

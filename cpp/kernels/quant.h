@@ -41,9 +41,9 @@
 
 #include <cstdint>
 
-#include "runtime/export.h"
+#include "core/export.h"
 
-namespace dsv41rt::kernels::cpu {
+namespace dsv41rt::kernels {
 
 inline constexpr int64_t kFp8WindowBlock = 32;
 inline constexpr int64_t kNvfp4Block = 16;
@@ -53,6 +53,10 @@ inline constexpr int64_t kMxfp4Block = 32;
 constexpr int64_t fp8_window_row_bytes(int64_t dim) { return dim + dim / kFp8WindowBlock; }
 constexpr int64_t nvfp4_row_bytes(int64_t dim) { return dim / 2 + dim / kNvfp4Block; }
 constexpr int64_t mxfp4_row_bytes(int64_t dim) { return dim / 2 + dim / kMxfp4Block; }
+
+}  // namespace dsv41rt::kernels
+
+namespace dsv41rt::kernels::cpu {
 
 /// Cache QDQ, x [rows, dim] -> y [rows, dim] (y may equal x).
 DSV41RT_API void fp8_window_qdq(const float* x, int64_t rows, int64_t dim, float* y);

@@ -25,9 +25,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "runtime/export.h"
+#include "core/export.h"
 
-namespace dsv41rt::kernels::cpu {
+namespace dsv41rt::kernels {
 
 /// HF/NeMo rope_scaling parameters (type "yarn"). original_max_position <= 0 disables YaRN.
 struct YarnParams {
@@ -36,6 +36,10 @@ struct YarnParams {
   double beta_fast = 32.0;
   double beta_slow = 1.0;
 };
+
+}  // namespace dsv41rt::kernels
+
+namespace dsv41rt::kernels::cpu {
 
 /// θ'_k for k = 0..rope_dim/2-1 (see the header comment). rope_dim must be even and > 0,
 /// base > 0 (and != 1 when YaRN is on), factor > 0.

@@ -48,9 +48,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "runtime/export.h"
+#include "core/export.h"
 
-namespace dsv41rt::kernels::cpu {
+namespace dsv41rt::kernels {
 
 struct SamplingParams {
   float temperature = 1.0f;                                 // >= 0, finite; < 1e-5 => greedy
@@ -74,6 +74,13 @@ struct SampledToken {
   std::vector<float> top_logprobs;  // their raw logprobs
 };
 
+/// The uniform in [0, 1) used for (seed, step): every backend's sampler draws with it.
+DSV41RT_API double sampling_uniform(uint64_t seed, uint64_t step);
+
+}  // namespace dsv41rt::kernels
+
+namespace dsv41rt::kernels::cpu {
+
 /// The filtered distribution actually sampled from (pipeline above), probs [V] (zeros outside the
 /// kept set, sums to 1); with greedy temperature a one-hot at the argmax.
 ///   logits [V], prompt [n_prompt], output [n_output] (the request's generated tokens so far;
@@ -86,8 +93,5 @@ DSV41RT_API void sampling_probs(const float* logits, int64_t V, const SamplingPa
 DSV41RT_API SampledToken sample_token(const float* logits, int64_t V, const SamplingParams& p,
                                       const int32_t* prompt, int64_t n_prompt,
                                       const int32_t* output, int64_t n_output, uint64_t step);
-
-/// The uniform in [0, 1) used for (seed, step) (exposed so tests and the GPU sampler can match it).
-DSV41RT_API double sampling_uniform(uint64_t seed, uint64_t step);
 
 }  // namespace dsv41rt::kernels::cpu

@@ -18,8 +18,8 @@
 #include "runtime/model/layer_plan.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/weights.h"
-#include "runtime/safetensors.h"
-#include "runtime/status.h"
+#include "core/safetensors.h"
+#include "core/status.h"
 
 using dsv41rt::Error;
 using dsv41rt::StatusCode;

@@ -2,7 +2,7 @@
 
 #include <cstdlib>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt {
 

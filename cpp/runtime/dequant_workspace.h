@@ -21,7 +21,7 @@
 #include <map>
 #include <memory>
 
-#include "runtime/export.h"
+#include "core/export.h"
 
 namespace dsv41rt {
 

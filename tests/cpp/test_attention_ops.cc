@@ -9,7 +9,7 @@
 #include "kernels/attention.h"
 #include "kernels/compressor.h"
 #include "kernels/indexer.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::kernels::cpu {
 namespace {

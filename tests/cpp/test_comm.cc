@@ -15,7 +15,7 @@
 
 #include "comm/local_comm.h"
 #include "comm/socket_comm.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 using dsv41rt::DType;
 using dsv41rt::comm::Communicator;

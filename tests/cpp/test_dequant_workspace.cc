@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "runtime/dequant_workspace.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt {
 namespace {

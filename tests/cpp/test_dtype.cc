@@ -1,4 +1,4 @@
-// Exhaustive / edge-case tests of the scalar conversions in runtime/dtype.h. Reference values are
+// Exhaustive / edge-case tests of the scalar conversions in core/dtype.h. Reference values are
 // computed independently from the format definitions (sign/exponent/mantissa with ldexp), not by
 // calling the code under test.
 #include <gtest/gtest.h>
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "core/dtype.h"
+#include "core/status.h"
 
 namespace dsv41rt {
 namespace {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "kernels/engram.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::kernels::cpu {
 namespace {

@@ -2,8 +2,8 @@
 
 #include <string>
 
-#include "runtime/json.h"
-#include "runtime/status.h"
+#include "core/json.h"
+#include "core/status.h"
 
 namespace dsv41rt {
 namespace {

@@ -7,10 +7,10 @@
 #include <set>
 #include <vector>
 
-#include "runtime/engine/kv_pool.h"
-#include "runtime/status.h"
+#include "runtime/model/kv_pool.h"
+#include "core/status.h"
 
-namespace dsv41rt::engine {
+namespace dsv41rt::model {
 namespace {
 
 constexpr PoolGeometry kGeom{/*page_tokens=*/64, /*page_bytes=*/1000, /*slot_bytes=*/5000};
@@ -226,4 +226,4 @@ TEST(KvPool, ZeroByteGeometryIsAccountingOnly) {
 }
 
 }  // namespace
-}  // namespace dsv41rt::engine
+}  // namespace dsv41rt::model

@@ -10,7 +10,7 @@
 
 #include "runtime/model/layer_plan.h"
 #include "runtime/model/model_config.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt {
 namespace {

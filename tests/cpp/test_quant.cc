@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "kernels/quant.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "core/dtype.h"
+#include "core/status.h"
 
 namespace dsv41rt::kernels::cpu {
 namespace {

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "kernels/rms_norm.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::kernels::cpu {
 namespace {

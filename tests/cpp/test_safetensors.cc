@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/safetensors.h"
-#include "runtime/status.h"
+#include "core/safetensors.h"
+#include "core/status.h"
 
 namespace dsv41rt {
 namespace {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "kernels/sampling.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::kernels::cpu {
 namespace {

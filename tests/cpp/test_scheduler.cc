@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/engine/kv_pool.h"
+#include "runtime/model/kv_pool.h"
 #include "runtime/engine/scheduler.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::engine {
 namespace {
@@ -84,7 +84,7 @@ void expect_chunk(const ScheduledChunk& c, int64_t id, int64_t start, int64_t co
 }
 
 TEST(Scheduler, IdsStartAtOneAndIdleWhenEmpty) {
-  KvPool pool(PoolGeometry{4, 0, 0}, 16, 4);
+  KvPool pool(model::PoolGeometry{4, 0, 0}, 16, 4);
   Scheduler s({}, pool);
   EXPECT_TRUE(s.idle());
   EXPECT_TRUE(s.schedule().chunks.empty());
@@ -99,7 +99,7 @@ TEST(Scheduler, IdsStartAtOneAndIdleWhenEmpty) {
 }
 
 TEST(Scheduler, FifoAdmissionLimitedBySlots) {
-  KvPool pool(PoolGeometry{4, 0, 0}, 16, 2);
+  KvPool pool(model::PoolGeometry{4, 0, 0}, 16, 2);
   Scheduler s({.max_running = 8, .token_budget = 100}, pool);
   const int64_t a = s.submit(make_prompt(5, 1), 4);
   const int64_t b = s.submit(make_prompt(6, 1), 4);
@@ -128,7 +128,7 @@ TEST(Scheduler, FifoAdmissionLimitedBySlots) {
 }
 
 TEST(Scheduler, MaxRunningLimitsAdmission) {
-  KvPool pool(PoolGeometry{4, 0, 0}, 16, 4);
+  KvPool pool(model::PoolGeometry{4, 0, 0}, 16, 4);
   Scheduler s({.max_running = 1, .token_budget = 100}, pool);
   s.submit(make_prompt(2, 1), 2);
   s.submit(make_prompt(2, 1), 2);
@@ -139,7 +139,7 @@ TEST(Scheduler, MaxRunningLimitsAdmission) {
 TEST(Scheduler, AdmissionNeverSkipsTheQueueHead) {
   // 4 pages of 4 tokens. The head needs 3 pages but only 1 is free: the small request behind it
   // would fit but must wait too.
-  KvPool pool(PoolGeometry{4, 0, 0}, 4, 4);
+  KvPool pool(model::PoolGeometry{4, 0, 0}, 4, 4);
   Scheduler s({.max_running = 4, .token_budget = 100}, pool);
   const int64_t a = s.submit(make_prompt(8, 1), 2);
   StepPlan p = s.schedule();
@@ -158,7 +158,7 @@ TEST(Scheduler, AdmissionNeverSkipsTheQueueHead) {
 }
 
 TEST(Scheduler, TokenBudgetSplitsDecodesAndChunkedPrefill) {
-  KvPool pool(PoolGeometry{4, 0, 0}, 64, 8);
+  KvPool pool(model::PoolGeometry{4, 0, 0}, 64, 8);
   Scheduler s({.max_running = 8, .token_budget = 8}, pool);
   const int64_t a = s.submit(make_prompt(3, 1), 10);
   const int64_t b = s.submit(make_prompt(3, 1), 10);
@@ -197,7 +197,7 @@ TEST(Scheduler, TokenBudgetSplitsDecodesAndChunkedPrefill) {
 }
 
 TEST(Scheduler, LongPrefillIsChunkedAcrossSteps) {
-  KvPool pool(PoolGeometry{16, 0, 0}, 64, 2);
+  KvPool pool(model::PoolGeometry{16, 0, 0}, 64, 2);
   Scheduler s({.max_running = 2, .token_budget = 50}, pool);
   const int64_t a = s.submit(make_prompt(120, 1), 1);
   std::vector<int64_t> starts;
@@ -214,7 +214,7 @@ TEST(Scheduler, LongPrefillIsChunkedAcrossSteps) {
 }
 
 TEST(Scheduler, FinishAndAbortFreeAtOnce) {
-  KvPool pool(PoolGeometry{4, 0, 0}, 16, 4);
+  KvPool pool(model::PoolGeometry{4, 0, 0}, 16, 4);
   Scheduler s({.max_running = 4, .token_budget = 100}, pool);
   const int64_t a = s.submit(make_prompt(9, 1), 3);
   const int64_t b = s.submit(make_prompt(5, 1), 3);
@@ -254,7 +254,7 @@ TEST(Scheduler, FinishAndAbortFreeAtOnce) {
 }
 
 TEST(Scheduler, SubmitErrors) {
-  KvPool pool(PoolGeometry{4, 0, 0}, 16, 4);  // 64 tokens
+  KvPool pool(model::PoolGeometry{4, 0, 0}, 16, 4);  // 64 tokens
   Scheduler s({.max_running = 4, .token_budget = 100, .max_context = 40}, pool);
   EXPECT_THROW(s.submit({}, 3), Error);
   EXPECT_THROW(s.submit(make_prompt(3, 1), 0), Error);
@@ -285,7 +285,7 @@ TEST(Scheduler, SubmitErrors) {
 }
 
 TEST(Scheduler, AppendTokenChecks) {
-  KvPool pool(PoolGeometry{4, 0, 0}, 16, 4);
+  KvPool pool(model::PoolGeometry{4, 0, 0}, 16, 4);
   Scheduler s({.max_running = 4, .token_budget = 4}, pool);
   const int64_t a = s.submit(make_prompt(6, 1), 1);
   EXPECT_THROW(s.append_token(a, 5), Error);  // waiting: nothing sampled
@@ -306,7 +306,7 @@ TEST(Scheduler, AppendTokenChecks) {
 // Pool of 4 pages x 4 tokens. A and B each hold 2 pages; when A's decode needs a third page, B (the
 // most recently admitted) is preempted and goes to the front of the queue, ahead of C.
 TEST(Scheduler, PreemptsMostRecentlyAdmittedAndRequeuesAtFront) {
-  KvPool pool(PoolGeometry{4, 0, 0}, 4, 4);
+  KvPool pool(model::PoolGeometry{4, 0, 0}, 4, 4);
   Scheduler s({.max_running = 4, .token_budget = 100}, pool);
   const int64_t a = s.submit(make_prompt(7, 1), 5);
   const int64_t b = s.submit(make_prompt(7, 50), 5);
@@ -355,7 +355,7 @@ TEST(Scheduler, PreemptsMostRecentlyAdmittedAndRequeuesAtFront) {
 // "a request never preempts itself if another running request can be preempted instead"); the
 // victim's already-planned chunk is dropped from the plan.
 TEST(Scheduler, NewestAskerPreemptsAnotherNotItself) {
-  KvPool pool(PoolGeometry{4, 0, 0}, 4, 4);
+  KvPool pool(model::PoolGeometry{4, 0, 0}, 4, 4);
   Scheduler s({.max_running = 4, .token_budget = 100}, pool);
   const int64_t a = s.submit(make_prompt(6, 1), 2);  // 2 pages
   const int64_t b = s.submit(make_prompt(8, 1), 5);  // 2 pages, full
@@ -375,7 +375,7 @@ TEST(Scheduler, NewestAskerPreemptsAnotherNotItself) {
 // would get alone; queueing and preemptions show in the stats.
 TEST(Scheduler, ExhaustionAllFinishWithTheirOwnTokens) {
   constexpr int64_t kPageTokens = 16;
-  KvPool pool(PoolGeometry{kPageTokens, 64, 256}, 14, 8);  // 224 tokens
+  KvPool pool(model::PoolGeometry{kPageTokens, 64, 256}, 14, 8);  // 224 tokens
   Scheduler s({.max_running = 8, .token_budget = 48}, pool);
   MockModel model;
   std::map<int64_t, std::vector<int32_t>> expected, got;
@@ -428,7 +428,7 @@ TEST(Scheduler, RandomizedStressKeepsThePoolConsistent) {
     return lo + int64_t(rng() % uint64_t(hi - lo + 1));
   };
 
-  KvPool pool(PoolGeometry{4, 0, 0}, 48, 6);  // 192 tokens, 6 slots
+  KvPool pool(model::PoolGeometry{4, 0, 0}, 48, 6);  // 192 tokens, 6 slots
   Scheduler s({.max_running = 8, .token_budget = 24}, pool);
   const int64_t max_context = s.config().max_context;
   MockModel model;

@@ -2,8 +2,8 @@
 
 #include <string>
 
-#include "runtime/logging.h"
-#include "runtime/status.h"
+#include "core/logging.h"
+#include "core/status.h"
 
 namespace dsv41rt {
 namespace {

@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "runtime/tensor_view.h"
+#include "core/tensor_view.h"
 
 namespace dsv41rt {
 namespace {

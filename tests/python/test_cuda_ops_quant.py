@@ -4,7 +4,7 @@ release-weight dequantisation. Fresh random inputs (seed printed), poisoned devi
 Bound: BITWISE equality for every finite input (random rows with magnitudes over 2^-40..2^40, exact
 zeros, negative zeros, rows below every amax floor, values on rounding midpoints and scale
 boundaries, subnormals, values near the FP32 max). The kernels use the same scalar codecs
-(runtime/dtype.h) and the same FP32 operations in the same order (true division, no FMA; the block
+(core/dtype.h) and the same FP32 operations in the same order (true division, no FMA; the block
 amax is a max, hence order-independent), so nothing may differ.
 Non-finite inputs (inf/NaN in a block) and NaN codes: the same elements are NaN and all others are
 bitwise equal (NaN payloads may differ). The kernel's x / s reproduces the x86 host's NaN results

@@ -4,7 +4,7 @@
 #include <limits>
 #include <vector>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::kernels::cpu {
 

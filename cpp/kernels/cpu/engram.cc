@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "kernels/linear.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::kernels::cpu {
 

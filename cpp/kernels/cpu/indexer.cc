@@ -5,7 +5,7 @@
 #include <numeric>
 #include <vector>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::kernels::cpu {
 

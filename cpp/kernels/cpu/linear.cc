@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "runtime/dtype.h"
+#include "core/dtype.h"
 
 namespace dsv41rt::kernels::cpu {
 namespace {

@@ -6,7 +6,7 @@
 
 #include "kernels/linear.h"
 #include "kernels/rms_norm.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::kernels::cpu {
 namespace {

@@ -3,8 +3,8 @@
 #include <cmath>
 #include <limits>
 
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "core/dtype.h"
+#include "core/status.h"
 
 namespace dsv41rt::kernels::cpu {
 namespace {

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::kernels::cpu {
 

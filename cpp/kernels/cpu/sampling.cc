@@ -6,9 +6,10 @@
 #include <numeric>
 #include <vector>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
-namespace dsv41rt::kernels::cpu {
+namespace dsv41rt::kernels {
+namespace cpu {
 namespace {
 
 constexpr double kGreedyTemperature = 1e-5;  // vLLM _SAMPLING_EPS
@@ -125,6 +126,7 @@ std::vector<double> filtered_weights(const float* logits, int64_t V, const Sampl
 }
 
 }  // namespace
+}  // namespace cpu
 
 void validate_sampling_params(const SamplingParams& p, int64_t vocab) {
   DSV41RT_CHECK(vocab >= 1 && vocab <= std::numeric_limits<int32_t>::max(),
@@ -155,10 +157,12 @@ void validate_sampling_params(const SamplingParams& p, int64_t vocab) {
 }
 
 double sampling_uniform(uint64_t seed, uint64_t step) {
-  const uint64_t key = mix64(seed + kGamma);
-  const uint64_t x = mix64(key + (step + 1) * kGamma);
+  const uint64_t key = cpu::mix64(seed + cpu::kGamma);
+  const uint64_t x = cpu::mix64(key + (step + 1) * cpu::kGamma);
   return double(x >> 11) * 0x1.0p-53;
 }
+
+namespace cpu {
 
 void sampling_probs(const float* logits, int64_t V, const SamplingParams& p, const int32_t* prompt,
                     int64_t n_prompt, const int32_t* output, int64_t n_output, float* probs) {
@@ -210,4 +214,5 @@ SampledToken sample_token(const float* logits, int64_t V, const SamplingParams& 
   return out;
 }
 
-}  // namespace dsv41rt::kernels::cpu
+}  // namespace cpu
+}  // namespace dsv41rt::kernels

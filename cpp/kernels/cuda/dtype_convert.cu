@@ -1,5 +1,5 @@
 #include "kernels/cuda/dtype_convert.cuh"
-#include "runtime/dtype.h"
+#include "core/dtype.h"
 
 namespace dsv41rt::kernels {
 namespace {

@@ -2,7 +2,7 @@
 //
 // Each entry point converts `n` elements on `stream` from raw device pointers, allocates nothing
 // and returns the launch status (cudaSuccess for n == 0). The element conversions are the same
-// DSV41RT_HOST_DEVICE functions from runtime/dtype.h used on the host, so GPU and CPU results are
+// DSV41RT_HOST_DEVICE functions from core/dtype.h used on the host, so GPU and CPU results are
 // bit-identical.
 #pragma once
 
@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "runtime/export.h"
+#include "core/export.h"
 
 namespace dsv41rt::kernels {
 

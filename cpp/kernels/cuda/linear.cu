@@ -1,6 +1,6 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/linear.cuh"
-#include "runtime/dtype.h"
+#include "core/dtype.h"
 
 namespace dsv41rt::kernels::cuda {
 namespace {

@@ -3,7 +3,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe.cuh"
 #include "kernels/cuda/swiglu.cuh"
-#include "runtime/dtype.h"
+#include "core/dtype.h"
 
 namespace dsv41rt::kernels::cuda {
 namespace {

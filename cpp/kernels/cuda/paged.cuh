@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "runtime/export.h"
+#include "core/export.h"
 
 namespace dsv41rt::kernels::cuda {
 

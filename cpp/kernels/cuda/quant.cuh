@@ -1,6 +1,6 @@
 // CUDA cache quantisers and release-weight dequantisation (contract: kernels/quant.h). Every
 // output is BITWISE equal to the CPU reference (kernels/cpu/quant.cc): the same scalar codecs
-// (runtime/dtype.h), the same FP32 operations in the same order (true IEEE division, no FMA
+// (core/dtype.h), the same FP32 operations in the same order (true IEEE division, no FMA
 // contraction on the single products involved), max-reductions being order-independent.
 //
 // Shapes as in kernels/quant.h; all pointers are device pointers. dim must be a positive multiple
@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "runtime/export.h"
+#include "core/export.h"
 
 namespace dsv41rt::kernels::cuda {
 

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "runtime/dtype.h"
+#include "core/dtype.h"
 
 namespace dsv41rt::kernels::cuda::qdev {
 

@@ -6,7 +6,7 @@
 namespace dsv41rt::kernels::cuda {
 namespace {
 
-using cpu::SamplingParams;
+using kernels::SamplingParams;
 
 constexpr int kSampleThreads = 1024;
 constexpr int kWarp = 32;
@@ -53,7 +53,7 @@ __device__ uint64_t mix64(uint64_t z) {
   return z;
 }
 
-// kernels::cpu::sampling_uniform, bit for bit.
+// kernels::sampling_uniform, bit for bit.
 __device__ double uniform(uint64_t seed, uint64_t step) {
   const uint64_t key = mix64(seed + kGamma);
   const uint64_t x = mix64(key + (step + 1) * kGamma);

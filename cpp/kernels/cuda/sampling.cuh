@@ -3,7 +3,7 @@
 // rounding decides the kept set and the drawn token (top-k mass, top-p prefix, total, inverse CDF)
 // are accumulated sequentially in the CPU's order, and the (seed, step) uniform is the CPU's
 // counter-based generator, so the GPU draws the CPU's token for the same inputs.
-// Inputs are assumed valid (kernels::cpu::validate_sampling_params, finite-or-−inf logits with a
+// Inputs are assumed valid (kernels::validate_sampling_params, finite-or-−inf logits with a
 // finite one, token ids in [0, V)): the caller checks them.
 #pragma once
 
@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "kernels/sampling.h"
-#include "runtime/export.h"
+#include "core/export.h"
 
 namespace dsv41rt::kernels::cuda {
 
@@ -24,7 +24,7 @@ DSV41RT_API int64_t sampling_workspace_bytes(int64_t V);
 ///   all rows with offsets [rows + 1] (prompt_offsets / output_offsets may be nullptr = no
 ///   history); workspace: rows * sampling_workspace_bytes(V) bytes.
 DSV41RT_API cudaError_t sampling_probs(const float* logits, int64_t rows, int64_t V,
-                                       const cpu::SamplingParams* params, const int32_t* prompt,
+                                       const kernels::SamplingParams* params, const int32_t* prompt,
                                        const int64_t* prompt_offsets, const int32_t* output,
                                        const int64_t* output_offsets, void* workspace, float* probs,
                                        cudaStream_t stream);
@@ -34,7 +34,7 @@ DSV41RT_API cudaError_t sampling_probs(const float* logits, int64_t rows, int64_
 /// max_top == 0): the first min(params[r].top_logprobs, V, max_top) entries of each row are
 /// written (raw logprob descending, ties -> lower id), the rest are left untouched.
 DSV41RT_API cudaError_t sample_token(const float* logits, int64_t rows, int64_t V,
-                                     const cpu::SamplingParams* params, const int32_t* prompt,
+                                     const kernels::SamplingParams* params, const int32_t* prompt,
                                      const int64_t* prompt_offsets, const int32_t* output,
                                      const int64_t* output_offsets, const uint64_t* steps,
                                      void* workspace, int32_t* tokens, float* logprobs,

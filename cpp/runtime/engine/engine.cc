@@ -4,7 +4,7 @@
 #include <map>
 #include <unordered_set>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::engine {
 
@@ -28,7 +28,7 @@ class Engine::Impl {
     }
     DSV41RT_CHECK(params.max_new_tokens >= 1, "max_new_tokens must be >= 1, got ",
                   params.max_new_tokens);
-    kernels::cpu::validate_sampling_params(params.sampling, c.vocab_size);
+    kernels::validate_sampling_params(params.sampling, c.vocab_size);
     const int64_t id = scheduler_.submit(std::move(prompt), params.max_new_tokens);
     Meta& m = meta_[id];
     m.params = params;
@@ -67,7 +67,7 @@ class Engine::Impl {
       const SchedRequest& r = scheduler_.request(ch.request_id);
       Meta& m = meta_.at(ch.request_id);
       const int32_t* toks = r.tokens.data();
-      const kernels::cpu::SampledToken s = kernels::cpu::sample_token(
+      const kernels::SampledToken s = kernels::cpu::sample_token(
           logits_.data() + i * V, V, m.params.sampling, toks, r.prompt_len, toks + r.prompt_len,
           r.generated(), uint64_t(r.generated()));
       RequestOutput out;

@@ -14,7 +14,7 @@
 
 #include "kernels/sampling.h"
 #include "runtime/engine/scheduler.h"
-#include "runtime/export.h"
+#include "core/export.h"
 #include "runtime/model/executor.h"
 
 namespace dsv41rt::engine {
@@ -27,7 +27,7 @@ struct EngineConfig {
 
 struct GenerationParams {
   int64_t max_new_tokens = 16;
-  kernels::cpu::SamplingParams sampling;
+  kernels::SamplingParams sampling;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;  ///< otherwise the model's eos_token_id also stops
 };

@@ -16,7 +16,7 @@
 
 #include <algorithm>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::engine {
 

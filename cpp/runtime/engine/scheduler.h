@@ -24,10 +24,13 @@
 #include <string>
 #include <vector>
 
-#include "runtime/engine/kv_pool.h"
-#include "runtime/export.h"
+#include "runtime/model/kv_pool.h"
+#include "core/export.h"
 
 namespace dsv41rt::engine {
+
+using model::KvPool;
+using model::PoolUsage;
 
 struct SchedulerConfig {
   int64_t max_running = 64;    ///< running requests at once (<= pool slots)

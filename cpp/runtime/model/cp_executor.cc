@@ -4,7 +4,7 @@
 #include <thread>
 
 #include "runtime/model/delegating_executor.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::model {
 namespace {
@@ -19,9 +19,9 @@ class CpExecutor final : public DelegatingExecutor {
     DSV41RT_CHECK(!ranks_.empty() && ranks_.size() == comms_.size(),
                   "a context-parallel group needs ranks and one communicator each (", ranks_.size(),
                   " executors, ", comms_.size(), " communicators)");
-    const engine::PoolGeometry& g = ranks_[0]->pool().geometry();
+    const model::PoolGeometry& g = ranks_[0]->pool().geometry();
     for (size_t r = 0; r < ranks_.size(); ++r) {
-      const engine::PoolGeometry& gr = ranks_[r]->pool().geometry();
+      const model::PoolGeometry& gr = ranks_[r]->pool().geometry();
       DSV41RT_CHECK(comms_[r]->rank() == int(r) && comms_[r]->size() == int(ranks_.size()),
                     "communicator ", r, " is rank ", comms_[r]->rank(), " of ", comms_[r]->size());
       DSV41RT_CHECK(
@@ -66,7 +66,7 @@ class CpExecutor final : public DelegatingExecutor {
   // Rank r's view of a request: the same slot and page ids in its own pool.
   RequestView translate(int r, const RequestView& v) const {
     if (r == 0) return v;
-    const engine::KvPool& p0 = ranks_[0]->pool();
+    const model::KvPool& p0 = ranks_[0]->pool();
     const int64_t slot = (v.slot - p0.slot_data(0)) / p0.geometry().slot_bytes;
     RequestView out = v;
     out.slot = ranks_[r]->pool().slot_data(int32_t(slot));

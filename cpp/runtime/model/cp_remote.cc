@@ -5,7 +5,7 @@
 
 #include "runtime/model/cp_executor.h"
 #include "runtime/model/delegating_executor.h"
-#include "runtime/status.h"
+#include "core/status.h"
 #if DSV41RT_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -79,7 +79,7 @@ class Channel {
 };
 
 int64_t slot_id(const Executor& e, const uint8_t* slot) {
-  const engine::KvPool& p = const_cast<Executor&>(e).pool();
+  const model::KvPool& p = const_cast<Executor&>(e).pool();
   return (slot - p.slot_data(0)) / p.geometry().slot_bytes;
 }
 

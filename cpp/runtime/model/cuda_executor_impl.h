@@ -97,11 +97,11 @@ class CudaExecutor final : public Executor {
     weights_ = upload_weights(plan_, weights, inv_freq);
     layout_ = make_state_layout(plan_, options_);
     memory_ = plan_memory(plan_, *layout_, options_);
-    const engine::PoolGeometry g = layout_->geometry();
+    const model::PoolGeometry g = layout_->geometry();
     auto device_bytes = [](int64_t bytes) {
       return std::static_pointer_cast<uint8_t>(cudart::device_alloc(bytes));
     };
-    pool_ = std::make_unique<engine::KvPool>(engine::KvPool::from_budget(
+    pool_ = std::make_unique<model::KvPool>(model::KvPool::from_budget(
         g, memory_.num_slots * g.slot_bytes + memory_.num_pages * g.page_bytes, memory_.num_slots,
         device_bytes));
     slot_base_ = pool_->slot_data(0);
@@ -123,7 +123,7 @@ class CudaExecutor final : public Executor {
   void copy_state(const RequestView& src, const RequestView& dst) override {
     check_copy_state(*pool_, src, dst);
     DSV41RT_CU(cudaSetDevice(device_));
-    const engine::PoolGeometry& g = pool_->geometry();
+    const model::PoolGeometry& g = pool_->geometry();
     DSV41RT_CU(cudaMemcpyAsync(dst.slot, src.slot, g.slot_bytes, cudaMemcpyDeviceToDevice, main()));
     for (int64_t i = 0; i < pool_->pages_for(src.length); ++i) {
       DSV41RT_CU(cudaMemcpyAsync(pool_->page_data(dst.pages[i]), pool_->page_data(src.pages[i]),
@@ -138,7 +138,7 @@ class CudaExecutor final : public Executor {
 
   const ModelPlan& plan() const override { return plan_; }
   const StateLayout& layout() const override { return *layout_; }
-  engine::KvPool& pool() override { return *pool_; }
+  model::KvPool& pool() override { return *pool_; }
   const MemoryPlan& memory_plan() const override { return memory_; }
   const std::map<std::string, std::vector<int32_t>>& decisions() const override {
     return decisions_;
@@ -274,7 +274,7 @@ class CudaExecutor final : public Executor {
   CudaModelWeights weights_;
   std::unique_ptr<StateLayout> layout_;
   MemoryPlan memory_;
-  std::unique_ptr<engine::KvPool> pool_;
+  std::unique_ptr<model::KvPool> pool_;
   const uint8_t* slot_base_ = nullptr;
   std::vector<int32_t> histories_;  // host mirror of every slot's Engram history
   DequantWorkspaces workspaces_;

@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::model::cudart {
 

@@ -16,7 +16,7 @@ class DelegatingExecutor : public Executor {
   explicit DelegatingExecutor(Executor* inner) : inner_(inner) {}
   const ModelPlan& plan() const override { return inner_->plan(); }
   const StateLayout& layout() const override { return inner_->layout(); }
-  engine::KvPool& pool() override { return inner_->pool(); }
+  model::KvPool& pool() override { return inner_->pool(); }
   const MemoryPlan& memory_plan() const override { return inner_->memory_plan(); }
   const std::map<std::string, std::vector<int32_t>>& decisions() const override {
     return inner_->decisions();  // under CP: the local rank's query rows only

@@ -3,8 +3,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "runtime/safetensors.h"
-#include "runtime/status.h"
+#include "core/safetensors.h"
+#include "core/status.h"
 
 namespace dsv41rt::model {
 

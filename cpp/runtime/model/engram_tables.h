@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "runtime/export.h"
+#include "core/export.h"
 #include "runtime/model/executor.h"
 #include "runtime/model/model_config.h"
 

@@ -14,7 +14,7 @@
 #include "kernels/quant.h"
 #include "kernels/rms_norm.h"
 #include "kernels/rope.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::model {
 
@@ -103,8 +103,8 @@ CpuExecutor::CpuExecutor(ModelPlan plan, ModelWeights weights, EngramTables engr
   inv_freq_ = rope_inv_freqs(plan_);
   layout_ = make_state_layout(plan_, options_);
   memory_ = plan_memory(plan_, *layout_, options_);
-  const engine::PoolGeometry g = layout_->geometry();
-  pool_ = std::make_unique<engine::KvPool>(engine::KvPool::from_budget(
+  const model::PoolGeometry g = layout_->geometry();
+  pool_ = std::make_unique<model::KvPool>(model::KvPool::from_budget(
       g, memory_.num_slots * g.slot_bytes + memory_.num_pages * g.page_bytes, memory_.num_slots));
 }
 
@@ -122,8 +122,8 @@ std::vector<std::vector<float>> rope_inv_freqs(const ModelPlan& plan) {
   const ModelConfig& c = plan.config;
   std::vector<std::vector<float>> out;
   for (const LayerPlan& layer : plan.layers) {
-    k::YarnParams yarn;
-    const k::YarnParams* yp = nullptr;
+    kernels::YarnParams yarn;
+    const kernels::YarnParams* yp = nullptr;
     if (layer.yarn && c.yarn) {
       yarn.factor = c.yarn->factor;
       yarn.original_max_position = c.yarn->original_max_position;
@@ -141,18 +141,18 @@ std::unique_ptr<StateLayout> make_state_layout(const ModelPlan& plan, const Exec
   const bool q = o.cache_quant;
   return std::make_unique<StateLayout>(
       plan,
-      make_codec(q, c.head_dim, k::fp8_window_row_bytes(c.head_dim), k::fp8_window_pack,
+      make_codec(q, c.head_dim, kernels::fp8_window_row_bytes(c.head_dim), k::fp8_window_pack,
                  k::fp8_window_unpack, k::fp8_window_qdq),
-      make_codec(q, c.head_dim, k::nvfp4_row_bytes(c.head_dim), k::nvfp4_pack, k::nvfp4_unpack,
+      make_codec(q, c.head_dim, kernels::nvfp4_row_bytes(c.head_dim), k::nvfp4_pack, k::nvfp4_unpack,
                  k::nvfp4_qdq),
-      make_codec(q, c.index_head_dim, k::mxfp4_row_bytes(c.index_head_dim), k::mxfp4_pack,
+      make_codec(q, c.index_head_dim, kernels::mxfp4_row_bytes(c.index_head_dim), k::mxfp4_pack,
                  k::mxfp4_unpack, k::mxfp4_qdq),
       o.page_tokens);
 }
 
 MemoryPlan plan_memory(const ModelPlan& plan, const StateLayout& layout, const ExecutorOptions& o) {
   const ModelConfig& c = plan.config;
-  const engine::PoolGeometry g = layout.geometry();
+  const model::PoolGeometry g = layout.geometry();
   MemoryPlan m;
   m.budget_bytes = o.kv_memory_bytes;
   m.slot_bytes = g.slot_bytes;
@@ -483,9 +483,9 @@ void CpuExecutor::moe(const LayerPlan& layer, const MoeWeights& w, const float* 
   if (options_.record_decisions) {
     append_sorted_rows(idx.data(), n, kk, decisions_["experts_L" + std::to_string(layer.index)]);
   }
-  std::vector<k::SwigluWeights> experts(E);
+  std::vector<kernels::SwigluWeights> experts(E);
   for (int64_t e = 0; e < E; ++e) experts[e] = {w.w1[e].ptr(), w.w3[e].ptr(), w.w2[e].ptr()};
-  const k::SwigluWeights shared{w.shared_w1.ptr(), w.shared_w3.ptr(), w.shared_w2.ptr()};
+  const kernels::SwigluWeights shared{w.shared_w1.ptr(), w.shared_w3.ptr(), w.shared_w2.ptr()};
   // Tensor cores on the GPU when all six expert matrices are BF16-exact (one kernel, one type).
   bool tc = tc_ && bf16_exact(w.shared_w1) && bf16_exact(w.shared_w3) && bf16_exact(w.shared_w2);
   for (int64_t e = 0; e < E && tc; ++e) {
@@ -513,7 +513,7 @@ void CpuExecutor::grouped_lin(const float* x, const Tensor& w, int64_t m, int64_
 
 void CpuExecutor::copy_state(const RequestView& src, const RequestView& dst) {
   check_copy_state(*pool_, src, dst);
-  const engine::PoolGeometry& g = pool_->geometry();
+  const model::PoolGeometry& g = pool_->geometry();
   std::memcpy(dst.slot, src.slot, size_t(g.slot_bytes));
   for (int64_t i = 0; i < pool_->pages_for(src.length); ++i) {
     std::memcpy(pool_->page_data(dst.pages[i]), pool_->page_data(src.pages[i]),

@@ -16,8 +16,8 @@
 
 #include "comm/communicator.h"
 #include "runtime/dequant_workspace.h"
-#include "runtime/engine/kv_pool.h"
-#include "runtime/export.h"
+#include "runtime/model/kv_pool.h"
+#include "core/export.h"
 #include "runtime/model/layer_plan.h"
 #include "runtime/model/state_layout.h"
 #include "runtime/model/weights.h"
@@ -124,7 +124,7 @@ class DSV41RT_API Executor {
   virtual const StateLayout& layout() const = 0;
   /// The pool's storage is host memory (CPU) or device memory (CUDA); the engine only hands out
   /// and takes back slots and pages.
-  virtual engine::KvPool& pool() = 0;
+  virtual model::KvPool& pool() = 0;
   virtual const MemoryPlan& memory_plan() const = 0;
   /// Decisions of the last forward (record_decisions): "topk_L<l>" [rows, index_topk] (sorted,
   /// -1 = none) for index-source layers and "experts_L<l>" [rows, k] (sorted) for every layer,
@@ -172,7 +172,7 @@ std::vector<std::vector<float>> rope_inv_freqs(const ModelPlan& plan);
 void append_sorted_rows(const int32_t* src, int64_t rows, int64_t k, std::vector<int32_t>& dst);
 
 /// Argument checks of Executor::copy_state (shared by both executors); throws Error.
-void check_copy_state(const engine::KvPool& pool, const RequestView& src, const RequestView& dst);
+void check_copy_state(const model::KvPool& pool, const RequestView& src, const RequestView& dst);
 
 /// The closed-form memory plan (shared by both executors).
 MemoryPlan plan_memory(const ModelPlan& plan, const StateLayout& layout, const ExecutorOptions& o);
@@ -189,7 +189,7 @@ class DSV41RT_API CpuExecutor final : public Executor {
 
   const ModelPlan& plan() const override { return plan_; }
   const StateLayout& layout() const override { return *layout_; }
-  engine::KvPool& pool() override { return *pool_; }
+  model::KvPool& pool() override { return *pool_; }
   const MemoryPlan& memory_plan() const override { return memory_; }
   const std::map<std::string, std::vector<int32_t>>& decisions() const override {
     return decisions_;
@@ -227,7 +227,7 @@ class DSV41RT_API CpuExecutor final : public Executor {
   MemoryPlan memory_;
   bool bf16_ = false;  // precision "bf16": emulate the GPU tensor-core path
   bool tc_ = false;    // this forward emulates it
-  std::unique_ptr<engine::KvPool> pool_;
+  std::unique_ptr<model::KvPool> pool_;
   DequantWorkspaces workspaces_;
   std::map<std::string, std::vector<int32_t>> decisions_;
 };

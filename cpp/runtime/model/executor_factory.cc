@@ -11,7 +11,7 @@
 #include "runtime/model/cp_executor.h"
 #include "runtime/model/cp_remote.h"
 #include "runtime/model/executor.h"
-#include "runtime/status.h"
+#include "core/status.h"
 #if DSV41RT_WITH_CUDA
 #include "runtime/model/cuda_executor.h"
 #endif
@@ -33,7 +33,7 @@ void Executor::run_cp_worker() {
                      " executor is not a context-parallel worker (cp_rank > 0)");
 }
 
-void check_copy_state(const engine::KvPool& pool, const RequestView& src, const RequestView& dst) {
+void check_copy_state(const model::KvPool& pool, const RequestView& src, const RequestView& dst) {
   const int64_t pages = pool.pages_for(src.length);
   DSV41RT_CHECK(src.slot && dst.slot && src.slot != dst.slot,
                 "copy_state: need two distinct slots");

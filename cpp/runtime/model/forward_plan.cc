@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "kernels/engram.h"
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::model {
 

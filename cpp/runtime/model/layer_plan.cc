@@ -5,7 +5,7 @@
 #include <string>
 #include <utility>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt {
 namespace {

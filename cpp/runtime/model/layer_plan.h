@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/export.h"
+#include "core/export.h"
 #include "runtime/model/model_config.h"
 
 namespace dsv41rt {

@@ -12,8 +12,8 @@
 #include <sstream>
 #include <utility>
 
-#include "runtime/json.h"
-#include "runtime/status.h"
+#include "core/json.h"
+#include "core/status.h"
 
 namespace dsv41rt {
 namespace {

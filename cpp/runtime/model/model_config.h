@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/export.h"
+#include "core/export.h"
 
 namespace dsv41rt {
 

@@ -2,7 +2,7 @@
 
 #include <numeric>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::model {
 
@@ -38,8 +38,8 @@ StateLayout::StateLayout(const ModelPlan& plan, RowCodec window, RowCodec kv, Ro
   slot_bytes_ = slot;
 }
 
-engine::PoolGeometry StateLayout::geometry() const {
-  return engine::PoolGeometry{page_tokens_, page_bytes_, slot_bytes_};
+model::PoolGeometry StateLayout::geometry() const {
+  return model::PoolGeometry{page_tokens_, page_bytes_, slot_bytes_};
 }
 
 uint8_t* StateLayout::window_row(const RequestView& r, int layer, int64_t position) const {
@@ -67,7 +67,7 @@ int32_t* StateLayout::engram_history(const RequestView& r) const {
   return reinterpret_cast<int32_t*>(r.slot + history_offset_);
 }
 
-uint8_t* StateLayout::entry_row(engine::KvPool& pool, const RequestView& r, int source_layer,
+uint8_t* StateLayout::entry_row(model::KvPool& pool, const RequestView& r, int source_layer,
                                 int64_t entry, bool key) const {
   const Source& s = source(source_layer);
   const int64_t per_page = page_tokens_ / s.ratio;
@@ -78,12 +78,12 @@ uint8_t* StateLayout::entry_row(engine::KvPool& pool, const RequestView& r, int 
   return key ? base + per_page * kv_.row_bytes + row * key_.row_bytes : base + row * kv_.row_bytes;
 }
 
-uint8_t* StateLayout::kv_row(engine::KvPool& pool, const RequestView& r, int source_layer,
+uint8_t* StateLayout::kv_row(model::KvPool& pool, const RequestView& r, int source_layer,
                              int64_t entry) const {
   return entry_row(pool, r, source_layer, entry, false);
 }
 
-uint8_t* StateLayout::key_row(engine::KvPool& pool, const RequestView& r, int source_layer,
+uint8_t* StateLayout::key_row(model::KvPool& pool, const RequestView& r, int source_layer,
                               int64_t entry) const {
   return entry_row(pool, r, source_layer, entry, true);
 }

@@ -16,8 +16,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "runtime/engine/kv_pool.h"
-#include "runtime/export.h"
+#include "runtime/model/kv_pool.h"
+#include "core/export.h"
 #include "runtime/model/layer_plan.h"
 
 namespace dsv41rt::model {
@@ -45,7 +45,7 @@ class DSV41RT_API StateLayout {
   StateLayout(const ModelPlan& plan, RowCodec window, RowCodec kv, RowCodec key,
               int64_t page_tokens);
 
-  engine::PoolGeometry geometry() const;
+  model::PoolGeometry geometry() const;
   int64_t page_tokens() const { return page_tokens_; }
   const RowCodec& window_codec() const { return window_; }
   const RowCodec& kv_codec() const { return kv_; }
@@ -57,9 +57,9 @@ class DSV41RT_API StateLayout {
   int32_t* engram_history(const RequestView& r) const;
   int64_t history_len() const { return history_len_; }
   /// Row of compressed entry `entry` of `source_layer` (a page must cover its group).
-  uint8_t* kv_row(engine::KvPool& pool, const RequestView& r, int source_layer,
+  uint8_t* kv_row(model::KvPool& pool, const RequestView& r, int source_layer,
                   int64_t entry) const;
-  uint8_t* key_row(engine::KvPool& pool, const RequestView& r, int source_layer,
+  uint8_t* key_row(model::KvPool& pool, const RequestView& r, int source_layer,
                    int64_t entry) const;
 
   // Byte offsets for kernels that address rows from device metadata (the CUDA executor).
@@ -79,7 +79,7 @@ class DSV41RT_API StateLayout {
     int64_t pending_offset = -1;  // in the slot (ratio >= 2)
   };
   const Source& source(int layer) const;
-  uint8_t* entry_row(engine::KvPool& pool, const RequestView& r, int source_layer, int64_t entry,
+  uint8_t* entry_row(model::KvPool& pool, const RequestView& r, int source_layer, int64_t entry,
                      bool key) const;
 
   RowCodec window_, kv_, key_;

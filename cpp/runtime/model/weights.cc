@@ -3,8 +3,8 @@
 #include <cstring>
 
 #include "kernels/quant.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "core/dtype.h"
+#include "core/status.h"
 
 namespace dsv41rt::model {
 namespace {

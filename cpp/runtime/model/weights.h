@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/dtype.h"
-#include "runtime/export.h"
+#include "core/dtype.h"
+#include "core/export.h"
 #include "runtime/model/layer_plan.h"
-#include "runtime/safetensors.h"
+#include "core/safetensors.h"
 
 namespace dsv41rt::model {
 

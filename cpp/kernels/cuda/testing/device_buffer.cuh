@@ -9,7 +9,7 @@
 #include <cstring>
 #include <vector>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt::kernels::cuda::testing {
 

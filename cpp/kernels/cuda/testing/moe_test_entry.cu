@@ -9,8 +9,8 @@
 #include "kernels/cuda/sampling.cuh"
 #include "kernels/cuda/testing/device_buffer.cuh"
 #include "kernels/cuda/testing/moe_test_entry.h"
-#include "runtime/dtype.h"
-#include "runtime/status.h"
+#include "core/dtype.h"
+#include "core/status.h"
 
 namespace dsv41rt::kernels::cuda::testing {
 
@@ -238,10 +238,10 @@ void engram_forward(float* X, const float* emb, const float* wkv, const float* q
 namespace {
 
 // The CPU reference's argument checks (kernels/cpu/sampling.cc check_inputs), on the host.
-void check_sampling_inputs(const float* logits, int64_t V, const cpu::SamplingParams& p,
+void check_sampling_inputs(const float* logits, int64_t V, const kernels::SamplingParams& p,
                            const int32_t* prompt, int64_t n_prompt, const int32_t* output,
                            int64_t n_output) {
-  cpu::validate_sampling_params(p, V);
+  kernels::validate_sampling_params(p, V);
   bool any_finite = false;
   for (int64_t i = 0; i < V; ++i) {
     const float l = logits[i];
@@ -265,7 +265,7 @@ void check_sampling_inputs(const float* logits, int64_t V, const cpu::SamplingPa
 
 // Device copies of one row's inputs (a batch of one).
 struct SamplingRow {
-  SamplingRow(const float* logits, int64_t V, const cpu::SamplingParams& p, const int32_t* prompt,
+  SamplingRow(const float* logits, int64_t V, const kernels::SamplingParams& p, const int32_t* prompt,
               int64_t n_prompt, const int32_t* output, int64_t n_output)
       : dl(logits, V),
         dp(&p, 1),
@@ -277,7 +277,7 @@ struct SamplingRow {
     ws.poison();
   }
   DeviceBuffer<float> dl;
-  DeviceBuffer<cpu::SamplingParams> dp;
+  DeviceBuffer<kernels::SamplingParams> dp;
   DeviceBuffer<int32_t> dprompt, doutput;
   DeviceBuffer<int64_t> dpoff, dooff;
   DeviceBuffer<unsigned char> ws;
@@ -285,7 +285,7 @@ struct SamplingRow {
 
 }  // namespace
 
-void sampling_probs(const float* logits, int64_t V, const cpu::SamplingParams& p,
+void sampling_probs(const float* logits, int64_t V, const kernels::SamplingParams& p,
                     const int32_t* prompt, int64_t n_prompt, const int32_t* output,
                     int64_t n_output, float* probs) {
   check_sampling_inputs(logits, V, p, prompt, n_prompt, output, n_output);
@@ -298,7 +298,7 @@ void sampling_probs(const float* logits, int64_t V, const cpu::SamplingParams& p
   dprobs.to_host(probs);
 }
 
-cpu::SampledToken sample_token(const float* logits, int64_t V, const cpu::SamplingParams& p,
+kernels::SampledToken sample_token(const float* logits, int64_t V, const kernels::SamplingParams& p,
                                const int32_t* prompt, int64_t n_prompt, const int32_t* output,
                                int64_t n_output, uint64_t step) {
   check_sampling_inputs(logits, V, p, prompt, n_prompt, output, n_output);
@@ -314,7 +314,7 @@ cpu::SampledToken sample_token(const float* logits, int64_t V, const cpu::Sampli
   finish(cuda::sample_token(row.dl.get(), 1, V, row.dp.get(), row.dprompt.get(), row.dpoff.get(),
                             row.doutput.get(), row.dooff.get(), dstep.get(), row.ws.get(),
                             dtok.get(), dlp.get(), n_top, dids.get(), dlps.get(), nullptr));
-  cpu::SampledToken out;
+  kernels::SampledToken out;
   dtok.to_host(&out.token);
   dlp.to_host(&out.logprob);
   out.top_ids.resize(n_top);

@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "kernels/sampling.h"
-#include "runtime/export.h"
+#include "core/export.h"
 
 namespace dsv41rt::kernels::cuda::testing {
 
@@ -62,14 +62,14 @@ DSV41RT_API void engram_forward(float* X, const float* emb, const float* wkv, co
                                 int64_t S, int64_t n, int64_t H, int64_t D, float eps);
 
 /// One row: the filtered distribution (kernels::cpu::sampling_probs semantics), probs [V].
-DSV41RT_API void sampling_probs(const float* logits, int64_t V, const cpu::SamplingParams& p,
+DSV41RT_API void sampling_probs(const float* logits, int64_t V, const kernels::SamplingParams& p,
                                 const int32_t* prompt, int64_t n_prompt, const int32_t* output,
                                 int64_t n_output, float* probs);
 
 /// One row: the drawn token, its raw logprob and the top_logprobs alternatives (as
 /// kernels::cpu::sample_token).
-DSV41RT_API cpu::SampledToken sample_token(const float* logits, int64_t V,
-                                           const cpu::SamplingParams& p, const int32_t* prompt,
+DSV41RT_API kernels::SampledToken sample_token(const float* logits, int64_t V,
+                                           const kernels::SamplingParams& p, const int32_t* prompt,
                                            int64_t n_prompt, const int32_t* output,
                                            int64_t n_output, uint64_t step);
 

@@ -47,37 +47,37 @@ void run_unpack(UnpackFn fn, const char* op, int64_t block, int64_t row_bytes, c
 }  // namespace
 
 void fp8_window_qdq(const float* x, int64_t rows, int64_t dim, float* y) {
-  run_qdq(cuda::fp8_window_qdq, "fp8_window_qdq", cpu::kFp8WindowBlock, x, rows, dim, y);
+  run_qdq(cuda::fp8_window_qdq, "fp8_window_qdq", kernels::kFp8WindowBlock, x, rows, dim, y);
 }
 void nvfp4_qdq(const float* x, int64_t rows, int64_t dim, float* y) {
-  run_qdq(cuda::nvfp4_qdq, "nvfp4_qdq", cpu::kNvfp4Block, x, rows, dim, y);
+  run_qdq(cuda::nvfp4_qdq, "nvfp4_qdq", kernels::kNvfp4Block, x, rows, dim, y);
 }
 void mxfp4_qdq(const float* x, int64_t rows, int64_t dim, float* y) {
-  run_qdq(cuda::mxfp4_qdq, "mxfp4_qdq", cpu::kMxfp4Block, x, rows, dim, y);
+  run_qdq(cuda::mxfp4_qdq, "mxfp4_qdq", kernels::kMxfp4Block, x, rows, dim, y);
 }
 
 void fp8_window_pack(const float* x, int64_t rows, int64_t dim, uint8_t* out) {
-  run_pack(cuda::fp8_window_pack, "fp8_window_pack", cpu::kFp8WindowBlock,
-           cpu::fp8_window_row_bytes(dim), x, rows, dim, out);
+  run_pack(cuda::fp8_window_pack, "fp8_window_pack", kernels::kFp8WindowBlock,
+           kernels::fp8_window_row_bytes(dim), x, rows, dim, out);
 }
 void fp8_window_unpack(const uint8_t* in, int64_t rows, int64_t dim, float* y) {
-  run_unpack(cuda::fp8_window_unpack, "fp8_window_unpack", cpu::kFp8WindowBlock,
-             cpu::fp8_window_row_bytes(dim), in, rows, dim, y);
+  run_unpack(cuda::fp8_window_unpack, "fp8_window_unpack", kernels::kFp8WindowBlock,
+             kernels::fp8_window_row_bytes(dim), in, rows, dim, y);
 }
 void nvfp4_pack(const float* x, int64_t rows, int64_t dim, uint8_t* out) {
-  run_pack(cuda::nvfp4_pack, "nvfp4_pack", cpu::kNvfp4Block, cpu::nvfp4_row_bytes(dim), x, rows,
+  run_pack(cuda::nvfp4_pack, "nvfp4_pack", kernels::kNvfp4Block, kernels::nvfp4_row_bytes(dim), x, rows,
            dim, out);
 }
 void nvfp4_unpack(const uint8_t* in, int64_t rows, int64_t dim, float* y) {
-  run_unpack(cuda::nvfp4_unpack, "nvfp4_unpack", cpu::kNvfp4Block, cpu::nvfp4_row_bytes(dim), in,
+  run_unpack(cuda::nvfp4_unpack, "nvfp4_unpack", kernels::kNvfp4Block, kernels::nvfp4_row_bytes(dim), in,
              rows, dim, y);
 }
 void mxfp4_pack(const float* x, int64_t rows, int64_t dim, uint8_t* out) {
-  run_pack(cuda::mxfp4_pack, "mxfp4_pack", cpu::kMxfp4Block, cpu::mxfp4_row_bytes(dim), x, rows,
+  run_pack(cuda::mxfp4_pack, "mxfp4_pack", kernels::kMxfp4Block, kernels::mxfp4_row_bytes(dim), x, rows,
            dim, out);
 }
 void mxfp4_unpack(const uint8_t* in, int64_t rows, int64_t dim, float* y) {
-  run_unpack(cuda::mxfp4_unpack, "mxfp4_unpack", cpu::kMxfp4Block, cpu::mxfp4_row_bytes(dim), in,
+  run_unpack(cuda::mxfp4_unpack, "mxfp4_unpack", kernels::kMxfp4Block, kernels::mxfp4_row_bytes(dim), in,
              rows, dim, y);
 }
 

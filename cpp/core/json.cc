@@ -1,10 +1,10 @@
-#include "runtime/json.h"
+#include "core/json.h"
 
 #include <algorithm>
 #include <charconv>
 #include <system_error>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt {
 

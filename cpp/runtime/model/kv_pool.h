@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/export.h"
+#include "core/export.h"
 
-namespace dsv41rt::engine {
+namespace dsv41rt::model {
 
 struct PoolGeometry {
   int64_t page_tokens = 0;  ///< positions per token page (multiple of every compression ratio)
@@ -87,4 +87,4 @@ class DSV41RT_API KvPool {
   std::vector<uint8_t> page_used_, slot_used_;
 };
 
-}  // namespace dsv41rt::engine
+}  // namespace dsv41rt::model

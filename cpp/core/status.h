@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "runtime/export.h"
+#include "core/export.h"
 
 namespace dsv41rt {
 

@@ -1,4 +1,4 @@
-#include "runtime/safetensors.h"
+#include "core/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -13,8 +13,8 @@
 #include <set>
 #include <sstream>
 
-#include "runtime/json.h"
-#include "runtime/status.h"
+#include "core/json.h"
+#include "core/status.h"
 
 namespace dsv41rt {
 namespace fs = std::filesystem;

@@ -2,7 +2,7 @@
 // linking CUDA themselves; a CPU-only build always reports zero devices.
 #pragma once
 
-#include "runtime/export.h"
+#include "core/export.h"
 
 namespace dsv41rt {
 

@@ -33,7 +33,7 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/export.h"
+#include "core/export.h"
 
 #if defined(__CUDACC__)
 #define DSV41RT_HOST_DEVICE __host__ __device__

@@ -1,8 +1,8 @@
-#include "runtime/dtype.h"
+#include "core/dtype.h"
 
 #include <limits>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
 namespace dsv41rt {
 namespace {

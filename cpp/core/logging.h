@@ -12,7 +12,7 @@
 #include <sstream>
 #include <string_view>
 
-#include "runtime/export.h"
+#include "core/export.h"
 
 namespace dsv41rt {
 

@@ -1,4 +1,4 @@
-#include "runtime/logging.h"
+#include "core/logging.h"
 
 #include <atomic>
 #include <cctype>

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/dtype.h"
+#include "core/dtype.h"
 
 namespace dsv41rt {
 

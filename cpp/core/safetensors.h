@@ -15,9 +15,9 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/dtype.h"
-#include "runtime/export.h"
-#include "runtime/tensor_view.h"
+#include "core/dtype.h"
+#include "core/export.h"
+#include "core/tensor_view.h"
 
 namespace dsv41rt {
 

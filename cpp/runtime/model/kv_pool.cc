@@ -1,13 +1,13 @@
-#include "runtime/engine/kv_pool.h"
+#include "runtime/model/kv_pool.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <new>
 
-#include "runtime/status.h"
+#include "core/status.h"
 
-namespace dsv41rt::engine {
+namespace dsv41rt::model {
 namespace {
 
 std::shared_ptr<uint8_t> host_allocate(int64_t bytes) {
@@ -253,4 +253,4 @@ std::string KvPool::describe() const {
                          u.slots_total, " request slots, ", mib, " MiB");
 }
 
-}  // namespace dsv41rt::engine
+}  // namespace dsv41rt::model
