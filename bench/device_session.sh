@@ -25,7 +25,9 @@ for w in .whl/*.whl; do
     *) [ -f "$w" ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$w" ;;
   esac
 done
-# The image's default compiler links libstdc++ statically into the extension (bench/device_diag3.sh).
+# The image's default compiler (/opt/gcc) links libstdc++ statically into the extension, beside the
+# libstdc++.so.6 other extensions load: every C++ exception would then crash. The system g++ links
+# it dynamically.
 if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}

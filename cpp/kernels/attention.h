@@ -20,4 +20,12 @@ DSV41RT_API void sparse_attention(const float* q, const float* kv, const int32_t
                                   const float* sink, int64_t S, int64_t n_heads, int64_t D,
                                   int64_t T, int64_t K, float scale, float* out);
 
+/// The same over two key arrays without copying them together: index j < T_a is row j of kv_a,
+/// T_a <= j < T_a + T_b is row j - T_a of kv_b (a forward's window rows and the ratio's dequant
+/// workspace). Bitwise equal to sparse_attention over the concatenation.
+DSV41RT_API void sparse_attention_split(const float* q, const float* kv_a, int64_t T_a,
+                                        const float* kv_b, int64_t T_b, const int32_t* indices,
+                                        const float* sink, int64_t S, int64_t n_heads, int64_t D,
+                                        int64_t K, float scale, float* out);
+
 }  // namespace dsv41rt::kernels::cpu

@@ -17,6 +17,13 @@ DSV41RT_API void indexer_scores(const float* q, const float* keys, const float* 
                                 const int64_t* n_visible, int64_t S, int64_t H, int64_t D,
                                 int64_t T, float* scores);
 
+/// The same with each query's keys starting at row key_offset[s] of `keys` (nullptr = 0): one
+/// call scores a batch whose requests have different key sets.
+DSV41RT_API void indexer_scores_offset(const float* q, const float* keys,
+                                       const int64_t* key_offset, const float* w,
+                                       const int64_t* n_visible, int64_t S, int64_t H, int64_t D,
+                                       int64_t T, float* scores);
+
 /// Candidate-source blocks: entries grouped in blocks of `block_size`; block score = max entry
 /// score; the block holding the newest visible entry ((n_visible−1) div block_size) is forced in;
 /// keep the top min(topk_blocks, n_blocks) blocks whose score is > −inf. mask [S, T] is 1 for

@@ -7,10 +7,12 @@
 #include "core/status.h"
 
 namespace dsv41rt::kernels::cpu {
+namespace {
 
-void sparse_attention(const float* q, const float* kv, const int32_t* indices, const float* sink,
-                      int64_t S, int64_t n_heads, int64_t D, int64_t T, int64_t K, float scale,
-                      float* out) {
+// `row(j)` is the key/value row of index j (0 <= j < T).
+template <class Row>
+void attend(const float* q, Row row_of, const int32_t* indices, const float* sink, int64_t S,
+            int64_t n_heads, int64_t D, int64_t T, int64_t K, float scale, float* out) {
   DSV41RT_CHECK(S >= 0 && n_heads > 0 && D > 0 && T >= 0 && K >= 0,
                 "sparse_attention: bad sizes S=", S, " heads=", n_heads, " D=", D, " T=", T,
                 " K=", K);
@@ -33,7 +35,7 @@ void sparse_attention(const float* q, const float* kv, const int32_t* indices, c
         float m = sink[h];
         for (int64_t k = 0; k < K; ++k) {
           if (idx[k] < 0) continue;
-          const float* row = kv + int64_t(idx[k]) * D;
+          const float* row = row_of(idx[k]);
           float acc = 0;
           for (int64_t d = 0; d < D; ++d) acc += qh[d] * row[d];
           logits[k] = acc * scale;
@@ -45,7 +47,7 @@ void sparse_attention(const float* q, const float* kv, const int32_t* indices, c
           if (idx[k] < 0) continue;
           const float p = std::exp(logits[k] - m);
           denom += p;
-          const float* row = kv + int64_t(idx[k]) * D;
+          const float* row = row_of(idx[k]);
           for (int64_t d = 0; d < D; ++d) oh[d] += p * row[d];
         }
         const float inv = 1.0f / denom;
@@ -53,6 +55,25 @@ void sparse_attention(const float* q, const float* kv, const int32_t* indices, c
       }
     }
   }
+}
+
+}  // namespace
+
+void sparse_attention(const float* q, const float* kv, const int32_t* indices, const float* sink,
+                      int64_t S, int64_t n_heads, int64_t D, int64_t T, int64_t K, float scale,
+                      float* out) {
+  attend(
+      q, [&](int32_t j) { return kv + int64_t(j) * D; }, indices, sink, S, n_heads, D, T, K, scale,
+      out);
+}
+
+void sparse_attention_split(const float* q, const float* kv_a, int64_t T_a, const float* kv_b,
+                            int64_t T_b, const int32_t* indices, const float* sink, int64_t S,
+                            int64_t n_heads, int64_t D, int64_t K, float scale, float* out) {
+  attend(
+      q,
+      [&](int32_t j) { return j < T_a ? kv_a + int64_t(j) * D : kv_b + (int64_t(j) - T_a) * D; },
+      indices, sink, S, n_heads, D, T_a + T_b, K, scale, out);
 }
 
 }  // namespace dsv41rt::kernels::cpu

@@ -11,6 +11,12 @@ namespace dsv41rt::kernels::cpu {
 
 void indexer_scores(const float* q, const float* keys, const float* w, const int64_t* n_visible,
                     int64_t S, int64_t H, int64_t D, int64_t T, float* scores) {
+  indexer_scores_offset(q, keys, nullptr, w, n_visible, S, H, D, T, scores);
+}
+
+void indexer_scores_offset(const float* q, const float* keys, const int64_t* key_offset,
+                           const float* w, const int64_t* n_visible, int64_t S, int64_t H,
+                           int64_t D, int64_t T, float* scores) {
   DSV41RT_CHECK(S >= 0 && H > 0 && D > 0 && T >= 0, "indexer_scores: bad sizes");
 #pragma omp parallel for schedule(static)
   for (int64_t s = 0; s < S; ++s) {
@@ -23,7 +29,7 @@ void indexer_scores(const float* q, const float* keys, const float* w, const int
       float total = 0;
       for (int64_t h = 0; h < H; ++h) {
         const float* qh = q + (s * H + h) * D;
-        const float* kj = keys + j * D;
+        const float* kj = keys + ((key_offset ? key_offset[s] : 0) + j) * D;
         float dot = 0;
         for (int64_t d = 0; d < D; ++d) dot += qh[d] * kj[d];
         total += std::max(dot, 0.0f) * w[s * H + h];

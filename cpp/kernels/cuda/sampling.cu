@@ -121,7 +121,7 @@ __device__ void block_sort(double* key, int32_t* id, int64_t P) {
 // draw plus raw logprobs. Explicit _rn intrinsics keep nvcc from contracting into FMAs (the CPU
 // reference has none), so the FP64 values match the CPU's up to exp's last ulp.
 __global__ void sampling_kernel(
-    const float* __restrict__ logits, int64_t rows, int64_t V, int64_t P,
+    const float* __restrict__ logits, const int64_t* __restrict__ logit_rows, int64_t rows, int64_t V, int64_t P,
     const SamplingParams* __restrict__ params, const int32_t* __restrict__ prompt,
     const int64_t* __restrict__ prompt_off, const int32_t* __restrict__ output,
     const int64_t* __restrict__ output_off, const uint64_t* __restrict__ steps, unsigned char* ws,
@@ -133,7 +133,7 @@ __global__ void sampling_kernel(
   __shared__ int32_t s_token;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const SamplingParams p = params[r];
-    const float* lr = logits + r * V;
+    const float* lr = logits + (logit_rows ? logit_rows[r] : r) * V;
     const RowWorkspace rw = row_workspace(ws + r * ws_stride, V, P);
     double* w = rw.w;
     const int32_t* pr = prompt_off ? prompt + prompt_off[r] : nullptr;
@@ -153,13 +153,22 @@ __global__ void sampling_kernel(
     const bool rep = p.repetition_penalty != 1.0f;
     const bool freq = p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
     const double rp = p.repetition_penalty, fp = p.frequency_penalty, pp = p.presence_penalty;
+    int bad = 0, finite = 0;
     for (int64_t t = threadIdx.x; t < V; t += blockDim.x) {
       double l = lr[t];
+      bad |= isnan(lr[t]) || lr[t] == INFINITY;
+      finite |= isfinite(lr[t]);
       if (rep && rw.seen[t]) l = l > 0 ? __ddiv_rn(l, rp) : __dmul_rn(l, rp);
       if (freq && rw.cnt[t] > 0) l = __dsub_rn(l, __dadd_rn(__dmul_rn(fp, double(rw.cnt[t])), pp));
       w[t] = l;
     }
-    __syncthreads();
+    // Logits the CPU sampler refuses (NaN, +inf, no finite one): token -1, for the caller to
+    // report (block-uniform, so every thread skips the row together).
+    if (__syncthreads_or(bad) || !__syncthreads_or(finite)) {
+      if (threadIdx.x == 0 && tokens) tokens[r] = -1;
+      __syncthreads();
+      continue;
+    }
 
     // 2. Greedy / 3. temperature. The argmax (first maximum) is also the max for the softmax.
     double mx = -INFINITY;
@@ -215,8 +224,13 @@ __global__ void sampling_kernel(
       }
     }
 
-    // 7. Total in token-id order (std::accumulate), then probs and / or the draw.
-    if (threadIdx.x == 0) {
+    // 7. Total in token-id order (std::accumulate), then probs and / or the draw. Greedy: the
+    // weights are one-hot at `best`, so the total is exactly 1 and the draw is `best` (the
+    // sequential sum over the vocabulary would cost a millisecond for nothing).
+    if (threadIdx.x == 0 && double(p.temperature) < 1e-5) {
+      s_total = 1.0;
+      if (tokens) s_token = tokens[r] = best;
+    } else if (threadIdx.x == 0) {
       double total = 0;
       for (int64_t t = 0; t < V; ++t) total = __dadd_rn(total, w[t]);
       s_total = total;
@@ -275,7 +289,8 @@ __global__ void sampling_kernel(
   }
 }
 
-cudaError_t launch(const float* logits, int64_t rows, int64_t V, const SamplingParams* params,
+cudaError_t launch(const float* logits, const int64_t* logit_rows, int64_t rows, int64_t V,
+                   const SamplingParams* params,
                    const int32_t* prompt, const int64_t* prompt_offsets, const int32_t* output,
                    const int64_t* output_offsets, const uint64_t* steps, void* workspace,
                    float* probs, int32_t* tokens, float* logprobs, int32_t max_top,
@@ -285,7 +300,7 @@ cudaError_t launch(const float* logits, int64_t rows, int64_t V, const SamplingP
   if (max_top > 0 && (!top_ids || !top_logprobs)) return cudaErrorInvalidValue;
   const int blocks = static_cast<int>(rows < kMaxBlocks ? rows : kMaxBlocks);
   sampling_kernel<<<blocks, kSampleThreads, 0, stream>>>(
-      logits, rows, V, pow2_at_least(V), params, prompt, prompt_offsets, output, output_offsets,
+      logits, logit_rows, rows, V, pow2_at_least(V), params, prompt, prompt_offsets, output, output_offsets,
       steps, static_cast<unsigned char*>(workspace), sampling_workspace_bytes(V), probs, tokens,
       logprobs, max_top, top_ids, top_logprobs);
   return launch_status();
@@ -304,18 +319,21 @@ cudaError_t sampling_probs(const float* logits, int64_t rows, int64_t V,
                            const int64_t* output_offsets, void* workspace, float* probs,
                            cudaStream_t stream) {
   if (!probs) return cudaErrorInvalidValue;
-  return launch(logits, rows, V, params, prompt, prompt_offsets, output, output_offsets, nullptr,
+  return launch(logits, nullptr, rows, V, params, prompt, prompt_offsets, output, output_offsets,
+                nullptr,
                 workspace, probs, nullptr, nullptr, 0, nullptr, nullptr, stream);
 }
 
-cudaError_t sample_token(const float* logits, int64_t rows, int64_t V, const SamplingParams* params,
+cudaError_t sample_token(const float* logits, const int64_t* logit_rows, int64_t rows, int64_t V,
+                         const SamplingParams* params,
                          const int32_t* prompt, const int64_t* prompt_offsets,
                          const int32_t* output, const int64_t* output_offsets,
                          const uint64_t* steps, void* workspace, int32_t* tokens, float* logprobs,
                          int32_t max_top, int32_t* top_ids, float* top_logprobs,
                          cudaStream_t stream) {
   if (!tokens || !logprobs || !steps) return cudaErrorInvalidValue;
-  return launch(logits, rows, V, params, prompt, prompt_offsets, output, output_offsets, steps,
+  return launch(logits, logit_rows, rows, V, params, prompt, prompt_offsets, output,
+                output_offsets, steps,
                 workspace, nullptr, tokens, logprobs, max_top, top_ids, top_logprobs, stream);
 }
 

@@ -3,8 +3,9 @@
 // rounding decides the kept set and the drawn token (top-k mass, top-p prefix, total, inverse CDF)
 // are accumulated sequentially in the CPU's order, and the (seed, step) uniform is the CPU's
 // counter-based generator, so the GPU draws the CPU's token for the same inputs.
-// Inputs are assumed valid (kernels::validate_sampling_params, finite-or-−inf logits with a
-// finite one, token ids in [0, V)): the caller checks them.
+// Parameters and token ids are assumed valid (kernels::validate_sampling_params, ids in [0, V):
+// the caller checks them). A logits row the CPU sampler refuses (NaN, +inf, or no finite value)
+// draws token -1 for the caller to report.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -29,11 +30,13 @@ DSV41RT_API cudaError_t sampling_probs(const float* logits, int64_t rows, int64_
                                        const int64_t* output_offsets, void* workspace, float* probs,
                                        cudaStream_t stream);
 
+/// logit_rows [rows] (nullptr: row r): row r draws from logits row logit_rows[r].
 /// tokens [rows] drawn with sampling_uniform(params[r].seed, steps[r]); logprobs [rows] the raw
 /// log_softmax of the drawn token; top_ids / top_logprobs [rows, max_top] (may be nullptr when
 /// max_top == 0): the first min(params[r].top_logprobs, V, max_top) entries of each row are
 /// written (raw logprob descending, ties -> lower id), the rest are left untouched.
-DSV41RT_API cudaError_t sample_token(const float* logits, int64_t rows, int64_t V,
+DSV41RT_API cudaError_t sample_token(const float* logits, const int64_t* logit_rows, int64_t rows,
+                                     int64_t V,
                                      const kernels::SamplingParams* params, const int32_t* prompt,
                                      const int64_t* prompt_offsets, const int32_t* output,
                                      const int64_t* output_offsets, const uint64_t* steps,

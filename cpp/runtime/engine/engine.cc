@@ -43,9 +43,9 @@ class Engine::Impl {
     cancelled_.clear();
     StepPlan plan = scheduler_.schedule();
     if (plan.chunks.empty()) return outputs;
-    const int64_t V = exec_->plan().config.vocab_size;
     std::vector<model::BatchItem> batch(plan.chunks.size());
-    logits_.resize(plan.chunks.size() * V);
+    std::vector<model::SampleSpec> specs(plan.chunks.size());
+    std::vector<kernels::SampledToken> sampled(plan.chunks.size());
     KvPool& pool = exec_->pool();
     for (size_t i = 0; i < plan.chunks.size(); ++i) {
       const ScheduledChunk& ch = plan.chunks[i];
@@ -54,9 +54,19 @@ class Engine::Impl {
       b.request = {pool.slot_data(r.slot), r.pages.data(), int64_t(r.pages.size()), ch.start};
       b.tokens = r.tokens.data() + ch.start;
       b.n = ch.count;
-      b.logits = logits_.data() + i * V;
-      b.all_logits = false;
+      b.logits = nullptr;  // only the sampled token leaves the device
       tokens_computed_ += ch.count;
+      if (!ch.samples) continue;
+      // The next token is drawn on the device from the chunk's last row.
+      model::SampleSpec& sp = specs[i];
+      sp.params = meta_.at(ch.request_id).params.sampling;
+      sp.prompt = r.tokens.data();
+      sp.n_prompt = r.prompt_len;
+      sp.output = r.tokens.data() + r.prompt_len;
+      sp.n_output = r.generated();
+      sp.step = uint64_t(r.generated());
+      b.sample = &sp;
+      b.sampled = &sampled[i];
     }
     exec_->forward(batch);
     scheduler_.complete(plan);
@@ -64,12 +74,8 @@ class Engine::Impl {
     for (size_t i = 0; i < plan.chunks.size(); ++i) {
       const ScheduledChunk& ch = plan.chunks[i];
       if (!ch.samples) continue;
-      const SchedRequest& r = scheduler_.request(ch.request_id);
       Meta& m = meta_.at(ch.request_id);
-      const int32_t* toks = r.tokens.data();
-      const kernels::SampledToken s = kernels::cpu::sample_token(
-          logits_.data() + i * V, V, m.params.sampling, toks, r.prompt_len, toks + r.prompt_len,
-          r.generated(), uint64_t(r.generated()));
+      const kernels::SampledToken& s = sampled[i];
       RequestOutput out;
       out.id = ch.request_id;
       out.new_tokens.push_back(s.token);
@@ -138,7 +144,6 @@ class Engine::Impl {
   Scheduler scheduler_;
   std::map<int64_t, Meta> meta_;
   std::vector<int64_t> cancelled_;
-  std::vector<float> logits_;
   int64_t steps_ = 0, tokens_computed_ = 0, tokens_generated_ = 0;
 };
 

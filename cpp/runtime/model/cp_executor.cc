@@ -74,7 +74,7 @@ class CpExecutor final : public DelegatingExecutor {
   }
 
   // Runs fn(rank, that rank's batch) on one thread per rank; rank 0 writes the caller's logits
-  // (the other ranks' equal them and are not copied out).
+  // and tokens (the other ranks' would equal them and are not computed).
   template <typename Fn>
   void on_every_rank(std::vector<BatchItem>& batch, Fn fn) {
     const int P = int(ranks_.size());
@@ -82,7 +82,9 @@ class CpExecutor final : public DelegatingExecutor {
     for (int r = 1; r < P; ++r) {
       for (BatchItem& b : batches[r]) {
         b.request = translate(r, b.request);
-        b.logits = nullptr;
+        b.logits = nullptr;  // rank 0 returns the logits and draws the tokens
+        b.sample = nullptr;
+        b.sampled = nullptr;
       }
     }
     std::vector<std::exception_ptr> errors(static_cast<size_t>(P));

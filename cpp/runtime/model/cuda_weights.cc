@@ -1,7 +1,9 @@
 #include "runtime/model/cuda_weights.h"
 
-#include "kernels/cuda/quant.cuh"
 #include "runtime/model/cuda_resources.h"
+#include "runtime/model/device_array.h"
+
+#include "kernels/cuda/quant.cuh"
 
 namespace dsv41rt::model {
 
@@ -17,7 +19,7 @@ bool all_bf16_exact(const std::vector<const Tensor*>& ts) {
 
 class Uploader {
  public:
-  explicit Uploader(CudaModelWeights& out) : out_(out) {}
+  explicit Uploader(BackendWeights& out) : out_(out) {}
 
   template <typename T>
   T* alloc(int64_t n) {
@@ -44,18 +46,18 @@ class Uploader {
 
   /// Matrices stacked along a new leading axis, BF16 when every source is BF16-exact and has no
   /// host values, FP32 otherwise.
-  DevMatrix matrices(const std::vector<const Tensor*>& ts) {
+  Matrix matrices(const std::vector<const Tensor*>& ts) {
     if (ts.empty() || ts[0]->empty()) return {};
     if (!all_bf16_exact(ts)) return f32_matrices(ts);
     const int64_t each = ts[0]->numel();
     uint16_t* d = alloc<uint16_t>(each * int64_t(ts.size()));
     for (size_t i = 0; i < ts.size(); ++i) to_bf16(*ts[i], d + i * each);
     DSV41RT_CU(cudaDeviceSynchronize());  // the staging buffer is reused by the next call
-    return {d, true};
+    return {d, WeightFormat::kBF16, true};
   }
-  DevMatrix matrix(const Tensor& t) { return matrices({&t}); }
+  Matrix matrix(const Tensor& t) { return matrices({&t}); }
   /// FP32 stack whatever the sources (to match another matrix's precision).
-  DevMatrix f32_matrices(const std::vector<const Tensor*>& ts) {
+  Matrix f32_matrices(const std::vector<const Tensor*>& ts) {
     if (ts.empty() || ts[0]->empty()) return {};
     const int64_t each = ts[0]->numel();
     float* d = alloc<float>(each * int64_t(ts.size()));
@@ -64,7 +66,7 @@ class Uploader {
       DSV41RT_CU(
           cudaMemcpy(d + i * each, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
     }
-    return {d, false};
+    return {d, WeightFormat::kF32, false};
   }
 
  private:
@@ -82,7 +84,8 @@ class Uploader {
                                           ((s.cols + s.block_cols - 1) / s.block_cols)
                                     : s.rows * ((s.cols + 31) / 32);
     DSV41RT_CU(cudaDeviceSynchronize());  // the previous dequantisation has read the staging
-    uint8_t* stage = staging_.ensure(data_bytes + scale_bytes, staging_generation_);
+    uint8_t* stage = staging_.ensure([](int64_t b) { return cudart::device_alloc(b); },
+                                     data_bytes + scale_bytes, staging_generation_);
     DSV41RT_CU(cudaMemcpy(stage, s.data, size_t(data_bytes), cudaMemcpyHostToDevice));
     DSV41RT_CU(
         cudaMemcpy(stage + data_bytes, s.scale, size_t(scale_bytes), cudaMemcpyHostToDevice));
@@ -95,17 +98,17 @@ class Uploader {
     }
   }
 
-  CudaModelWeights& out_;
-  cudart::DeviceArray<uint8_t> staging_;
+  BackendWeights& out_;
+  DeviceArray<uint8_t> staging_;
   uint64_t staging_generation_ = 0;
 };
 
 }  // namespace
 
-CudaModelWeights upload_weights(const ModelPlan& plan, const ModelWeights& w,
-                                const std::vector<std::vector<float>>& inv_freq) {
+BackendWeights upload_weights(const ModelPlan& plan, const ModelWeights& w,
+                              const std::vector<std::vector<float>>& inv_freq) {
   const ModelConfig& c = plan.config;
-  CudaModelWeights d;
+  BackendWeights d;
   Uploader up(d);
   if (w.embed_bf16) {
     d.embed_bf16 = up.raw(w.embed_bf16, c.vocab_size * c.hidden_size);
@@ -116,7 +119,7 @@ CudaModelWeights upload_weights(const ModelPlan& plan, const ModelWeights& w,
   d.norm = up.f32(w.norm);
   for (size_t li = 0; li < plan.layers.size(); ++li) {
     const BlockWeights& b = w.layers[li];
-    CudaLayerWeights L;
+    LayerWeights L;
     L.attn_norm = up.f32(b.attn_norm);
     L.ffn_norm = up.f32(b.ffn_norm);
     L.hc_attn_fn = up.f32(b.hc_attn_fn);

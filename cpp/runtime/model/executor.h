@@ -1,5 +1,5 @@
-// The eager CPU reference executor of DeepSeek-V4.1 (architecture spec §2-§7). FP32 throughout;
-// cache values pass through the release's quantisers exactly as the reference does.
+// What the engine drives: one batched forward over paged state (the V4.1 forward of
+// model_runner.h on a device Backend), the pool it allocates from and the counters it reports.
 //
 // A forward runs a batch of items; an item is the next `n` tokens of one request (a whole prompt,
 // a prefill chunk of any size, or one decode token) at positions length.., reading and updating
@@ -15,11 +15,13 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "core/export.h"
+#include "kernels/sampling.h"
 #include "runtime/dequant_workspace.h"
 #include "runtime/model/kv_pool.h"
-#include "core/export.h"
 #include "runtime/model/layer_plan.h"
 #include "runtime/model/state_layout.h"
+#include "runtime/model/memory_plan.h"
 #include "runtime/model/weights.h"
 
 namespace dsv41rt::model {
@@ -86,18 +88,15 @@ struct ExecutorOptions {
   bool cp_workers = false;
 };
 
-/// Where the memory budget goes (closed form; see MemoryPlan::plan in executor.cc). Everything
-/// that grows with the pool is charged per page, everything that grows with the batch is fixed.
-struct DSV41RT_API MemoryPlan {
-  int64_t budget_bytes = 0;
-  int64_t slot_bytes = 0, num_slots = 0;  ///< per-request fixed state
-  int64_t page_bytes = 0, num_pages = 0;  ///< compressed KV + index keys of page_tokens positions
-  int64_t page_tokens = 0;
-  int64_t workspace_bytes_per_page =
-      0;                      ///< dequant workspaces + forward buffers that scale with context
-  int64_t scratch_bytes = 0;  ///< activations of one forward (token_budget rows) + logits
-  int64_t bytes_per_token() const { return page_bytes / page_tokens; }
-  std::string describe() const;
+/// The next token of a request, drawn on the device from its last row's logits
+/// (kernels/sampling.h: same seed, logits, history and step => same token on every backend).
+struct SampleSpec {
+  kernels::SamplingParams params;
+  const int32_t* prompt = nullptr;  ///< penalty inputs: the prompt and the tokens generated
+  int64_t n_prompt = 0;
+  const int32_t* output = nullptr;
+  int64_t n_output = 0;
+  uint64_t step = 0;  ///< tokens the request generated before this one
 };
 
 /// One unit of a batched forward.
@@ -105,20 +104,22 @@ struct BatchItem {
   RequestView request;  ///< state; request.length = positions already computed
   const int32_t* tokens = nullptr;
   int64_t n = 0;
-  /// [n, vocab] (all_logits) or [1, vocab]; null: nobody reads them, so they are not copied out
-  /// (a context-parallel rank other than 0, whose logits equal rank 0's).
+  /// [n, vocab] (all_logits) or [1, vocab]; null: nobody reads them, so they are neither
+  /// computed nor copied out (a prefill chunk that does not sample, a context-parallel rank
+  /// other than 0).
   float* logits = nullptr;
   bool all_logits = true;
+  /// Draw the next token after this item's last row (only the token, its logprob and the
+  /// requested top alternatives leave the device) into *sampled.
+  const SampleSpec* sample = nullptr;
+  kernels::SampledToken* sampled = nullptr;
 };
 
-/// What the engine drives: one batched forward over paged state, the pool it allocates from and
-/// the counters it reports. CpuExecutor is the FP32 reference; the CUDA executor
-/// (cuda_executor.h) computes the same forward on the GPU with the state in device memory.
 class DSV41RT_API Executor {
  public:
   virtual ~Executor() = default;
   /// Runs every item; each item's request must hold a slot and pages covering length + n.
-  /// Logits are written to the items' host buffers before it returns.
+  /// Logits and sampled tokens are in the items' host buffers when it returns.
   virtual void forward(std::vector<BatchItem>& items) = 0;
   virtual const ModelPlan& plan() const = 0;
   virtual const StateLayout& layout() const = 0;
@@ -133,10 +134,11 @@ class DSV41RT_API Executor {
   virtual DequantWorkspaces& workspaces() = 0;
   /// "cpu" or "cuda:N".
   virtual std::string device() const = 0;
-  /// Executor-specific counters (CUDA: graph captures/replays); empty by default.
+  /// Backend counters (weight bytes, device-to-host bytes, CUDA graph captures/replays, ...).
   virtual std::map<std::string, int64_t> backend_stats() const { return {}; }
-  /// Switches a backend option between forwards ("multistream", "cuda_graphs" on CUDA: for A/B
-  /// measurements on the same state); throws Error naming the option where it does not apply.
+  /// Switches a backend option between forwards ("multistream", "cuda_graphs", "bf16_gemm",
+  /// "cp_timing": for A/B measurements on the same state); throws Error naming the option where
+  /// it does not apply.
   virtual void set_backend_option(const std::string& name, bool on);
   /// Prefix sharing by copy: writes `src`'s state (its slot, and the pages covering its
   /// `length` positions) into `dst`'s slot and pages, which must already cover that length. The
@@ -158,78 +160,7 @@ class DSV41RT_API Executor {
 DSV41RT_API std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights weights,
                                                     EngramTables engram, ExecutorOptions options);
 
-/// The state layout of the options' cache formats (shared by both executors).
-std::unique_ptr<StateLayout> make_state_layout(const ModelPlan& plan, const ExecutorOptions& o);
-
-/// Load-time check that the Engram tables match the config (both executors); throws Error.
-void check_engram_tables(const ModelConfig& c, const EngramTables& engram);
-
-/// Per layer, the RoPE inverse frequencies (YaRN-scaled where the layer uses it; spec §2.3).
-std::vector<std::vector<float>> rope_inv_freqs(const ModelPlan& plan);
-
-/// Appends the rows x k decisions `src` to a decisions() record with each row sorted (the
-/// selections compare as sets; shared by both executors).
-void append_sorted_rows(const int32_t* src, int64_t rows, int64_t k, std::vector<int32_t>& dst);
-
-/// Argument checks of Executor::copy_state (shared by both executors); throws Error.
+/// Argument checks of Executor::copy_state; throws Error.
 void check_copy_state(const model::KvPool& pool, const RequestView& src, const RequestView& dst);
-
-/// The closed-form memory plan (shared by both executors).
-MemoryPlan plan_memory(const ModelPlan& plan, const StateLayout& layout, const ExecutorOptions& o);
-
-class DSV41RT_API CpuExecutor final : public Executor {
- public:
-  CpuExecutor(ModelPlan plan, ModelWeights weights, EngramTables engram,
-              ExecutorOptions options = {});
-
-  void forward(std::vector<BatchItem>& items) override { run(items, nullptr); }
-  void forward_cp(std::vector<BatchItem>& items, comm::Communicator& comm) override {
-    run(items, &comm);
-  }
-
-  const ModelPlan& plan() const override { return plan_; }
-  const StateLayout& layout() const override { return *layout_; }
-  model::KvPool& pool() override { return *pool_; }
-  const MemoryPlan& memory_plan() const override { return memory_; }
-  const std::map<std::string, std::vector<int32_t>>& decisions() const override {
-    return decisions_;
-  }
-  DequantWorkspaces& workspaces() override { return workspaces_; }
-  std::string device() const override { return "cpu"; }
-  void copy_state(const RequestView& src, const RequestView& dst) override;
-
- private:
-  struct Shared;
-  struct Item;
-  struct Rows;
-  void run(std::vector<BatchItem>& items, comm::Communicator* comm);
-  void embed(const int32_t* tokens, int64_t n, float* X) const;
-  void engram(int layer_pos, const BlockWeights& w, const Item& it, float* X) const;
-  void attention(const LayerPlan& layer, const AttentionWeights& w, std::vector<Item>& items,
-                 const Rows& rows, const float* x, float* y);
-  void compress(const LayerPlan& layer, const AttentionWeights& w, Item& it, const float* x);
-  void item_attention(const LayerPlan& layer, const AttentionWeights& w, Item& it, Shared& shared,
-                      const float* comp, const float* x, const float* qr, float* q, float* kv,
-                      float* y);
-  void moe(const LayerPlan& layer, const MoeWeights& w, const float* x, int64_t n, float* y);
-  // The projections, with the GPU's precision "bf16" emulated when this forward uses it (inputs
-  // rounded to BF16; the same per-forward choice: more than 8 rows).
-  void lin(const float* x, const Tensor& w, int64_t m, int64_t k, int64_t n, float* y) const;
-  void grouped_lin(const float* x, const Tensor& w, int64_t m, int64_t g, int64_t k, int64_t n,
-                   float* y) const;
-
-  ModelPlan plan_;
-  ModelWeights weights_;
-  EngramTables engram_;
-  ExecutorOptions options_;
-  std::vector<std::vector<float>> inv_freq_;  // per layer
-  std::unique_ptr<StateLayout> layout_;
-  MemoryPlan memory_;
-  bool bf16_ = false;  // precision "bf16": emulate the GPU tensor-core path
-  bool tc_ = false;    // this forward emulates it
-  std::unique_ptr<model::KvPool> pool_;
-  DequantWorkspaces workspaces_;
-  std::map<std::string, std::vector<int32_t>> decisions_;
-};
 
 }  // namespace dsv41rt::model

@@ -11,10 +11,8 @@
 #include "runtime/model/cp_executor.h"
 #include "runtime/model/cp_remote.h"
 #include "runtime/model/executor.h"
+#include "runtime/model/model_executor.h"
 #include "core/status.h"
-#if DSV41RT_WITH_CUDA
-#include "runtime/model/cuda_executor.h"
-#endif
 
 namespace dsv41rt::model {
 
@@ -153,18 +151,12 @@ std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights weights, En
                        "nccl.h available, e.g. pip install nvidia-nccl-cu13)");
 #endif
   }
-  if (d == "cpu") {  // precision "bf16" on the CPU: the emulation of the GPU's tensor-core path
-    return std::make_shared<CpuExecutor>(std::move(plan), std::move(weights), std::move(engram),
-                                         options);
-  }
-  if (d == "cuda" || d.rfind("cuda:", 0) == 0) {
-#if DSV41RT_WITH_CUDA
-    return make_cuda_executor(std::move(plan), std::move(weights), std::move(engram), options);
-#else
-    DSV41RT_THROW_CODE(kInvalidArgument, "device '", d,
-                       "': this build of dsv41rt has no CUDA backend (configure with nvcc "
-                       "available and DSV41RT_WITH_CUDA=ON)");
-#endif
+  // One executor over the device's backend (precision "bf16" on the CPU: the emulation of the
+  // GPU's tensor-core path).
+  if (d == "cpu" || d == "cuda" || d.rfind("cuda:", 0) == 0) {
+    auto backend = d == "cpu" ? make_cpu_backend() : make_cuda_backend(d);
+    return std::make_shared<ModelExecutor>(std::move(plan), std::move(weights), std::move(engram),
+                                           std::move(options), std::move(backend));
   }
   DSV41RT_THROW_CODE(kInvalidArgument, "unknown device '", d,
                      "' (expected 'cpu', 'cuda' or 'cuda:N')");

@@ -16,7 +16,7 @@ const RatioPlan& ForwardPlan::ratio(int r) const {
 
 namespace {
 
-// The compressor's groups and pending writes of one item (spec §2.4; CpuExecutor::compress):
+// The compressor's groups and pending writes of one item (spec §2.4):
 // the item's rows follow the P mod m pending rows; every complete group of m is pooled into
 // entry P / m + g, the rest stays pending.
 void plan_groups(RatioPlan& rp, int32_t item, int64_t P, int64_t n, int64_t row0) {
@@ -34,6 +34,38 @@ void plan_groups(RatioPlan& rp, int32_t item, int64_t P, int64_t n, int64_t row0
     rp.left_item.push_back(item);
     rp.left_src.push_back(row0 + c - pending);
     rp.left_dst.push_back(c - groups * m);
+  }
+}
+
+// Row `logit_row` of the head draws item `item`'s next token. Penalty inputs go into the history
+// only when a penalty reads them; the offsets are completed by finish_samples().
+void add_sample(SamplePlan& sp, const SampleSpec& s, int64_t logit_row, int32_t item) {
+  sp.logit_row.push_back(logit_row);
+  sp.params.push_back(s.params);
+  sp.steps.push_back(s.step);
+  sp.item.push_back(item);
+  sp.max_top = std::max(sp.max_top, s.params.top_logprobs);
+  const bool penalised = s.params.repetition_penalty != 1.0f ||
+                         s.params.frequency_penalty != 0.0f || s.params.presence_penalty != 0.0f;
+  sp.prompt_off.push_back(penalised ? s.n_prompt : 0);  // lengths for now
+  sp.output_off.push_back(penalised ? s.n_output : 0);
+}
+
+// Lengths -> absolute offsets into one history array (all prompts, then all outputs), filled
+// from the items' SampleSpecs.
+void finish_samples(SamplePlan& sp, const std::vector<BatchItem>& batch) {
+  const size_t rows = sp.logit_row.size();
+  std::vector<int64_t> np = sp.prompt_off, no = sp.output_off;
+  sp.prompt_off.assign(rows + 1, 0);
+  sp.output_off.assign(rows + 1, 0);
+  for (size_t r = 0; r < rows; ++r) sp.prompt_off[r + 1] = sp.prompt_off[r] + np[r];
+  sp.output_off[0] = sp.prompt_off[rows];
+  for (size_t r = 0; r < rows; ++r) sp.output_off[r + 1] = sp.output_off[r] + no[r];
+  sp.history.resize(size_t(sp.output_off[rows]));
+  for (size_t r = 0; r < rows; ++r) {
+    const SampleSpec& s = *batch[size_t(sp.item[r])].sample;
+    std::copy(s.prompt, s.prompt + np[r], sp.history.begin() + sp.prompt_off[r]);
+    std::copy(s.output, s.output + no[r], sp.history.begin() + sp.output_off[r]);
   }
 }
 
@@ -87,6 +119,18 @@ ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout,
                     b.tokens[t], " at index ", t, " is outside the vocabulary [0, ", c.vocab_size,
                     ")");
     }
+    if (b.sample) {
+      DSV41RT_CHECK(b.sampled != nullptr, "batch item ", i, " samples but has no output");
+      kernels::validate_sampling_params(b.sample->params, c.vocab_size);
+      for (const auto& [ids, n] : {std::pair(b.sample->prompt, b.sample->n_prompt),
+                                   std::pair(b.sample->output, b.sample->n_output)}) {
+        DSV41RT_CHECK(n >= 0 && (n == 0 || ids), "batch item ", i, ": missing sampling history");
+        for (int64_t t = 0; t < n; ++t) {
+          DSV41RT_CHECK(ids[t] >= 0 && ids[t] < c.vocab_size, "batch item ", i,
+                        ": sampling history token ", ids[t], " is outside the vocabulary");
+        }
+      }
+    }
     const int64_t P = b.request.length;
     f.slots.push_back(reinterpret_cast<uint64_t>(b.request.slot));
     f.length.push_back(P);
@@ -104,9 +148,18 @@ ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout,
       f.positions.push_back(P + t);
       f.store_window.push_back(P + t >= P + b.n - W ? 1 : 0);  // the ring keeps the newest W
     }
-    for (int64_t t = b.all_logits ? 0 : b.n - 1; t < b.n; ++t) f.head_rows.push_back(f.rows + t);
+    // Head rows: every row of an all-logits item, else the last row of an item that wants its
+    // logits or samples; none for the others (a prefill chunk that does not sample).
+    f.head_first.push_back(b.logits || b.sample ? int64_t(f.head_rows.size()) : -1);
+    if (b.logits || b.sample) {
+      for (int64_t t = b.logits && b.all_logits ? 0 : b.n - 1; t < b.n; ++t) {
+        f.head_rows.push_back(f.rows + t);
+      }
+    }
+    if (b.sample) add_sample(f.sample, *b.sample, int64_t(f.head_rows.size()) - 1, int32_t(i));
     f.rows += b.n;
   }
+  finish_samples(f.sample, batch);
   f.max_pages = std::max<int64_t>(f.max_pages, 1);
   f.page_table.assign(f.items * f.max_pages, 0);
   for (int64_t i = 0; i < f.items; ++i) {
@@ -175,6 +228,38 @@ int64_t pow2_at_least(int64_t v, int64_t floor) {
   return p;
 }
 
+// The sample plan of a decode batch (item i = row i) padded to B rows, row b drawing for item b:
+// items that do not sample, and padding, draw greedily with no history and are not read.
+SamplePlan pad_samples(const SamplePlan& sp, int64_t B) {
+  std::vector<int64_t> from(size_t(B), -1);  // the unpadded sample row of each padded row
+  for (int64_t r = 0; r < sp.rows(); ++r) from[size_t(sp.item[r])] = r;
+  SamplePlan p;
+  p.max_top = kMaxTopLogprobs;
+  p.prompt_off.push_back(0);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t r = from[size_t(b)];
+    p.logit_row.push_back(b);
+    p.params.push_back(r < 0 ? kernels::SamplingParams{0.0f} : sp.params[r]);
+    p.steps.push_back(r < 0 ? 0 : sp.steps[r]);
+    p.item.push_back(r < 0 ? -1 : sp.item[r]);
+    if (r >= 0) {
+      p.history.insert(p.history.end(), sp.history.begin() + sp.prompt_off[r],
+                       sp.history.begin() + sp.prompt_off[r + 1]);
+    }
+    p.prompt_off.push_back(int64_t(p.history.size()));
+  }
+  p.output_off.push_back(int64_t(p.history.size()));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t r = from[size_t(b)];
+    if (r >= 0) {
+      p.history.insert(p.history.end(), sp.history.begin() + sp.output_off[r],
+                       sp.history.begin() + sp.output_off[r + 1]);
+    }
+    p.output_off.push_back(int64_t(p.history.size()));
+  }
+  return p;
+}
+
 template <typename T>
 void pad_to(std::vector<T>& v, size_t n, T value) {
   if (v.size() < n) v.resize(n, value);
@@ -184,16 +269,19 @@ void pad_to(std::vector<T>& v, size_t n, T value) {
 
 DecodeBucket decode_bucket(const ModelConfig& c, const std::vector<BatchItem>& batch) {
   int64_t longest = 0;
+  bool head = false, sample = false;
   for (const BatchItem& b : batch) {
     if (b.n != 1) return {};
     longest = std::max(longest, b.request.length + 1);
+    head = head || b.logits;
+    sample = sample || b.sample;
   }
   // Context buckets: powers of two up to 8192, then multiples of 8192 (padding costs indexer
   // and top-k work over the bucket's entries: at most 2x below 8192, at most 25% above 32k).
   const int64_t floor = std::max<int64_t>(256, 2 * c.sliding_window);
   const int64_t context =
       longest <= 8192 ? pow2_at_least(longest, floor) : (longest + 8191) / 8192 * 8192;
-  return {pow2_at_least(int64_t(batch.size()), 1), std::max(context, floor)};
+  return {pow2_at_least(int64_t(batch.size()), 1), std::max(context, floor), head, sample};
 }
 
 ForwardPlan pad_decode_plan(const ForwardPlan& f, const ModelConfig& c, const StateLayout& layout,
@@ -250,8 +338,14 @@ ForwardPlan pad_decode_plan(const ForwardPlan& f, const ModelConfig& c, const St
     }
   }
   for (auto& rows : p.engram_rows) pad_to<int64_t>(rows, B * (rows.size() / f.rows), 0);
-  p.head_rows.resize(B);
-  for (int64_t b = 0; b < B; ++b) p.head_rows[b] = b;
+  // Every row goes through the head and draws a token when the bucket says so (fixed launch
+  // sizes); padding rows draw greedily without history, and nobody reads their results.
+  p.head_rows.clear();
+  p.head_first.assign(B, -1);
+  if (bucket.head || bucket.sample) {
+    for (int64_t b = 0; b < B; ++b) p.head_rows.push_back(b), p.head_first[b] = b;
+  }
+  if (bucket.sample) p.sample = pad_samples(f.sample, B);
   return p;
 }
 

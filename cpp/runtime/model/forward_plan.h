@@ -7,14 +7,17 @@
 //   ratios (one per compression ratio in the model): entries per item and their workspace
 //          offsets, visible entries per row, the compressor's complete groups and pending writes
 //   Engram: the hashed table rows of every Engram layer (token ids only, so hashed here)
-//   head:  the rows whose logits are wanted
+//   head:  the rows whose logits are wanted or sampled from
+//   sample: per sampled row, its logits row, sampling parameters, step and penalty inputs
 // Padded plans (graph capture) fill the metadata up to fixed capacities with item = -1 entries,
 // which every kernel skips.
 #pragma once
 
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
+#include "kernels/sampling.h"
 #include "runtime/model/executor.h"
 
 namespace dsv41rt::model {
@@ -34,6 +37,22 @@ struct RatioPlan {
   std::vector<int64_t> left_src, left_dst;
 };
 
+/// The tokens a forward draws on the device (one per sampling item, from its last row).
+struct SamplePlan {
+  std::vector<int64_t> logit_row;                // [rows] index into the head rows
+  std::vector<kernels::SamplingParams> params;   // [rows]
+  std::vector<uint64_t> steps;                   // [rows]
+  std::vector<int64_t> prompt_off, output_off;   // [rows + 1] into history (absolute)
+  std::vector<int32_t> history;                  // penalty inputs: prompts, then outputs
+  std::vector<int32_t> item;                     // [rows] the batch item (-1: padding)
+  int32_t max_top = 0;  ///< top alternatives computed per row (kMaxTopLogprobs when padded)
+  int64_t rows() const { return int64_t(logit_row.size()); }
+};
+
+/// The most top alternatives a request may ask for (kernels/sampling.h), computed for every
+/// sampled row of a captured decode graph.
+constexpr int32_t kMaxTopLogprobs = 20;
+
 struct ForwardPlan {
   int64_t items = 0, rows = 0;
   int64_t old_rows = 0;  ///< window rows unpacked from the rings (launch size / capacity)
@@ -47,7 +66,9 @@ struct ForwardPlan {
   std::vector<int32_t> page_table;                                         // [items, max_pages]
   std::vector<RatioPlan> ratios;
   std::vector<std::vector<int64_t>> engram_rows;  // per Engram layer [rows, (max_ngram-1)·heads]
-  std::vector<int64_t> head_rows;                 // rows whose logits are returned, item order
+  std::vector<int64_t> head_rows;                 // rows through the head, item order
+  std::vector<int64_t> head_first;                // [items] first head row of each (-1: none)
+  SamplePlan sample;
 
   const RatioPlan& ratio(int r) const;
 };
@@ -76,12 +97,12 @@ ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout,
                          const std::vector<const int32_t*>& histories);
 
 /// Fixed launch shape of a captured decode graph: `items` requests of one token each, every
-/// request shorter than `context` positions.
+/// request shorter than `context` positions; whether logits are computed (head) and tokens drawn.
 struct DecodeBucket {
   int64_t items = 0, context = 0;
-  bool operator<(const DecodeBucket& o) const {
-    return items != o.items ? items < o.items : context < o.context;
-  }
+  bool head = false, sample = false;
+  auto key() const { return std::tuple(items, context, head, sample); }
+  bool operator<(const DecodeBucket& o) const { return key() < o.key(); }
 };
 
 /// The bucket of a decode batch (every item n == 1): items rounded up to a power of two, context
@@ -93,7 +114,8 @@ DecodeBucket decode_bucket(const ModelConfig& c, const std::vector<BatchItem>& b
 /// offset depends on the bucket alone: rows and items up to bucket.items (padding: item -1, token
 /// 0), window rows at (sliding_window - 1) per item, compressed entries at context / ratio per
 /// item, page tables at ceil(context / page_tokens) columns, compressor groups and pending writes
-/// at one per item, logits for every row.
+/// at one per item, logits for every row (when any were wanted), a token drawn for every row
+/// (when any item samples; padding rows draw greedily and are ignored).
 ForwardPlan pad_decode_plan(const ForwardPlan& f, const ModelConfig& c, const StateLayout& layout,
                             DecodeBucket bucket);
 

@@ -311,7 +311,7 @@ kernels::SampledToken sample_token(const float* logits, int64_t V, const kernels
   dlp.poison();
   dids.poison();
   dlps.poison();
-  finish(cuda::sample_token(row.dl.get(), 1, V, row.dp.get(), row.dprompt.get(), row.dpoff.get(),
+  finish(cuda::sample_token(row.dl.get(), nullptr, 1, V, row.dp.get(), row.dprompt.get(), row.dpoff.get(),
                             row.doutput.get(), row.dooff.get(), dstep.get(), row.ws.get(),
                             dtok.get(), dlp.get(), n_top, dids.get(), dlps.get(), nullptr));
   kernels::SampledToken out;

@@ -1,0 +1,204 @@
+// The device Backend the model runner calls: memory, streams/events/graphs, and the ops of the
+// V4.1 forward. One implementation per device (cpu_backend.cc: the FP32 reference kernels on the
+// calling thread; cuda_backend.cc: the CUDA kernels on streams); the forward itself is written
+// once, in model_runner*.cc, against this interface.
+//
+// Conventions:
+//   - Every pointer an op takes is backend memory (alloc()), metadata arrays included; the model
+//     runner uploads each forward's host plan once (to_device) and passes the device arrays.
+//   - Ops are enqueued on the Stream they are given and return at once (CUDA) or after running
+//     (CPU); nothing is allocated inside an op: scratch comes from the caller (Scratch).
+//   - An op's semantics are those of its contract header (kernels/<op>.h, kernels/paged.h); the
+//     CPU backend is their reference, the CUDA one matches it bitwise or within the bound its
+//     contract states.
+//   - Errors throw dsv41rt::Error (CUDA: the failing launch, by name).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/paged.h"
+#include "kernels/sampling.h"
+#include "runtime/model/backend_weights.h"
+#include "runtime/model/device_array.h"
+#include "runtime/model/layer_plan.h"
+#include "runtime/model/weights.h"
+
+namespace dsv41rt::model {
+
+/// An ordered queue of a backend's ops (CUDA: a cudaStream_t). The CPU backend has one.
+struct Stream {
+  void* handle = nullptr;
+  bool operator==(const Stream& o) const { return handle == o.handle; }
+  bool operator!=(const Stream& o) const { return handle != o.handle; }
+};
+
+/// A recorded sequence of ops replayed as one unit (CUDA graph).
+class BackendGraph {
+ public:
+  virtual ~BackendGraph() = default;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  /// "cpu" or "cuda:N".
+  virtual std::string device() const = 0;
+  /// Makes this backend's device current on the calling thread (CUDA: cudaSetDevice); called at
+  /// every executor entry point, since one process may drive several GPUs from several threads.
+  virtual void activate() {}
+
+  // ---- weights and memory -----------------------------------------------------------------
+  /// The backend's copy (or view) of the loaded weights; inv_freq: per layer RoPE frequencies.
+  /// The CPU backend takes the host values over; CUDA uploads them.
+  virtual BackendWeights load_weights(const ModelPlan& plan, ModelWeights& weights,
+                                      const std::vector<std::vector<float>>& inv_freq) = 0;
+  /// Backend memory (never null for bytes > 0; throws Error naming the size when out of memory).
+  virtual std::shared_ptr<void> alloc(int64_t bytes) = 0;
+  /// Host memory the backend copies to and from fastest (CUDA: pinned).
+  virtual std::shared_ptr<void> alloc_host(int64_t bytes) = 0;
+  /// Host -> backend, ordered on `s` (the host bytes must stay valid until `s` is synchronised).
+  virtual void to_device(void* dst, const void* src, int64_t bytes, Stream s) = 0;
+  /// Backend -> host, ordered on `s` (valid after synchronize(s)); counted in stats() "d2h_bytes".
+  virtual void to_host(void* dst, const void* src, int64_t bytes, Stream s) = 0;
+  virtual void copy(void* dst, const void* src, int64_t bytes, Stream s) = 0;
+  virtual void fill(void* dst, uint8_t byte, int64_t bytes, Stream s) = 0;
+  virtual void synchronize(Stream s) = 0;
+
+  // ---- streams, events, graphs ---------------------------------------------------------------
+  /// Stream i: 0 is the main stream, 1.. side streams (the CPU backend: always its one stream).
+  virtual Stream stream(int i) = 0;
+  /// Event `id` (created on first use) recorded on `s`; wait(): `s` waits for its last record.
+  virtual void record(int id, Stream s) = 0;
+  virtual void wait(Stream s, int id) = 0;
+  /// Records `id` on `from` and makes `to` wait for it (nothing when they are one stream).
+  void link(int id, Stream from, Stream to) {
+    if (from == to) return;
+    record(id, from);
+    wait(to, id);
+  }
+  /// Timing markers (separate ids): record_time(id, s); after synchronising, the milliseconds
+  /// between two of them.
+  virtual void record_time(int id, Stream s) = 0;
+  virtual double elapsed_ms(int from_id, int to_id) = 0;
+  /// Graph capture of everything `body` enqueues on `s` (and streams forked from it). `reuse`: a
+  /// previous graph of the same launch sequence, updated in place when the backend can.
+  virtual bool supports_graphs() const { return false; }
+  virtual std::unique_ptr<BackendGraph> capture(Stream s, const std::function<void()>& body,
+                                                std::unique_ptr<BackendGraph> reuse);
+  virtual void replay(BackendGraph& graph, Stream s);
+  /// Counters ("d2h_bytes", graph updates, ...).
+  virtual std::map<std::string, int64_t> stats() const = 0;
+
+  // ---- numerics of the current forward ---------------------------------------------------------
+  /// Precision "bf16" for this forward: BF16-exact matrices multiply on BF16 tensor cores
+  /// (activations rounded to BF16, FP32 accumulation); the CPU backend emulates the rounding.
+  virtual void set_tensor_cores(bool on) = 0;
+
+  // ---- ops (contracts: kernels/*.h) --------------------------------------------------------------
+  /// y[m, n] (=|+=) x[m, k] · w[n, k]^T.
+  virtual void linear(const float* x, const Matrix& w, int64_t m, int64_t k, int64_t n, float* y,
+                      bool accumulate, Stream s) = 0;
+  /// x [m, groups, k], w [groups, n, k] -> y [m, groups, n].
+  virtual void grouped_linear(const float* x, const Matrix& w, int64_t m, int64_t groups,
+                              int64_t k, int64_t n, float* y, Stream s) = 0;
+  virtual void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
+                        float* y, Stream s) = 0;
+  virtual void apply_rope(float* x, int64_t rows, int64_t heads, int64_t head_dim,
+                          int64_t rope_dim, const int64_t* positions, const float* inv_freq,
+                          bool inverse, Stream s) = 0;
+  virtual void hc_mix(const float* X, const float* fn, const float* base, const float* scale,
+                      int64_t S, int64_t n, int64_t H, float rms_eps, float hc_eps, int iters,
+                      float* pre, float* post, float* comb, Stream s) = 0;
+  virtual void hc_collapse(const float* X, const float* w, int64_t S, int64_t n, int64_t H,
+                           float* u, Stream s) = 0;
+  virtual void hc_expand(const float* X, const float* y, const float* post, const float* comb,
+                         int64_t S, int64_t n, int64_t H, float* out, Stream s) = 0;
+  virtual void embed_rows(const float* table_f32, const uint16_t* table_bf16,
+                          const int32_t* tokens, int64_t n, int64_t H, int64_t copies, float* X,
+                          Stream s) = 0;
+  virtual void engram_gather(const uint8_t* table, const uint8_t* scales, const int64_t* rows,
+                             int64_t n, int64_t hd, float* out, Stream s) = 0;
+  /// In place on X [S, n, H] (kernels/engram.h).
+  virtual void engram_forward(float* X, const float* emb, const float* wkv, const float* q_weight,
+                              const float* k_weight, int64_t S, int64_t n, int64_t H, int64_t D,
+                              float eps, Scratch scratch, Stream s) = 0;
+  virtual void moe_route(const float* x, const float* gate, const float* bias, int64_t S,
+                         int64_t H, int64_t E, int64_t k, float scale, bool normalize,
+                         int32_t* idx, float* weight, Stream s) = 0;
+  /// y [S, H] = routed experts (w1/w3 [E, I, H], w2 [E, H, I]) + shared expert (may be empty).
+  virtual void moe_experts(const float* x, const int32_t* idx, const float* weight, int64_t S,
+                           int64_t H, int64_t k, int64_t E, int64_t I, const LayerWeights& w,
+                           float limit, float* y, Scratch scratch, Stream s) = 0;
+  /// Cache quantise-dequantise in `f`'s format (kF32: nothing).
+  virtual void cache_qdq(kernels::RowFormat f, float* x, int64_t rows, int64_t dim, Stream s) = 0;
+  // Paged state (kernels/paged.h).
+  virtual void unpack_paged(kernels::RowFormat f, const kernels::PagedRows& src, int64_t dim,
+                            int64_t items, int64_t max_count, const int64_t* count,
+                            const int64_t* out_offset, float* out, Stream s) = 0;
+  virtual void pack_paged(kernels::RowFormat f, const kernels::PagedRows& dst, int64_t dim,
+                          int64_t n, const float* rows, const int32_t* item, const int64_t* entry,
+                          Stream s) = 0;
+  virtual void unpack_ring(kernels::RowFormat f, const kernels::RingRows& src, int64_t dim,
+                           int64_t items, int64_t max_count, const int64_t* first,
+                           const int64_t* count, const int64_t* out_offset, float* out,
+                           Stream s) = 0;
+  virtual void pack_ring(kernels::RowFormat f, const kernels::RingRows& dst, int64_t dim,
+                         int64_t n, const float* rows, const int32_t* item,
+                         const int64_t* positions, const uint8_t* store, Stream s) = 0;
+  virtual void compress_pool_gather(const float* values, const float* scores,
+                                    uint8_t* const* slots, int64_t pending_offset, int64_t groups,
+                                    int64_t ratio, int64_t D, const int32_t* group_item,
+                                    const int64_t* n_pending, const int64_t* first_row,
+                                    float* pooled, Stream s) = 0;
+  virtual void store_pending(const float* values, const float* scores, uint8_t* const* slots,
+                             int64_t pending_offset, int64_t ratio, int64_t D, int64_t n,
+                             const int32_t* item, const int64_t* src_row, const int64_t* dst_row,
+                             Stream s) = 0;
+  virtual void attention_indices(int64_t S, int64_t W, int64_t KI, const int32_t* row_item,
+                                 const int64_t* positions, const int64_t* window_first,
+                                 const int64_t* length, const int64_t* old_offset,
+                                 const int64_t* row0, int64_t new_offset, const int32_t* topk,
+                                 const int64_t* comp_offset, int64_t comp_base, int32_t* idx,
+                                 Stream s) = 0;
+  // Indexer (kernels/indexer.h).
+  virtual void indexer_scores(const float* q, const float* keys, const int64_t* key_offset,
+                              const float* w, const int64_t* n_visible, int64_t S, int64_t H,
+                              int64_t D, int64_t T, float* scores, Stream s) = 0;
+  virtual void candidate_blocks(const float* scores, const int64_t* n_visible, int64_t S,
+                                int64_t T, int64_t topk_blocks, int64_t block_size, uint8_t* mask,
+                                Stream s) = 0;
+  virtual void apply_candidate_mask(float* scores, const uint8_t* mask, int64_t n, Stream s) = 0;
+  virtual void topk_select(const float* scores, int64_t S, int64_t T, int64_t k, int32_t* idx,
+                           Stream s) = 0;
+  /// Sparse attention with sink over [kv_a (T_a rows) | kv_b (T_b rows)] (kernels/attention.h).
+  virtual void sparse_attention(const float* q, const float* kv_a, int64_t T_a, const float* kv_b,
+                                int64_t T_b, const int32_t* idx, const float* sink, int64_t S,
+                                int64_t n_heads, int64_t D, int64_t K, float scale, float* out,
+                                Stream s) = 0;
+  virtual void gather_rows(const float* src, const int64_t* rows, int64_t n, int64_t dim,
+                           float* dst, Stream s) = 0;
+  virtual void scale(float* x, int64_t n, float factor, Stream s) = 0;
+  /// Draws one token for each of `rows` rows (kernels/sampling.h): row r samples logits row
+  /// logit_rows[r] with params[r] at step steps[r]; history holds the penalty inputs (row r's
+  /// prompt history[prompt_off[r]..prompt_off[r+1]), output history[output_off[r]..]). Writes
+  /// tokens/logprobs [rows] and, for the first min(top_logprobs, max_top) of each row,
+  /// top_ids/top_logprobs [rows, max_top].
+  virtual void sample(const float* logits, const int64_t* logit_rows, int64_t rows, int64_t V,
+                      const kernels::SamplingParams* params, const int32_t* history,
+                      const int64_t* prompt_off, const int64_t* output_off, const uint64_t* steps,
+                      int32_t* tokens, float* logprobs, int32_t max_top, int32_t* top_ids,
+                      float* top_logprobs, Scratch scratch, Stream s) = 0;
+};
+
+/// The CPU reference backend (FP32, the calling thread, OpenMP inside ops).
+std::unique_ptr<Backend> make_cpu_backend();
+/// The CUDA backend of device "cuda" / "cuda:N"; throws Error when this build has no CUDA
+/// backend or no such GPU is visible.
+std::unique_ptr<Backend> make_cuda_backend(const std::string& device);
+
+}  // namespace dsv41rt::model

@@ -1,0 +1,346 @@
+// The CPU reference backend: every op is the readable FP32 kernel of kernels/cpu, run at once on
+// the calling thread (OpenMP inside ops); memory is host memory, and streams, events and graphs
+// collapse to nothing. Precision "bf16" is emulated: inputs of BF16-exact matrices are rounded to
+// BF16 before the FP32 product, as the GPU's tensor cores see them.
+#include <chrono>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "core/status.h"
+#include "kernels/attention.h"
+#include "kernels/compressor.h"
+#include "kernels/engram.h"
+#include "kernels/indexer.h"
+#include "kernels/linear.h"
+#include "kernels/mhc.h"
+#include "kernels/moe.h"
+#include "kernels/paged.h"
+#include "kernels/quant.h"
+#include "kernels/rms_norm.h"
+#include "kernels/rope.h"
+#include "kernels/sampling.h"
+#include "runtime/model/backend.h"
+
+namespace dsv41rt::model {
+namespace {
+
+namespace k = kernels::cpu;
+using kernels::RowFormat;
+
+// The host values of the loaded weights, viewed in place (the ModelWeights move into the
+// returned storage), with each layer's routed experts stacked as the MoE op takes them.
+class CpuWeightView {
+ public:
+  CpuWeightView(const ModelPlan& plan, ModelWeights& w,
+                const std::vector<std::vector<float>>& inv_freq)
+      : keep_(std::make_shared<Kept>()) {
+    keep_->inv_freq = inv_freq;
+    out_.owned.push_back(keep_);
+    out_.embed_bf16 = w.embed_bf16;
+    out_.embed = w.embed.ptr();
+    out_.head = matrix(w.head);
+    out_.norm = w.norm.ptr();
+    for (size_t li = 0; li < plan.layers.size(); ++li) out_.layers.push_back(layer(w, li));
+    keep_->weights = std::move(w);
+  }
+  BackendWeights take() { return std::move(out_); }
+
+ private:
+  struct Kept {
+    ModelWeights weights;
+    std::vector<std::vector<float>> inv_freq;
+    std::vector<std::vector<float>> stacks;
+  };
+
+  Matrix matrix(const Tensor& t) {
+    if (t.empty()) return {};
+    out_.bytes += t.numel() * int64_t(sizeof(float));
+    return {t.ptr(), WeightFormat::kF32, bf16_exact(t)};
+  }
+  // Stacks the experts' matrices (freeing each one's own copy as it goes).
+  Matrix stack(std::vector<Tensor>& ts, bool exact) {
+    if (ts.empty()) return {};
+    std::vector<float> all;
+    all.reserve(size_t(ts[0].numel()) * ts.size());
+    for (Tensor& t : ts) {
+      all.insert(all.end(), t.data.begin(), t.data.end());
+      std::vector<float>().swap(t.data);
+    }
+    out_.bytes += int64_t(all.size() * sizeof(float));
+    keep_->stacks.push_back(std::move(all));
+    return {keep_->stacks.back().data(), WeightFormat::kF32, exact};
+  }
+
+  LayerWeights layer(ModelWeights& w, size_t li) {
+    BlockWeights& b = w.layers[li];
+    LayerWeights L;
+    L.attn_norm = b.attn_norm.ptr(), L.ffn_norm = b.ffn_norm.ptr();
+    L.hc_attn_fn = b.hc_attn_fn.ptr(), L.hc_attn_base = b.hc_attn_base.ptr();
+    L.hc_attn_scale = b.hc_attn_scale.ptr(), L.hc_ffn_fn = b.hc_ffn_fn.ptr();
+    L.hc_ffn_base = b.hc_ffn_base.ptr(), L.hc_ffn_scale = b.hc_ffn_scale.ptr();
+    const AttentionWeights& a = b.attn;
+    L.wq_a = matrix(a.wq_a), L.wq_b = matrix(a.wq_b), L.wkv = matrix(a.wkv);
+    L.wo_a = matrix(a.wo_a), L.wo_b = matrix(a.wo_b);
+    L.comp_wkv = matrix(a.comp_wkv), L.comp_wgate = matrix(a.comp_wgate);
+    L.idx_wq_b = matrix(a.idx_wq_b), L.idx_weights_proj = matrix(a.idx_weights_proj);
+    L.idx_wk = matrix(a.idx_wk);
+    L.q_norm = a.q_norm.ptr(), L.kv_norm = a.kv_norm.ptr(), L.attn_sink = a.attn_sink.ptr();
+    L.comp_norm = a.comp_norm.ptr(), L.idx_k_norm = a.idx_k_norm.ptr();
+    L.inv_freq = keep_->inv_freq[li].data();
+    MoeWeights& m = b.moe;
+    L.gate = m.gate.ptr(), L.bias = m.bias.ptr();
+    // One precision decision for all six expert matrices (as the GPU, whose MoE op takes one
+    // weight format).
+    bool exact = bf16_exact(m.shared_w1) && bf16_exact(m.shared_w3) && bf16_exact(m.shared_w2);
+    for (size_t e = 0; e < m.w1.size(); ++e) {
+      exact = exact && bf16_exact(m.w1[e]) && bf16_exact(m.w3[e]) && bf16_exact(m.w2[e]);
+    }
+    L.w1 = stack(m.w1, exact), L.w3 = stack(m.w3, exact), L.w2 = stack(m.w2, exact);
+    L.shared_w1 = matrix(m.shared_w1), L.shared_w3 = matrix(m.shared_w3);
+    L.shared_w2 = matrix(m.shared_w2);
+    for (Matrix* s : {&L.shared_w1, &L.shared_w3, &L.shared_w2}) s->bf16_exact = exact;
+    if (b.engram) {
+      const EngramWeights& e = *b.engram;
+      L.engram_table = e.table, L.engram_scale = e.table_scale, L.engram_rows = e.rows;
+      L.engram_wkv = e.wkv.ptr(), L.engram_q = e.q_weight.ptr(), L.engram_k = e.k_weight.ptr();
+    }
+    return L;
+  }
+
+  std::shared_ptr<Kept> keep_;
+  BackendWeights out_;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  std::string device() const override { return "cpu"; }
+
+  BackendWeights load_weights(const ModelPlan& plan, ModelWeights& weights,
+                              const std::vector<std::vector<float>>& inv_freq) override {
+    DSV41RT_CHECK_CODE(kInternal, !weights.head.data.empty(),
+                       "the CPU backend needs weights loaded with host values");
+    return CpuWeightView(plan, weights, inv_freq).take();
+  }
+  std::shared_ptr<void> alloc(int64_t bytes) override {
+    uint8_t* p = new (std::nothrow) uint8_t[size_t(std::max<int64_t>(bytes, 1))];
+    DSV41RT_CHECK_CODE(kOutOfRange, p != nullptr, "cannot allocate ", bytes, " bytes of memory");
+    return std::shared_ptr<void>(p, [](void* q) { delete[] static_cast<uint8_t*>(q); });
+  }
+  std::shared_ptr<void> alloc_host(int64_t bytes) override { return alloc(bytes); }
+  void to_device(void* dst, const void* src, int64_t bytes, Stream) override {
+    if (bytes > 0) std::memmove(dst, src, size_t(bytes));
+  }
+  void to_host(void* dst, const void* src, int64_t bytes, Stream) override {
+    if (bytes > 0) std::memmove(dst, src, size_t(bytes));
+    d2h_bytes_ += bytes;
+  }
+  void copy(void* dst, const void* src, int64_t bytes, Stream) override {
+    if (bytes > 0) std::memmove(dst, src, size_t(bytes));
+  }
+  void fill(void* dst, uint8_t byte, int64_t bytes, Stream) override {
+    if (bytes > 0) std::memset(dst, byte, size_t(bytes));
+  }
+  void synchronize(Stream) override {}
+
+  Stream stream(int) override { return {}; }
+  void record(int, Stream) override {}
+  void wait(Stream, int) override {}
+  // Ops run as they are called, so the host clock at the marker is the time.
+  void record_time(int id, Stream) override { times_[id] = std::chrono::steady_clock::now(); }
+  double elapsed_ms(int from_id, int to_id) override {
+    return std::chrono::duration<double, std::milli>(times_.at(to_id) - times_.at(from_id))
+        .count();
+  }
+  std::map<std::string, int64_t> stats() const override { return {{"d2h_bytes", d2h_bytes_}}; }
+
+  void set_tensor_cores(bool on) override { tc_ = on; }
+
+  void linear(const float* x, const Matrix& w, int64_t m, int64_t kk, int64_t n, float* y,
+              bool accumulate, Stream) override {
+    k::linear(emulated(x, m * kk, w), f32(w), m, kk, n, y, accumulate);
+  }
+  void grouped_linear(const float* x, const Matrix& w, int64_t m, int64_t groups, int64_t kk,
+                      int64_t n, float* y, Stream) override {
+    k::grouped_linear(emulated(x, m * groups * kk, w), f32(w), m, groups, kk, n, y);
+  }
+  void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
+                float* y, Stream) override {
+    k::rms_norm(x, weight, rows, dim, eps, y);
+  }
+  void apply_rope(float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t rope_dim,
+                  const int64_t* positions, const float* inv_freq, bool inverse, Stream) override {
+    k::apply_rope(x, rows, heads, head_dim, rope_dim, positions, inv_freq, inverse);
+  }
+  void hc_mix(const float* X, const float* fn, const float* base, const float* scale, int64_t S,
+              int64_t n, int64_t H, float rms_eps, float hc_eps, int iters, float* pre,
+              float* post, float* comb, Stream) override {
+    k::hc_mix(X, fn, base, scale, S, n, H, rms_eps, hc_eps, iters, pre, post, comb);
+  }
+  void hc_collapse(const float* X, const float* w, int64_t S, int64_t n, int64_t H, float* u,
+                   Stream) override {
+    k::hc_collapse(X, w, S, n, H, u);
+  }
+  void hc_expand(const float* X, const float* y, const float* post, const float* comb, int64_t S,
+                 int64_t n, int64_t H, float* out, Stream) override {
+    k::hc_expand(X, y, post, comb, S, n, H, out);
+  }
+  void embed_rows(const float* table_f32, const uint16_t* table_bf16, const int32_t* tokens,
+                  int64_t n, int64_t H, int64_t copies, float* X, Stream) override {
+    k::embed_rows(table_f32, table_bf16, tokens, n, H, copies, X);
+  }
+  void engram_gather(const uint8_t* table, const uint8_t* scales, const int64_t* rows, int64_t n,
+                     int64_t hd, float* out, Stream) override {
+    k::engram_gather(table, scales, rows, n, hd, out);
+  }
+  void engram_forward(float* X, const float* emb, const float* wkv, const float* q_weight,
+                      const float* k_weight, int64_t S, int64_t n, int64_t H, int64_t D, float eps,
+                      Scratch, Stream) override {
+    k::engram_forward(X, emb, wkv, q_weight, k_weight, nullptr, S, n, H, D, eps);
+  }
+  void moe_route(const float* x, const float* gate, const float* bias, int64_t S, int64_t H,
+                 int64_t E, int64_t kk, float scale, bool normalize, int32_t* idx, float* weight,
+                 Stream) override {
+    k::moe_route(x, gate, bias, S, H, E, kk, scale, idx, weight, normalize);
+  }
+  void moe_experts(const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H,
+                   int64_t kk, int64_t E, int64_t I, const LayerWeights& w, float limit, float* y,
+                   Scratch, Stream) override {
+    std::vector<kernels::SwigluWeights> experts(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) {
+      experts[e] = {f32(w.w1) + e * I * H, f32(w.w3) + e * I * H, f32(w.w2) + e * H * I};
+    }
+    const kernels::SwigluWeights shared{f32(w.shared_w1), f32(w.shared_w3), f32(w.shared_w2)};
+    k::moe_forward(x, idx, weight, S, H, kk, E, I, experts.data(), w.shared_w1 ? &shared : nullptr,
+                   I, limit, y, /*bf16_inputs=*/tc_ && w.w1.bf16_exact);
+  }
+  void cache_qdq(RowFormat f, float* x, int64_t rows, int64_t dim, Stream) override {
+    if (f == RowFormat::kFp8Window) k::fp8_window_qdq(x, rows, dim, x);
+    if (f == RowFormat::kNvfp4) k::nvfp4_qdq(x, rows, dim, x);
+    if (f == RowFormat::kMxfp4) k::mxfp4_qdq(x, rows, dim, x);
+  }
+  void unpack_paged(RowFormat f, const kernels::PagedRows& src, int64_t dim, int64_t items,
+                    int64_t max_count, const int64_t* count, const int64_t* out_offset, float* out,
+                    Stream) override {
+    k::unpack_paged(f, src, dim, items, max_count, count, out_offset, out);
+  }
+  void pack_paged(RowFormat f, const kernels::PagedRows& dst, int64_t dim, int64_t n,
+                  const float* rows, const int32_t* item, const int64_t* entry, Stream) override {
+    k::pack_paged(f, dst, dim, n, rows, item, entry);
+  }
+  void unpack_ring(RowFormat f, const kernels::RingRows& src, int64_t dim, int64_t items,
+                   int64_t max_count, const int64_t* first, const int64_t* count,
+                   const int64_t* out_offset, float* out, Stream) override {
+    k::unpack_ring(f, src, dim, items, max_count, first, count, out_offset, out);
+  }
+  void pack_ring(RowFormat f, const kernels::RingRows& dst, int64_t dim, int64_t n,
+                 const float* rows, const int32_t* item, const int64_t* positions,
+                 const uint8_t* store, Stream) override {
+    k::pack_ring(f, dst, dim, n, rows, item, positions, store);
+  }
+  void compress_pool_gather(const float* values, const float* scores, uint8_t* const* slots,
+                            int64_t pending_offset, int64_t groups, int64_t ratio, int64_t D,
+                            const int32_t* group_item, const int64_t* n_pending,
+                            const int64_t* first_row, float* pooled, Stream) override {
+    k::compress_pool_gather(values, scores, slots, pending_offset, groups, ratio, D, group_item,
+                            n_pending, first_row, pooled);
+  }
+  void store_pending(const float* values, const float* scores, uint8_t* const* slots,
+                     int64_t pending_offset, int64_t ratio, int64_t D, int64_t n,
+                     const int32_t* item, const int64_t* src_row, const int64_t* dst_row,
+                     Stream) override {
+    k::store_pending(values, scores, slots, pending_offset, ratio, D, n, item, src_row, dst_row);
+  }
+  void attention_indices(int64_t S, int64_t W, int64_t KI, const int32_t* row_item,
+                         const int64_t* positions, const int64_t* window_first,
+                         const int64_t* length, const int64_t* old_offset, const int64_t* row0,
+                         int64_t new_offset, const int32_t* topk, const int64_t* comp_offset,
+                         int64_t comp_base, int32_t* idx, Stream) override {
+    k::attention_indices(S, W, KI, row_item, positions, window_first, length, old_offset, row0,
+                         new_offset, topk, comp_offset, comp_base, idx);
+  }
+  void indexer_scores(const float* q, const float* keys, const int64_t* key_offset,
+                      const float* w, const int64_t* n_visible, int64_t S, int64_t H, int64_t D,
+                      int64_t T, float* scores, Stream) override {
+    k::indexer_scores_offset(q, keys, key_offset, w, n_visible, S, H, D, T, scores);
+  }
+  void candidate_blocks(const float* scores, const int64_t* n_visible, int64_t S, int64_t T,
+                        int64_t topk_blocks, int64_t block_size, uint8_t* mask, Stream) override {
+    k::candidate_blocks(scores, n_visible, S, T, topk_blocks, block_size, mask);
+  }
+  void apply_candidate_mask(float* scores, const uint8_t* mask, int64_t n, Stream) override {
+    k::apply_candidate_mask(scores, mask, 1, n);
+  }
+  void topk_select(const float* scores, int64_t S, int64_t T, int64_t kk, int32_t* idx,
+                   Stream) override {
+    k::topk_select(scores, S, T, kk, idx);
+  }
+  void sparse_attention(const float* q, const float* kv_a, int64_t T_a, const float* kv_b,
+                        int64_t T_b, const int32_t* idx, const float* sink, int64_t S,
+                        int64_t n_heads, int64_t D, int64_t K, float scale, float* out,
+                        Stream) override {
+    k::sparse_attention_split(q, kv_a, T_a, kv_b, T_b, idx, sink, S, n_heads, D, K, scale, out);
+  }
+  void gather_rows(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst,
+                   Stream) override {
+    k::gather_rows(src, rows, n, dim, dst);
+  }
+  void scale(float* x, int64_t n, float factor, Stream) override {
+    k::scale_inplace(x, n, factor);
+  }
+  void sample(const float* logits, const int64_t* logit_rows, int64_t rows, int64_t V,
+              const kernels::SamplingParams* params, const int32_t* history,
+              const int64_t* prompt_off, const int64_t* output_off, const uint64_t* steps,
+              int32_t* tokens, float* logprobs, int32_t max_top, int32_t* top_ids,
+              float* top_logprobs, Scratch, Stream) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const kernels::SampledToken t = k::sample_token(
+          logits + logit_rows[r] * V, V, params[r], history + prompt_off[r],
+          prompt_off[r + 1] - prompt_off[r], history + output_off[r],
+          output_off[r + 1] - output_off[r], steps[r]);
+      tokens[r] = t.token;
+      logprobs[r] = t.logprob;
+      for (size_t j = 0; j < t.top_ids.size() && int32_t(j) < max_top; ++j) {
+        top_ids[r * max_top + int64_t(j)] = t.top_ids[j];
+        top_logprobs[r * max_top + int64_t(j)] = t.top_logprobs[j];
+      }
+    }
+  }
+
+ private:
+  static const float* f32(const Matrix& w) { return static_cast<const float*>(w.data); }
+  // The activations a GEMM sees: rounded to BF16 in the emulated tensor-core mode.
+  const float* emulated(const float* x, int64_t n, const Matrix& w) {
+    if (!tc_ || !w.bf16_exact) return x;
+    rounded_.assign(x, x + n);
+    k::round_to_bf16(rounded_.data(), n);
+    return rounded_.data();
+  }
+
+  bool tc_ = false;
+  std::vector<float> rounded_;
+  int64_t d2h_bytes_ = 0;
+  std::map<int, std::chrono::steady_clock::time_point> times_;
+};
+
+}  // namespace
+
+std::unique_ptr<BackendGraph> Backend::capture(Stream, const std::function<void()>&,
+                                               std::unique_ptr<BackendGraph>) {
+  DSV41RT_THROW_CODE(kUnsupported, "the ", device(), " backend has no graphs");
+}
+void Backend::replay(BackendGraph&, Stream) {
+  DSV41RT_THROW_CODE(kUnsupported, "the ", device(), " backend has no graphs");
+}
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+#if !DSV41RT_WITH_CUDA
+std::unique_ptr<Backend> make_cuda_backend(const std::string& device) {
+  DSV41RT_THROW_CODE(kInvalidArgument, "device '", device,
+                     "': this build of dsv41rt has no CUDA backend (configure with nvcc "
+                     "available and DSV41RT_WITH_CUDA=ON)");
+}
+#endif
+
+}  // namespace dsv41rt::model

@@ -1,0 +1,376 @@
+// The CUDA backend: the kernels of kernels/cuda on a main stream and three side streams, device
+// memory from cudaMalloc, decode graphs through stream capture (updated in place with
+// cudaGraphExecUpdate when only addresses changed). Built with DSV41RT_WITH_CUDA.
+#include <algorithm>
+#include <array>
+#include <map>
+
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/engram.cuh"
+#include "kernels/cuda/gemm_tc.cuh"
+#include "kernels/cuda/indexer.cuh"
+#include "kernels/cuda/linear.cuh"
+#include "kernels/cuda/mhc.cuh"
+#include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/moe_grouped.cuh"
+#include "kernels/cuda/paged.cuh"
+#include "kernels/cuda/quant.cuh"
+#include "kernels/cuda/rms_norm.cuh"
+#include "kernels/cuda/rope.cuh"
+#include "kernels/cuda/sampling.cuh"
+#include "runtime/model/backend.h"
+#include "runtime/model/cuda_resources.h"
+#include "runtime/model/cuda_weights.h"
+
+namespace dsv41rt::model {
+namespace {
+
+namespace kc = kernels::cuda;
+using kernels::RowFormat;
+
+int parse_device(const std::string& d) {
+  int index = 0;
+  if (d != "cuda") {
+    const std::string n = d.substr(5);
+    DSV41RT_CHECK(!n.empty() && n.find_first_not_of("0123456789") == std::string::npos, "device '",
+                  d, "': expected 'cuda' or 'cuda:N'");
+    index = std::stoi(n);
+  }
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  DSV41RT_CHECK_CODE(kUnsupported, e == cudaSuccess && index < count, "device '", d,
+                     "': no such CUDA device (", e == cudaSuccess ? count : 0, " visible",
+                     e == cudaSuccess ? "" : std::string(", ") + cudaGetErrorString(e), ")");
+  return index;
+}
+
+cudaStream_t cs(Stream s) { return static_cast<cudaStream_t>(s.handle); }
+const uint16_t* bf16(const Matrix& m) { return static_cast<const uint16_t*>(m.data); }
+const float* f32(const Matrix& m) { return static_cast<const float*>(m.data); }
+
+class CudaGraph final : public BackendGraph {
+ public:
+  explicit CudaGraph(cudaGraphExec_t exec) : exec_(exec) {}
+  ~CudaGraph() override {
+    if (exec_) cudaGraphExecDestroy(exec_);
+  }
+  cudaGraphExec_t exec() const { return exec_; }
+
+ private:
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const std::string& device) : device_(parse_device(device)) {
+    activate();
+    for (auto& s : streams_) s = std::make_unique<cudart::Stream>();
+  }
+  ~CudaBackend() override { cudaDeviceSynchronize(); }
+
+  std::string device() const override { return "cuda:" + std::to_string(device_); }
+  void activate() override { DSV41RT_CU(cudaSetDevice(device_)); }
+
+  BackendWeights load_weights(const ModelPlan& plan, ModelWeights& weights,
+                              const std::vector<std::vector<float>>& inv_freq) override {
+    return upload_weights(plan, weights, inv_freq);
+  }
+  std::shared_ptr<void> alloc(int64_t bytes) override { return cudart::device_alloc(bytes); }
+  std::shared_ptr<void> alloc_host(int64_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocHost(&p, size_t(std::max<int64_t>(bytes, 1)));
+    DSV41RT_CHECK_CODE(kOutOfRange, e == cudaSuccess, "cudaMallocHost of ", bytes,
+                       " bytes failed: ", cudaGetErrorString(e));
+    return std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
+  }
+  void to_device(void* dst, const void* src, int64_t bytes, Stream s) override {
+    if (bytes > 0) DSV41RT_CU(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyHostToDevice, cs(s)));
+  }
+  void to_host(void* dst, const void* src, int64_t bytes, Stream s) override {
+    if (bytes > 0) DSV41RT_CU(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToHost, cs(s)));
+    d2h_bytes_ += std::max<int64_t>(bytes, 0);
+  }
+  void copy(void* dst, const void* src, int64_t bytes, Stream s) override {
+    if (bytes > 0) {
+      DSV41RT_CU(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, cs(s)));
+    }
+  }
+  void fill(void* dst, uint8_t byte, int64_t bytes, Stream s) override {
+    if (bytes > 0) DSV41RT_CU(cudaMemsetAsync(dst, byte, size_t(bytes), cs(s)));
+  }
+  void synchronize(Stream s) override { DSV41RT_CU(cudaStreamSynchronize(cs(s))); }
+
+  Stream stream(int i) override { return {streams_.at(size_t(i))->get()}; }
+  void record(int id, Stream s) override { DSV41RT_CU(cudaEventRecord(event(id), cs(s))); }
+  void wait(Stream s, int id) override { DSV41RT_CU(cudaStreamWaitEvent(cs(s), event(id), 0)); }
+  void record_time(int id, Stream s) override {
+    auto& e = timing_[id];
+    if (!e) e = std::make_unique<cudart::TimingEvent>();
+    DSV41RT_CU(cudaEventRecord(e->get(), cs(s)));
+  }
+  double elapsed_ms(int from_id, int to_id) override {
+    float ms = 0.0f;
+    DSV41RT_CU(cudaEventElapsedTime(&ms, timing_.at(from_id)->get(), timing_.at(to_id)->get()));
+    return double(ms);
+  }
+  bool supports_graphs() const override { return true; }
+  std::unique_ptr<BackendGraph> capture(Stream s, const std::function<void()>& body,
+                                        std::unique_ptr<BackendGraph> reuse) override {
+    cudaGraph_t graph = nullptr;
+    DSV41RT_CU(cudaStreamBeginCapture(cs(s), cudaStreamCaptureModeThreadLocal));
+    try {
+      body();
+    } catch (...) {
+      cudaStreamEndCapture(cs(s), &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    DSV41RT_CU(cudaStreamEndCapture(cs(s), &graph));
+    if (auto* old = dynamic_cast<CudaGraph*>(reuse.get())) {
+      cudaGraphExecUpdateResultInfo info{};
+      if (cudaGraphExecUpdate(old->exec(), graph, &info) == cudaSuccess) {
+        cudaGraphDestroy(graph);
+        ++graph_updates_;
+        return reuse;
+      }
+      cudaGetLastError();  // an update that does not fit is not an error: instantiate anew
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    DSV41RT_CU(e);
+    return std::make_unique<CudaGraph>(exec);
+  }
+  void replay(BackendGraph& graph, Stream s) override {
+    DSV41RT_CU(cudaGraphLaunch(static_cast<CudaGraph&>(graph).exec(), cs(s)));
+  }
+  std::map<std::string, int64_t> stats() const override {
+    return {{"d2h_bytes", d2h_bytes_}, {"graph_updates", graph_updates_}};
+  }
+
+  void set_tensor_cores(bool on) override { tc_ = on; }
+
+  void linear(const float* x, const Matrix& w, int64_t m, int64_t k, int64_t n, float* y,
+              bool accumulate, Stream s) override {
+    if (tc_ && w.format == WeightFormat::kBF16) {
+      kc::TcGemm g;
+      g.a = x, g.lda = k, g.b = bf16(w), g.ldb = k, g.c = y, g.ldc = n;
+      g.m = m, g.n = n, g.k = k, g.accumulate = accumulate;
+      DSV41RT_CU(kc::gemm_bf16_tc(g, cs(s)));
+    } else if (w.format == WeightFormat::kBF16) {
+      DSV41RT_CU(kc::linear_bf16w(x, bf16(w), m, k, n, y, accumulate, cs(s)));
+    } else {
+      DSV41RT_CU(kc::linear(x, f32(w), m, k, n, y, accumulate, cs(s)));
+    }
+  }
+  void grouped_linear(const float* x, const Matrix& w, int64_t m, int64_t groups, int64_t k,
+                      int64_t n, float* y, Stream s) override {
+    if (tc_ && w.format == WeightFormat::kBF16) {
+      kc::TcGemm g;
+      g.a = x, g.lda = groups * k, g.b = bf16(w), g.ldb = k;
+      g.c = y, g.ldc = groups * n, g.m = m, g.n = n, g.k = k;
+      g.batch = groups, g.stride_a = k, g.stride_b = n * k, g.stride_c = n;
+      DSV41RT_CU(kc::gemm_bf16_tc(g, cs(s)));
+    } else if (w.format == WeightFormat::kBF16) {
+      DSV41RT_CU(kc::grouped_linear_bf16w(x, bf16(w), m, groups, k, n, y, cs(s)));
+    } else {
+      DSV41RT_CU(kc::grouped_linear(x, f32(w), m, groups, k, n, y, cs(s)));
+    }
+  }
+  void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
+                float* y, Stream s) override {
+    DSV41RT_CU(kc::rms_norm(x, weight, rows, dim, eps, y, cs(s)));
+  }
+  void apply_rope(float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t rope_dim,
+                  const int64_t* positions, const float* inv_freq, bool inverse,
+                  Stream s) override {
+    DSV41RT_CU(
+        kc::apply_rope(x, rows, heads, head_dim, rope_dim, positions, inv_freq, inverse, cs(s)));
+  }
+  void hc_mix(const float* X, const float* fn, const float* base, const float* scale, int64_t S,
+              int64_t n, int64_t H, float rms_eps, float hc_eps, int iters, float* pre,
+              float* post, float* comb, Stream s) override {
+    DSV41RT_CU(kc::hc_mix(X, fn, base, scale, S, n, H, rms_eps, hc_eps, iters, pre, post, comb,
+                          cs(s)));
+  }
+  void hc_collapse(const float* X, const float* w, int64_t S, int64_t n, int64_t H, float* u,
+                   Stream s) override {
+    DSV41RT_CU(kc::hc_collapse(X, w, S, n, H, u, cs(s)));
+  }
+  void hc_expand(const float* X, const float* y, const float* post, const float* comb, int64_t S,
+                 int64_t n, int64_t H, float* out, Stream s) override {
+    DSV41RT_CU(kc::hc_expand(X, y, post, comb, S, n, H, out, cs(s)));
+  }
+  void embed_rows(const float* table_f32, const uint16_t* table_bf16, const int32_t* tokens,
+                  int64_t n, int64_t H, int64_t copies, float* X, Stream s) override {
+    DSV41RT_CU(kc::embed_rows(table_f32, table_bf16, tokens, n, H, copies, X, cs(s)));
+  }
+  void engram_gather(const uint8_t* table, const uint8_t* scales, const int64_t* rows, int64_t n,
+                     int64_t hd, float* out, Stream s) override {
+    DSV41RT_CU(kc::engram_gather(table, scales, rows, n, hd, out, cs(s)));
+  }
+  void engram_forward(float* X, const float* emb, const float* wkv, const float* q_weight,
+                      const float* k_weight, int64_t S, int64_t n, int64_t H, int64_t D, float eps,
+                      Scratch scratch, Stream s) override {
+    float* ws = static_cast<float*>(scratch.get(kc::engram_forward_workspace(S, n, H) * 4));
+    DSV41RT_CU(kc::engram_forward(X, emb, wkv, q_weight, k_weight, nullptr, S, n, H, D, eps, ws,
+                                  cs(s)));
+  }
+  void moe_route(const float* x, const float* gate, const float* bias, int64_t S, int64_t H,
+                 int64_t E, int64_t k, float scale, bool normalize, int32_t* idx, float* weight,
+                 Stream s) override {
+    DSV41RT_CU(kc::moe_route(x, gate, bias, S, H, E, k, scale, normalize, idx, weight, cs(s)));
+  }
+  void moe_experts(const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H,
+                   int64_t k, int64_t E, int64_t I, const LayerWeights& w, float limit, float* y,
+                   Scratch scratch, Stream s) override;
+  void cache_qdq(RowFormat f, float* x, int64_t rows, int64_t dim, Stream s) override {
+    if (f == RowFormat::kFp8Window) DSV41RT_CU(kc::fp8_window_qdq(x, rows, dim, x, cs(s)));
+    if (f == RowFormat::kNvfp4) DSV41RT_CU(kc::nvfp4_qdq(x, rows, dim, x, cs(s)));
+    if (f == RowFormat::kMxfp4) DSV41RT_CU(kc::mxfp4_qdq(x, rows, dim, x, cs(s)));
+  }
+  void unpack_paged(RowFormat f, const kernels::PagedRows& src, int64_t dim, int64_t items,
+                    int64_t max_count, const int64_t* count, const int64_t* out_offset, float* out,
+                    Stream s) override {
+    DSV41RT_CU(kc::unpack_paged(f, src, dim, items, max_count, count, out_offset, out, cs(s)));
+  }
+  void pack_paged(RowFormat f, const kernels::PagedRows& dst, int64_t dim, int64_t n,
+                  const float* rows, const int32_t* item, const int64_t* entry,
+                  Stream s) override {
+    DSV41RT_CU(kc::pack_paged(f, dst, dim, n, rows, item, entry, cs(s)));
+  }
+  void unpack_ring(RowFormat f, const kernels::RingRows& src, int64_t dim, int64_t items,
+                   int64_t max_count, const int64_t* first, const int64_t* count,
+                   const int64_t* out_offset, float* out, Stream s) override {
+    DSV41RT_CU(
+        kc::unpack_ring(f, src, dim, items, max_count, first, count, out_offset, out, cs(s)));
+  }
+  void pack_ring(RowFormat f, const kernels::RingRows& dst, int64_t dim, int64_t n,
+                 const float* rows, const int32_t* item, const int64_t* positions,
+                 const uint8_t* store, Stream s) override {
+    DSV41RT_CU(kc::pack_ring(f, dst, dim, n, rows, item, positions, store, cs(s)));
+  }
+  void compress_pool_gather(const float* values, const float* scores, uint8_t* const* slots,
+                            int64_t pending_offset, int64_t groups, int64_t ratio, int64_t D,
+                            const int32_t* group_item, const int64_t* n_pending,
+                            const int64_t* first_row, float* pooled, Stream s) override {
+    DSV41RT_CU(kc::compress_pool_gather(values, scores, slots, pending_offset, groups, ratio, D,
+                                        group_item, n_pending, first_row, pooled, cs(s)));
+  }
+  void store_pending(const float* values, const float* scores, uint8_t* const* slots,
+                     int64_t pending_offset, int64_t ratio, int64_t D, int64_t n,
+                     const int32_t* item, const int64_t* src_row, const int64_t* dst_row,
+                     Stream s) override {
+    DSV41RT_CU(kc::store_pending(values, scores, slots, pending_offset, ratio, D, n, item, src_row,
+                                 dst_row, cs(s)));
+  }
+  void attention_indices(int64_t S, int64_t W, int64_t KI, const int32_t* row_item,
+                         const int64_t* positions, const int64_t* window_first,
+                         const int64_t* length, const int64_t* old_offset, const int64_t* row0,
+                         int64_t new_offset, const int32_t* topk, const int64_t* comp_offset,
+                         int64_t comp_base, int32_t* idx, Stream s) override {
+    DSV41RT_CU(kc::attention_indices(S, W, KI, row_item, positions, window_first, length,
+                                     old_offset, row0, new_offset, topk, comp_offset, comp_base,
+                                     idx, cs(s)));
+  }
+  void indexer_scores(const float* q, const float* keys, const int64_t* key_offset,
+                      const float* w, const int64_t* n_visible, int64_t S, int64_t H, int64_t D,
+                      int64_t T, float* scores, Stream s) override {
+    DSV41RT_CU(
+        kc::indexer_scores_offset(q, keys, key_offset, w, n_visible, S, H, D, T, scores, cs(s)));
+  }
+  void candidate_blocks(const float* scores, const int64_t* n_visible, int64_t S, int64_t T,
+                        int64_t topk_blocks, int64_t block_size, uint8_t* mask,
+                        Stream s) override {
+    DSV41RT_CU(
+        kc::candidate_blocks(scores, n_visible, S, T, topk_blocks, block_size, mask, cs(s)));
+  }
+  void apply_candidate_mask(float* scores, const uint8_t* mask, int64_t n, Stream s) override {
+    DSV41RT_CU(kc::apply_candidate_mask(scores, mask, n, cs(s)));
+  }
+  void topk_select(const float* scores, int64_t S, int64_t T, int64_t k, int32_t* idx,
+                   Stream s) override {
+    DSV41RT_CU(kc::topk_select(scores, S, T, k, idx, cs(s)));
+  }
+  void sparse_attention(const float* q, const float* kv_a, int64_t T_a, const float* kv_b,
+                        int64_t T_b, const int32_t* idx, const float* sink, int64_t S,
+                        int64_t n_heads, int64_t D, int64_t K, float scale, float* out,
+                        Stream s) override {
+    DSV41RT_CU(kc::sparse_attention_split(q, kv_a, T_a, kv_b, T_b, idx, sink, S, n_heads, D, K,
+                                          scale, out, cs(s)));
+  }
+  void gather_rows(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst,
+                   Stream s) override {
+    DSV41RT_CU(kc::gather_rows(src, rows, n, dim, dst, cs(s)));
+  }
+  void scale(float* x, int64_t n, float factor, Stream s) override {
+    DSV41RT_CU(kc::scale_inplace(x, n, factor, cs(s)));
+  }
+  void sample(const float* logits, const int64_t* logit_rows, int64_t rows, int64_t V,
+              const kernels::SamplingParams* params, const int32_t* history,
+              const int64_t* prompt_off, const int64_t* output_off, const uint64_t* steps,
+              int32_t* tokens, float* logprobs, int32_t max_top, int32_t* top_ids,
+              float* top_logprobs, Scratch scratch, Stream s) override {
+    void* ws = scratch.get(rows * kc::sampling_workspace_bytes(V));
+    DSV41RT_CU(kc::sample_token(logits, logit_rows, rows, V, params, history, prompt_off, history,
+                                output_off, steps, ws, tokens, logprobs, max_top, top_ids,
+                                top_logprobs, cs(s)));
+  }
+
+ private:
+  cudaEvent_t event(int id) {
+    auto& e = events_[id];
+    if (!e) e = std::make_unique<cudart::Event>();
+    return e->get();
+  }
+
+  int device_ = 0;
+  std::array<std::unique_ptr<cudart::Stream>, 4> streams_;  // main, window store, compressor, indexer
+  std::map<int, std::unique_ptr<cudart::Event>> events_;
+  std::map<int, std::unique_ptr<cudart::TimingEvent>> timing_;
+  bool tc_ = false;
+  int64_t d2h_bytes_ = 0, graph_updates_ = 0;
+};
+
+// Routed + shared experts of S tokens: tensor cores (expert-grouped rows) where the precision
+// allows; otherwise the FP32 split kernels in passes over at most kMoeSplitFloats of scratch.
+void CudaBackend::moe_experts(const float* x, const int32_t* idx, const float* weight, int64_t S,
+                              int64_t H, int64_t k, int64_t E, int64_t I, const LayerWeights& w,
+                              float limit, float* y, Scratch scratch, Stream s) {
+  const bool b16 = w.w1.format == WeightFormat::kBF16;
+  if (tc_ && b16) {
+    const int64_t Is = w.shared_w1 ? I : 0;
+    const kc::MoeGroupedSizes sz = kc::moe_grouped_sizes(S, H, k, E, I, Is);
+    const int64_t int_bytes = (sz.ints * 4 + 255) / 256 * 256;
+    uint8_t* base = static_cast<uint8_t*>(scratch.get(int_bytes + sz.floats * 4));
+    const kc::MoeGroupedWorkspace ws = kc::moe_grouped_carve(
+        reinterpret_cast<int32_t*>(base), reinterpret_cast<float*>(base + int_bytes), S, H, k, E,
+        I, Is);
+    DSV41RT_CU(kc::moe_grouped_bf16(x, idx, weight, S, H, k, E, I, bf16(w.w1), bf16(w.w3),
+                                    bf16(w.w2), bf16(w.shared_w1), bf16(w.shared_w3),
+                                    bf16(w.shared_w2), Is, limit, y, ws, cs(s)));
+    return;
+  }
+  if (!b16) {
+    DSV41RT_CU(kc::moe_forward(x, idx, weight, S, H, k, E, I, f32(w.w1), f32(w.w3), f32(w.w2),
+                               f32(w.shared_w1), f32(w.shared_w3), f32(w.shared_w2), I, limit, y,
+                               cs(s)));
+    return;
+  }
+  constexpr int64_t kMoeSplitFloats = int64_t(64) << 20;  // 256 MiB
+  const int64_t per_token = kc::moe_split_workspace_floats(1, k, I, I);
+  const int64_t chunk = std::clamp<int64_t>(kMoeSplitFloats / per_token, 1, std::max<int64_t>(S, 1));
+  float* work = static_cast<float*>(scratch.get(chunk * per_token * 4));
+  DSV41RT_CU(kc::moe_forward_split_bf16w(x, idx, weight, S, H, k, E, I, bf16(w.w1), bf16(w.w3),
+                                         bf16(w.w2), bf16(w.shared_w1), bf16(w.shared_w3),
+                                         bf16(w.shared_w2), I, limit, y, work, chunk * per_token,
+                                         cs(s)));
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const std::string& device) {
+  return std::make_unique<CudaBackend>(device);
+}
+
+}  // namespace dsv41rt::model

@@ -1,0 +1,229 @@
+#include "runtime/model/model_executor.h"
+
+#include <algorithm>
+
+#include "core/status.h"
+#include "kernels/rope.h"
+
+namespace dsv41rt::model {
+
+namespace {
+
+// Precision "bf16" puts forwards of more rows than this on tensor cores; smaller ones (decode of a
+// few requests) are weight-bandwidth bound and stay FP32. The threshold sits on a power-of-two
+// boundary, so a decode graph bucket (items padded to a power of two) never straddles it.
+constexpr int64_t kFp32MaxRows = 8;
+
+// Timing markers bracketing a forward (model_runner.cc numbers its own after these).
+constexpr int kForwardStart = 0, kForwardEnd = 1;
+
+void check_engram_tables(const ModelConfig& c, const EngramTables& engram) {
+  if (!c.engram) return;
+  DSV41RT_CHECK(engram.layers.size() == c.engram->layer_ids.size(), c.source,
+                ": Engram tables for ", engram.layers.size(), " layers, config has ",
+                c.engram->layer_ids.size());
+  DSV41RT_CHECK(int64_t(engram.token_map.size()) == c.vocab_size, c.source,
+                ": Engram token map has ", engram.token_map.size(), " entries, vocab is ",
+                c.vocab_size);
+}
+
+// Per layer, the RoPE inverse frequencies (YaRN-scaled where the layer uses it; spec §2.3).
+std::vector<std::vector<float>> rope_inv_freqs(const ModelPlan& plan) {
+  const ModelConfig& c = plan.config;
+  std::vector<std::vector<float>> out;
+  for (const LayerPlan& layer : plan.layers) {
+    kernels::YarnParams yarn;
+    const kernels::YarnParams* yp = nullptr;
+    if (layer.yarn && c.yarn) {
+      yarn.factor = c.yarn->factor;
+      yarn.original_max_position = c.yarn->original_max_position;
+      yarn.beta_fast = c.yarn->beta_fast;
+      yarn.beta_slow = c.yarn->beta_slow;
+      yp = &yarn;
+    }
+    out.push_back(kernels::cpu::rope_inv_freq(c.qk_rope_head_dim, layer.rope_base, yp));
+  }
+  return out;
+}
+
+}  // namespace
+
+ModelExecutor::ModelExecutor(ModelPlan plan, ModelWeights weights, EngramTables engram,
+                             ExecutorOptions options, std::unique_ptr<Backend> backend)
+    : plan_(std::move(plan)),
+      engram_(std::move(engram)),
+      options_(std::move(options)),
+      backend_(std::move(backend)),
+      bf16_gemm_(options_.precision == "bf16") {
+  backend_->activate();
+  check_engram_tables(plan_.config, engram_);
+  weights_ = backend_->load_weights(plan_, weights, rope_inv_freqs(plan_));
+  layout_ = std::make_unique<StateLayout>(plan_, CacheFormats::of(options_.cache_quant),
+                                          options_.page_tokens);
+  memory_ = plan_memory(plan_, *layout_, options_.kv_memory_bytes, options_.max_requests,
+                        options_.token_budget, options_.max_context);
+  const PoolGeometry g = layout_->geometry();
+  Backend* be = backend_.get();
+  pool_ = std::make_unique<KvPool>(KvPool::from_budget(
+      g, memory_.num_slots * g.slot_bytes + memory_.num_pages * g.page_bytes, memory_.num_slots,
+      [be](int64_t bytes) { return std::static_pointer_cast<uint8_t>(be->alloc(bytes)); }));
+  histories_.assign(size_t(memory_.num_slots * std::max<int64_t>(layout_->history_len(), 1)), 0);
+  workspaces_ = DequantWorkspaces([be](int64_t bytes) { return be->alloc(bytes); });
+  runner_ = std::make_unique<ModelRunner>(plan_, *backend_, weights_, *layout_, *pool_, workspaces_);
+  runner_->multistream = options_.multistream;
+  runner_->record_decisions = options_.record_decisions;
+}
+
+ModelExecutor::~ModelExecutor() {
+  try {
+    backend_->activate();
+    backend_->synchronize(backend_->stream(0));
+  } catch (...) {  // destructors never throw
+  }
+}
+
+int32_t* ModelExecutor::history(const uint8_t* slot) {
+  const int64_t id = (slot - pool_->slot_data(0)) / pool_->geometry().slot_bytes;
+  return histories_.data() + id * std::max<int64_t>(layout_->history_len(), 1);
+}
+
+void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicator* comm) {
+  backend_->activate();
+  const ModelConfig& c = plan_.config;
+  std::vector<const int32_t*> histories;
+  for (const BatchItem& b : batch) histories.push_back(b.request.slot ? history(b.request.slot) : nullptr);
+  const ForwardPlan f = plan_forward(plan_, *layout_, batch, engram_, histories);
+  for (size_t l = 0; l < f.engram_rows.size(); ++l) {
+    const int64_t limit = weights_.layers[c.engram->layer_ids[l]].engram_rows;
+    for (int64_t r : f.engram_rows[l]) {
+      DSV41RT_CHECK(r >= 0 && r < limit, "Engram row ", r, " outside the table (", limit, " rows)");
+    }
+  }
+  // Decode batches run as the graph of their bucket where the backend has graphs; everything
+  // else, and forwards that record decisions, eagerly.
+  const bool graphs = options_.cuda_graphs && backend_->supports_graphs() &&
+                      !runner_->record_decisions && !comm;
+  const DecodeBucket bucket = graphs ? decode_bucket(c, batch) : DecodeBucket{};
+  backend_->set_tensor_cores(bf16_gemm_ && f.rows > kFp32MaxRows);
+  const Stream s = runner_->main();
+  backend_->record_time(kForwardStart, s);
+  if (bucket.items > 0) {
+    const ForwardPlan padded = pad_decode_plan(f, c, *layout_, bucket);
+    runner_->begin(padded);
+    graphs_.run(bucket, padded, *runner_, *backend_, workspaces_);
+    copy_results(padded, batch);
+  } else {
+    runner_->begin(f, comm);
+    runner_->run(f);
+    ++eager_forwards_;
+    copy_results(f, batch);
+  }
+  backend_->record_time(kForwardEnd, s);
+  backend_->synchronize(s);
+  last_forward_us_ = int64_t(backend_->elapsed_ms(kForwardStart, kForwardEnd) * 1000.0);
+  if (comm && runner_->cp_timing) cp_timing_ = runner_->read_cp_timing();
+  // Engram history: the last `hist` ids of (old history, chunk).
+  const int64_t hist = layout_->history_len();
+  for (BatchItem& b : batch) {
+    if (hist == 0) break;
+    int32_t* h = history(b.request.slot);
+    std::vector<int32_t> all(h, h + hist);
+    all.insert(all.end(), b.tokens, b.tokens + b.n);
+    std::copy(all.end() - hist, all.end(), h);
+  }
+}
+
+// Copies out what leaves the device: the logits of the items that want them (straight into their
+// buffers), and each sampled token with its logprob (and top alternatives when asked) into the
+// items' SampledTokens.
+void ModelExecutor::copy_results(const ForwardPlan& f, std::vector<BatchItem>& batch) {
+  const int64_t V = plan_.config.vocab_size;
+  const Stream s = runner_->main();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const BatchItem& b = batch[i];
+    if (!b.logits) continue;
+    const int64_t rows = b.all_logits ? b.n : 1;
+    backend_->to_host(b.logits, runner_->logits() + f.head_first[i] * V,
+                      rows * V * int64_t(sizeof(float)), s);
+  }
+  const SamplePlan& sp = f.sample;
+  const int64_t n = sp.rows();
+  if (n == 0) return;
+  bool top = false;
+  for (int64_t r = 0; r < n; ++r) top = top || (sp.item[r] >= 0 && sp.params[r].top_logprobs > 0);
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  std::vector<float> logprobs(static_cast<size_t>(n));
+  std::vector<int32_t> top_ids(top ? static_cast<size_t>(n * sp.max_top) : 0);
+  std::vector<float> top_lps(top_ids.size());
+  backend_->to_host(tokens.data(), runner_->tokens(), n * 4, s);
+  backend_->to_host(logprobs.data(), runner_->logprobs(), n * 4, s);
+  if (top) {
+    backend_->to_host(top_ids.data(), runner_->top_ids(), n * sp.max_top * 4, s);
+    backend_->to_host(top_lps.data(), runner_->top_logprobs(), n * sp.max_top * 4, s);
+  }
+  backend_->synchronize(s);
+  for (int64_t r = 0; r < n; ++r) {
+    if (sp.item[r] < 0) continue;
+    kernels::SampledToken& out = *batch[size_t(sp.item[r])].sampled;
+    DSV41RT_CHECK(tokens[r] >= 0 && tokens[r] < V, "sampling produced no valid token (non-finite "
+                  "logits?) for batch item ", sp.item[r]);
+    out.token = tokens[r];
+    out.logprob = logprobs[r];
+    const int32_t k = std::min(sp.params[r].top_logprobs, sp.max_top);
+    out.top_ids.assign(top_ids.begin() + r * sp.max_top, top_ids.begin() + r * sp.max_top + k);
+    out.top_logprobs.assign(top_lps.begin() + r * sp.max_top, top_lps.begin() + r * sp.max_top + k);
+  }
+}
+
+void ModelExecutor::copy_state(const RequestView& src, const RequestView& dst) {
+  check_copy_state(*pool_, src, dst);
+  backend_->activate();
+  const PoolGeometry& g = pool_->geometry();
+  const Stream s = backend_->stream(0);
+  backend_->copy(dst.slot, src.slot, g.slot_bytes, s);
+  for (int64_t i = 0; i < pool_->pages_for(src.length); ++i) {
+    backend_->copy(pool_->page_data(dst.pages[i]), pool_->page_data(src.pages[i]), g.page_bytes,
+                   s);
+  }
+  backend_->synchronize(s);
+  const int64_t hist = std::max<int64_t>(layout_->history_len(), 1);
+  const int32_t* from = history(src.slot);
+  std::copy(from, from + hist, history(dst.slot));
+}
+
+void ModelExecutor::set_backend_option(const std::string& name, bool on) {
+  const bool gpu = backend_->supports_graphs();
+  if (name == "multistream" && gpu) {
+    runner_->multistream = on;
+    graphs_.clear();  // captured graphs bake in the stream layout
+  } else if (name == "cuda_graphs" && gpu) {
+    options_.cuda_graphs = on;
+  } else if (name == "cp_timing") {
+    runner_->cp_timing = on;
+  } else if (name == "bf16_gemm") {
+    bf16_gemm_ = on;
+    graphs_.clear();  // captured graphs bake in the kernels
+  } else {
+    Executor::set_backend_option(name, on);
+  }
+}
+
+std::map<std::string, int64_t> ModelExecutor::backend_stats() const {
+  std::map<std::string, int64_t> s = backend_->stats();
+  s.insert({{"weight_bytes", weights_.bytes},
+            {"eager_forwards", eager_forwards_ + graphs_.eager()},
+            {"last_forward_us", last_forward_us_},
+            {"graph_captures", graphs_.captures()},
+            {"graph_replays", graphs_.replays()},
+            {"graphs", graphs_.size()},
+            {"multistream", runner_->multistream ? 1 : 0},
+            {"cuda_graphs", options_.cuda_graphs && backend_->supports_graphs() ? 1 : 0},
+            {"bf16_gemm", bf16_gemm_ ? 1 : 0},
+            {"cp_layers_timed", cp_timing_.layers},
+            {"cp_q_projection_us", cp_timing_.q_projection_us},
+            {"cp_all_gather_us", cp_timing_.all_gather_us},
+            {"cp_overlap_us", cp_timing_.overlap_us}});
+  return s;
+}
+
+}  // namespace dsv41rt::model

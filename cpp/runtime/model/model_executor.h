@@ -1,0 +1,63 @@
+// The executor of every device: one ModelRunner (the forward, written once) over the Backend of
+// options.device. What differs between devices lives in the backend (weight storage, allocator,
+// streams, graph capture); the executor owns the state (weights, KV pool, dequant workspaces,
+// the host copy of every request's Engram history) and the capture policy: decode batches
+// replay a graph per bucket where the backend has graphs, everything else runs eagerly.
+#pragma once
+
+#include <memory>
+
+#include "runtime/model/backend.h"
+#include "runtime/model/decode_graphs.h"
+#include "runtime/model/executor.h"
+#include "runtime/model/model_runner.h"
+
+namespace dsv41rt::model {
+
+class ModelExecutor final : public Executor {
+ public:
+  ModelExecutor(ModelPlan plan, ModelWeights weights, EngramTables engram,
+                ExecutorOptions options, std::unique_ptr<Backend> backend);
+  ~ModelExecutor() override;
+
+  void forward(std::vector<BatchItem>& batch) override { forward_impl(batch, nullptr); }
+  void forward_cp(std::vector<BatchItem>& batch, comm::Communicator& comm) override {
+    forward_impl(batch, &comm);
+  }
+  void copy_state(const RequestView& src, const RequestView& dst) override;
+
+  const ModelPlan& plan() const override { return plan_; }
+  const StateLayout& layout() const override { return *layout_; }
+  KvPool& pool() override { return *pool_; }
+  const MemoryPlan& memory_plan() const override { return memory_; }
+  const std::map<std::string, std::vector<int32_t>>& decisions() const override {
+    return runner_->decisions();
+  }
+  DequantWorkspaces& workspaces() override { return workspaces_; }
+  std::string device() const override { return backend_->device(); }
+  void set_backend_option(const std::string& name, bool on) override;
+  std::map<std::string, int64_t> backend_stats() const override;
+
+ private:
+  void forward_impl(std::vector<BatchItem>& batch, comm::Communicator* comm);
+  void copy_results(const ForwardPlan& f, std::vector<BatchItem>& batch);
+  int32_t* history(const uint8_t* slot);
+
+  ModelPlan plan_;
+  EngramTables engram_;
+  ExecutorOptions options_;
+  std::unique_ptr<Backend> backend_;
+  BackendWeights weights_;
+  std::unique_ptr<StateLayout> layout_;
+  MemoryPlan memory_;
+  std::unique_ptr<KvPool> pool_;
+  DequantWorkspaces workspaces_;
+  std::vector<int32_t> histories_;  // every slot's Engram history (planning input, host side)
+  std::unique_ptr<ModelRunner> runner_;
+  DecodeGraphs graphs_;
+  bool bf16_gemm_ = false;
+  int64_t eager_forwards_ = 0, last_forward_us_ = 0;
+  CpTiming cp_timing_;
+};
+
+}  // namespace dsv41rt::model

@@ -1,0 +1,207 @@
+#include "runtime/model/model_runner.h"
+
+#include <algorithm>
+
+#include "core/status.h"
+
+namespace dsv41rt::model {
+
+namespace {
+
+// Timing marker ids: 0 and 1 bracket a forward (the executor's); CP marks follow.
+constexpr int kCpTimingBase = 2;
+
+}  // namespace
+
+ModelRunner::ModelRunner(const ModelPlan& plan, Backend& backend, const BackendWeights& weights,
+                         const StateLayout& layout, KvPool& pool, DequantWorkspaces& workspaces)
+    : plan_(plan),
+      be_(backend),
+      w_(weights),
+      layout_(layout),
+      pool_(pool),
+      workspaces_(workspaces),
+      alloc_([&backend](int64_t bytes) { return backend.alloc(bytes); }) {}
+
+void ModelRunner::reset_forward_state() {
+  topk_source_ = -1;
+  candidates_ratio_ = -1;
+  cp_layer_ = 0;
+}
+
+void ModelRunner::begin(const ForwardPlan& f, comm::Communicator* comm) {
+  workspaces_.begin_forward();
+  decisions_.clear();
+  reset_forward_state();
+  comm_ = comm;
+  if (comm) qv_ = query_rows(f, comm->rank(), comm->size());
+  meta_ = uploader_.upload(be_, f, plan_.config.hc_mult, comm ? &qv_ : nullptr,
+                           comm ? comm->size() : 1, main(), generation_);
+}
+
+void ModelRunner::run(const ForwardPlan& f) {
+  embed_and_layers(f);
+  comm_ = nullptr;
+}
+
+void ModelRunner::embed_and_layers(const ForwardPlan& f) {
+  const ModelConfig& c = plan_.config;
+  // The streams carry the query rows (this rank's under context parallelism, else all rows);
+  // xn and u are sized for the all-gather's per-rank count.
+  const int64_t H = c.hidden_size, hc = c.hc_mult, N = meta_.nq;
+  const int64_t NA = comm_ ? qv_.max_local : N;
+  const float eps = float(c.rms_norm_eps), hc_eps = float(c.hc_eps);
+  const Stream s = main();
+  float* X = buf(X_, N * hc * H);
+  float* X1 = buf(X1_, N * hc * H);
+  float* u = buf(u_, NA * H);
+  float* xn = buf(xn_, NA * H);
+  buf(yv_, N * H);
+  float* pre = buf(pre_, N * hc);
+  float* a_pre = buf(a_pre_, N * hc);
+  float* a_post = buf(a_post_, N * hc);
+  float* a_comb = buf(a_comb_, N * hc * hc);
+  float* f_pre = buf(f_pre_, N * hc);
+  float* f_post = buf(f_post_, N * hc);
+  float* f_comb = buf(f_comb_, N * hc * hc);
+
+  // A CP rank may own no rows of a short batch: it still takes part in the all-gathers and
+  // writes every row's state (attention), and skips the row-wise ops.
+  const bool rows_here = N > 0;
+  if (rows_here) {
+    be_.embed_rows(w_.embed, w_.embed_bf16, meta_.q_tokens, N, H, hc, X, s);
+    be_.copy(pre, meta_.pre0, N * hc * int64_t(sizeof(float)), s);
+  }
+  int engram_pos = 0;
+  for (size_t li = 0; li < plan_.layers.size(); ++li) {
+    const LayerPlan& layer = plan_.layers[li];
+    const LayerWeights& w = w_.layers[li];
+    if (layer.engram && rows_here) {
+      const EngramSpec& e = *c.engram;
+      const int64_t cols = int64_t(e.max_ngram_size - 1) * e.n_heads, hd = e.head_dim;
+      float* emb = buf(emb_, N * cols * hd);
+      be_.engram_gather(w.engram_table, w.engram_scale, meta_.q_engram_rows[engram_pos], N * cols,
+                        hd, emb, s);
+      be_.engram_forward(X, emb, w.engram_wkv, w.engram_q, w.engram_k, N, hc, H, cols * hd, eps,
+                         scratch(engram_scratch_), s);
+    }
+    if (layer.engram) ++engram_pos;
+    if (rows_here) {
+      be_.hc_mix(X, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale, N, hc, H, eps, hc_eps,
+                 c.hc_sinkhorn_iters, a_pre, a_post, a_comb, s);
+      be_.hc_collapse(X, pre, N, hc, H, u, s);
+      be_.rms_norm(u, w.attn_norm, N, H, eps, xn, s);
+    }
+    attention(layer, w, f);
+    if (rows_here) {
+      be_.hc_expand(X, yv_.get(), a_post, a_comb, N, hc, H, X1, s);
+      be_.hc_mix(X1, w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale, N, hc, H, eps, hc_eps,
+                 c.hc_sinkhorn_iters, f_pre, f_post, f_comb, s);
+      be_.hc_collapse(X1, a_pre, N, hc, H, u, s);
+      be_.rms_norm(u, w.ffn_norm, N, H, eps, xn, s);
+      ffn(layer, w, X1, X, f_post, f_comb);
+    }
+    std::swap(pre, f_pre);
+  }
+  if (rows_here) be_.hc_collapse(X, pre, N, hc, H, u, s);
+  const float* u_all = u;
+  if (comm_) {  // every rank gathers the final hidden states (a collective: all take part)
+    float* ug = buf(ug_, f.rows * H);
+    gather_rows(u, H, f.rows, ug, s);
+    u_all = ug;
+  }
+  head_and_sample(f, u_all);
+}
+
+// MoE (spec §5): route, routed + shared experts, then the stream expansion.
+void ModelRunner::ffn(const LayerPlan& layer, const LayerWeights& w, float* X1, float* X,
+                      const float* f_post, const float* f_comb) {
+  const ModelConfig& c = plan_.config;
+  const int64_t H = c.hidden_size, N = meta_.nq, E = layer.n_experts, k = layer.experts_per_tok;
+  const Stream s = main();
+  int32_t* midx = buf(moe_idx_, N * k);
+  float* mw = buf(moe_w_, N * k);
+  be_.moe_route(xn_.get(), w.gate, w.bias, N, H, E, k, float(c.routed_scaling_factor),
+                c.norm_topk_prob, midx, mw, s);
+  be_.moe_experts(xn_.get(), midx, mw, N, H, k, E, c.moe_intermediate_size, w,
+                  float(c.swiglu_limit), yv_.get(), scratch(moe_scratch_), s);
+  if (record_decisions) record("experts_L", layer.index, midx, N, k);
+  be_.hc_expand(X1, yv_.get(), f_post, f_comb, N, c.hc_mult, H, X, s);
+}
+
+// The head over the plan's head rows, then the tokens of the sampling rows.
+void ModelRunner::head_and_sample(const ForwardPlan& f, const float* u) {
+  const ModelConfig& c = plan_.config;
+  const int64_t H = c.hidden_size, V = c.vocab_size, rows = int64_t(f.head_rows.size());
+  const Stream s = main();
+  if (rows == 0) return;
+  float* hsel = buf(hsel_, rows * H);
+  float* logits = buf(logits_, rows * V);
+  be_.gather_rows(u, meta_.head_rows, rows, H, hsel, s);
+  be_.rms_norm(hsel, w_.norm, rows, H, float(c.rms_norm_eps), hsel, s);
+  be_.linear(hsel, w_.head, rows, H, V, logits, false, s);
+  const SamplePlan& sp = f.sample;
+  const int64_t n = sp.rows();
+  if (n == 0) return;
+  const int32_t top = sp.max_top;
+  be_.sample(logits, meta_.sample_logit_row, n, V, meta_.sample_params, meta_.history,
+             meta_.prompt_off, meta_.output_off, meta_.sample_steps, buf(tokens_, n),
+             buf(logprobs_, n), top, top > 0 ? buf(top_ids_, n * top) : nullptr,
+             top > 0 ? buf(top_lps_, n * top) : nullptr, scratch(sample_scratch_), s);
+}
+
+// Appends a rows x k decision record with each row sorted (selections compare as sets).
+void ModelRunner::record(const char* kind, int layer, const int32_t* values, int64_t rows,
+                         int64_t k) {
+  std::vector<int32_t> host(size_t(rows * k));
+  be_.to_host(host.data(), values, rows * k * int64_t(sizeof(int32_t)), main());
+  be_.synchronize(main());
+  for (int64_t r = 0; r < rows; ++r) std::sort(host.begin() + r * k, host.begin() + (r + 1) * k);
+  std::vector<int32_t>& dst = decisions_[kind + std::to_string(layer)];
+  dst.insert(dst.end(), host.begin(), host.end());
+}
+
+void ModelRunner::gather_rows(const float* local, int64_t dim, int64_t rows, float* out, Stream s) {
+  const int64_t P = comm_->size(), count = qv_.max_local * dim;
+  float* recv = buf(cp_recv_, P * count);
+  if (comm_->device_buffers()) {
+    comm_->all_gather(local, recv, size_t(count), DType::kF32, s.handle);
+  } else {
+    // A host communicator (LocalComm virtual ranks, sockets): through host staging.
+    if (cp_host_floats_ < (P + 1) * count) {
+      cp_host_ = be_.alloc_host((P + 1) * count * int64_t(sizeof(float)));
+      cp_host_floats_ = (P + 1) * count;
+    }
+    float* hsend = static_cast<float*>(cp_host_.get());
+    float* hrecv = hsend + count;
+    be_.to_host(hsend, local, count * int64_t(sizeof(float)), s);
+    be_.synchronize(s);
+    comm_->all_gather(hsend, hrecv, size_t(count), DType::kF32, nullptr);
+    be_.to_device(recv, hrecv, P * count * int64_t(sizeof(float)), s);
+    be_.synchronize(s);  // the staging buffer is reused by the next call
+  }
+  be_.gather_rows(recv, meta_.cp_src_row, rows, dim, out, s);
+}
+
+void ModelRunner::cp_mark(int i, Stream s) {
+  if (!cp_timing) return;
+  be_.record_time(kCpTimingBase + int(cp_layer_) * 4 + i, s);
+  if (i == 3) ++cp_layer_;
+}
+
+CpTiming ModelRunner::read_cp_timing() {
+  CpTiming t;
+  t.layers = cp_layer_;
+  auto at = [&](int64_t l, int i) {
+    return be_.elapsed_ms(0, kCpTimingBase + int(l) * 4 + i) * 1000.0;
+  };
+  for (int64_t l = 0; l < cp_layer_; ++l) {
+    const double q0 = at(l, 0), q1 = at(l, 1), g0 = at(l, 2), g1 = at(l, 3);
+    t.q_projection_us += int64_t(q1 - q0);
+    t.all_gather_us += int64_t(g1 - g0);
+    t.overlap_us += int64_t(std::max(0.0, std::min(q1, g1) - std::max(q0, g0)));
+  }
+  return t;
+}
+
+}  // namespace dsv41rt::model

@@ -1,0 +1,138 @@
+// The DeepSeek-V4.1 forward, written once (architecture spec §2-§7): embed, then per block
+// Engram -> mHC mix -> collapse -> attention by role -> expand -> mix -> collapse -> MoE -> expand
+// (single-pass mHC), final collapse, norm, head and on-device sampling — as a fixed sequence of
+// Backend ops driven by one host plan (forward_plan.h) uploaded per forward (forward_meta.h).
+//
+// Attention (model_runner_attention.cc): Q (low rank, RoPE) and the window KV (RoPE, FP8 QDQ) of
+// every row; a Full layer compresses the new complete groups and appends index keys and
+// compressed entries to the pages; index-source layers score the group's keys, build/apply the
+// candidate blocks and publish the top-k that Reuse layers read; one softmax with sink over
+// [window rows | selected entries] (the compressed rows through the per-ratio dequant
+// workspace); inverse RoPE; grouped wo_a, wo_b. Window rows are read first and written last, so
+// a chunk of any size works.
+//
+// Streams: the main stream plus three side streams (window-KV store, compressor, indexer),
+// forked once the layer's shared inputs are ready and joined before attention. Under context
+// parallelism (begin() with a communicator) this rank computes the query rows g % size == rank
+// and all-gathers each layer's normed hidden states, so every rank writes the whole batch's
+// state (docs/design/context-parallel.md).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "runtime/dequant_workspace.h"
+#include "runtime/model/backend.h"
+#include "runtime/model/forward_meta.h"
+#include "runtime/model/forward_plan.h"
+#include "runtime/model/state_layout.h"
+
+namespace dsv41rt::model {
+
+/// Sums over layers of a context-parallel forward's Q projection, all-gather and the time both
+/// ran (microseconds, rank 0's device time).
+struct CpTiming {
+  int64_t layers = 0, q_projection_us = 0, all_gather_us = 0, overlap_us = 0;
+};
+
+class ModelRunner {
+ public:
+  /// Everything is borrowed from the executor, which outlives the runner.
+  ModelRunner(const ModelPlan& plan, Backend& backend, const BackendWeights& weights,
+              const StateLayout& layout, KvPool& pool, DequantWorkspaces& workspaces);
+
+  bool multistream = true;       ///< side streams (off: everything on the main stream)
+  bool record_decisions = false;  ///< keep each forward's top-k and expert choices
+  bool cp_timing = false;        ///< time the CP all-gather against the Q projection
+
+  /// Host bookkeeping of a forward and the upload of its plan, outside any capture. With `comm`
+  /// this runner is rank comm->rank() of a context-parallel group for this forward.
+  void begin(const ForwardPlan& f, comm::Communicator* comm = nullptr);
+  /// The forward's launch sequence on the main stream. Capture-safe after a begin() without
+  /// a communicator while nothing is recorded.
+  void run(const ForwardPlan& f);
+  /// Resets the per-forward layer state run() consumes (a capture records run() without
+  /// executing it; the eager run before it needs the same starting state).
+  void reset_forward_state();
+
+  /// Results of the last run, in backend memory: logits [head rows, V]; per sampled row the
+  /// token and its raw logprob, and [sample rows, max_top] top alternatives.
+  const float* logits() const { return logits_.get(); }
+  const int32_t* tokens() const { return tokens_.get(); }
+  const float* logprobs() const { return logprobs_.get(); }
+  const int32_t* top_ids() const { return top_ids_.get(); }
+  const float* top_logprobs() const { return top_lps_.get(); }
+  Stream main() { return be_.stream(0); }
+
+  /// Decisions of the last forward ("topk_L<l>", "experts_L<l>"; see Executor::decisions).
+  const std::map<std::string, std::vector<int32_t>>& decisions() const { return decisions_; }
+  /// Changes whenever a buffer a captured graph bakes in moves.
+  uint64_t generation() const { return generation_; }
+  const uint8_t* meta_base() const { return uploader_.base(); }
+  /// The last CP forward's timing (after its synchronisation; cp_timing on).
+  CpTiming read_cp_timing();
+
+ private:
+  enum Event : int { kFork, kQr, kKv, kStore, kComp, kIdx };
+  template <typename T>
+  T* buf(DeviceArray<T>& a, int64_t n) {
+    return a.ensure(alloc_, std::max<int64_t>(n, 1), generation_);
+  }
+  Scratch scratch(DeviceArray<uint8_t>& a) { return Scratch(alloc_, a, generation_); }
+  Stream side(int i) { return multistream ? be_.stream(1 + i) : main(); }
+
+  void embed_and_layers(const ForwardPlan& f);
+  void ffn(const LayerPlan& layer, const LayerWeights& w, float* X1, float* X, const float* f_post,
+           const float* f_comb);
+  void head_and_sample(const ForwardPlan& f, const float* u);
+  // model_runner_attention.cc
+  void attention(const LayerPlan& layer, const LayerWeights& w, const ForwardPlan& f);
+  void compressor(const LayerPlan& layer, const LayerWeights& w, const ForwardPlan& f,
+                  const float* x, Stream s);
+  void indexer(const LayerPlan& layer, const LayerWeights& w, const ForwardPlan& f, Stream s);
+  kernels::PagedRows paged(int source_layer, bool key, const ForwardPlan& f) const;
+  // Context parallelism: local rows [nq, dim] -> plan rows [rows, dim] (one all-gather).
+  void gather_rows(const float* local, int64_t dim, int64_t rows, float* out, Stream s);
+  void cp_mark(int i, Stream s);
+  void record(const char* kind, int layer, const int32_t* values, int64_t rows, int64_t k);
+
+  const ModelPlan& plan_;
+  Backend& be_;
+  const BackendWeights& w_;
+  const StateLayout& layout_;
+  KvPool& pool_;
+  DequantWorkspaces& workspaces_;
+  Allocator alloc_;
+  uint64_t generation_ = 0;
+  MetaUploader uploader_;
+  ForwardMeta meta_;
+
+  // Per-forward layer state: the latest index source's top-k and the candidate source's ratio.
+  int topk_source_ = -1;
+  int candidates_ratio_ = -1;
+  std::map<std::string, std::vector<int32_t>> decisions_;
+
+  // Activations (grown on demand).
+  DeviceArray<float> X_, X1_, u_, xn_, yv_, pre_, a_pre_, a_post_, a_comb_, f_pre_, f_post_,
+      f_comb_;
+  DeviceArray<float> qr_, q_, kv_a_, o_, z_, cv_, cs_, latent_, qi_, wts_, ikeys_, scores_;
+  DeviceArray<uint8_t> mask_;
+  DeviceArray<int32_t> topk_, idx_, moe_idx_;
+  DeviceArray<float> moe_w_, emb_, hsel_, logits_;
+  DeviceArray<uint8_t> engram_scratch_, moe_scratch_, sample_scratch_;
+  DeviceArray<int32_t> tokens_, top_ids_;
+  DeviceArray<float> logprobs_, top_lps_;
+
+  // Context parallelism, set for the duration of a forward begun with a communicator.
+  comm::Communicator* comm_ = nullptr;
+  QueryRows qv_;
+  DeviceArray<float> cp_recv_, xg_, ug_;
+  std::shared_ptr<void> cp_host_;  // staging of host communicators
+  int64_t cp_host_floats_ = 0;
+  int64_t cp_layer_ = 0;
+};
+
+}  // namespace dsv41rt::model
