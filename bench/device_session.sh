@@ -8,13 +8,12 @@
 #   tiny     executor benchmark on tiny-v41 (both precisions)
 #   bench40  generate bench-40 and run the executor benchmark on it (precision bf16)
 #   comm     NCCL communicator and context-parallel tests/timings
-#   gemm     tensor-core GEMM throughput at the bench-40 shapes
 #   profile  per-kernel device time of one bench-40 prefill (after bench40, or generates it)
 #   cp2      (2 GPUs) CP 2 over NCCL vs CP 1 on the tiny presets, threads and one process per GPU
 #   bf16diag GPU precision bf16 vs the CPU emulation of it, per position (errors saved for analysis)
 #   cp2bench (2 GPUs) bench-40 prefill, CP 2 one process per GPU vs CP 1 (CP_MODES processes|threads, CP_TOKENS,
 #            CP1_TOKENS, REPEATS)
-# Usage (device machine, repo root):  STEPS="tests tiny" K="gemm or fork" bash bench/device_session.sh
+# Usage (device machine, repo root):  STEPS="tests tiny" K="fork" bash bench/device_session.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/dsv41rt-out}
 mkdir -p "$OUT" /tmp/site
@@ -76,10 +75,6 @@ for step in ${STEPS:-tests}; do
         --steps "${DECODE_STEPS:-5}" --repeats 3 --kv-memory $((22 << 30)) --token-budget 8192 --max-context 33000 \
         --out "$OUT/bench40.json" 2>&1 | tail -40
       nvidia-smi --query-gpu=memory.used --format=csv,noheader
-      ;;
-    gemm)
-      echo "== tensor-core GEMM throughput"
-      timeout 120 python3 -u bench/gemm_tc_bench.py --out "$OUT/gemm_tc.json" 2>&1 | tail -24
       ;;
     profile)
       echo "== where a bench-40 prefill spends its time"

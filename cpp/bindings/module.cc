@@ -13,7 +13,6 @@ void register_checkpoint(nb::module_& m);
 void register_ops(nb::module_& m);
 void register_model_config(nb::module_& m);
 void register_engine(nb::module_& m);
-void register_cuda_ops(nb::module_& m);
 void register_comm(nb::module_& m);
 }  // namespace dsv41rt::bindings
 
@@ -28,7 +27,6 @@ NB_MODULE(_core, m) {
   dsv41rt::bindings::register_ops(m);
   dsv41rt::bindings::register_model_config(m);
   dsv41rt::bindings::register_engine(m);
-  dsv41rt::bindings::register_cuda_ops(m);
   dsv41rt::bindings::register_comm(m);
   m.def("cuda_device_count", &dsv41rt::cuda_device_count,
         "Number of usable CUDA devices (0 for CPU-only builds or without a driver).");

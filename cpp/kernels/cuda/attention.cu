@@ -126,17 +126,6 @@ __global__ void sparse_attention_kernel(const float* __restrict__ q, const float
 
 }  // namespace
 
-cudaError_t sparse_attention(const float* q, const float* kv, const int32_t* indices,
-                             const float* sink, int64_t S, int64_t n_heads, int64_t D, int64_t T,
-                             int64_t K, float scale, float* out, cudaStream_t stream) {
-  if (S < 0 || n_heads <= 0 || D <= 0 || T < 0 || K < 0) return cudaErrorInvalidValue;
-  if (S == 0) return cudaSuccess;
-  if (S > 0x7fffffff / n_heads) return cudaErrorInvalidValue;
-  sparse_attention_kernel<<<static_cast<unsigned>(S * n_heads), kThreads, 0, stream>>>(
-      q, kv, T, nullptr, indices, sink, n_heads, D, T, K, scale, out);
-  return launch_status();
-}
-
 cudaError_t sparse_attention_split(const float* q, const float* kv_a, int64_t T_a,
                                    const float* kv_b, int64_t T_b, const int32_t* indices,
                                    const float* sink, int64_t S, int64_t n_heads, int64_t D,

@@ -14,11 +14,6 @@
 
 namespace dsv41rt::kernels::cuda {
 
-DSV41RT_API cudaError_t sparse_attention(const float* q, const float* kv, const int32_t* indices,
-                                         const float* sink, int64_t S, int64_t n_heads, int64_t D,
-                                         int64_t T, int64_t K, float scale, float* out,
-                                         cudaStream_t stream);
-
 /// The same over two key arrays without copying them together: index j < T_a is row j of kv_a,
 /// T_a <= j < T_a + T_b is row j - T_a of kv_b (the executor's window rows and the ratio's
 /// dequant workspace).

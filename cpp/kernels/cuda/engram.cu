@@ -116,17 +116,6 @@ __global__ void engram_update_kernel(float* __restrict__ X, const float* __restr
 
 }  // namespace
 
-cudaError_t engram_hash_rows(const int64_t* compressed_ids, int64_t S, int64_t max_ngram,
-                             int64_t n_heads, const int64_t* multipliers, const int64_t* primes,
-                             const int64_t* offsets, int64_t pad_id, int64_t* rows,
-                             cudaStream_t stream) {
-  if (S <= 0) return S == 0 ? cudaSuccess : cudaErrorInvalidValue;
-  if (max_ngram < 2 || n_heads < 1 || pad_id < 0) return cudaErrorInvalidValue;
-  engram_hash_rows_kernel<<<blocks_for(S), kThreads, 0, stream>>>(
-      compressed_ids, S, max_ngram, n_heads, multipliers, primes, offsets, pad_id, rows);
-  return launch_status();
-}
-
 cudaError_t engram_forward(float* X, const float* emb, const float* wkv, const float* q_weight,
                            const float* k_weight, const uint8_t* token_mask, int64_t S, int64_t n,
                            int64_t H, int64_t D, float eps, float* kv_workspace,

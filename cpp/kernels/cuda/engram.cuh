@@ -11,16 +11,6 @@
 
 namespace dsv41rt::kernels::cuda {
 
-/// rows [S, (max_ngram - 1) * n_heads] int64, bit-identical to kernels::cpu::engram_hash_rows
-/// (wrapping int64 products in unsigned arithmetic, XOR chain, floor mod, lookback blocking).
-/// compressed_ids [S + max_ngram - 1]; multipliers [max_ngram]; primes, offsets
-/// [(max_ngram - 1) * n_heads] (primes > 0, pad_id >= 0: checked by the caller).
-DSV41RT_API cudaError_t engram_hash_rows(const int64_t* compressed_ids, int64_t S,
-                                         int64_t max_ngram, int64_t n_heads,
-                                         const int64_t* multipliers, const int64_t* primes,
-                                         const int64_t* offsets, int64_t pad_id, int64_t* rows,
-                                         cudaStream_t stream);
-
 /// Floats of workspace engram_forward needs: S * (n + 1) * H (the kv projection).
 inline int64_t engram_forward_workspace(int64_t S, int64_t n, int64_t H) { return S * (n + 1) * H; }
 

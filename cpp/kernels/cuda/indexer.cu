@@ -214,12 +214,6 @@ __global__ void candidate_blocks_kernel(const float* __restrict__ scores,
 
 }  // namespace
 
-cudaError_t indexer_scores(const float* q, const float* keys, const float* w,
-                           const int64_t* n_visible, int64_t S, int64_t H, int64_t D, int64_t T,
-                           float* scores, cudaStream_t stream) {
-  return indexer_scores_offset(q, keys, nullptr, w, n_visible, S, H, D, T, scores, stream);
-}
-
 cudaError_t indexer_scores_offset(const float* q, const float* keys, const int64_t* key_offset,
                                   const float* w, const int64_t* n_visible, int64_t S, int64_t H,
                                   int64_t D, int64_t T, float* scores, cudaStream_t stream) {

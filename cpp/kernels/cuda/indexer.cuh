@@ -13,12 +13,6 @@
 
 namespace dsv41rt::kernels::cuda {
 
-/// scores[s, j] = Σ_h w[s,h] · relu(q[s,h,:] · keys[j,:]) for j < n_visible[s], −inf otherwise.
-///   q [S, H, D], keys [T, D], w [S, H], n_visible int64 [S], scores [S, T].
-DSV41RT_API cudaError_t indexer_scores(const float* q, const float* keys, const float* w,
-                                       const int64_t* n_visible, int64_t S, int64_t H, int64_t D,
-                                       int64_t T, float* scores, cudaStream_t stream);
-
 /// The same with each query's keys starting at row key_offset[s] of `keys` (device int64 [S];
 /// nullptr = 0): one launch scores a batch whose requests have different key sets.
 DSV41RT_API cudaError_t indexer_scores_offset(const float* q, const float* keys,

@@ -319,16 +319,6 @@ int64_t moe_split_workspace_floats(int64_t S, int64_t k, int64_t I, int64_t I_sh
   return S * (k + 1) * std::max(I, I_shared);
 }
 
-cudaError_t moe_forward_split(const float* x, const int32_t* idx, const float* weight, int64_t S,
-                              int64_t H, int64_t k, int64_t E, int64_t I, const float* w1,
-                              const float* w3, const float* w2, const float* shared_w1,
-                              const float* shared_w3, const float* shared_w2, int64_t I_shared,
-                              float limit, float* y, float* workspace, int64_t workspace_floats,
-                              cudaStream_t stream) {
-  return launch_moe_split(x, idx, weight, S, H, k, E, I, w1, w3, w2, shared_w1, shared_w3,
-                          shared_w2, I_shared, limit, y, workspace, workspace_floats, stream);
-}
-
 cudaError_t moe_forward_split_bf16w(const float* x, const int32_t* idx, const float* weight,
                                     int64_t S, int64_t H, int64_t k, int64_t E, int64_t I,
                                     const uint16_t* w1, const uint16_t* w3, const uint16_t* w2,
@@ -345,15 +335,6 @@ cudaError_t moe_forward(const float* x, const int32_t* idx, const float* weight,
                         const float* w3, const float* w2, const float* shared_w1,
                         const float* shared_w3, const float* shared_w2, int64_t I_shared,
                         float limit, float* y, cudaStream_t stream) {
-  return launch_moe_forward(x, idx, weight, S, H, k, E, I, w1, w3, w2, shared_w1, shared_w3,
-                            shared_w2, I_shared, limit, y, stream);
-}
-
-cudaError_t moe_forward_bf16w(const float* x, const int32_t* idx, const float* weight, int64_t S,
-                              int64_t H, int64_t k, int64_t E, int64_t I, const uint16_t* w1,
-                              const uint16_t* w3, const uint16_t* w2, const uint16_t* shared_w1,
-                              const uint16_t* shared_w3, const uint16_t* shared_w2,
-                              int64_t I_shared, float limit, float* y, cudaStream_t stream) {
   return launch_moe_forward(x, idx, weight, S, H, k, E, I, w1, w3, w2, shared_w1, shared_w3,
                             shared_w2, I_shared, limit, y, stream);
 }

@@ -33,32 +33,10 @@ DSV41RT_API cudaError_t moe_forward(const float* x, const int32_t* idx, const fl
                                     const float* shared_w2, int64_t I_shared, float limit, float* y,
                                     cudaStream_t stream);
 
-/// The same with BF16 expert weights (raw bits, widened exactly to FP32: identical results to
-/// FP32 weights of the same values).
-DSV41RT_API cudaError_t moe_forward_bf16w(const float* x, const int32_t* idx, const float* weight,
-                                          int64_t S, int64_t H, int64_t k, int64_t E, int64_t I,
-                                          const uint16_t* w1, const uint16_t* w3,
-                                          const uint16_t* w2, const uint16_t* shared_w1,
-                                          const uint16_t* shared_w3, const uint16_t* shared_w2,
-                                          int64_t I_shared, float limit, float* y,
-                                          cudaStream_t stream);
-
 /// Floats of workspace moe_forward_split needs to do S tokens in one pass (it does fewer per pass
 /// when given less, down to one token: S * (k + 1) * max(I, I_shared) is the whole batch).
 DSV41RT_API int64_t moe_split_workspace_floats(int64_t S, int64_t k, int64_t I, int64_t I_shared);
 
-/// moe_forward computed by two grid-wide kernels instead of one block per token: the hidden units
-/// of every (token, slot) pair, one warp each, into `workspace` ([tokens, k + 1, max(I, Is)]),
-/// then every output channel, one warp each, accumulating the slots in the same order. Same
-/// arithmetic as moe_forward (bitwise-equal results) with all SMs busy at decode batch sizes.
-/// Tokens are processed in passes of workspace_floats / ((k + 1) * max(I, Is)) (>= 1).
-DSV41RT_API cudaError_t moe_forward_split(const float* x, const int32_t* idx, const float* weight,
-                                          int64_t S, int64_t H, int64_t k, int64_t E, int64_t I,
-                                          const float* w1, const float* w3, const float* w2,
-                                          const float* shared_w1, const float* shared_w3,
-                                          const float* shared_w2, int64_t I_shared, float limit,
-                                          float* y, float* workspace, int64_t workspace_floats,
-                                          cudaStream_t stream);
 DSV41RT_API cudaError_t moe_forward_split_bf16w(
     const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H, int64_t k,
     int64_t E, int64_t I, const uint16_t* w1, const uint16_t* w3, const uint16_t* w2,

@@ -5,8 +5,7 @@
 //
 // Shapes as in kernels/quant.h; all pointers are device pointers. dim must be a positive multiple
 // of the format's block and rows >= 0 (cudaErrorInvalidValue otherwise); y may alias x for QDQ.
-// Packed rows use the CPU byte layout: [data][scale codes] per row, E2M1 even channel in the low
-// nibble.
+// (Packed cache rows are written and read by the paged ops, kernels/cuda/paged.cuh.)
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -25,30 +24,8 @@ DSV41RT_API cudaError_t nvfp4_qdq(const float* x, int64_t rows, int64_t dim, flo
 DSV41RT_API cudaError_t mxfp4_qdq(const float* x, int64_t rows, int64_t dim, float* y,
                                   cudaStream_t stream);
 
-/// Packed cache rows: x [rows, dim] -> out [rows, *_row_bytes(dim)] and back.
-DSV41RT_API cudaError_t fp8_window_pack(const float* x, int64_t rows, int64_t dim, uint8_t* out,
-                                        cudaStream_t stream);
-DSV41RT_API cudaError_t fp8_window_unpack(const uint8_t* in, int64_t rows, int64_t dim, float* y,
-                                          cudaStream_t stream);
-DSV41RT_API cudaError_t nvfp4_pack(const float* x, int64_t rows, int64_t dim, uint8_t* out,
-                                   cudaStream_t stream);
-DSV41RT_API cudaError_t nvfp4_unpack(const uint8_t* in, int64_t rows, int64_t dim, float* y,
-                                     cudaStream_t stream);
-DSV41RT_API cudaError_t mxfp4_pack(const float* x, int64_t rows, int64_t dim, uint8_t* out,
-                                   cudaStream_t stream);
-DSV41RT_API cudaError_t mxfp4_unpack(const uint8_t* in, int64_t rows, int64_t dim, float* y,
-                                     cudaStream_t stream);
-
-/// E4M3 codes [rows, cols] with UE8M0 scales [ceil(rows/br), ceil(cols/bc)] -> out [rows, cols].
-DSV41RT_API cudaError_t dequant_fp8_blocks(const uint8_t* codes, const uint8_t* scales,
-                                           int64_t rows, int64_t cols, int64_t block_rows,
-                                           int64_t block_cols, float* out, cudaStream_t stream);
-/// Packed E2M1 [rows, cols/2] with UE8M0 scales [rows, ceil(cols/32)] -> out [rows, cols];
-/// cols even. Code 8 (-0) decodes to +0 as in the CPU reference.
-DSV41RT_API cudaError_t dequant_fp4_rows(const uint8_t* packed, const uint8_t* scales, int64_t rows,
-                                         int64_t cols, float* out, cudaStream_t stream);
-
-/// The same two dequantisations to BF16 bits, for weights kept BF16 on the device: exact for every
+/// Release-weight dequantisation (kernels/quant.h dequant_fp8_blocks / dequant_fp4_rows) to BF16
+/// bits, for weights kept BF16 on the device: exact for every
 /// value in FP32's normal range (an FP8/FP4 code times a power of two has at most 4 significant
 /// bits; BF16 keeps 8 and FP32's exponent range); values below 2^-126 round to nearest.
 DSV41RT_API cudaError_t dequant_fp8_blocks_bf16(const uint8_t* codes, const uint8_t* scales,

@@ -313,17 +313,6 @@ int64_t sampling_workspace_bytes(int64_t V) {
   return align8(8 * V + 8 * P + 4 * P + 4 * V + V);
 }
 
-cudaError_t sampling_probs(const float* logits, int64_t rows, int64_t V,
-                           const SamplingParams* params, const int32_t* prompt,
-                           const int64_t* prompt_offsets, const int32_t* output,
-                           const int64_t* output_offsets, void* workspace, float* probs,
-                           cudaStream_t stream) {
-  if (!probs) return cudaErrorInvalidValue;
-  return launch(logits, nullptr, rows, V, params, prompt, prompt_offsets, output, output_offsets,
-                nullptr,
-                workspace, probs, nullptr, nullptr, 0, nullptr, nullptr, stream);
-}
-
 cudaError_t sample_token(const float* logits, const int64_t* logit_rows, int64_t rows, int64_t V,
                          const SamplingParams* params,
                          const int32_t* prompt, const int64_t* prompt_offsets,

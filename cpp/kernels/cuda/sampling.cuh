@@ -20,16 +20,6 @@ namespace dsv41rt::kernels::cuda {
 /// Bytes of workspace per row (rows are laid out at this stride; a multiple of 8).
 DSV41RT_API int64_t sampling_workspace_bytes(int64_t V);
 
-/// probs [rows, V]: the filtered distribution of each row.
-///   logits [rows, V]; params [rows] (device array); prompt / output: concatenated token ids of
-///   all rows with offsets [rows + 1] (prompt_offsets / output_offsets may be nullptr = no
-///   history); workspace: rows * sampling_workspace_bytes(V) bytes.
-DSV41RT_API cudaError_t sampling_probs(const float* logits, int64_t rows, int64_t V,
-                                       const kernels::SamplingParams* params, const int32_t* prompt,
-                                       const int64_t* prompt_offsets, const int32_t* output,
-                                       const int64_t* output_offsets, void* workspace, float* probs,
-                                       cudaStream_t stream);
-
 /// logit_rows [rows] (nullptr: row r): row r draws from logits row logit_rows[r].
 /// tokens [rows] drawn with sampling_uniform(params[r].seed, steps[r]); logprobs [rows] the raw
 /// log_softmax of the drawn token; top_ids / top_logprobs [rows, max_top] (may be nullptr when

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "core/export.h"
 #include "kernels/paged.h"
 #include "kernels/sampling.h"
 #include "runtime/model/backend_weights.h"
@@ -196,9 +197,9 @@ class Backend {
 };
 
 /// The CPU reference backend (FP32, the calling thread, OpenMP inside ops).
-std::unique_ptr<Backend> make_cpu_backend();
+DSV41RT_API std::unique_ptr<Backend> make_cpu_backend();
 /// The CUDA backend of device "cuda" / "cuda:N"; throws Error when this build has no CUDA
 /// backend or no such GPU is visible.
-std::unique_ptr<Backend> make_cuda_backend(const std::string& device);
+DSV41RT_API std::unique_ptr<Backend> make_cuda_backend(const std::string& device);
 
 }  // namespace dsv41rt::model
