@@ -1,4 +1,4 @@
-// dsv41rt._core.Engine: one loaded model (the CPU executor and its KV pool) with two ways in:
+// dsv41rt._core.Engine: one loaded model (an executor on its device and its KV pool) with two ways in:
 //   - the serving engine: submit / step / cancel / stats (continuous batching, sampling);
 //   - direct handles for scoring and parity tests: new_handle / forward / release run a request's
 //     tokens through the executor without the scheduler (same pool, same state layout).
@@ -71,7 +71,7 @@ class PyEngine {
     DSV41RT_CHECK(max_running >= 1, "max_running must be >= 1, got ", max_running);
     DSV41RT_CHECK(token_budget >= 1, "token_budget must be >= 1, got ", token_budget);
     DSV41RT_CHECK(max_context >= 0, "max_context must be >= 0, got ", max_context);
-    // The CPU executor computes from FP32 host copies; the GPU executor dequantises the stored
+    // The CPU backend computes from FP32 host copies; the CUDA backend dequantises the stored
     // tensors on the device (a released checkpoint does not fit in host memory as FP32).
     std::function<void(int64_t, int64_t)> report;
     if (!progress.is_none()) {

@@ -17,7 +17,7 @@ void register_comm(nb::module_& m);
 }  // namespace dsv41rt::bindings
 
 NB_MODULE(_core, m) {
-  m.doc() = "dsv41rt C++ core: dtype conversions and zero-copy safetensors checkpoints.";
+  m.doc() = "dsv41rt C++ core: the engine and executors, checkpoints, dtype codecs, CPU ops, comm.";
   // Subclass of ValueError: every library error is about bad input (a malformed file, an
   // unknown dtype), so callers catching ValueError keep working. The message is Error::what(),
   // i.e. "file.cc:LINE: ..." naming the offending checkpoint file and tensor.

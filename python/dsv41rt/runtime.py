@@ -1,7 +1,8 @@
-"""`dsv41rt.Runtime`: load a checkpoint, run requests step by step (greedy), score prompts.
+"""`dsv41rt.Runtime`: load a checkpoint, run requests step by step, score prompts.
 
-Minimal by design (the engine issue adds the scheduler, paged pool and sampling): every step
-prefills newly added requests in one forward (or in chunks) and decodes one token for the others.
+A thin wrapper over the C++ engine (`dsv41rt._core.Engine`): continuous batching over the paged KV
+pool, tokens drawn on the device with each request's sampling parameters, and direct handles for
+scoring and parity tests.
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ void load_moe(const Loader& L, const ModelConfig& c, const LayerPlan& layer, con
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size, E = layer.n_experts;
   w.gate = L.load(p + "ffn.gate.weight", {E, H});
   DSV41RT_CHECK_CODE(kUnsupported, !layer.hash_routed, "layer ", layer.index,
-                     ": hash-routed MoE (V4) is not supported by the CPU executor yet");
+                     ": hash-routed MoE (V4) is not supported yet");
   w.bias = L.load(p + "ffn.gate.bias", {E});
   const bool fp4 = c.expert_fp4;
   for (int64_t e = 0; e < E; ++e) {
@@ -206,7 +206,7 @@ ModelWeights load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPla
   const ModelConfig& c = plan.config;
   DSV41RT_CHECK_CODE(
       kUnsupported, c.arch == Arch::kV41, c.source,
-      ": the CPU executor runs DeepSeek-V4.1 checkpoints only (V4 is not supported yet)");
+      ": dsv41rt runs DeepSeek-V4.1 checkpoints only (V4 is not supported yet)");
   Loader L(*checkpoint, c, host_values);
   ModelWeights w;
   w.checkpoint = checkpoint;
