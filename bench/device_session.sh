@@ -18,6 +18,9 @@ set -uo pipefail
 OUT=${OUT:-/tmp/dsv41rt-out}
 mkdir -p "$OUT" /tmp/site
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONWARNINGS=ignore
+# A GPU run must not pass by skipping: cuda-marked tests (and the CUDA GoogleTest instances) fail
+# instead of skipping when they cannot use the GPU.
+export DSV41RT_REQUIRE_CUDA=1
 for w in .whl/*.whl; do
   case "$w" in
     *dsv41rt-*) ;;

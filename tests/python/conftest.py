@@ -1,4 +1,11 @@
-"""Shared fixtures: generated tiny checkpoints (once per session) and device markers."""
+"""Shared fixtures (generated tiny checkpoints, once per session) and the test policy:
+
+- `cuda`-marked tests skip, with the reason, where no CUDA device is visible; with
+  DSV41RT_REQUIRE_CUDA=1 (the device scripts) they fail instead, so a GPU run cannot pass by
+  skipping. A broken build (dsv41rt._core failing to import) is an error, never "no GPU".
+- Every other skip is an "unexpected skip", counted in the summary; with DSV41RT_FORBID_SKIPS=1 (CI)
+  any unexpected skip fails the run.
+"""
 
 from __future__ import annotations
 
@@ -9,24 +16,44 @@ import numpy as np
 import pytest
 
 
-def _has_cuda() -> bool:
+def _cuda_status() -> tuple[bool, str]:
+    """(usable, why): a CUDA device visible to libdsv41rt, or the reason there is none."""
     if shutil.which("nvidia-smi") is None:
-        return False
-    try:
-        from dsv41rt import _core
+        return False, "no NVIDIA driver (nvidia-smi not found)"
+    from dsv41rt import _core  # an import error propagates: a broken build is not "no GPU"
 
-        return bool(getattr(_core, "cuda_device_count", lambda: 0)())
-    except Exception:
-        return False
+    n = _core.cuda_device_count()
+    return n > 0, f"{n} CUDA devices visible to libdsv41rt"
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _has_cuda():
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if "cuda" not in item.keywords:
         return
-    skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
-    for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+    usable, why = _cuda_status()
+    if usable:
+        return
+    if os.environ.get("DSV41RT_REQUIRE_CUDA") == "1":
+        pytest.fail(f"DSV41RT_REQUIRE_CUDA=1 but the test cannot use a GPU: {why}")
+    pytest.skip(f"needs an NVIDIA GPU ({why})")
+
+
+_unexpected_skips: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and "cuda" not in report.keywords:
+        _unexpected_skips.append(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    terminalreporter.write_line(f"skip policy: {len(_unexpected_skips)} unexpected skips (tests not marked cuda)")
+    for nodeid in _unexpected_skips:
+        terminalreporter.write_line(f"  unexpected skip: {nodeid}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _unexpected_skips and os.environ.get("DSV41RT_FORBID_SKIPS") == "1":
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def require_oracle_packages() -> None:

@@ -1,4 +1,4 @@
-"""Error measures shared by the op tests (CUDA kernels against their CPU references)."""
+"""Measures shared by the tests: relative errors, and engine outputs compared bit for bit."""
 
 from __future__ import annotations
 
@@ -12,3 +12,15 @@ def rel(a, b) -> float:
     if b.size == 0:
         return 0.0
     return float(np.abs(np.asarray(a, np.float64) - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def generate_with_logprobs(rt, prompts, max_new_tokens: int, sampling=None) -> list[list[tuple[int, float]]]:
+    """(token, raw logprob) pairs of every prompt, submitted together (continuous batching).
+    Exact-invariance tests compare these, not tokens alone: equal logprobs (bitwise) catch an
+    error far below the top-1/top-2 logit margin that decides a greedy token."""
+    ids = [rt.add_request(p, max_new_tokens, sampling, ignore_eos=True) for p in prompts]
+    out: dict[int, list[tuple[int, float]]] = {i: [] for i in ids}
+    while rt.has_unfinished():
+        for o in rt.step():
+            out[o.request_id] += list(zip(o.new_tokens, o.logprobs, strict=True))
+    return [out[i] for i in ids]

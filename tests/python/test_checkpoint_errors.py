@@ -116,7 +116,8 @@ def test_size_mismatch_and_overlap(tmp_path) -> None:
     )
     with pytest.raises(CheckpointError) as e:
         open_checkpoint(str(tmp_path))
-    assert "overlap" in str(e.value).lower() and "a" in str(e.value) and "b" in str(e.value)
+    # Both tensors named, quoted (a bare "a" / "b" would match any message).
+    assert "overlap" in str(e.value).lower() and "'a'" in str(e.value) and "'b'" in str(e.value)
 
 
 def test_missing_shard_names_shard_and_tensor(tmp_path) -> None:

@@ -78,11 +78,13 @@ def test_cp_engine_batches_give_the_cp1_tokens(tiny_v41_dir) -> None:
     """Through the engine: mixed steps (prefill chunks next to decodes) under CP = 3."""
     from dsv41rt.runtime import Runtime
 
+    from numerics import generate_with_logprobs
+
     prompts = [prompt_of(n) for n in (5, 70, 130, 9)]
     kw = dict(kv_memory=64 << 20, max_running=4, token_budget=48)
-    want = Runtime(tiny_v41_dir, **kw).generate(prompts, max_new_tokens=8, ignore_eos=True)
+    want = generate_with_logprobs(Runtime(tiny_v41_dir, **kw), prompts, 8)
     rt = Runtime(tiny_v41_dir, cp_size=3, **kw)
-    assert rt.generate(prompts, max_new_tokens=8, ignore_eos=True) == want
+    assert generate_with_logprobs(rt, prompts, 8) == want  # tokens and logprobs, bit for bit
     assert rt.stats()["pages_used"] == 0
 
 

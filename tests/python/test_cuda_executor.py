@@ -1,6 +1,6 @@
 """The GPU executor against the CPU reference executor (same checkpoint, same caches, same prompts).
 
-Marked `cuda`: skipped without a GPU, run on the H200 by bench/device_run.sh. The NeMo oracle
+Marked `cuda`: skipped without a GPU, run on the H200 by bench/device_session.sh. The NeMo oracle
 comparison of the GPU's logits is bench/cuda_oracle.py (the oracle packages live on the CPU side).
 
 Tolerances, stated per mode:
@@ -92,14 +92,16 @@ def test_cuda_multistream_off_gives_identical_logits(tiny_v41_dir) -> None:
 def test_cuda_engine_batch_gives_the_tokens_of_each_request_alone(tiny_v41_dir) -> None:
     from dsv41rt.runtime import Runtime
 
+    from numerics import generate_with_logprobs
+
     prompts = [prompt_of(n) for n in (1, 9, 40, 130, 77, 3)]
     alone = []
     for p in prompts:
         rt = Runtime(tiny_v41_dir, "cuda")
-        alone.append(rt.generate([p], max_new_tokens=12, ignore_eos=True)[0])
+        alone += generate_with_logprobs(rt, [p], 12)
     rt = Runtime(tiny_v41_dir, "cuda", token_budget=64, max_running=4)
-    together = rt.generate(prompts, max_new_tokens=12, ignore_eos=True)
-    assert together == alone
+    together = generate_with_logprobs(rt, prompts, 12)
+    assert together == alone  # tokens and logprobs, bit for bit
     assert rt.stats()["pages_used"] == 0
 
 
@@ -158,11 +160,11 @@ def test_cuda_graph_batched_decode_matches_eager(tiny_v41_dir) -> None:
     from dsv41rt.runtime import Runtime
 
     prompts = [prompt_of(n) for n in (5, 33, 90, 140, 12)]
+    from numerics import generate_with_logprobs
+
     graph = Runtime(tiny_v41_dir, "cuda", max_running=8)
     eager = Runtime(tiny_v41_dir, "cuda", max_running=8, cuda_graphs=False)
-    assert graph.generate(prompts, max_new_tokens=20, ignore_eos=True) == eager.generate(
-        prompts, max_new_tokens=20, ignore_eos=True
-    )
+    assert generate_with_logprobs(graph, prompts, 20) == generate_with_logprobs(eager, prompts, 20)
     assert graph.backend_stats()["graph_replays"] > 0
 
 

@@ -36,6 +36,22 @@ def run_all(rt: Runtime, ids: list[int]) -> dict[int, list[int]]:
     return out
 
 
+def run_with_logprobs(rt: Runtime, ids: list[int]) -> dict[int, list[tuple[int, float]]]:
+    """Every request's (token, raw logprob) pairs: equal logprobs bit for bit mean equal logits
+    rows up to a shift, which catches a batch- or preemption-dependent error far below the
+    top-1/top-2 margin that token equality alone can see."""
+    out: dict[int, list[tuple[int, float]]] = {i: [] for i in ids}
+    while rt.has_unfinished():
+        for o in rt.step():
+            out[o.request_id] += list(zip(o.new_tokens, o.logprobs, strict=True))
+        rt.check_invariants()
+    return out
+
+
+def solo_with_logprobs(rt: Runtime, prompts: list[list[int]], n: int, sp: SamplingParams | None = None):
+    return [run_with_logprobs(rt, [rt.add_request(p, n, sp, ignore_eos=True)]).popitem()[1] for p in prompts]
+
+
 def test_batch_invariance_with_staggered_arrival(tiny_v41_dir: str, alone: Runtime) -> None:
     lengths = [int(x) for x in np.linspace(1, 300, 16)]
     prompts = [prompt(n, seed=100 + i) for i, n in enumerate(lengths)]
@@ -45,17 +61,18 @@ def test_batch_invariance_with_staggered_arrival(tiny_v41_dir: str, alone: Runti
         ids += [rt.add_request(p, 6, ignore_eos=True) for p in prompts[wave * 4 : wave * 4 + 4]]
         for _ in range(3):
             for o in rt.step():
-                out.setdefault(o.request_id, []).extend(o.new_tokens)
-    for i, toks in run_all(rt, ids).items():
-        out.setdefault(i, []).extend(toks)
+                out.setdefault(o.request_id, []).extend(zip(o.new_tokens, o.logprobs, strict=True))
+    for i, pairs in run_with_logprobs(rt, ids).items():
+        out.setdefault(i, []).extend(pairs)
     together = [out[i] for i in ids]
-    solo = alone.generate(prompts, max_new_tokens=6, sequential=True, ignore_eos=True)
-    assert together == solo
+    solo = solo_with_logprobs(alone, prompts, 6)
+    assert together == solo  # tokens and logprobs, bit for bit
     s = rt.stats()
     assert s["finished"] == 16 and s["pages_used"] == 0 and s["slots_used"] == 0
 
 
-def test_exhausted_pool_queues_and_preempts_and_stays_correct(tiny_v41_dir: str, alone: Runtime) -> None:
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded-sampling"])
+def test_exhausted_pool_queues_and_preempts_and_stays_correct(tiny_v41_dir: str, alone: Runtime, sampled: bool) -> None:
     probe = Runtime(tiny_v41_dir, page_tokens=16, max_running=8)
     st = probe.stats()
     del probe
@@ -64,10 +81,13 @@ def test_exhausted_pool_queues_and_preempts_and_stays_correct(tiny_v41_dir: str,
     rt = Runtime(tiny_v41_dir, kv_memory=budget, page_tokens=16, max_running=8)
     assert rt.stats()["pages_total"] == 9
     prompts = [prompt(40, seed=200 + i) for i in range(8)]
-    ids = [rt.add_request(p, 24, ignore_eos=True) for p in prompts]
-    out = run_all(rt, ids)
-    solo = alone.generate(prompts, max_new_tokens=24, sequential=True, ignore_eos=True)
-    assert [out[i] for i in ids] == solo
+    # A preempted request recomputes its prompt and generated tokens and draws its next token at
+    # the same (seed, step): the sampled continuation must not notice the preemption.
+    sp = SamplingParams(temperature=0.9, top_p=0.95, seed=5, presence_penalty=0.3) if sampled else None
+    ids = [rt.add_request(p, 24, sp, ignore_eos=True) for p in prompts]
+    out = run_with_logprobs(rt, ids)
+    solo = solo_with_logprobs(alone, prompts, 24, sp)
+    assert [out[i] for i in ids] == solo  # tokens and logprobs, bit for bit
     s = rt.stats()
     print(f"exhaustion stats: {s}")
     assert s["finished"] == 8 and s["preemptions"] > 0 and s["max_waiting_seen"] > 0

@@ -70,9 +70,24 @@ def test_map_equals_nemo(our_map):
     assert diff.size == 0, f"{diff.size} ids differ from NeMo, first {diff[:10].tolist()}"
 
 
-def test_multipliers_match_nemo_formula():
+def test_hash_inputs_match_nemo():
+    """Multipliers, bucket primes and offsets of every Engram layer of the released V4.1-Flash
+    config, against the values NeMo's own DeepseekV41NgramHash derives (its code, not a copy)."""
     require_oracle_packages()
-    bound = max(1, (np.iinfo(np.int64).max // 99092) // 2)
-    for layer in (1, 8, 14):
-        values = np.random.default_rng(10007 * layer).integers(0, bound, size=(4,), dtype=np.int64)
-        assert engram_multipliers(layer, 99092, 4) == [int(v) for v in values * 2 + 1]
+    from dsv41rt.config import config_from_dict
+    from dsv41rt.config.engram_layout import engram_layouts
+    from dsv41rt.config.presets import preset_config_json
+    from nemo_automodel.components.models.deepseek_v41.config import DeepseekV41Config
+    from nemo_automodel.components.models.deepseek_v41.engram import DeepseekV41NgramHash
+    from transformers import PreTrainedTokenizerFast
+
+    cfg_dict = preset_config_json("deepseek-v4.1-flash")
+    text = DeepseekV41Config.from_dict(dict(cfg_dict)).text_config
+    nemo = DeepseekV41NgramHash(text, PreTrainedTokenizerFast(tokenizer_file=_tokenizer_json()))
+    e = config_from_dict(cfg_dict).engram
+    layouts = engram_layouts(e)
+    assert len(layouts) == len(nemo._multiplier_values) >= 2
+    for i, layout in enumerate(layouts):
+        assert engram_multipliers(layout.layer_id, 99092, e.max_ngram_size) == list(nemo._multiplier_values[i])
+        assert layout.primes == tuple(nemo._prime_values[i])
+        assert layout.offsets == tuple(nemo._offset_values[i])

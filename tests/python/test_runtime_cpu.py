@@ -37,7 +37,12 @@ def test_logits_are_finite_and_shaped(rt: Runtime) -> None:
 @pytest.mark.parametrize("chunk", [1, 3, 17])
 def test_chunked_prefill_equals_one_shot(rt: Runtime, chunk: int) -> None:
     p = prompt(45)  # crosses the window (8), many ratio-2 groups and candidate blocks
-    np.testing.assert_array_equal(rt.score(p, chunk_size=chunk), rt.score(p))
+    before = rt.backend_stats()["eager_forwards"]
+    chunked = rt.score(p, chunk_size=chunk)
+    # score() really ran ceil(45 / chunk) forwards, so the equality below compares chunked with
+    # one-shot prefill, not one-shot with itself.
+    assert rt.backend_stats()["eager_forwards"] - before == -(-45 // chunk)
+    np.testing.assert_array_equal(chunked, rt.score(p))
 
 
 def test_prefill_then_decode_equals_one_shot(rt: Runtime) -> None:
