@@ -32,6 +32,13 @@ cmake --build build/cpp-asan -j"$(nproc)"
 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0} UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build/cpp-asan --output-on-failure -j"$(nproc)"
 
+echo "== C++ tests under ThreadSanitizer (CPU path: engine thread, C API, CP ranks, communicators)"
+cmake -S . -B build/cpp-tsan -G Ninja -DDSV41RT_BUILD_TESTS=ON -DDSV41RT_TSAN=ON -DDSV41RT_WITH_CUDA=OFF \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo | grep "dsv41rt:"
+cmake --build build/cpp-tsan -j"$(nproc)"
+TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1} \
+  ctest --test-dir build/cpp-tsan --output-on-failure -j"$(nproc)"
+
 echo "== Python tests"
 export PYTHONWARNINGS=${PYTHONWARNINGS:-ignore::DeprecationWarning}
 python -m pytest -q tests/python "$@"

@@ -15,13 +15,19 @@ reference runs one full forward over prompt + those tokens (causal: every positi
 only on its prefix, so this equals the reference's own step-by-step greedy while the tokens agree),
 plus the runs that measure its noise floor (tests/python/oracle/reference.py).
 
-Tolerance, per position (the shared oracle's recommendation, README "Why bf16 and fp32 differ"):
-max_v |ours - ref| <= 1e-4 + 3 * noise, where noise is the reference's own change under FP32-level
-perturbations: two relative-1e-6 embedding jitters and, with cache quantisation on, the same prefix
-run as a shorter sequence (which changes the reference's GEMM rounding and can flip a cache
-rounding). 1e-4 covers FP32 reduction-order differences through 13 layers (measured <= 2e-5 with
-quantisation off). Greedy tokens must be the reference's argmax, unless the reference's margin to our
-token is within that position's tolerance (a tie, broken either way).
+Tolerance, per position: max_v |ours - ref| <= 1e-4 + 3 * min(noise, 1e-2), where noise is the
+reference's own change under FP32-level perturbations: two relative-1e-6 embedding jitters and, with
+cache quantisation on, the same prefix run as a shorter sequence (which changes the reference's GEMM
+rounding and can flip a cache rounding). 1e-4 covers FP32 reduction-order differences through 13
+layers (measured <= 2e-5 with quantisation off). The noise term is capped: with quantisation on the
+reference is itself unstable at many positions (a flipped FP8/FP4 rounding moves later logits by up
+to 2.3, measured over these 24 cases), and an uncapped tolerance would pass real bugs. A position
+where the reference is unstable (noise > 1e-2) marks where a discrete decision can legitimately go
+the other way, so: every position before the first unstable one must be within the capped bound, and
+over all positions at most 5% may exceed it (measured: at most 0.9% — 2 of 231 positions, both after
+the reference's first unstable position — and 0 in 23 of 24 cases). A negative control (a copy of the
+checkpoint with one routed expert dropped) must fail this rule. Greedy tokens must be the reference's
+argmax, unless the reference's margin to our token is within that position's tolerance (a tie).
 """
 
 from __future__ import annotations
@@ -78,27 +84,43 @@ def results(request, tmp_path_factory) -> dict:
         nemo_attention.quantize_cache = original
 
 
+NOISE_CAP = 1e-2  # larger reference noise marks an unstable position (see the module docstring)
+MAX_FAILING = 0.05  # fraction of positions allowed over the bound, all after the first unstable one
+
+
 def tolerance(ref: dict) -> np.ndarray:
-    return 1e-4 + 3 * ref["noise"]
+    return 1e-4 + 3 * np.minimum(ref["noise"], NOISE_CAP)
+
+
+def bound_violations(ours: np.ndarray, ref: dict, rows: np.ndarray) -> str | None:
+    """Why `ours` fails the per-position rule at `rows` (None when it passes)."""
+    diff = np.abs(ours[rows] - ref["logits"][rows]).max(-1)
+    tol, noise = tolerance(ref)[rows], ref["noise"][rows]
+    over = np.where(diff > tol)[0]
+    unstable = np.where(noise > NOISE_CAP)[0]
+    first_unstable = int(unstable[0]) if unstable.size else len(rows)
+    early = over[over < first_unstable]
+    if early.size:
+        return f"positions {rows[early][:10].tolist()} (before the reference's first unstable one) differ by {diff[early][:10].tolist()} > {tol[early][:10].tolist()}"
+    if over.size > MAX_FAILING * len(rows):
+        return f"{over.size}/{len(rows)} positions over the bound (max {diff.max():.3g})"
+    return None
 
 
 @pytest.mark.parametrize("n", LENGTHS)
 def test_prompt_logits_match_reference(results, n: int) -> None:
     ref, ours, _ = results[n]
-    diff = np.abs(ours[:n] - ref["logits"][:n]).max(-1)
-    tol = tolerance(ref)[:n]
-    bad = np.where(diff > tol)[0][:10]
-    assert bad.size == 0, f"positions {bad.tolist()} differ by {diff[bad].tolist()} > {tol[bad].tolist()}"
+    why = bound_violations(ours, ref, np.arange(n))
+    assert why is None, why
 
 
 @pytest.mark.parametrize("n", LENGTHS)
 def test_greedy_decode_matches_reference(results, n: int) -> None:
     ref, ours, greedy = results[n]
     rows = np.arange(n - 1, n + GEN - 1)  # the positions whose logits chose greedy[0..GEN)
-    diff = np.abs(ours[rows] - ref["logits"][rows]).max(-1)
+    why = bound_violations(ours, ref, rows)
+    assert why is None, why
     tol = tolerance(ref)[rows]
-    bad = np.where(diff > tol)[0][:10]
-    assert bad.size == 0, f"decode steps {bad.tolist()} differ by {diff[bad].tolist()} > {tol[bad].tolist()}"
     for i, r in enumerate(rows):
         logits = ref["logits"][r]
         margin = float(logits.max() - logits[greedy[i]])
@@ -140,3 +162,36 @@ def test_decisions_match_reference_without_cache_quantisation(tmp_path) -> None:
             assert set(o[o >= 0]) == set(r[r >= 0]), (
                 f"{key} position {t}: ours {sorted(o[o >= 0])} ref {sorted(r[r >= 0])}"
             )
+
+
+@pytest.mark.parametrize("quant", [True, False], ids=["quant-on", "quant-off"])
+def test_bound_rejects_a_dropped_expert(tmp_path, quant: bool) -> None:
+    """Negative control: the same comparison with one routed expert dropped on our side (its
+    down-projection zeroed in a copy of the checkpoint; the reference keeps it) must fail."""
+    require_oracle_packages()
+    import nemo_automodel.components.models.deepseek_v41.attention as nemo_attention
+    from dsv41rt.checkpoint.generator import make_checkpoint
+    from dsv41rt.config.presets import preset_config_json
+    from dsv41rt.runtime import Runtime
+    from oracle.nemo_v41 import build_model
+    from oracle.perturb import copy_with_zeroed
+    from oracle.reference import reference
+
+    ck = str(tmp_path / "ck")
+    make_checkpoint(preset_config_json("tiny-v41"), ck, 1)
+    p = prompt_of(37)
+    probe = Runtime(ck, cache_quant=quant, record_decisions=True)
+    probe.score(p)
+    expert = int(probe.decisions()["experts_L2"][0][0])  # routed for the first token in layer 2
+    copy_with_zeroed(ck, str(tmp_path / "dropped"), [f"layers.2.ffn.experts.{expert}.w2.weight"])
+    ours = Runtime(str(tmp_path / "dropped"), cache_quant=quant).score(p)
+    original = nemo_attention.quantize_cache
+    if not quant:
+        nemo_attention.quantize_cache = lambda values, **_: values
+    try:
+        ref = reference(build_model(ck), p, prompt_len=len(p), length_noise=quant)
+    finally:
+        nemo_attention.quantize_cache = original
+    why = bound_violations(ours, ref, np.arange(len(p)))
+    print(f"dropped expert {expert} of layer 2, quant {quant}: {why}")
+    assert why is not None, "the bound accepts a model with one routed expert dropped"

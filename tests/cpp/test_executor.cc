@@ -1,0 +1,147 @@
+// The executor through its C++ interface on the tiny checkpoint (DSV41RT_TEST_CHECKPOINT, generated
+// by scripts/test.sh): context parallelism over LocalComm threads, state copies (fork), the bf16
+// emulation and sampling inside the forward. The Python suites check these against references;
+// they are here so that the sanitizer builds (ASan + UBSan, TSan) run the same code paths.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/safetensors.h"
+#include "core/status.h"
+#include "runtime/model/engram_tables.h"
+#include "runtime/model/executor.h"
+#include "runtime/model/layer_plan.h"
+#include "runtime/model/model_config.h"
+
+namespace dsv41rt::model {
+namespace {
+
+const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
+
+std::shared_ptr<Executor> load(ExecutorOptions options) {
+  const std::string dir = checkpoint();
+  ModelPlan plan = build_model_plan(load_model_config(dir));
+  EngramTables tables = load_engram_tables(dir, plan.config);
+  ModelWeights weights = load_weights(std::make_shared<Checkpoint>(dir), plan);
+  options.kv_memory_bytes = 64ll << 20;
+  options.max_requests = 4;
+  return make_executor(std::move(plan), std::move(weights), std::move(tables), options);
+}
+
+std::vector<int32_t> prompt(int64_t n) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) p[size_t(i)] = int32_t((i * 7919 + 13) % 120000 + 3);
+  p[0] = 0;
+  return p;
+}
+
+// One request held directly (outside an engine): its slot, pages and length.
+struct Held {
+  Executor& e;
+  int32_t slot;
+  std::vector<int32_t> pages;
+  int64_t length = 0;
+  explicit Held(Executor& ex) : e(ex), slot(ex.pool().alloc_slot()) { EXPECT_GE(slot, 0); }
+  ~Held() {
+    e.pool().free_pages(pages);
+    e.pool().free_slot(slot);
+  }
+  RequestView view() { return {e.pool().slot_data(slot), pages.data(), int64_t(pages.size()), length}; }
+  // Logits of every new position.
+  std::vector<float> run(const std::vector<int32_t>& tokens) {
+    EXPECT_TRUE(e.pool().ensure_pages(pages, length + int64_t(tokens.size())));
+    const int64_t V = e.plan().config.vocab_size;
+    std::vector<float> logits(tokens.size() * size_t(V));
+    std::vector<BatchItem> batch(1);
+    batch[0].request = view();
+    batch[0].tokens = tokens.data();
+    batch[0].n = int64_t(tokens.size());
+    batch[0].logits = logits.data();
+    e.forward(batch);
+    length += int64_t(tokens.size());
+    return logits;
+  }
+};
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+#define NEED_CHECKPOINT() \
+  if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint"
+
+TEST(Executor, ContextParallelPrefillEqualsOneRank) {
+  NEED_CHECKPOINT();
+  auto one = load({});
+  ExecutorOptions cp;
+  cp.cp_size = 3;
+  auto three = load(cp);
+  const std::vector<int32_t> p = prompt(37);
+  Held a(*one), b(*three);
+  EXPECT_TRUE(bitwise_equal(a.run(p), b.run(p)));
+  EXPECT_TRUE(bitwise_equal(a.run({17}), b.run({17})));  // decode continues from the replicas
+}
+
+TEST(Executor, ForkedStateContinuesAsTheSource) {
+  NEED_CHECKPOINT();
+  auto e = load({});
+  Held src(*e), dst(*e);
+  src.run(prompt(21));
+  ASSERT_TRUE(e->pool().ensure_pages(dst.pages, src.length));
+  dst.length = src.length;
+  e->copy_state(src.view(), dst.view());
+  for (int32_t t : {5, 900, 77}) EXPECT_TRUE(bitwise_equal(src.run({t}), dst.run({t})));
+}
+
+TEST(Executor, Bf16EmulationIsDeterministicAndNearFp32) {
+  NEED_CHECKPOINT();
+  ExecutorOptions bf16;
+  bf16.precision = "bf16";
+  auto e = load(bf16), ref = load({});
+  const std::vector<int32_t> p = prompt(24);  // > 8 rows: the tensor-core rule applies
+  Held a(*e), b(*e), c(*ref);
+  const std::vector<float> x = a.run(p), y = b.run(p), z = c.run(p);
+  EXPECT_TRUE(bitwise_equal(x, y));
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    err = std::max(err, double(std::abs(x[i] - z[i])));
+    scale = std::max(scale, double(std::abs(z[i])));
+  }
+  EXPECT_GT(err, 0.0);          // the emulation rounds: not the FP32 path
+  EXPECT_LT(err, 0.25 * scale);  // ... but the same model
+}
+
+TEST(Executor, SamplesInsideTheForward) {
+  NEED_CHECKPOINT();
+  auto e = load({});
+  Held a(*e);
+  const std::vector<int32_t> p = prompt(9);
+  ASSERT_TRUE(e->pool().ensure_pages(a.pages, int64_t(p.size())));
+  SampleSpec spec;
+  spec.params.temperature = 0.7f;
+  spec.params.seed = 3;
+  spec.params.top_logprobs = 2;
+  spec.prompt = p.data();
+  spec.n_prompt = int64_t(p.size());
+  kernels::SampledToken out{-1, 0.0f, {}, {}};
+  std::vector<BatchItem> batch(1);
+  batch[0].request = a.view();
+  batch[0].tokens = p.data();
+  batch[0].n = int64_t(p.size());
+  batch[0].sample = &spec;
+  batch[0].sampled = &out;
+  e->forward(batch);
+  EXPECT_GE(out.token, 0);
+  EXPECT_LT(out.token, e->plan().config.vocab_size);
+  EXPECT_LE(out.logprob, 0.0f);
+  EXPECT_EQ(out.top_ids.size(), 2u);
+  batch[0].sampled = nullptr;  // a sampling item without an output is refused, not written
+  EXPECT_THROW(e->forward(batch), Error);
+}
+
+}  // namespace
+}  // namespace dsv41rt::model
