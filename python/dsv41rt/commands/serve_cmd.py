@@ -133,6 +133,7 @@ def _serve(cfg: ServeConfig, rt, tok, model_dir: str, default_name: str, log: lo
     from ..serve.app import ServerState, create_app
     from ..serve.engine_loop import EngineLoop
     from ..serve.metrics import Metrics
+    from ..serve.protocol import ApiError
 
     log.info("%s", rt.describe_pool())
     names = cfg.model_names(default_name)
@@ -168,9 +169,13 @@ def _serve(cfg: ServeConfig, rt, tok, model_dir: str, default_name: str, log: lo
         while not server.started and not task.done():
             await asyncio.sleep(0.02)
 
+        stop_now = asyncio.Event()
+
         def drain() -> None:  # SIGTERM / SIGINT: stop accepting, let in-flight requests finish
             if state.draining:
-                server.should_exit = True  # a second signal: stop now
+                if stop_now.is_set():
+                    server.should_exit = True  # a third signal: exit without waiting for the aborts
+                stop_now.set()  # a second signal: abort the in-flight requests now
                 return
             state.draining = True
             log.info("draining: %d request(s) in flight, up to %.0f s", state.active, cfg.shutdown_timeout)
@@ -178,11 +183,19 @@ def _serve(cfg: ServeConfig, rt, tok, model_dir: str, default_name: str, log: lo
             async def wait() -> None:
                 deadline = loop.time() + cfg.shutdown_timeout
                 while (state.active > 0 or engine.in_flight() > 0) and loop.time() < deadline:
+                    if stop_now.is_set():
+                        break
                     await asyncio.sleep(0.05)
                 if state.active > 0 or engine.in_flight() > 0:
-                    log.info("drain timeout: aborting %d request(s)", state.active)
-                    engine.cancel_all()
-                    await asyncio.sleep(0.2)
+                    why = "second signal" if stop_now.is_set() else "drain timeout"
+                    log.info("%s: aborting %d request(s)", why, state.active)
+                    engine.cancel_all(ApiError(503, "the server is shutting down: the request was aborted"))
+                    # The engine aborts after its current step (a prefill chunk can take seconds): wait
+                    # for the streams to end (with the error) before uvicorn's shutdown, whose graceful
+                    # timeout would otherwise cancel them mid-response.
+                    end = loop.time() + 30
+                    while state.active > 0 and loop.time() < end:
+                        await asyncio.sleep(0.05)
                 server.should_exit = True
 
             asyncio.ensure_future(wait())

@@ -48,6 +48,12 @@ def _error(err: ApiError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
+def _stream_error(err: Exception) -> ApiError:
+    """A mid-stream failure as an error event: an ApiError as it is (e.g. the 503 of a request the
+    shutdown aborted), anything else a 500."""
+    return err if isinstance(err, ApiError) else ApiError(500, str(err))
+
+
 async def _read_json(request: Request, limit: int) -> dict:
     size = 0
     parts = []
@@ -220,7 +226,7 @@ def create_app(state: ServerState) -> FastAPI:
                         if done:
                             break
                 except Exception as err:  # mid-stream failure: an error event, then [DONE]
-                    yield f"data: {json.dumps(ApiError(500, str(err)).body())}\n\n"
+                    yield f"data: {json.dumps(_stream_error(err).body())}\n\n"
                 finally:
                     state.active -= 1
                     # Client gone, or a stop string ended it early: free the pages now (a no-op
@@ -385,7 +391,7 @@ def create_app(state: ServerState) -> FastAPI:
                         }
                         yield f"data: {json.dumps(last)}\n\n"
                 except Exception as err:
-                    yield f"data: {json.dumps(ApiError(500, str(err)).body())}\n\n"
+                    yield f"data: {json.dumps(_stream_error(err).body())}\n\n"
                 finally:
                     state.active -= 1
                     state.engine.cancel(req)

@@ -66,8 +66,10 @@ class EngineLoop:
         self._commands.put(("cancel", req))
         self._wake.set()
 
-    def cancel_all(self) -> None:
-        self._commands.put(("cancel_all", None))
+    def cancel_all(self, error: Exception | None = None) -> None:
+        """Abort every request (after the engine's current step); each stream gets `error`, when
+        given, before its end, so a client can tell an aborted request from a finished one."""
+        self._commands.put(("cancel_all", error))
         self._wake.set()
 
     def in_flight(self) -> int:
@@ -87,7 +89,7 @@ class EngineLoop:
         if self._on_finish:
             self._on_finish(req, reason)
 
-    def _apply(self, cmd: str, req: Tracked | None) -> None:
+    def _apply(self, cmd: str, req: Any) -> None:
         if cmd == "submit":
             assert req is not None
             try:
@@ -104,10 +106,12 @@ class EngineLoop:
                 self.rt.abort(req.engine_id)  # frees its pages at once
                 self._finish(req, "abort")
                 self._deliver(req, None)
-        elif cmd == "cancel_all":
+        elif cmd == "cancel_all":  # here `req` is the error to deliver, or None
             for r in list(self._live.values()):
                 self.rt.abort(r.engine_id)
                 self._finish(r, "abort")
+                if req is not None:
+                    self._deliver(r, req)
                 self._deliver(r, None)
 
     def _dispatch(self, out: StepOutput) -> None:
