@@ -3,8 +3,8 @@ OpenAI-style error body, and the server stays healthy (and still answers correct
 
 from __future__ import annotations
 
-import json
 import random
+import time
 
 import httpx
 import pytest
@@ -159,7 +159,9 @@ def test_at_least_200_hostile_requests_get_the_right_status_and_body(server) -> 
     assert len(CASES) >= 200, len(CASES)
     headers = {"Authorization": f"Bearer {KEY}"}
     wrong: list[str] = []
+    served: list[tuple[int, str, dict]] = []  # (max_tokens, finish_reason, usage) of each generation served
     with httpx.Client(base_url=server.url, headers=headers, timeout=60) as c:
+        before = _metrics(c)
         for name, path, body, status in CASES:
             if isinstance(body, dict):
                 r = c.post(path, json=body)
@@ -168,6 +170,8 @@ def test_at_least_200_hostile_requests_get_the_right_status_and_body(server) -> 
             if r.status_code != status:
                 wrong.append(f"{name}: {r.status_code} (want {status}) {r.text[:160]}")
                 continue
+            if status == 200 and path in (CHAT, COMP):
+                served.append((body["max_tokens"], r.json()["choices"][0]["finish_reason"], r.json()["usage"]))
             if status != 200:
                 err = r.json().get("error")
                 if not (isinstance(err, dict) and isinstance(err.get("message"), str) and err.get("type")):
@@ -181,4 +185,59 @@ def test_at_least_200_hostile_requests_get_the_right_status_and_body(server) -> 
         assert c.get("/health").status_code == 200
         ok = c.post(COMP, json=_comp(max_tokens=3, temperature=0))
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
-        assert json.loads(c.get("/metrics").text.count("\n") and "1") == 1
+        served.append((3, ok.json()["choices"][0]["finish_reason"], ok.json()["usage"]))
+        # /metrics after the hostile traffic: it parses, nothing is left running, and the counters
+        # moved by exactly the requests served (every refused request stayed out of the engine;
+        # 400/401/413 are not admission rejections, which count only queue-full and draining).
+        # Catches: a refused request that still reached the engine (or an extra/lost finish
+        # count), a request left running or holding pages, token counters that do not match the
+        # tokens served, and a /metrics page that no longer parses.
+        assert len(served) == 25, len(served)  # 24 unicode requests + the one above
+        deadline = time.monotonic() + 10  # the engine thread publishes its stats after each step
+        while True:
+            after = _metrics(c)
+            finished = _total(after, "dsv41rt:request_success_total") - _total(before, "dsv41rt:request_success_total")
+            idle = after[("dsv41rt:num_requests_running", ())] == 0 == after[("dsv41rt:num_requests_waiting", ())]
+            if (finished >= len(served) and idle) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert finished == len(served), (finished, len(served))
+        assert idle and after[("dsv41rt:kv_cache_usage_perc", ())] == 0, after
+        assert _total(after, "dsv41rt:request_success_total", finished_reason="abort") == _total(
+            before, "dsv41rt:request_success_total", finished_reason="abort"
+        )
+        prompt = sum(u["prompt_tokens"] for _, _, u in served)
+        assert _total(after, "dsv41rt:prompt_tokens_total") - _total(before, "dsv41rt:prompt_tokens_total") == prompt
+        # A request that ends by length generated exactly max_tokens (chat's usage can report fewer:
+        # deepseek-recipe drops, and does not count, a last token that ends inside a UTF-8 sequence).
+        generated = sum(n if reason == "length" else u["completion_tokens"] for n, reason, u in served)
+        assert (
+            _total(after, "dsv41rt:generation_tokens_total") - _total(before, "dsv41rt:generation_tokens_total")
+            == generated
+        )
+        for name in ("dsv41rt:time_to_first_token_seconds_count", "dsv41rt:e2e_request_latency_seconds_count"):
+            assert _total(after, name) - _total(before, name) == len(served), name
+        assert _total(after, "dsv41rt:admission_rejections_total") == _total(
+            before, "dsv41rt:admission_rejections_total"
+        )
+
+
+def _metrics(c: httpx.Client) -> dict[tuple[str, tuple], float]:
+    """/metrics parsed (the Prometheus text parser raises on a malformed page): (sample name, labels
+    other than model_name) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = c.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain"), r.headers
+    out = {}
+    for fam in text_string_to_metric_families(r.text):
+        for sm in fam.samples:
+            assert sm.labels.get("model_name") == MODEL, sm
+            out[(sm.name, tuple(sorted((k, v) for k, v in sm.labels.items() if k != "model_name")))] = sm.value
+    return out
+
+
+def _total(m: dict[tuple[str, tuple], float], name: str, **labels: str) -> float:
+    """The sum of `name`'s samples whose labels include `labels` (0 when there are none yet)."""
+    want = set(labels.items())
+    return sum(v for (n, lab), v in m.items() if n == name and want <= set(lab))
