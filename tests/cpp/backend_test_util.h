@@ -142,41 +142,28 @@ class ScratchArena {
   uint64_t generation_ = 0;
 };
 
-/// Every Backend suite: TEST_P(Suite, ...) with Suite derived from this, instantiated with
-/// DSV41RT_INSTANTIATE_BACKENDS(Suite).
-class BackendTest : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
+/// Fresh random inputs from this run's seed, which every failure message carries. Start() in a
+/// fixture's SetUp, Stop() in its TearDown.
+class RandomInputs {
+ public:
+  void Start() {
     seed_ = test_seed();
     rng_.seed(seed_);
     trace_.emplace(__FILE__, __LINE__,
                    "seed " + std::to_string(seed_) +
                        " (replay: DSV41RT_TEST_SEED=" + std::to_string(seed_) + ")");
-    cpu_ = model::make_cpu_backend();
-    if (GetParam() == "cuda") {
-      DSV41RT_SKIP_WITHOUT_CUDA();
-      cuda_ = model::make_cuda_backend("cuda");
-    }
   }
-  void TearDown() override { trace_.reset(); }
+  void Stop() { trace_.reset(); }
 
-  bool on_cuda() const { return cuda_ != nullptr; }
-  /// The backend under test.
-  Backend& backend() { return cuda_ ? *cuda_ : *cpu_; }
-  /// The CPU backend: the reference the CUDA instance is compared with.
-  Backend& cpu() { return *cpu_; }
-  std::mt19937_64& rng() { return rng_; }
-
-  // ---- random inputs (never all zeros) ----
   std::vector<float> normal(int64_t n, double sigma = 1.0) {
     std::normal_distribution<float> d(0.0f, static_cast<float>(sigma));
-    std::vector<float> v(size_t(n), 0.0f);
+    std::vector<float> v(static_cast<size_t>(n), 0.0f);
     for (float& x : v) x = d(rng_);
     return v;
   }
   std::vector<float> uniform(int64_t n, double lo, double hi) {
     std::uniform_real_distribution<float> d(static_cast<float>(lo), static_cast<float>(hi));
-    std::vector<float> v(size_t(n), 0.0f);
+    std::vector<float> v(static_cast<size_t>(n), 0.0f);
     for (float& x : v) x = d(rng_);
     return v;
   }
@@ -184,13 +171,13 @@ class BackendTest : public ::testing::TestWithParam<std::string> {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng_);
   }
   std::vector<uint8_t> random_bytes(int64_t n) {
-    std::vector<uint8_t> v(size_t(n), 0);
+    std::vector<uint8_t> v(static_cast<size_t>(n), 0);
     for (uint8_t& x : v) x = uint8_t(randint(0, 255));
     return v;
   }
   /// A random permutation of 0..n-1.
   std::vector<int64_t> permutation(int64_t n) {
-    std::vector<int64_t> p(size_t(n), 0);
+    std::vector<int64_t> p(static_cast<size_t>(n), 0);
     for (int64_t i = 0; i < n; ++i) p[i] = i;
     std::shuffle(p.begin(), p.end(), rng_);
     return p;
@@ -200,7 +187,46 @@ class BackendTest : public ::testing::TestWithParam<std::string> {
   uint64_t seed_ = 0;
   std::mt19937_64 rng_;
   std::optional<::testing::ScopedTrace> trace_;
+};
+
+/// Every Backend suite: TEST_P(Suite, ...) with Suite derived from this, instantiated with
+/// DSV41RT_INSTANTIATE_BACKENDS(Suite).
+class BackendTest : public ::testing::TestWithParam<std::string>, protected RandomInputs {
+ protected:
+  void SetUp() override {
+    Start();
+    cpu_ = model::make_cpu_backend();
+    if (GetParam() == "cuda") {
+      DSV41RT_SKIP_WITHOUT_CUDA();
+      cuda_ = model::make_cuda_backend("cuda");
+    }
+  }
+  void TearDown() override { Stop(); }
+
+  bool on_cuda() const { return cuda_ != nullptr; }
+  /// The backend under test.
+  Backend& backend() { return cuda_ ? *cuda_ : *cpu_; }
+  /// The CPU backend: the reference the CUDA instance is compared with.
+  Backend& cpu() { return *cpu_; }
+
+ private:
   std::unique_ptr<Backend> cpu_, cuda_;
+};
+
+/// Suites of CUDA kernels that no Backend op reaches (test_cuda_*.cc): the CUDA backend provides
+/// the device memory and the stream.
+class CudaKernelTest : public ::testing::Test, protected RandomInputs {
+ protected:
+  void SetUp() override {
+    Start();
+    DSV41RT_SKIP_WITHOUT_CUDA();
+    cuda_ = model::make_cuda_backend("cuda");
+  }
+  void TearDown() override { Stop(); }
+  Backend& cuda() { return *cuda_; }
+
+ private:
+  std::unique_ptr<Backend> cuda_;
 };
 
 // ---- numerics --------------------------------------------------------------------------------
