@@ -1,13 +1,13 @@
 // Backend attention-side ops: indexer scores (per-query key offsets), candidate blocks and mask,
-// top-k selection, sparse attention with sink over two key arrays, and attention_indices
-// (contracts: kernels/indexer.h, kernels/attention.h, kernels/paged.h).
+// top-k selection, and sparse attention with sink over two key arrays (contracts:
+// kernels/indexer.h, kernels/attention.h; attention_indices: test_backend_paged_state.cc).
 //
 // References and bounds:
 //   CPU instance: naive float64 implementations written here. indexer_scores and
 //     sparse_attention within FP32 rounding bounds built from γ_n (backend_test_util.h); the
-//     discrete ops (candidate blocks, mask, top-k, attention_indices) exactly.
+//     discrete ops (candidate blocks, mask, top-k) exactly.
 //   CUDA instance: the CPU backend on the same inputs. Discrete ops exactly (kernels/cuda/
-//     indexer.cuh and paged.cuh promise the CPU's choices, ties and -1 padding included).
+//     indexer.cuh promises the CPU's choices, ties and -1 padding included).
 //     indexer_scores and sparse_attention: max |cuda − cpu| <= 1e-5 · max |cpu|, the bound the
 //     Python CUDA suite stated: both are FP32 reductions (dot products, exp-sums, an online-softmax
 //     rescale past 1024 keys) in another order, with FMA and device expf, which moves results by a
@@ -323,68 +323,6 @@ TEST_P(BackendAttention, SparseAttentionOverTwoKeyArrays) {
   }
 }
 
-TEST_P(BackendAttention, AttentionIndicesWindowThenTopK) {
-  // Release widths: a 128-row window and 512 top-k slots. Items: a fresh request (early positions
-  // leave the window short), a long one whose window starts late, one in between; query rows in
-  // any order, plus padding rows.
-  Backend& be = backend();
-  for (const int64_t KI : {int64_t(512), int64_t(0)}) {
-    SCOPED_TRACE("KI " + std::to_string(KI));
-    const int64_t W = 128, items = 3;
-    const std::vector<int64_t> length = {0, randint(500, 5000), randint(1, 200)};
-    std::vector<int64_t> window_first(items), old_offset(items), row0(items), comp_offset(items);
-    std::vector<int64_t> fresh = {randint(1, 150), randint(1, 20), randint(1, 150)};
-    int64_t old_rows = 0, new_rows = 0;
-    for (int64_t b : {int64_t(2), int64_t(0), int64_t(1)}) {  // row ranges not in item order
-      window_first[b] = std::max<int64_t>(0, length[b] - (W - 1));
-      old_offset[b] = old_rows, old_rows += length[b] - window_first[b];
-      row0[b] = new_rows, new_rows += fresh[b];
-      comp_offset[b] = randint(0, 3000);
-    }
-    const int64_t new_offset = old_rows + randint(0, 9), comp_base = randint(0, 100000);
-    std::vector<int32_t> row_item;
-    std::vector<int64_t> positions;
-    for (int64_t b = 0; b < items; ++b) {
-      for (int64_t i = 0; i < fresh[b]; ++i)
-        row_item.push_back(int32_t(b)), positions.push_back(length[b] + i);
-    }
-    for (int pad = 0; pad < 3; ++pad) row_item.push_back(-1), positions.push_back(randint(0, 99));
-    const std::vector<int64_t> order = permutation(int64_t(row_item.size()));
-    std::vector<int32_t> items_of;
-    std::vector<int64_t> pos;
-    for (int64_t i : order) items_of.push_back(row_item[i]), pos.push_back(positions[i]);
-    const int64_t S = int64_t(items_of.size()), K = W + KI;
-    std::vector<int32_t> topk(static_cast<size_t>(S * KI));
-    for (int32_t& e : topk) e = randint(0, 9) < 3 ? -1 : int32_t(randint(0, 4000));
-
-    Buffer<int32_t> d_item = upload(be, items_of), d_topk = upload(be, topk);
-    Buffer<int64_t> d_pos = upload(be, pos), d_first = upload(be, window_first),
-                    d_len = upload(be, length);
-    Buffer<int64_t> d_old = upload(be, old_offset), d_row0 = upload(be, row0),
-                    d_comp = upload(be, comp_offset);
-    Buffer<int32_t> idx = poisoned<int32_t>(be, S * K, kIndexPoison);
-    be.attention_indices(S, W, KI, d_item.get(), d_pos.get(), d_first.get(), d_len.get(),
-                         d_old.get(), d_row0.get(), new_offset, KI ? d_topk.get() : nullptr,
-                         KI ? d_comp.get() : nullptr, comp_base, idx.get(), be.stream(0));
-    // The contract's formula (kernels/paged.h), exact on both instances.
-    std::vector<int32_t> want(static_cast<size_t>(S * K), -1);
-    for (int64_t s = 0; s < S; ++s) {
-      const int32_t b = items_of[s];
-      if (b < 0) continue;
-      const int64_t t = pos[s], lo = std::max<int64_t>(0, t - W + 1);
-      for (int64_t p = lo; p <= t; ++p) {
-        want[s * K + p - lo] = int32_t(p < length[b] ? old_offset[b] + p - window_first[b]
-                                                     : new_offset + row0[b] + p - length[b]);
-      }
-      for (int64_t j = 0; j < KI; ++j) {
-        if (topk[s * KI + j] >= 0)
-          want[s * K + W + j] = int32_t(comp_base + comp_offset[b] + topk[s * KI + j]);
-      }
-    }
-    EXPECT_TRUE(bitwise_equal(idx.download(), want));
-  }
-}
-
 TEST_P(BackendAttention, RejectsBadSizes) {
   Backend& be = backend();
   Buffer<float> f = upload(be, normal(256));
@@ -400,9 +338,6 @@ TEST_P(BackendAttention, RejectsBadSizes) {
   EXPECT_THROW(be.topk_select(f.get(), 1, 8, /*k=*/-1, i32.get(), s), Error);
   EXPECT_THROW(be.sparse_attention(f.get(), f.get(), 4, f.get(), 4, i32.get(), f.get(), 1, 1,
                                    /*D=*/0, 4, 1.0f, f.get(), s),
-               Error);
-  EXPECT_THROW(be.attention_indices(1, /*W=*/0, 0, i32.get(), i64.get(), i64.get(), i64.get(),
-                                    i64.get(), i64.get(), 0, nullptr, nullptr, 0, i32.get(), s),
                Error);
   if (!on_cuda()) {
     // The CPU reference rejects key indices outside [−1, T) (CUDA skips them, tested above).

@@ -1,20 +1,18 @@
-// Backend paged-state ops (contract: kernels/paged.h; layout: runtime/model/state_layout.h):
-// pack/unpack of token pages and window rings, the compressor's pending rows, and the pooled
-// gather. Release widths: FP8 window rows of head_dim 512 in a ring of 128, NVFP4 compressed KV
+// Backend paged-row ops (contract: kernels/paged.h; layout: runtime/model/state_layout.h): pack and
+// unpack of token pages and window rings (the slot-side ops: test_backend_paged_state.cc). Release
+// widths: FP8 window rows of head_dim 512 in a ring of 128, NVFP4 compressed KV
 // of 512, MXFP4 index keys of 128, and the FP32 store of cache_quant = false.
 //
 // Reference and bound, both instances: BITWISE. The stored bytes are the row codecs of
 // kernels/quant.h (kernels::cpu::*_pack) at the addresses the contract computes from the page
 // table / ring (written out independently here, over poisoned memory, so bytes nobody may write
-// must keep the poison); decoded rows are the codecs' decode, i.e. unpack(pack(x)) == cache_qdq(x);
-// compress_pool_gather is kernels::cpu::compress_pool of the group assembled by hand. The CUDA
-// header (kernels/cuda/paged.cuh) promises the same bits as the CPU reference.
+// must keep the poison); decoded rows are the codecs' decode, i.e. unpack(pack(x)) == cache_qdq(x).
+// The CUDA header (kernels/cuda/paged.cuh) promises the same bits as the CPU reference.
 #include <algorithm>
 #include <numeric>
 
 #include "backend_test_util.h"
 #include "core/status.h"
-#include "kernels/compressor.h"
 #include "kernels/paged.h"
 #include "kernels/quant.h"
 
@@ -326,117 +324,6 @@ TEST_P(BackendPaged, PackedNonFiniteBlocksDecodeAsTheContractSays) {
   }
 }
 
-TEST_P(BackendPaged, CompressPoolGatherEqualsCompressPoolOfTheAssembledGroup) {
-  Backend& be = backend();
-  struct Case {
-    int64_t ratio, D;
-  };
-  for (const Case c : {Case{2, 512}, Case{4, 128}, Case{128, 128}}) {
-    SCOPED_TRACE("ratio " + std::to_string(c.ratio) + " D " + std::to_string(c.D));
-    const int64_t ratio = c.ratio, D = c.D, items = 4, groups = 6;
-    const int64_t pending_offset = 16 * randint(1, 8);
-    const int64_t pending_floats = 2 * (ratio - 1) * D;  // (ratio-1) value rows, then gate rows
-    const int64_t slot_bytes = (pending_offset + pending_floats * 4 + 64 + 15) / 16 * 16;
-    const std::vector<int64_t> slot_of = permutation(items);
-    std::vector<uint8_t> slot_image(size_t(items * slot_bytes), kPoison);
-    for (int64_t b = 0; b < items; ++b) {
-      std::vector<float> pend = normal(pending_floats, 2.0);
-      std::memcpy(&slot_image[slot_of[b] * slot_bytes + pending_offset], pend.data(),
-                  pend.size() * 4);
-    }
-    // Groups: an item, how many of its pending rows lead the group, and where its new rows are
-    // (row ranges handed out in random order). Group 2 is padding.
-    std::vector<int32_t> group_item(groups);
-    std::vector<int64_t> n_pending(groups), first_row(groups), new_rows(groups);
-    int64_t total_rows = 0;
-    for (int64_t g = 0; g < groups; ++g) {
-      group_item[g] = g == 2 ? -1 : int32_t(randint(0, items - 1));
-      n_pending[g] = g == 0 ? ratio - 1 : (g == 1 ? 0 : randint(0, ratio - 1));
-      new_rows[g] = ratio - n_pending[g];
-    }
-    for (int64_t g : permutation(groups)) first_row[g] = total_rows, total_rows += new_rows[g] + 1;
-    const std::vector<float> values = normal(total_rows * D), scores = normal(total_rows * D, 4.0);
-
-    Buffer<uint8_t> slots_mem = upload(be, slot_image);
-    std::vector<uint8_t*> slot_ptr;
-    for (int64_t b = 0; b < items; ++b)
-      slot_ptr.push_back(slots_mem.get() + slot_of[b] * slot_bytes);
-    Buffer<uint8_t*> slots = upload(be, slot_ptr);
-    Buffer<float> d_values = upload(be, values), d_scores = upload(be, scores);
-    Buffer<int32_t> d_group_item = upload(be, group_item);
-    Buffer<int64_t> d_pending = upload(be, n_pending), d_first = upload(be, first_row);
-    Buffer<float> pooled = poisoned<float>(be, groups * D);
-    be.compress_pool_gather(d_values.get(), d_scores.get(), slots.get(), pending_offset, groups,
-                            ratio, D, d_group_item.get(), d_pending.get(), d_first.get(),
-                            pooled.get(), be.stream(0));
-
-    std::vector<float> want(size_t(groups * D), poison_float());
-    for (int64_t g = 0; g < groups; ++g) {
-      if (group_item[g] < 0) continue;  // padding: untouched
-      const float* pend = reinterpret_cast<const float*>(
-          &slot_image[slot_of[group_item[g]] * slot_bytes + pending_offset]);
-      std::vector<float> v(static_cast<size_t>(ratio * D)), s(size_t(ratio * D));
-      for (int64_t t = 0; t < ratio; ++t) {
-        const bool old = t < n_pending[g];
-        const int64_t row = first_row[g] + t - n_pending[g];
-        std::copy_n(old ? pend + t * D : &values[row * D], D, &v[t * D]);
-        std::copy_n(old ? pend + (ratio - 1 + t) * D : &scores[row * D], D, &s[t * D]);
-      }
-      kernels::cpu::compress_pool(v.data(), s.data(), 1, ratio, D, &want[g * D]);
-    }
-    EXPECT_TRUE(bitwise_equal(pooled.download(), want));
-  }
-}
-
-TEST_P(BackendPaged, StorePendingCopiesRowsIntoTheSlots) {
-  Backend& be = backend();
-  struct Case {
-    int64_t ratio, D;
-  };
-  for (const Case c : {Case{2, 512}, Case{4, 128}}) {
-    SCOPED_TRACE("ratio " + std::to_string(c.ratio) + " D " + std::to_string(c.D));
-    const int64_t ratio = c.ratio, D = c.D, items = 3, src_rows = 20;
-    const int64_t pending_offset = 16 * randint(1, 8);
-    const int64_t slot_bytes = (pending_offset + 2 * (ratio - 1) * D * 4 + 64 + 15) / 16 * 16;
-    const std::vector<int64_t> slot_of = permutation(items);
-    // Each (item, pending row) written at most once; source rows in any order; padding rows.
-    std::vector<int32_t> item;
-    std::vector<int64_t> src_row, dst_row;
-    for (int64_t b = 0; b < items; ++b) {
-      for (int64_t d = 0; d < ratio - 1; ++d) {
-        if (b == 0 || randint(0, 1)) {
-          item.push_back(int32_t(b)), dst_row.push_back(d),
-              src_row.push_back(randint(0, src_rows - 1));
-        }
-      }
-    }
-    for (int pad = 0; pad < 3; ++pad)
-      item.push_back(-1), dst_row.push_back(0), src_row.push_back(randint(0, src_rows - 1));
-    const int64_t n = int64_t(item.size());
-    const std::vector<float> values = normal(src_rows * D), scores = normal(src_rows * D);
-
-    Buffer<uint8_t> slots_mem = poisoned<uint8_t>(be, items * slot_bytes);
-    std::vector<uint8_t*> slot_ptr;
-    for (int64_t b = 0; b < items; ++b)
-      slot_ptr.push_back(slots_mem.get() + slot_of[b] * slot_bytes);
-    Buffer<uint8_t*> slots = upload(be, slot_ptr);
-    Buffer<float> d_values = upload(be, values), d_scores = upload(be, scores);
-    Buffer<int32_t> d_item = upload(be, item);
-    Buffer<int64_t> d_src = upload(be, src_row), d_dst = upload(be, dst_row);
-    be.store_pending(d_values.get(), d_scores.get(), slots.get(), pending_offset, ratio, D, n,
-                     d_item.get(), d_src.get(), d_dst.get(), be.stream(0));
-
-    std::vector<uint8_t> image(size_t(items * slot_bytes), kPoison);
-    for (int64_t i = 0; i < n; ++i) {
-      if (item[i] < 0) continue;
-      uint8_t* pend = &image[slot_of[item[i]] * slot_bytes + pending_offset];
-      std::memcpy(pend + dst_row[i] * D * 4, &values[src_row[i] * D], size_t(D) * 4);
-      std::memcpy(pend + (ratio - 1 + dst_row[i]) * D * 4, &scores[src_row[i] * D], size_t(D) * 4);
-    }
-    EXPECT_TRUE(bitwise_equal(slots_mem.download(), image));
-  }
-}
-
 TEST_P(BackendPaged, RejectsBadSizes) {
   // The CPU reference throws Error; the CUDA launchers return cudaErrorInvalidValue, which the
   // backend turns into an Error.
@@ -460,12 +347,6 @@ TEST_P(BackendPaged, RejectsBadSizes) {
                Error);
   EXPECT_THROW(be.unpack_ring(RowFormat::kF32, RingRows{slots.get(), 0, /*ring=*/0, 64}, 16, 1, 1,
                               zeros64.get(), zeros64.get(), zeros64.get(), rows.get(), s),
-               Error);
-  EXPECT_THROW(be.compress_pool_gather(rows.get(), rows.get(), slots.get(), 0, 1, /*ratio=*/0, 16,
-                                       zeros32.get(), zeros64.get(), zeros64.get(), rows.get(), s),
-               Error);
-  EXPECT_THROW(be.store_pending(rows.get(), rows.get(), slots.get(), 0, /*ratio=*/1, 16, 1,
-                                zeros32.get(), zeros64.get(), zeros64.get(), s),
                Error);
 }
 
