@@ -32,8 +32,9 @@ class BackendAttention : public BackendTest {
     return v;
   }
   // Small integers (many exact ties), −0 beside +0, −inf patches, a row with nothing finite;
-  // +inf entries only when `with_inf` (the CPU's handling of +inf is not what the contract text
-  // says, see candidate_blocks/topk below, so only the CUDA-vs-CPU comparison uses them).
+  // +inf entries only when `with_inf`: the contract text does not pin +inf down (the CPU ranks a
+  // +inf block level with the forced newest block, and a +inf entry takes a top-k slot before it
+  // is dropped as non-finite), so only the exact CUDA-vs-CPU comparison uses them.
   std::vector<float> tie_heavy(int64_t S, int64_t T, bool with_inf) {
     std::vector<float> s(static_cast<size_t>(S * T));
     for (float& v : s) {
