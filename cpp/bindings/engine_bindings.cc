@@ -1,4 +1,5 @@
-// dsv41rt._core.Engine: one loaded model (an executor on its device and its KV pool) with two ways in:
+// dsv41rt._core.Engine: one loaded model (an executor on its device and its KV pool) with two ways
+// in:
 //   - the serving engine: submit / step / cancel / stats (continuous batching, sampling);
 //   - direct handles for scoring and parity tests: new_handle / forward / release run a request's
 //     tokens through the executor without the scheduler (same pool, same state layout).
@@ -14,11 +15,11 @@
 #include <vector>
 
 #include "bindings/sampling_params.h"
+#include "core/safetensors.h"
+#include "core/status.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/executor.h"
 #include "runtime/model/model_config.h"
-#include "core/safetensors.h"
-#include "core/status.h"
 
 namespace nb = nanobind;
 
@@ -361,7 +362,8 @@ void register_engine(nb::module_& m) {
             nb::gil_scoped_release release;
             e.run_cp_worker();
           },
-          "Context-parallel rank > 0 in its own process: replay rank 0's calls until it shuts down.")
+          "Context-parallel rank > 0 in its own process: replay rank 0's calls until it shuts "
+          "down.")
       .def("fork", &PyEngine::fork, nb::arg("handle"),
            "A new handle with a copy of the handle's state (continues exactly as it would).")
       .def("decode", &PyEngine::decode, nb::arg("handles"), nb::arg("tokens"),

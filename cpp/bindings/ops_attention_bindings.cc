@@ -1,13 +1,12 @@
 // dsv41rt._core.ops bindings of the attention-side CPU ops (kernels/attention.h, compressor.h,
 // indexer.h): numpy in, fresh numpy out, GIL released around the compute.
-#include "bindings/numpy_io.h"
-
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
 #include <cstdint>
 #include <cstring>
 
+#include "bindings/numpy_io.h"
 #include "core/status.h"
 #include "kernels/attention.h"
 #include "kernels/compressor.h"
@@ -28,7 +27,8 @@ nb::ndarray<nb::numpy, float> sparse_attention_np(In<float, 3> q, In<float, 2> k
       "sparse_attention: inconsistent shapes");
   auto out = new_array<float>({size_t(S), size_t(H), size_t(D)});
   nb::gil_scoped_release release;
-  kernels::cpu::sparse_attention(q.data(), kv.data(), indices.data(), sink.data(), S, H, D, T, K, scale, out.data());
+  kernels::cpu::sparse_attention(q.data(), kv.data(), indices.data(), sink.data(), S, H, D, T, K,
+                                 scale, out.data());
   return out;
 }
 
@@ -53,7 +53,8 @@ nb::ndarray<nb::numpy, float> indexer_scores_np(In<float, 3> q, In<float, 2> key
                 "indexer_scores: inconsistent shapes");
   auto out = new_array<float>({size_t(S), size_t(T)});
   nb::gil_scoped_release release;
-  kernels::cpu::indexer_scores(q.data(), keys.data(), w.data(), n_visible.data(), S, H, D, T, out.data());
+  kernels::cpu::indexer_scores(q.data(), keys.data(), w.data(), n_visible.data(), S, H, D, T,
+                               out.data());
   return out;
 }
 
@@ -63,7 +64,8 @@ nb::ndarray<nb::numpy, uint8_t> candidate_blocks_np(In<float, 2> scores, In<int6
   DSV41RT_CHECK(n_visible.shape(0) == size_t(S), "candidate_blocks: n_visible length");
   auto out = new_array<uint8_t>({size_t(S), size_t(T)});
   nb::gil_scoped_release release;
-  kernels::cpu::candidate_blocks(scores.data(), n_visible.data(), S, T, topk_blocks, block_size, out.data());
+  kernels::cpu::candidate_blocks(scores.data(), n_visible.data(), S, T, topk_blocks, block_size,
+                                 out.data());
   return out;
 }
 

@@ -4,8 +4,8 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
-#include "kernels/linear.h"
 #include "core/status.h"
+#include "kernels/linear.h"
 
 namespace nb = nanobind;
 

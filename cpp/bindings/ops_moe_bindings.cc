@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "bindings/numpy_io.h"
+#include "core/status.h"
 #include "kernels/engram.h"
 #include "kernels/moe.h"
-#include "core/status.h"
 
 namespace nb = nanobind;
 
@@ -108,8 +108,8 @@ Out<float> moe_forward_np(In<float, 2> x, In<int32_t, 2> idx, In<float, 2> weigh
   return y;
 }
 
-Out<int64_t> engram_hash_rows_np(In<int64_t, 1> compressed_ids,
-                                 int64_t n_heads, In<int64_t, 1> multipliers, In<int64_t, 1> primes,
+Out<int64_t> engram_hash_rows_np(In<int64_t, 1> compressed_ids, int64_t n_heads,
+                                 In<int64_t, 1> multipliers, In<int64_t, 1> primes,
                                  In<int64_t, 1> offsets, int64_t pad_id) {
   const int64_t max_ngram = multipliers.shape(0);
   DSV41RT_CHECK(max_ngram >= 2, "engram_hash_rows: need >= 2 multipliers");
@@ -124,14 +124,14 @@ Out<int64_t> engram_hash_rows_np(In<int64_t, 1> compressed_ids,
   auto rows = new_array<int64_t>({size_t(S), size_t(cols)});
   {
     nb::gil_scoped_release release;
-    kernels::cpu::engram_hash_rows(compressed_ids.data(), S, max_ngram, n_heads, multipliers.data(), primes.data(),
-       offsets.data(), pad_id, rows.data());
+    kernels::cpu::engram_hash_rows(compressed_ids.data(), S, max_ngram, n_heads, multipliers.data(),
+                                   primes.data(), offsets.data(), pad_id, rows.data());
   }
   return rows;
 }
 
-Out<float> engram_forward_np(In<float, 3> X, In<float, 2> emb,
-                             In<float, 2> wkv, In<float, 2> q_weight, In<float, 2> k_weight,
+Out<float> engram_forward_np(In<float, 3> X, In<float, 2> emb, In<float, 2> wkv,
+                             In<float, 2> q_weight, In<float, 2> k_weight,
                              std::optional<In<bool, 1>> token_mask, float eps) {
   const int64_t S = X.shape(0), n = X.shape(1), H = X.shape(2), D = emb.shape(1);
   DSV41RT_CHECK(emb.shape(0) == size_t(S), "engram_forward: emb rows ", emb.shape(0), " != S ", S);
@@ -146,9 +146,10 @@ Out<float> engram_forward_np(In<float, 3> X, In<float, 2> emb,
   {
     nb::gil_scoped_release release;
     std::copy(X.data(), X.data() + S * n * H, y.data());
-    kernels::cpu::engram_forward(y.data(), emb.data(), wkv.data(), q_weight.data(), k_weight.data(),
-       token_mask ? reinterpret_cast<const uint8_t*>(token_mask->data()) : nullptr, S, n, H, D,
-       eps);
+    kernels::cpu::engram_forward(
+        y.data(), emb.data(), wkv.data(), q_weight.data(), k_weight.data(),
+        token_mask ? reinterpret_cast<const uint8_t*>(token_mask->data()) : nullptr, S, n, H, D,
+        eps);
   }
   return y;
 }
@@ -170,19 +171,13 @@ void register_ops_moe(nb::module_& ops) {
           nb::arg("w1"), nb::arg("w3"), nb::arg("w2"), nb::arg("shared_w1").none(),
           nb::arg("shared_w3").none(), nb::arg("shared_w2").none(), nb::arg("limit"),
           "Routed experts (stacked w1, w3 [E, I, H], w2 [E, H, I]) + shared expert.");
-  ops.def(
-      "engram_hash_rows",
-      &engram_hash_rows_np,
-      nb::arg("compressed_ids"), nb::arg("n_heads"), nb::arg("multipliers"), nb::arg("primes"),
-      nb::arg("offsets"), nb::arg("pad_id"),
-      "Engram row ids [S, (max_ngram-1)*n_heads] of one layer; compressed_ids = "
-      "max_ngram-1 history slots then S positions, negative = blocking.");
-  ops.def(
-      "engram_forward",
-      &engram_forward_np,
-      nb::arg("X"), nb::arg("emb"), nb::arg("wkv"), nb::arg("q_weight"), nb::arg("k_weight"),
-      nb::arg("token_mask").none(), nb::arg("eps"),
-      "Engram gated residual update; returns the new X [S, n, H].");
+  ops.def("engram_hash_rows", &engram_hash_rows_np, nb::arg("compressed_ids"), nb::arg("n_heads"),
+          nb::arg("multipliers"), nb::arg("primes"), nb::arg("offsets"), nb::arg("pad_id"),
+          "Engram row ids [S, (max_ngram-1)*n_heads] of one layer; compressed_ids = "
+          "max_ngram-1 history slots then S positions, negative = blocking.");
+  ops.def("engram_forward", &engram_forward_np, nb::arg("X"), nb::arg("emb"), nb::arg("wkv"),
+          nb::arg("q_weight"), nb::arg("k_weight"), nb::arg("token_mask").none(), nb::arg("eps"),
+          "Engram gated residual update; returns the new X [S, n, H].");
 }
 
 }  // namespace dsv41rt::bindings

@@ -11,10 +11,10 @@
 #include <tuple>
 #include <vector>
 
+#include "core/status.h"
 #include "kernels/mhc.h"
 #include "kernels/rms_norm.h"
 #include "kernels/rope.h"
-#include "core/status.h"
 
 namespace nb = nanobind;
 

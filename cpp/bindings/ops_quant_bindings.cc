@@ -2,13 +2,12 @@
 // release-format weight dequantisation, numpy in / numpy out (fresh arrays), GIL released around
 // the compute.
 #include <nanobind/nanobind.h>
-
 #include <nanobind/ndarray.h>
 
 #include <vector>
 
-#include "kernels/quant.h"
 #include "core/status.h"
+#include "kernels/quant.h"
 
 namespace nb = nanobind;
 
@@ -190,9 +189,7 @@ void register_ops_quant(nb::module_& ops) {
       "-> float32 [rows, cols].");
   ops.def(
       "dequant_fp4_rows",
-      [](const AnyIn2& packed, const U8In2& scales) {
-        return dequant_fp4_rows_np(packed, scales);
-      },
+      [](const AnyIn2& packed, const U8In2& scales) { return dequant_fp4_rows_np(packed, scales); },
       nb::arg("packed"), nb::arg("scales"),
       "Packed E2M1 int8/uint8 [rows, cols/2] * UE8M0 scales uint8 [rows, ceil(cols/32)] "
       "-> float32 [rows, cols].");

@@ -1,7 +1,5 @@
 // dsv41rt._core.ops bindings of the sampler (kernels/sampling.h): the filtered distribution and the
 // seeded draw; parameters come as a dict whose keys are the SamplingParams fields.
-#include "bindings/numpy_io.h"
-
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -11,9 +9,10 @@
 #include <optional>
 #include <string>
 
+#include "bindings/numpy_io.h"
 #include "bindings/sampling_params.h"
-#include "kernels/sampling.h"
 #include "core/status.h"
+#include "kernels/sampling.h"
 
 namespace nb = nanobind;
 
@@ -39,8 +38,8 @@ History history(const std::optional<Tokens>& prompt, const std::optional<Tokens>
   return h;
 }
 
-nb::ndarray<nb::numpy, float> sampling_probs_np(Logits logits,
-                                                nb::dict params, std::optional<Tokens> prompt,
+nb::ndarray<nb::numpy, float> sampling_probs_np(Logits logits, nb::dict params,
+                                                std::optional<Tokens> prompt,
                                                 std::optional<Tokens> output) {
   const SamplingParams p = sampling_params_from_dict(params);
   const History h = history(prompt, output);
@@ -52,9 +51,8 @@ nb::ndarray<nb::numpy, float> sampling_probs_np(Logits logits,
   return out;
 }
 
-nb::tuple sample_token_np(Logits logits, nb::dict params,
-                          std::optional<Tokens> prompt, std::optional<Tokens> output,
-                          uint64_t step) {
+nb::tuple sample_token_np(Logits logits, nb::dict params, std::optional<Tokens> prompt,
+                          std::optional<Tokens> output, uint64_t step) {
   const SamplingParams p = sampling_params_from_dict(params);
   const History h = history(prompt, output);
   const int64_t V = logits.shape(0);

@@ -19,10 +19,9 @@ DSV41RT_API void indexer_scores(const float* q, const float* keys, const float* 
 
 /// The same with each query's keys starting at row key_offset[s] of `keys` (nullptr = 0): one
 /// call scores a batch whose requests have different key sets.
-DSV41RT_API void indexer_scores_offset(const float* q, const float* keys,
-                                       const int64_t* key_offset, const float* w,
-                                       const int64_t* n_visible, int64_t S, int64_t H, int64_t D,
-                                       int64_t T, float* scores);
+DSV41RT_API void indexer_scores_offset(const float* q, const float* keys, const int64_t* key_offset,
+                                       const float* w, const int64_t* n_visible, int64_t S,
+                                       int64_t H, int64_t D, int64_t T, float* scores);
 
 /// Candidate-source blocks: entries grouped in blocks of `block_size`; block score = max entry
 /// score; the block holding the newest visible entry ((n_visible−1) div block_size) is forced in;
@@ -35,9 +34,11 @@ DSV41RT_API void candidate_blocks(const float* scores, const int64_t* n_visible,
 /// scores[s, j] = −inf where mask[s, j] == 0 (later index sources restricted to candidates).
 DSV41RT_API void apply_candidate_mask(float* scores, const uint8_t* mask, int64_t S, int64_t T);
 
-/// Top-k selection per query: the min(k, #finite) highest-scoring entries, sorted by entry index
-/// ascending, then −1 padding to width k. Ties go to the lower entry index (the reference uses
-/// torch.topk, whose tie order is unspecified; exact ties are measure-zero for real scores).
+/// Top-k selection per query: of the min(k, T) highest-scoring entries, the finite ones, sorted by
+/// entry index ascending, then −1 padding to width k (scores are finite or −inf in the model; a
+/// +inf would take a top-k place without being emitted). Ties go to the lower entry index (the
+/// reference uses torch.topk, whose tie order is unspecified; exact ties are measure-zero for real
+/// scores).
 DSV41RT_API void topk_select(const float* scores, int64_t S, int64_t T, int64_t k,
                              int32_t* indices);
 

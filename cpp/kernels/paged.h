@@ -9,7 +9,8 @@
 // cache_quant = false store (raw FP32 rows).
 //
 // CPU reference: kernels/cpu/paged.cc (host pointers); CUDA: kernels/cuda/paged.cuh (device
-// pointers, the same semantics bit for bit).
+// pointers, the same semantics bit for bit — except compress_pool_gather, whose device expf differs
+// from the host exp by up to 2 ulp: within 1e-5 relative).
 #pragma once
 
 #include <cstdint>
@@ -83,8 +84,7 @@ DSV41RT_API void compress_pool_gather(const float* values, const float* scores,
 /// Copies values/scores row src_row[i] to pending row dst_row[i] of item item[i] (< 0 skipped).
 DSV41RT_API void store_pending(const float* values, const float* scores, uint8_t* const* slots,
                                int64_t pending_offset, int64_t ratio, int64_t D, int64_t n,
-                               const int32_t* item, const int64_t* src_row,
-                               const int64_t* dst_row);
+                               const int32_t* item, const int64_t* src_row, const int64_t* dst_row);
 
 /// Attention key lists, idx [S, W + KI] into the concatenation [window rows | compressed rows]:
 /// query s (item b = row_item[s] (< 0: all -1), position t = positions[s]) gets, in slots

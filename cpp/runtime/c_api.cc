@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/safetensors.h"
+#include "core/status.h"
 #include "dsv41rt/dsv41rt.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/engram_tables.h"
@@ -18,8 +20,6 @@
 #include "runtime/model/layer_plan.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/weights.h"
-#include "core/safetensors.h"
-#include "core/status.h"
 
 using dsv41rt::Error;
 using dsv41rt::StatusCode;

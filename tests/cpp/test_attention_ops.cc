@@ -6,10 +6,10 @@
 #include <cmath>
 #include <vector>
 
+#include "core/status.h"
 #include "kernels/attention.h"
 #include "kernels/compressor.h"
 #include "kernels/indexer.h"
-#include "core/status.h"
 
 namespace dsv41rt::kernels::cpu {
 namespace {

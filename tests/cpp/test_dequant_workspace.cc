@@ -5,8 +5,8 @@
 #include <cstring>
 #include <vector>
 
-#include "runtime/dequant_workspace.h"
 #include "core/status.h"
+#include "runtime/dequant_workspace.h"
 
 namespace dsv41rt {
 namespace {

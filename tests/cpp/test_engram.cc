@@ -5,8 +5,8 @@
 #include <random>
 #include <vector>
 
-#include "kernels/engram.h"
 #include "core/status.h"
+#include "kernels/engram.h"
 
 namespace dsv41rt::kernels::cpu {
 namespace {

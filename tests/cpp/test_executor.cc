@@ -50,7 +50,9 @@ struct Held {
     e.pool().free_pages(pages);
     e.pool().free_slot(slot);
   }
-  RequestView view() { return {e.pool().slot_data(slot), pages.data(), int64_t(pages.size()), length}; }
+  RequestView view() {
+    return {e.pool().slot_data(slot), pages.data(), int64_t(pages.size()), length};
+  }
   // Logits of every new position.
   std::vector<float> run(const std::vector<int32_t>& tokens) {
     EXPECT_TRUE(e.pool().ensure_pages(pages, length + int64_t(tokens.size())));
@@ -111,7 +113,7 @@ TEST(Executor, Bf16EmulationIsDeterministicAndNearFp32) {
     err = std::max(err, double(std::abs(x[i] - z[i])));
     scale = std::max(scale, double(std::abs(z[i])));
   }
-  EXPECT_GT(err, 0.0);          // the emulation rounds: not the FP32 path
+  EXPECT_GT(err, 0.0);           // the emulation rounds: not the FP32 path
   EXPECT_LT(err, 0.25 * scale);  // ... but the same model
 }
 

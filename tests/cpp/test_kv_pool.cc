@@ -7,8 +7,8 @@
 #include <set>
 #include <vector>
 
-#include "runtime/model/kv_pool.h"
 #include "core/status.h"
+#include "runtime/model/kv_pool.h"
 
 namespace dsv41rt::model {
 namespace {

@@ -4,8 +4,8 @@
 #include <random>
 #include <vector>
 
-#include "kernels/mhc.h"
 #include "core/status.h"
+#include "kernels/mhc.h"
 
 namespace dsv41rt::kernels::cpu {
 namespace {

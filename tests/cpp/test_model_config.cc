@@ -8,9 +8,9 @@
 #include <fstream>
 #include <string>
 
+#include "core/status.h"
 #include "runtime/model/layer_plan.h"
 #include "runtime/model/model_config.h"
-#include "core/status.h"
 
 namespace dsv41rt {
 namespace {

@@ -4,8 +4,8 @@
 #include <random>
 #include <vector>
 
-#include "kernels/moe.h"
 #include "core/status.h"
+#include "kernels/moe.h"
 
 namespace dsv41rt::kernels::cpu {
 namespace {

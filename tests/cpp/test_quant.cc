@@ -5,9 +5,9 @@
 #include <random>
 #include <vector>
 
-#include "kernels/quant.h"
 #include "core/dtype.h"
 #include "core/status.h"
+#include "kernels/quant.h"
 
 namespace dsv41rt::kernels::cpu {
 namespace {

@@ -4,8 +4,8 @@
 #include <random>
 #include <vector>
 
-#include "kernels/rms_norm.h"
 #include "core/status.h"
+#include "kernels/rms_norm.h"
 
 namespace dsv41rt::kernels::cpu {
 namespace {

@@ -5,8 +5,8 @@
 #include <random>
 #include <vector>
 
-#include "kernels/rope.h"
 #include "core/status.h"
+#include "kernels/rope.h"
 
 namespace dsv41rt::kernels::cpu {
 namespace {

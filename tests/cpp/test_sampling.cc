@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/sampling.h"
 #include "core/status.h"
+#include "kernels/sampling.h"
 
 namespace dsv41rt::kernels::cpu {
 namespace {

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/model/kv_pool.h"
-#include "runtime/engine/scheduler.h"
 #include "core/status.h"
+#include "runtime/engine/scheduler.h"
+#include "runtime/model/kv_pool.h"
 
 namespace dsv41rt::engine {
 namespace {

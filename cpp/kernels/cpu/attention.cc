@@ -71,8 +71,7 @@ void sparse_attention_split(const float* q, const float* kv_a, int64_t T_a, cons
                             int64_t T_b, const int32_t* indices, const float* sink, int64_t S,
                             int64_t n_heads, int64_t D, int64_t K, float scale, float* out) {
   attend(
-      q,
-      [&](int32_t j) { return j < T_a ? kv_a + int64_t(j) * D : kv_b + (int64_t(j) - T_a) * D; },
+      q, [&](int32_t j) { return j < T_a ? kv_a + int64_t(j) * D : kv_b + (int64_t(j) - T_a) * D; },
       indices, sink, S, n_heads, D, T_a + T_b, K, scale, out);
 }
 

@@ -75,6 +75,7 @@ void candidate_blocks(const float* scores, const int64_t* n_visible, int64_t S, 
 }
 
 void apply_candidate_mask(float* scores, const uint8_t* mask, int64_t S, int64_t T) {
+  DSV41RT_CHECK(S >= 0 && T >= 0, "apply_candidate_mask: bad sizes S=", S, " T=", T);
   for (int64_t i = 0; i < S * T; ++i) {
     if (!mask[i]) scores[i] = -INFINITY;
   }

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/dtype.h"
+#include "core/status.h"
 
 namespace dsv41rt::kernels::cpu {
 namespace {
@@ -26,6 +27,7 @@ inline float dot(const float* a, const float* b, int64_t k) {
 
 void linear(const float* x, const float* w, int64_t m, int64_t k, int64_t n, float* y,
             bool accumulate) {
+  DSV41RT_CHECK(m >= 0 && k >= 0 && n >= 0, "linear: bad sizes m=", m, " k=", k, " n=", n);
   // Tile over (rows of w) x (rows of x) so a block of weight rows stays in cache while every
   // activation row streams past it; the weight matrix is the large operand.
   constexpr int64_t kWTile = 64;
@@ -49,6 +51,8 @@ void round_to_bf16(float* v, int64_t n) {
 
 void grouped_linear(const float* x, const float* w, int64_t m, int64_t groups, int64_t k_g,
                     int64_t n_g, float* y) {
+  DSV41RT_CHECK(m >= 0 && groups >= 1 && k_g >= 0 && n_g >= 0, "grouped_linear: bad sizes m=", m,
+                " groups=", groups, " k_g=", k_g, " n_g=", n_g);
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t r = 0; r < m; ++r) {
     for (int64_t g = 0; g < groups; ++g) {

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <vector>
 
+#include "core/status.h"
 #include "kernels/linear.h"
 #include "kernels/rms_norm.h"
-#include "core/status.h"
 
 namespace dsv41rt::kernels::cpu {
 namespace {

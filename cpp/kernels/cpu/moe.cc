@@ -3,8 +3,8 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/linear.h"
 #include "core/status.h"
+#include "kernels/linear.h"
 
 namespace dsv41rt::kernels::cpu {
 namespace {

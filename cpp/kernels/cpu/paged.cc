@@ -137,8 +137,8 @@ void compress_pool_gather(const float* values, const float* scores, uint8_t* con
 }
 
 void store_pending(const float* values, const float* scores, uint8_t* const* slots,
-                   int64_t pending_offset, int64_t ratio, int64_t D, int64_t n,
-                   const int32_t* item, const int64_t* src_row, const int64_t* dst_row) {
+                   int64_t pending_offset, int64_t ratio, int64_t D, int64_t n, const int32_t* item,
+                   const int64_t* src_row, const int64_t* dst_row) {
   DSV41RT_CHECK(n >= 0 && ratio >= 2 && D > 0, "store_pending: bad sizes");
   for (int64_t r = 0; r < n; ++r) {
     if (item[r] < 0) continue;
@@ -198,12 +198,14 @@ void engram_gather(const uint8_t* table, const uint8_t* scales, const int64_t* r
 }
 
 void gather_rows(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst) {
+  DSV41RT_CHECK(n >= 0 && dim > 0, "gather_rows: bad sizes n=", n, " dim=", dim);
   for (int64_t i = 0; i < n; ++i) {
     std::memcpy(dst + i * dim, src + rows[i] * dim, size_t(dim) * sizeof(float));
   }
 }
 
 void scale_inplace(float* x, int64_t n, float factor) {
+  DSV41RT_CHECK(n >= 0, "scale_inplace: n=", n);
   for (int64_t i = 0; i < n; ++i) x[i] *= factor;
 }
 

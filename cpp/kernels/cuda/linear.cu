@@ -1,6 +1,6 @@
+#include "core/dtype.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/linear.cuh"
-#include "core/dtype.h"
 
 namespace dsv41rt::kernels::cuda {
 namespace {

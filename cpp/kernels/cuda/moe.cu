@@ -1,9 +1,9 @@
 #include <algorithm>
 
+#include "core/dtype.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe.cuh"
 #include "kernels/cuda/swiglu.cuh"
-#include "core/dtype.h"
 
 namespace dsv41rt::kernels::cuda {
 namespace {

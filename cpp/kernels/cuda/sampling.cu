@@ -121,13 +121,13 @@ __device__ void block_sort(double* key, int32_t* id, int64_t P) {
 // draw plus raw logprobs. Explicit _rn intrinsics keep nvcc from contracting into FMAs (the CPU
 // reference has none), so the FP64 values match the CPU's up to exp's last ulp.
 __global__ void sampling_kernel(
-    const float* __restrict__ logits, const int64_t* __restrict__ logit_rows, int64_t rows, int64_t V, int64_t P,
-    const SamplingParams* __restrict__ params, const int32_t* __restrict__ prompt,
-    const int64_t* __restrict__ prompt_off, const int32_t* __restrict__ output,
-    const int64_t* __restrict__ output_off, const uint64_t* __restrict__ steps, unsigned char* ws,
-    int64_t ws_stride, float* __restrict__ probs, int32_t* __restrict__ tokens,
-    float* __restrict__ logprobs, int32_t max_top, int32_t* __restrict__ top_ids,
-    float* __restrict__ top_lps) {
+    const float* __restrict__ logits, const int64_t* __restrict__ logit_rows, int64_t rows,
+    int64_t V, int64_t P, const SamplingParams* __restrict__ params,
+    const int32_t* __restrict__ prompt, const int64_t* __restrict__ prompt_off,
+    const int32_t* __restrict__ output, const int64_t* __restrict__ output_off,
+    const uint64_t* __restrict__ steps, unsigned char* ws, int64_t ws_stride,
+    float* __restrict__ probs, int32_t* __restrict__ tokens, float* __restrict__ logprobs,
+    int32_t max_top, int32_t* __restrict__ top_ids, float* __restrict__ top_lps) {
   __shared__ int64_t s_m;
   __shared__ double s_total;
   __shared__ int32_t s_token;
@@ -290,8 +290,8 @@ __global__ void sampling_kernel(
 }
 
 cudaError_t launch(const float* logits, const int64_t* logit_rows, int64_t rows, int64_t V,
-                   const SamplingParams* params,
-                   const int32_t* prompt, const int64_t* prompt_offsets, const int32_t* output,
+                   const SamplingParams* params, const int32_t* prompt,
+                   const int64_t* prompt_offsets, const int32_t* output,
                    const int64_t* output_offsets, const uint64_t* steps, void* workspace,
                    float* probs, int32_t* tokens, float* logprobs, int32_t max_top,
                    int32_t* top_ids, float* top_logprobs, cudaStream_t stream) {
@@ -300,9 +300,9 @@ cudaError_t launch(const float* logits, const int64_t* logit_rows, int64_t rows,
   if (max_top > 0 && (!top_ids || !top_logprobs)) return cudaErrorInvalidValue;
   const int blocks = static_cast<int>(rows < kMaxBlocks ? rows : kMaxBlocks);
   sampling_kernel<<<blocks, kSampleThreads, 0, stream>>>(
-      logits, logit_rows, rows, V, pow2_at_least(V), params, prompt, prompt_offsets, output, output_offsets,
-      steps, static_cast<unsigned char*>(workspace), sampling_workspace_bytes(V), probs, tokens,
-      logprobs, max_top, top_ids, top_logprobs);
+      logits, logit_rows, rows, V, pow2_at_least(V), params, prompt, prompt_offsets, output,
+      output_offsets, steps, static_cast<unsigned char*>(workspace), sampling_workspace_bytes(V),
+      probs, tokens, logprobs, max_top, top_ids, top_logprobs);
   return launch_status();
 }
 
@@ -314,16 +314,15 @@ int64_t sampling_workspace_bytes(int64_t V) {
 }
 
 cudaError_t sample_token(const float* logits, const int64_t* logit_rows, int64_t rows, int64_t V,
-                         const SamplingParams* params,
-                         const int32_t* prompt, const int64_t* prompt_offsets,
-                         const int32_t* output, const int64_t* output_offsets,
-                         const uint64_t* steps, void* workspace, int32_t* tokens, float* logprobs,
-                         int32_t max_top, int32_t* top_ids, float* top_logprobs,
-                         cudaStream_t stream) {
+                         const SamplingParams* params, const int32_t* prompt,
+                         const int64_t* prompt_offsets, const int32_t* output,
+                         const int64_t* output_offsets, const uint64_t* steps, void* workspace,
+                         int32_t* tokens, float* logprobs, int32_t max_top, int32_t* top_ids,
+                         float* top_logprobs, cudaStream_t stream) {
   if (!tokens || !logprobs || !steps) return cudaErrorInvalidValue;
-  return launch(logits, logit_rows, rows, V, params, prompt, prompt_offsets, output,
-                output_offsets, steps,
-                workspace, nullptr, tokens, logprobs, max_top, top_ids, top_logprobs, stream);
+  return launch(logits, logit_rows, rows, V, params, prompt, prompt_offsets, output, output_offsets,
+                steps, workspace, nullptr, tokens, logprobs, max_top, top_ids, top_logprobs,
+                stream);
 }
 
 }  // namespace dsv41rt::kernels::cuda

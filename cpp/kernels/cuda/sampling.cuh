@@ -12,8 +12,8 @@
 
 #include <cstdint>
 
-#include "kernels/sampling.h"
 #include "core/export.h"
+#include "kernels/sampling.h"
 
 namespace dsv41rt::kernels::cuda {
 
@@ -26,12 +26,11 @@ DSV41RT_API int64_t sampling_workspace_bytes(int64_t V);
 /// max_top == 0): the first min(params[r].top_logprobs, V, max_top) entries of each row are
 /// written (raw logprob descending, ties -> lower id), the rest are left untouched.
 DSV41RT_API cudaError_t sample_token(const float* logits, const int64_t* logit_rows, int64_t rows,
-                                     int64_t V,
-                                     const kernels::SamplingParams* params, const int32_t* prompt,
-                                     const int64_t* prompt_offsets, const int32_t* output,
-                                     const int64_t* output_offsets, const uint64_t* steps,
-                                     void* workspace, int32_t* tokens, float* logprobs,
-                                     int32_t max_top, int32_t* top_ids, float* top_logprobs,
-                                     cudaStream_t stream);
+                                     int64_t V, const kernels::SamplingParams* params,
+                                     const int32_t* prompt, const int64_t* prompt_offsets,
+                                     const int32_t* output, const int64_t* output_offsets,
+                                     const uint64_t* steps, void* workspace, int32_t* tokens,
+                                     float* logprobs, int32_t max_top, int32_t* top_ids,
+                                     float* top_logprobs, cudaStream_t stream);
 
 }  // namespace dsv41rt::kernels::cuda

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "core/export.h"
 #include "kernels/sampling.h"
 #include "runtime/engine/scheduler.h"
-#include "core/export.h"
 #include "runtime/model/executor.h"
 
 namespace dsv41rt::engine {

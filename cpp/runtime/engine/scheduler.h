@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/model/kv_pool.h"
 #include "core/export.h"
+#include "runtime/model/kv_pool.h"
 
 namespace dsv41rt::engine {
 

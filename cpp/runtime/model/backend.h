@@ -100,18 +100,19 @@ class Backend {
   /// (activations rounded to BF16, FP32 accumulation); the CPU backend emulates the rounding.
   virtual void set_tensor_cores(bool on) = 0;
 
-  // ---- ops (contracts: kernels/*.h) --------------------------------------------------------------
+  // ---- ops (contracts: kernels/*.h)
+  // --------------------------------------------------------------
   /// y[m, n] (=|+=) x[m, k] · w[n, k]^T.
   virtual void linear(const float* x, const Matrix& w, int64_t m, int64_t k, int64_t n, float* y,
                       bool accumulate, Stream s) = 0;
   /// x [m, groups, k], w [groups, n, k] -> y [m, groups, n].
-  virtual void grouped_linear(const float* x, const Matrix& w, int64_t m, int64_t groups,
-                              int64_t k, int64_t n, float* y, Stream s) = 0;
+  virtual void grouped_linear(const float* x, const Matrix& w, int64_t m, int64_t groups, int64_t k,
+                              int64_t n, float* y, Stream s) = 0;
   virtual void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
                         float* y, Stream s) = 0;
-  virtual void apply_rope(float* x, int64_t rows, int64_t heads, int64_t head_dim,
-                          int64_t rope_dim, const int64_t* positions, const float* inv_freq,
-                          bool inverse, Stream s) = 0;
+  virtual void apply_rope(float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t rope_dim,
+                          const int64_t* positions, const float* inv_freq, bool inverse,
+                          Stream s) = 0;
   virtual void hc_mix(const float* X, const float* fn, const float* base, const float* scale,
                       int64_t S, int64_t n, int64_t H, float rms_eps, float hc_eps, int iters,
                       float* pre, float* post, float* comb, Stream s) = 0;
@@ -119,18 +120,17 @@ class Backend {
                            float* u, Stream s) = 0;
   virtual void hc_expand(const float* X, const float* y, const float* post, const float* comb,
                          int64_t S, int64_t n, int64_t H, float* out, Stream s) = 0;
-  virtual void embed_rows(const float* table_f32, const uint16_t* table_bf16,
-                          const int32_t* tokens, int64_t n, int64_t H, int64_t copies, float* X,
-                          Stream s) = 0;
+  virtual void embed_rows(const float* table_f32, const uint16_t* table_bf16, const int32_t* tokens,
+                          int64_t n, int64_t H, int64_t copies, float* X, Stream s) = 0;
   virtual void engram_gather(const uint8_t* table, const uint8_t* scales, const int64_t* rows,
                              int64_t n, int64_t hd, float* out, Stream s) = 0;
   /// In place on X [S, n, H] (kernels/engram.h).
   virtual void engram_forward(float* X, const float* emb, const float* wkv, const float* q_weight,
                               const float* k_weight, int64_t S, int64_t n, int64_t H, int64_t D,
                               float eps, Scratch scratch, Stream s) = 0;
-  virtual void moe_route(const float* x, const float* gate, const float* bias, int64_t S,
-                         int64_t H, int64_t E, int64_t k, float scale, bool normalize,
-                         int32_t* idx, float* weight, Stream s) = 0;
+  virtual void moe_route(const float* x, const float* gate, const float* bias, int64_t S, int64_t H,
+                         int64_t E, int64_t k, float scale, bool normalize, int32_t* idx,
+                         float* weight, Stream s) = 0;
   /// y [S, H] = routed experts (w1/w3 [E, I, H], w2 [E, H, I]) + shared expert (may be empty).
   virtual void moe_experts(const float* x, const int32_t* idx, const float* weight, int64_t S,
                            int64_t H, int64_t k, int64_t E, int64_t I, const LayerWeights& w,
@@ -148,14 +148,13 @@ class Backend {
                            int64_t items, int64_t max_count, const int64_t* first,
                            const int64_t* count, const int64_t* out_offset, float* out,
                            Stream s) = 0;
-  virtual void pack_ring(kernels::RowFormat f, const kernels::RingRows& dst, int64_t dim,
-                         int64_t n, const float* rows, const int32_t* item,
-                         const int64_t* positions, const uint8_t* store, Stream s) = 0;
-  virtual void compress_pool_gather(const float* values, const float* scores,
-                                    uint8_t* const* slots, int64_t pending_offset, int64_t groups,
-                                    int64_t ratio, int64_t D, const int32_t* group_item,
-                                    const int64_t* n_pending, const int64_t* first_row,
-                                    float* pooled, Stream s) = 0;
+  virtual void pack_ring(kernels::RowFormat f, const kernels::RingRows& dst, int64_t dim, int64_t n,
+                         const float* rows, const int32_t* item, const int64_t* positions,
+                         const uint8_t* store, Stream s) = 0;
+  virtual void compress_pool_gather(const float* values, const float* scores, uint8_t* const* slots,
+                                    int64_t pending_offset, int64_t groups, int64_t ratio,
+                                    int64_t D, const int32_t* group_item, const int64_t* n_pending,
+                                    const int64_t* first_row, float* pooled, Stream s) = 0;
   virtual void store_pending(const float* values, const float* scores, uint8_t* const* slots,
                              int64_t pending_offset, int64_t ratio, int64_t D, int64_t n,
                              const int32_t* item, const int64_t* src_row, const int64_t* dst_row,
@@ -170,8 +169,8 @@ class Backend {
   virtual void indexer_scores(const float* q, const float* keys, const int64_t* key_offset,
                               const float* w, const int64_t* n_visible, int64_t S, int64_t H,
                               int64_t D, int64_t T, float* scores, Stream s) = 0;
-  virtual void candidate_blocks(const float* scores, const int64_t* n_visible, int64_t S,
-                                int64_t T, int64_t topk_blocks, int64_t block_size, uint8_t* mask,
+  virtual void candidate_blocks(const float* scores, const int64_t* n_visible, int64_t S, int64_t T,
+                                int64_t topk_blocks, int64_t block_size, uint8_t* mask,
                                 Stream s) = 0;
   virtual void apply_candidate_mask(float* scores, const uint8_t* mask, int64_t n, Stream s) = 0;
   virtual void topk_select(const float* scores, int64_t S, int64_t T, int64_t k, int32_t* idx,
@@ -186,7 +185,8 @@ class Backend {
   virtual void scale(float* x, int64_t n, float factor, Stream s) = 0;
   /// Draws one token for each of `rows` rows (kernels/sampling.h): row r samples logits row
   /// logit_rows[r] with params[r] at step steps[r]; history holds the penalty inputs (row r's
-  /// prompt history[prompt_off[r]..prompt_off[r+1]), output history[output_off[r]..]). Writes
+  /// prompt history[prompt_off[r]..prompt_off[r+1]), its output
+  /// history[output_off[r]..output_off[r+1]); both offset arrays have rows + 1 entries). Writes
   /// tokens/logprobs [rows] and, for the first min(top_logprobs, max_top) of each row,
   /// top_ids/top_logprobs [rows, max_top].
   virtual void sample(const float* logits, const int64_t* logit_rows, int64_t rows, int64_t V,

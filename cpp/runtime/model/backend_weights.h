@@ -17,7 +17,7 @@ enum class WeightFormat : int {
 
 /// A weight matrix (or a stack of them, e.g. [E, I, H] experts) on the backend.
 struct Matrix {
-  const void* data = nullptr;
+  const void *data = nullptr;
   WeightFormat format = WeightFormat::kF32;
   /// The values are exactly representable in BF16 (the checkpoint stores them FP8 / FP4 / BF16):
   /// precision "bf16" puts such matrices on tensor cores (the CPU emulates it by rounding the
@@ -34,7 +34,7 @@ struct LayerWeights {
   Matrix wq_a, wq_b, wkv, wo_a, wo_b, comp_wkv, comp_wgate, idx_wq_b, idx_weights_proj, idx_wk;
   const float *q_norm = nullptr, *kv_norm = nullptr, *attn_sink = nullptr, *comp_norm = nullptr,
               *idx_k_norm = nullptr;
-  const float* inv_freq = nullptr;  ///< RoPE inverse frequencies of this layer
+  const float *inv_freq = nullptr;  ///< RoPE inverse frequencies of this layer
   // MoE: routed experts stacked [E, I, H] / [E, H, I]; all six matrices share one format
   const float *gate = nullptr, *bias = nullptr;
   Matrix w1, w3, w2, shared_w1, shared_w3, shared_w2;
@@ -45,10 +45,10 @@ struct LayerWeights {
 };
 
 struct BackendWeights {
-  const float* embed = nullptr;          ///< [V, H] FP32, or
-  const uint16_t* embed_bf16 = nullptr;  ///< [V, H] BF16 as stored
+  const float *embed = nullptr;          ///< [V, H] FP32, or
+  const uint16_t *embed_bf16 = nullptr;  ///< [V, H] BF16 as stored
   Matrix head;
-  const float* norm = nullptr;
+  const float *norm = nullptr;
   std::vector<LayerWeights> layers;
   int64_t bytes = 0;                         ///< backend memory held by the weights
   std::vector<std::shared_ptr<void>> owned;  ///< keeps the storage alive

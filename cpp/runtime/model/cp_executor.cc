@@ -3,8 +3,8 @@
 #include <exception>
 #include <thread>
 
-#include "runtime/model/delegating_executor.h"
 #include "core/status.h"
+#include "runtime/model/delegating_executor.h"
 
 namespace dsv41rt::model {
 namespace {

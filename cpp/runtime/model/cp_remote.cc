@@ -3,9 +3,9 @@
 #include <cstring>
 #include <string>
 
+#include "core/status.h"
 #include "runtime/model/cp_executor.h"
 #include "runtime/model/delegating_executor.h"
-#include "core/status.h"
 #if DSV41RT_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif

@@ -149,8 +149,7 @@ class CpuBackend final : public Backend {
   // Ops run as they are called, so the host clock at the marker is the time.
   void record_time(int id, Stream) override { times_[id] = std::chrono::steady_clock::now(); }
   double elapsed_ms(int from_id, int to_id) override {
-    return std::chrono::duration<double, std::milli>(times_.at(to_id) - times_.at(from_id))
-        .count();
+    return std::chrono::duration<double, std::milli>(times_.at(to_id) - times_.at(from_id)).count();
   }
   std::map<std::string, int64_t> stats() const override { return {{"d2h_bytes", d2h_bytes_}}; }
 
@@ -164,8 +163,8 @@ class CpuBackend final : public Backend {
                       int64_t n, float* y, Stream) override {
     k::grouped_linear(emulated(x, m * groups * kk, w), f32(w), m, groups, kk, n, y);
   }
-  void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
-                float* y, Stream) override {
+  void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y,
+                Stream) override {
     k::rms_norm(x, weight, rows, dim, eps, y);
   }
   void apply_rope(float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t rope_dim,
@@ -173,8 +172,8 @@ class CpuBackend final : public Backend {
     k::apply_rope(x, rows, heads, head_dim, rope_dim, positions, inv_freq, inverse);
   }
   void hc_mix(const float* X, const float* fn, const float* base, const float* scale, int64_t S,
-              int64_t n, int64_t H, float rms_eps, float hc_eps, int iters, float* pre,
-              float* post, float* comb, Stream) override {
+              int64_t n, int64_t H, float rms_eps, float hc_eps, int iters, float* pre, float* post,
+              float* comb, Stream) override {
     k::hc_mix(X, fn, base, scale, S, n, H, rms_eps, hc_eps, iters, pre, post, comb);
   }
   void hc_collapse(const float* X, const float* w, int64_t S, int64_t n, int64_t H, float* u,
@@ -259,9 +258,9 @@ class CpuBackend final : public Backend {
     k::attention_indices(S, W, KI, row_item, positions, window_first, length, old_offset, row0,
                          new_offset, topk, comp_offset, comp_base, idx);
   }
-  void indexer_scores(const float* q, const float* keys, const int64_t* key_offset,
-                      const float* w, const int64_t* n_visible, int64_t S, int64_t H, int64_t D,
-                      int64_t T, float* scores, Stream) override {
+  void indexer_scores(const float* q, const float* keys, const int64_t* key_offset, const float* w,
+                      const int64_t* n_visible, int64_t S, int64_t H, int64_t D, int64_t T,
+                      float* scores, Stream) override {
     k::indexer_scores_offset(q, keys, key_offset, w, n_visible, S, H, D, T, scores);
   }
   void candidate_blocks(const float* scores, const int64_t* n_visible, int64_t S, int64_t T,
@@ -285,19 +284,17 @@ class CpuBackend final : public Backend {
                    Stream) override {
     k::gather_rows(src, rows, n, dim, dst);
   }
-  void scale(float* x, int64_t n, float factor, Stream) override {
-    k::scale_inplace(x, n, factor);
-  }
+  void scale(float* x, int64_t n, float factor, Stream) override { k::scale_inplace(x, n, factor); }
   void sample(const float* logits, const int64_t* logit_rows, int64_t rows, int64_t V,
               const kernels::SamplingParams* params, const int32_t* history,
               const int64_t* prompt_off, const int64_t* output_off, const uint64_t* steps,
               int32_t* tokens, float* logprobs, int32_t max_top, int32_t* top_ids,
               float* top_logprobs, Scratch, Stream) override {
     for (int64_t r = 0; r < rows; ++r) {
-      const kernels::SampledToken t = k::sample_token(
-          logits + logit_rows[r] * V, V, params[r], history + prompt_off[r],
-          prompt_off[r + 1] - prompt_off[r], history + output_off[r],
-          output_off[r + 1] - output_off[r], steps[r]);
+      const kernels::SampledToken t =
+          k::sample_token(logits + logit_rows[r] * V, V, params[r], history + prompt_off[r],
+                          prompt_off[r + 1] - prompt_off[r], history + output_off[r],
+                          output_off[r + 1] - output_off[r], steps[r]);
       tokens[r] = t.token;
       logprobs[r] = t.logprob;
       for (size_t j = 0; j < t.top_ids.size() && int32_t(j) < max_top; ++j) {

@@ -84,10 +84,12 @@ class CudaBackend final : public Backend {
     return std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
   }
   void to_device(void* dst, const void* src, int64_t bytes, Stream s) override {
-    if (bytes > 0) DSV41RT_CU(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyHostToDevice, cs(s)));
+    if (bytes > 0)
+      DSV41RT_CU(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyHostToDevice, cs(s)));
   }
   void to_host(void* dst, const void* src, int64_t bytes, Stream s) override {
-    if (bytes > 0) DSV41RT_CU(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToHost, cs(s)));
+    if (bytes > 0)
+      DSV41RT_CU(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToHost, cs(s)));
     d2h_bytes_ += std::max<int64_t>(bytes, 0);
   }
   void copy(void* dst, const void* src, int64_t bytes, Stream s) override {
@@ -177,8 +179,8 @@ class CudaBackend final : public Backend {
       DSV41RT_CU(kc::grouped_linear(x, f32(w), m, groups, k, n, y, cs(s)));
     }
   }
-  void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps,
-                float* y, Stream s) override {
+  void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y,
+                Stream s) override {
     DSV41RT_CU(kc::rms_norm(x, weight, rows, dim, eps, y, cs(s)));
   }
   void apply_rope(float* x, int64_t rows, int64_t heads, int64_t head_dim, int64_t rope_dim,
@@ -188,10 +190,10 @@ class CudaBackend final : public Backend {
         kc::apply_rope(x, rows, heads, head_dim, rope_dim, positions, inv_freq, inverse, cs(s)));
   }
   void hc_mix(const float* X, const float* fn, const float* base, const float* scale, int64_t S,
-              int64_t n, int64_t H, float rms_eps, float hc_eps, int iters, float* pre,
-              float* post, float* comb, Stream s) override {
-    DSV41RT_CU(kc::hc_mix(X, fn, base, scale, S, n, H, rms_eps, hc_eps, iters, pre, post, comb,
-                          cs(s)));
+              int64_t n, int64_t H, float rms_eps, float hc_eps, int iters, float* pre, float* post,
+              float* comb, Stream s) override {
+    DSV41RT_CU(
+        kc::hc_mix(X, fn, base, scale, S, n, H, rms_eps, hc_eps, iters, pre, post, comb, cs(s)));
   }
   void hc_collapse(const float* X, const float* w, int64_t S, int64_t n, int64_t H, float* u,
                    Stream s) override {
@@ -213,8 +215,8 @@ class CudaBackend final : public Backend {
                       const float* k_weight, int64_t S, int64_t n, int64_t H, int64_t D, float eps,
                       Scratch scratch, Stream s) override {
     float* ws = static_cast<float*>(scratch.get(kc::engram_forward_workspace(S, n, H) * 4));
-    DSV41RT_CU(kc::engram_forward(X, emb, wkv, q_weight, k_weight, nullptr, S, n, H, D, eps, ws,
-                                  cs(s)));
+    DSV41RT_CU(
+        kc::engram_forward(X, emb, wkv, q_weight, k_weight, nullptr, S, n, H, D, eps, ws, cs(s)));
   }
   void moe_route(const float* x, const float* gate, const float* bias, int64_t S, int64_t H,
                  int64_t E, int64_t k, float scale, bool normalize, int32_t* idx, float* weight,
@@ -235,8 +237,7 @@ class CudaBackend final : public Backend {
     DSV41RT_CU(kc::unpack_paged(f, src, dim, items, max_count, count, out_offset, out, cs(s)));
   }
   void pack_paged(RowFormat f, const kernels::PagedRows& dst, int64_t dim, int64_t n,
-                  const float* rows, const int32_t* item, const int64_t* entry,
-                  Stream s) override {
+                  const float* rows, const int32_t* item, const int64_t* entry, Stream s) override {
     DSV41RT_CU(kc::pack_paged(f, dst, dim, n, rows, item, entry, cs(s)));
   }
   void unpack_ring(RowFormat f, const kernels::RingRows& src, int64_t dim, int64_t items,
@@ -273,17 +274,15 @@ class CudaBackend final : public Backend {
                                      old_offset, row0, new_offset, topk, comp_offset, comp_base,
                                      idx, cs(s)));
   }
-  void indexer_scores(const float* q, const float* keys, const int64_t* key_offset,
-                      const float* w, const int64_t* n_visible, int64_t S, int64_t H, int64_t D,
-                      int64_t T, float* scores, Stream s) override {
+  void indexer_scores(const float* q, const float* keys, const int64_t* key_offset, const float* w,
+                      const int64_t* n_visible, int64_t S, int64_t H, int64_t D, int64_t T,
+                      float* scores, Stream s) override {
     DSV41RT_CU(
         kc::indexer_scores_offset(q, keys, key_offset, w, n_visible, S, H, D, T, scores, cs(s)));
   }
   void candidate_blocks(const float* scores, const int64_t* n_visible, int64_t S, int64_t T,
-                        int64_t topk_blocks, int64_t block_size, uint8_t* mask,
-                        Stream s) override {
-    DSV41RT_CU(
-        kc::candidate_blocks(scores, n_visible, S, T, topk_blocks, block_size, mask, cs(s)));
+                        int64_t topk_blocks, int64_t block_size, uint8_t* mask, Stream s) override {
+    DSV41RT_CU(kc::candidate_blocks(scores, n_visible, S, T, topk_blocks, block_size, mask, cs(s)));
   }
   void apply_candidate_mask(float* scores, const uint8_t* mask, int64_t n, Stream s) override {
     DSV41RT_CU(kc::apply_candidate_mask(scores, mask, n, cs(s)));
@@ -325,7 +324,8 @@ class CudaBackend final : public Backend {
   }
 
   int device_ = 0;
-  std::array<std::unique_ptr<cudart::Stream>, 4> streams_;  // main, window store, compressor, indexer
+  std::array<std::unique_ptr<cudart::Stream>, 4>
+      streams_;  // main, window store, compressor, indexer
   std::map<int, std::unique_ptr<cudart::Event>> events_;
   std::map<int, std::unique_ptr<cudart::TimingEvent>> timing_;
   bool tc_ = false;
@@ -343,9 +343,9 @@ void CudaBackend::moe_experts(const float* x, const int32_t* idx, const float* w
     const kc::MoeGroupedSizes sz = kc::moe_grouped_sizes(S, H, k, E, I, Is);
     const int64_t int_bytes = (sz.ints * 4 + 255) / 256 * 256;
     uint8_t* base = static_cast<uint8_t*>(scratch.get(int_bytes + sz.floats * 4));
-    const kc::MoeGroupedWorkspace ws = kc::moe_grouped_carve(
-        reinterpret_cast<int32_t*>(base), reinterpret_cast<float*>(base + int_bytes), S, H, k, E,
-        I, Is);
+    const kc::MoeGroupedWorkspace ws =
+        kc::moe_grouped_carve(reinterpret_cast<int32_t*>(base),
+                              reinterpret_cast<float*>(base + int_bytes), S, H, k, E, I, Is);
     DSV41RT_CU(kc::moe_grouped_bf16(x, idx, weight, S, H, k, E, I, bf16(w.w1), bf16(w.w3),
                                     bf16(w.w2), bf16(w.shared_w1), bf16(w.shared_w3),
                                     bf16(w.shared_w2), Is, limit, y, ws, cs(s)));
@@ -359,12 +359,12 @@ void CudaBackend::moe_experts(const float* x, const int32_t* idx, const float* w
   }
   constexpr int64_t kMoeSplitFloats = int64_t(64) << 20;  // 256 MiB
   const int64_t per_token = kc::moe_split_workspace_floats(1, k, I, I);
-  const int64_t chunk = std::clamp<int64_t>(kMoeSplitFloats / per_token, 1, std::max<int64_t>(S, 1));
+  const int64_t chunk =
+      std::clamp<int64_t>(kMoeSplitFloats / per_token, 1, std::max<int64_t>(S, 1));
   float* work = static_cast<float*>(scratch.get(chunk * per_token * 4));
-  DSV41RT_CU(kc::moe_forward_split_bf16w(x, idx, weight, S, H, k, E, I, bf16(w.w1), bf16(w.w3),
-                                         bf16(w.w2), bf16(w.shared_w1), bf16(w.shared_w3),
-                                         bf16(w.shared_w2), I, limit, y, work, chunk * per_token,
-                                         cs(s)));
+  DSV41RT_CU(kc::moe_forward_split_bf16w(
+      x, idx, weight, S, H, k, E, I, bf16(w.w1), bf16(w.w3), bf16(w.w2), bf16(w.shared_w1),
+      bf16(w.shared_w3), bf16(w.shared_w2), I, limit, y, work, chunk * per_token, cs(s)));
 }
 
 }  // namespace

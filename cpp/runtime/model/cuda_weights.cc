@@ -1,9 +1,8 @@
 #include "runtime/model/cuda_weights.h"
 
+#include "kernels/cuda/quant.cuh"
 #include "runtime/model/cuda_resources.h"
 #include "runtime/model/device_array.h"
-
-#include "kernels/cuda/quant.cuh"
 
 namespace dsv41rt::model {
 

@@ -32,7 +32,8 @@ void DecodeGraphs::capture(Graph& g, const ForwardPlan& padded, ModelRunner& run
   workspaces.begin_forward();
   runner.reset_forward_state();
   try {
-    g.exec = be.capture(runner.main(), [&] { runner.run(padded); }, std::move(g.exec));
+    g.exec = be.capture(
+        runner.main(), [&] { runner.run(padded); }, std::move(g.exec));
   } catch (...) {
     workspaces.set_counters(before);
     g.exec.reset();

@@ -40,7 +40,9 @@ class Scratch {
  public:
   Scratch(const Allocator& alloc, DeviceArray<uint8_t>& array, uint64_t& generation)
       : alloc_(alloc), array_(array), generation_(generation) {}
-  void* get(int64_t bytes) { return array_.ensure(alloc_, std::max<int64_t>(bytes, 1), generation_); }
+  void* get(int64_t bytes) {
+    return array_.ensure(alloc_, std::max<int64_t>(bytes, 1), generation_);
+  }
 
  private:
   const Allocator& alloc_;

@@ -20,8 +20,8 @@
 #include "runtime/dequant_workspace.h"
 #include "runtime/model/kv_pool.h"
 #include "runtime/model/layer_plan.h"
-#include "runtime/model/state_layout.h"
 #include "runtime/model/memory_plan.h"
+#include "runtime/model/state_layout.h"
 #include "runtime/model/weights.h"
 
 namespace dsv41rt::model {

@@ -8,11 +8,11 @@
 #if DSV41RT_HAVE_NCCL
 #include "comm/nccl_comm.h"
 #endif
+#include "core/status.h"
 #include "runtime/model/cp_executor.h"
 #include "runtime/model/cp_remote.h"
 #include "runtime/model/executor.h"
 #include "runtime/model/model_executor.h"
-#include "core/status.h"
 
 namespace dsv41rt::model {
 

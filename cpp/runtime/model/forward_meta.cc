@@ -45,7 +45,8 @@ ForwardMeta MetaUploader::upload(Backend& be, const ForwardPlan& f, int64_t hc, 
     }
     for (const auto& rows : q->engram_rows) q_engram.push_back(add(rows));
     std::vector<int64_t> src(size_t(f.rows));
-    for (int64_t g = 0; g < f.rows; ++g) src[size_t(g)] = (g % cp_size) * q->max_local + g / cp_size;
+    for (int64_t g = 0; g < f.rows; ++g)
+      src[size_t(g)] = (g % cp_size) * q->max_local + g / cp_size;
     src_row = add(src);
   }
   const SamplePlan& sp = f.sample;
@@ -77,7 +78,7 @@ ForwardMeta MetaUploader::upload(Backend& be, const ForwardPlan& f, int64_t hc, 
   m.head_rows = at<int64_t>(head);
   m.pre0 = at<float>(pre0);
   for (const auto& [r, o] : ro) {
-    m.ratio[r] = {at<int64_t>(o.count),     at<int64_t>(o.comp_offset), at<int64_t>(o.n_visible),
+    m.ratio[r] = {at<int64_t>(o.count),      at<int64_t>(o.comp_offset), at<int64_t>(o.n_visible),
                   at<int64_t>(o.key_offset), at<int32_t>(o.gi),          at<int32_t>(o.li),
                   at<int64_t>(o.gp),         at<int64_t>(o.gf),          at<int64_t>(o.ge),
                   at<int64_t>(o.gpos),       at<int64_t>(o.ls),          at<int64_t>(o.ld)};

@@ -26,8 +26,7 @@ struct ForwardMeta {
   struct Ratio {
     const int64_t *count, *comp_offset, *n_visible, *key_offset;
     const int32_t *group_item, *left_item;
-    const int64_t *group_pending, *group_first, *group_entry, *group_position, *left_src,
-        *left_dst;
+    const int64_t *group_pending, *group_first, *group_entry, *group_position, *left_src, *left_dst;
   };
   std::map<int, Ratio> ratio;
   std::vector<const int64_t*> engram_rows;

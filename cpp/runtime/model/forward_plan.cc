@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "kernels/engram.h"
 #include "core/status.h"
+#include "kernels/engram.h"
 
 namespace dsv41rt::model {
 

@@ -39,12 +39,12 @@ struct RatioPlan {
 
 /// The tokens a forward draws on the device (one per sampling item, from its last row).
 struct SamplePlan {
-  std::vector<int64_t> logit_row;                // [rows] index into the head rows
-  std::vector<kernels::SamplingParams> params;   // [rows]
-  std::vector<uint64_t> steps;                   // [rows]
-  std::vector<int64_t> prompt_off, output_off;   // [rows + 1] into history (absolute)
-  std::vector<int32_t> history;                  // penalty inputs: prompts, then outputs
-  std::vector<int32_t> item;                     // [rows] the batch item (-1: padding)
+  std::vector<int64_t> logit_row;               // [rows] index into the head rows
+  std::vector<kernels::SamplingParams> params;  // [rows]
+  std::vector<uint64_t> steps;                  // [rows]
+  std::vector<int64_t> prompt_off, output_off;  // [rows + 1] into history (absolute)
+  std::vector<int32_t> history;                 // penalty inputs: prompts, then outputs
+  std::vector<int32_t> item;                    // [rows] the batch item (-1: padding)
   int32_t max_top = 0;  ///< top alternatives computed per row (kMaxTopLogprobs when padded)
   int64_t rows() const { return int64_t(logit_row.size()); }
 };

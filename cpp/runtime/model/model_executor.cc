@@ -69,7 +69,8 @@ ModelExecutor::ModelExecutor(ModelPlan plan, ModelWeights weights, EngramTables 
       [be](int64_t bytes) { return std::static_pointer_cast<uint8_t>(be->alloc(bytes)); }));
   histories_.assign(size_t(memory_.num_slots * std::max<int64_t>(layout_->history_len(), 1)), 0);
   workspaces_ = DequantWorkspaces([be](int64_t bytes) { return be->alloc(bytes); });
-  runner_ = std::make_unique<ModelRunner>(plan_, *backend_, weights_, *layout_, *pool_, workspaces_);
+  runner_ =
+      std::make_unique<ModelRunner>(plan_, *backend_, weights_, *layout_, *pool_, workspaces_);
   runner_->multistream = options_.multistream;
   runner_->record_decisions = options_.record_decisions;
 }
@@ -91,7 +92,8 @@ void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicat
   backend_->activate();
   const ModelConfig& c = plan_.config;
   std::vector<const int32_t*> histories;
-  for (const BatchItem& b : batch) histories.push_back(b.request.slot ? history(b.request.slot) : nullptr);
+  for (const BatchItem& b : batch)
+    histories.push_back(b.request.slot ? history(b.request.slot) : nullptr);
   const ForwardPlan f = plan_forward(plan_, *layout_, batch, engram_, histories);
   for (size_t l = 0; l < f.engram_rows.size(); ++l) {
     const int64_t limit = weights_.layers[c.engram->layer_ids[l]].engram_rows;
@@ -101,8 +103,8 @@ void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicat
   }
   // Decode batches run as the graph of their bucket where the backend has graphs; everything
   // else, and forwards that record decisions, eagerly.
-  const bool graphs = options_.cuda_graphs && backend_->supports_graphs() &&
-                      !runner_->record_decisions && !comm;
+  const bool graphs =
+      options_.cuda_graphs && backend_->supports_graphs() && !runner_->record_decisions && !comm;
   const DecodeBucket bucket = graphs ? decode_bucket(c, batch) : DecodeBucket{};
   backend_->set_tensor_cores(bf16_gemm_ && f.rows > kFp32MaxRows);
   const Stream s = runner_->main();
@@ -165,8 +167,10 @@ void ModelExecutor::copy_results(const ForwardPlan& f, std::vector<BatchItem>& b
   for (int64_t r = 0; r < n; ++r) {
     if (sp.item[r] < 0) continue;
     kernels::SampledToken& out = *batch[size_t(sp.item[r])].sampled;
-    DSV41RT_CHECK(tokens[r] >= 0 && tokens[r] < V, "sampling produced no valid token (non-finite "
-                  "logits?) for batch item ", sp.item[r]);
+    DSV41RT_CHECK(tokens[r] >= 0 && tokens[r] < V,
+                  "sampling produced no valid token (non-finite "
+                  "logits?) for batch item ",
+                  sp.item[r]);
     out.token = tokens[r];
     out.logprob = logprobs[r];
     const int32_t k = std::min(sp.params[r].top_logprobs, sp.max_top);
@@ -182,8 +186,7 @@ void ModelExecutor::copy_state(const RequestView& src, const RequestView& dst) {
   const Stream s = backend_->stream(0);
   backend_->copy(dst.slot, src.slot, g.slot_bytes, s);
   for (int64_t i = 0; i < pool_->pages_for(src.length); ++i) {
-    backend_->copy(pool_->page_data(dst.pages[i]), pool_->page_data(src.pages[i]), g.page_bytes,
-                   s);
+    backend_->copy(pool_->page_data(dst.pages[i]), pool_->page_data(src.pages[i]), g.page_bytes, s);
   }
   backend_->synchronize(s);
   const int64_t hist = std::max<int64_t>(layout_->history_len(), 1);

@@ -16,8 +16,8 @@ namespace dsv41rt::model {
 
 class ModelExecutor final : public Executor {
  public:
-  ModelExecutor(ModelPlan plan, ModelWeights weights, EngramTables engram,
-                ExecutorOptions options, std::unique_ptr<Backend> backend);
+  ModelExecutor(ModelPlan plan, ModelWeights weights, EngramTables engram, ExecutorOptions options,
+                std::unique_ptr<Backend> backend);
   ~ModelExecutor() override;
 
   void forward(std::vector<BatchItem>& batch) override { forward_impl(batch, nullptr); }

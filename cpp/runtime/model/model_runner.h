@@ -44,9 +44,9 @@ class ModelRunner {
   ModelRunner(const ModelPlan& plan, Backend& backend, const BackendWeights& weights,
               const StateLayout& layout, KvPool& pool, DequantWorkspaces& workspaces);
 
-  bool multistream = true;       ///< side streams (off: everything on the main stream)
+  bool multistream = true;        ///< side streams (off: everything on the main stream)
   bool record_decisions = false;  ///< keep each forward's top-k and expert choices
-  bool cp_timing = false;        ///< time the CP all-gather against the Q projection
+  bool cp_timing = false;         ///< time the CP all-gather against the Q projection
 
   /// Host bookkeeping of a forward and the upload of its plan, outside any capture. With `comm`
   /// this runner is rank comm->rank() of a context-parallel group for this forward.

@@ -55,8 +55,8 @@ void ModelRunner::compressor(const LayerPlan& layer, const LayerWeights& w, cons
   const CacheFormats& fmt = layout_.formats();
   be_.pack_paged(fmt.key, paged(layer.index, true, f), DI, G, keys, mr.group_item, mr.group_entry,
                  s);
-  be_.pack_paged(fmt.kv, paged(layer.index, false, f), D, G, latent, mr.group_item,
-                 mr.group_entry, s);
+  be_.pack_paged(fmt.kv, paged(layer.index, false, f), D, G, latent, mr.group_item, mr.group_entry,
+                 s);
 }
 
 // Full and Reindex layers: indexer scores over the source's keys, candidates, top-k.
@@ -191,12 +191,12 @@ void ModelRunner::attention(const LayerPlan& layer, const LayerWeights& w, const
     }
     comp_rows = rp.comp_rows;
     const kernels::PagedRows src = paged(layer.kv_source, false, f);
-    comp = static_cast<const float*>(workspaces_.acquire(
-        layer.ratio, layer.kv_source, comp_rows, D * int64_t(sizeof(float)),
-        [&](void* dst, int64_t) {
-          be_.unpack_paged(fmt.kv, src, D, f.items, rp.max_count, mr->count, mr->comp_offset,
-                           static_cast<float*>(dst), s);
-        }));
+    comp = static_cast<const float*>(
+        workspaces_.acquire(layer.ratio, layer.kv_source, comp_rows, D * int64_t(sizeof(float)),
+                            [&](void* dst, int64_t) {
+                              be_.unpack_paged(fmt.kv, src, D, f.items, rp.max_count, mr->count,
+                                               mr->comp_offset, static_cast<float*>(dst), s);
+                            }));
   }
   if ((selects || comm_) && side(2) != s) be_.wait(s, kIdx);
   be_.link(kStore, side(0), s);
@@ -210,8 +210,8 @@ void ModelRunner::attention(const LayerPlan& layer, const LayerWeights& w, const
   int32_t* idx = buf(idx_, NQ * (W + KI));
   be_.attention_indices(NQ, W, KI, meta_.q_row_item, meta_.q_positions, meta_.window_first,
                         meta_.length, meta_.old_offset, meta_.row0, f.old_rows,
-                        KI ? topk_.get() : nullptr, mr ? mr->comp_offset : nullptr,
-                        f.old_rows + N, idx, s);
+                        KI ? topk_.get() : nullptr, mr ? mr->comp_offset : nullptr, f.old_rows + N,
+                        idx, s);
   float* o = buf(o_, NQ * nh * D);
   be_.sparse_attention(q, kv_a, f.old_rows + N, comp, comp_rows, idx, w.attn_sink, NQ, nh, D,
                        W + KI, float(1.0 / std::sqrt(double(D))), o, s);

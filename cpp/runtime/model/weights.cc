@@ -2,9 +2,9 @@
 
 #include <cstring>
 
-#include "kernels/quant.h"
 #include "core/dtype.h"
 #include "core/status.h"
+#include "kernels/quant.h"
 
 namespace dsv41rt::model {
 namespace {
@@ -204,9 +204,8 @@ std::vector<float> host_values(const Tensor& t) {
 ModelWeights load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPlan& plan,
                           bool host_values, const std::function<void(int64_t, int64_t)>& progress) {
   const ModelConfig& c = plan.config;
-  DSV41RT_CHECK_CODE(
-      kUnsupported, c.arch == Arch::kV41, c.source,
-      ": dsv41rt runs DeepSeek-V4.1 checkpoints only (V4 is not supported yet)");
+  DSV41RT_CHECK_CODE(kUnsupported, c.arch == Arch::kV41, c.source,
+                     ": dsv41rt runs DeepSeek-V4.1 checkpoints only (V4 is not supported yet)");
   Loader L(*checkpoint, c, host_values);
   ModelWeights w;
   w.checkpoint = checkpoint;

@@ -13,8 +13,8 @@
 
 #include "core/dtype.h"
 #include "core/export.h"
-#include "runtime/model/layer_plan.h"
 #include "core/safetensors.h"
+#include "runtime/model/layer_plan.h"
 
 namespace dsv41rt::model {
 
