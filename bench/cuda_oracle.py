@@ -10,9 +10,10 @@ caches), then the CPU executor on the same tokens, and keeps per position d_gc =
 the greedy tokens and a SHA-256 of the CPU logits (the full logits, 1.1 GB, cannot travel back).
 `compare` recomputes the CPU logits here (their SHA-256 must match: the CPU path is deterministic
 and machine-independent, so both halves saw the same numbers), runs NeMo on the same tokens, and
-checks by the triangle inequality max_v |gpu - ref| <= d_gc + max_v |cpu - ref| <= tol, with
-test_oracle_v41.py's tolerance tol = 1e-4 + 3 x the reference's noise floor per position; the
-greedy tokens must be the reference's argmax up to tol. One line per case; exit 1 on failure.
+checks the upper bound max_v |gpu - ref| <= d_gc + max_v |cpu - ref| against test_oracle_v41.py's
+rule (per position 1e-4 + 3 x the reference's noise floor capped at 1e-2, excess only after the
+reference's first unstable position and on at most 5% of positions); the greedy tokens must be the
+reference's argmax up to the tolerance. One line per case; exit 1 on failure.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ def dump(out: str, device: str) -> None:
 
 
 def compare(path: str) -> int:
+    from test_oracle_v41 import diff_violations, tolerance
+
     import nemo_automodel.components.models.deepseek_v41.attention as nemo_attention
     from dsv41rt.runtime import Runtime
     from oracle.nemo_v41 import build_model
@@ -111,16 +114,17 @@ def compare(path: str) -> int:
                         ours_cpu, _ = run_case(cpu, p, greedy)
                         same = digest(ours_cpu) == str(data[key + "_cpu_sha"])
                         ref = reference(model, p + greedy[:-1], prompt_len=n, length_noise=quant)
-                        tol = 1e-4 + 3 * ref["noise"]
+                        tol = tolerance(ref)
                         bound = dgc + np.abs(ours_cpu - ref["logits"]).max(-1)
                         rows = np.arange(n - 1, n + GEN - 1)
                         margins = ref["logits"][rows].max(-1) - ref["logits"][rows, greedy]
-                        ok = bool(same and (bound <= tol).all() and (margins <= tol[rows]).all())
+                        why = diff_violations(bound, ref["noise"], np.arange(len(bound)))  # all positions
+                        ok = bool(same and why is None and (margins <= tol[rows]).all())
                         failures += not ok
                         print(
                             f"seed {seed} quant {'on ' if quant else 'off'} n {n:3d}: cpu logits "
                             f"{'identical' if same else 'DIFFER'} on both machines, gpu-cpu max {dgc.max():.1e}, "
-                            f"gpu-ref bound max {bound.max():.2e}, worst bound/tol {np.max(bound / tol):.2f}, "
+                            f"gpu-ref bound max {bound.max():.2e}, {why or 'within the oracle rule'}, "
                             f"greedy {'agrees' if (margins <= tol[rows]).all() else 'DIFFERS'} -> "
                             f"{'PASS' if ok else 'FAIL'}",
                             flush=True,

@@ -2,6 +2,8 @@
 # One batched device call. Builds a dsv41rt wheel for the device's Python (copied to $OUT/wheel so
 # the next call can carry it in .whl/ and skip the build), or installs the carried one, then runs
 # the steps named in $STEPS (default "tests"):
+#   gtest    the GoogleTest suites built on the CPU machine with CUDA and carried in .devcarry/gtest
+#            (test binaries + libdsv41rt.so; DSV41RT_REQUIRE_CUDA=1: CUDA instances must run)
 #   tests    cuda-marked pytest (-k "$K" when set)
 #   suite    every cuda-marked test (the op suite + executor)
 #   oracle   GPU half of the NeMo oracle check (bench/cuda_oracle.py dump)
@@ -48,6 +50,24 @@ python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /
 
 for step in ${STEPS:-tests}; do
   case "$step" in
+    gtest)
+      echo "== GoogleTest suites (carried binaries)"
+      export DSV41RT_TEST_CHECKPOINT=/tmp/tiny-v41-seed0
+      [ -f $DSV41RT_TEST_CHECKPOINT/engram_tables.st ] ||
+        python3 -m dsv41rt make-checkpoint --preset tiny-v41 --seed 0 --out $DSV41RT_TEST_CHECKPOINT >/dev/null
+      fails=0
+      for t in .devcarry/gtest/test_*; do
+        name=$(basename "$t")
+        if ! LD_LIBRARY_PATH=$PWD/.devcarry/gtest/lib timeout 300 "$t" >"$OUT/gtest_one.log" 2>&1; then
+          fails=$((fails + 1))
+          grep -E "Failure|FAILED|error|Expected|Which is|actual" "$OUT/gtest_one.log" | head -30
+        fi
+        echo "$name: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/gtest_one.log" | tr '\n' ' ')"
+        cat "$OUT/gtest_one.log" >>"$OUT/gtest.log"
+      done
+      rm -f "$OUT/gtest_one.log"
+      echo "gtest binaries failing: $fails"
+      ;;
     tests | suite)
       K=${K:-}
       [ "$step" = suite ] && K=""

@@ -23,11 +23,12 @@ layers (measured <= 2e-5 with quantisation off). The noise term is capped: with 
 reference is itself unstable at many positions (a flipped FP8/FP4 rounding moves later logits by up
 to 2.3, measured over these 24 cases), and an uncapped tolerance would pass real bugs. A position
 where the reference is unstable (noise > 1e-2) marks where a discrete decision can legitimately go
-the other way, so: every position before the first unstable one must be within the capped bound, and
-over all positions at most 5% may exceed it (measured: at most 0.9% — 2 of 231 positions, both after
-the reference's first unstable position — and 0 in 23 of 24 cases). A negative control (a copy of the
-checkpoint with one routed expert dropped) must fail this rule. Greedy tokens must be the reference's
-argmax, unless the reference's margin to our token is within that position's tolerance (a tie).
+the other way, so: every position before the reference's first unstable one must be within the
+capped bound, and later positions within the uncapped one (measured over the 24 cases: the first
+unstable position comes after 24-68 positions in most cases, as early as position 1 in one; before
+it every position is within the capped bound). A negative control (a copy of the checkpoint with one
+routed expert dropped) must fail this rule. Greedy tokens must be the reference's argmax, unless the
+reference's margin to our token is within that position's tolerance (a tie).
 """
 
 from __future__ import annotations
@@ -85,25 +86,38 @@ def results(request, tmp_path_factory) -> dict:
 
 
 NOISE_CAP = 1e-2  # larger reference noise marks an unstable position (see the module docstring)
-MAX_FAILING = 0.05  # fraction of positions allowed over the bound, all after the first unstable one
+
+
+def position_tolerance(noise: np.ndarray) -> np.ndarray:
+    """Per position: 1e-4 + 3 x the reference's noise, capped at NOISE_CAP before the reference's
+    first unstable position; from there on a decision may have flipped on either side, and the
+    reference's own variation is the yardstick."""
+    unstable = np.flatnonzero(noise > NOISE_CAP)
+    first = int(unstable[0]) if unstable.size else len(noise)
+    return 1e-4 + 3 * np.where(np.arange(len(noise)) < first, np.minimum(noise, NOISE_CAP), noise)
 
 
 def tolerance(ref: dict) -> np.ndarray:
-    return 1e-4 + 3 * np.minimum(ref["noise"], NOISE_CAP)
+    return position_tolerance(ref["noise"])
 
 
 def bound_violations(ours: np.ndarray, ref: dict, rows: np.ndarray) -> str | None:
     """Why `ours` fails the per-position rule at `rows` (None when it passes)."""
-    diff = np.abs(ours[rows] - ref["logits"][rows]).max(-1)
-    tol, noise = tolerance(ref)[rows], ref["noise"][rows]
+    diff = np.abs(ours - ref["logits"]).max(-1)
+    return diff_violations(diff, ref["noise"], rows)
+
+
+def diff_violations(diff: np.ndarray, noise: np.ndarray, rows: np.ndarray) -> str | None:
+    """The rule on per-position differences max_v |ours - ref| (or upper bounds of them) of all
+    positions, checked at `rows`."""
+    unstable = np.flatnonzero(noise > NOISE_CAP)
+    first_unstable = int(unstable[0]) if unstable.size else len(noise)
+    tol = position_tolerance(noise)[rows]
+    diff = diff[rows]
     over = np.where(diff > tol)[0]
-    unstable = np.where(noise > NOISE_CAP)[0]
-    first_unstable = int(unstable[0]) if unstable.size else len(rows)
-    early = over[over < first_unstable]
-    if early.size:
-        return f"positions {rows[early][:10].tolist()} (before the reference's first unstable one) differ by {diff[early][:10].tolist()} > {tol[early][:10].tolist()}"
-    if over.size > MAX_FAILING * len(rows):
-        return f"{over.size}/{len(rows)} positions over the bound (max {diff.max():.3g})"
+    if over.size:
+        where = "before the reference's first unstable position" if rows[over[0]] < first_unstable else "after it"
+        return f"positions {rows[over][:10].tolist()} ({where}) differ by {diff[over][:10].tolist()} > {tol[over][:10].tolist()}"
     return None
 
 
