@@ -173,7 +173,10 @@ TEST_P(BackendSampling, DrawsFollowSamplingProbsAndEqualTheCpuTokens) {
           (small_observed - small_expected) * (small_observed - small_expected) / small_expected,
           ++bins;
     }
-    ASSERT_GE(bins, 2);
+    if (bins < 2) {  // the filter kept one token: every draw is it (no distribution to test)
+      EXPECT_EQ(*std::max_element(counts.begin(), counts.end()), N);
+      continue;
+    }
     const double p_value = gamma_q(double(bins - 1) / 2, chi2 / 2);
     EXPECT_GT(p_value, 1e-4) << "chi2 " << chi2 << " with " << bins - 1 << " degrees of freedom";
   }

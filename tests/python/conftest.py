@@ -30,6 +30,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if "cuda" not in item.keywords:
         return
     usable, why = _cuda_status()
+    if usable and "multi_gpu" in item.keywords:
+        from dsv41rt import _core
+
+        usable, why = _core.cuda_device_count() >= 2, "fewer than 2 CUDA devices"
     if usable:
         return
     if os.environ.get("DSV41RT_REQUIRE_CUDA") == "1":

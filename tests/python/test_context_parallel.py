@@ -251,14 +251,14 @@ def test_cp_one_process_per_rank_over_sockets_equals_cp1(tiny_v41_dir) -> None:
 
 
 @pytest.mark.cuda
+@pytest.mark.multi_gpu
 def test_cp_one_process_per_gpu_over_nccl_equals_cp1(tiny_v41_dir) -> None:
     """Issue 9's mode: rank 0 here on cuda:0, rank 1 a `dsv41rt cp-worker` process on cuda:1, NCCL."""
     from dsv41rt import _core
     from dsv41rt.cp_launch import cp_processes
     from dsv41rt.runtime import Runtime
 
-    if _core.cuda_device_count() < 2:
-        pytest.skip("needs 2 GPUs")
+    assert _core.cuda_device_count() >= 2, "a multi_gpu test run on fewer than 2 GPUs"
     kw = dict(kv_memory=256 << 20, max_running=4)
     one = Runtime(tiny_v41_dir, "cuda:0", **kw)
     with cp_processes(tiny_v41_dir, 2, "cuda:0", comm="nccl", **kw) as rt:
