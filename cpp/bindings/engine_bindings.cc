@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bindings/sampling_params.h"
+#include "core/enum_names.h"
 #include "core/safetensors.h"
 #include "core/status.h"
 #include "runtime/engine/engine.h"
@@ -31,17 +32,10 @@ using model::EngramTables;
 using model::Executor;
 using I32Array = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
+// kNone (still running) has no name.
 const char* finish_reason_name(engine::FinishReason r) {
-  switch (r) {
-    case engine::FinishReason::kLength:
-      return "length";
-    case engine::FinishReason::kStop:
-      return "stop";
-    case engine::FinishReason::kAborted:
-      return "abort";
-    default:
-      return nullptr;
-  }
+  static constexpr const char* kNames[] = {nullptr, "length", "stop", "abort"};
+  return enum_name(r, kNames, nullptr);
 }
 
 class PyEngine {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/enum_names.h"
 #include "core/status.h"
 
 namespace dsv41rt::comm::detail {
@@ -73,21 +74,9 @@ size_t element_bytes(DType t) {
 }
 
 const char* op_name(Op op) {
-  switch (op) {
-    case Op::kAllGather:
-      return "all_gather";
-    case Op::kReduceScatter:
-      return "reduce_scatter";
-    case Op::kAllReduce:
-      return "all_reduce";
-    case Op::kAllToAll:
-      return "all_to_all";
-    case Op::kBroadcast:
-      return "broadcast";
-    case Op::kBarrier:
-      return "barrier";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"all_gather", "reduce_scatter", "all_reduce",
+                                           "all_to_all", "broadcast",      "barrier"};
+  return enum_name(op, kNames, "?");
 }
 
 size_t input_elements(Op op, size_t count, int size) {

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <system_error>
 
+#include "core/enum_names.h"
 #include "core/status.h"
 
 namespace dsv41rt {
@@ -59,23 +60,9 @@ Json Json::make_object(Object members) {
 }
 
 const char* Json::type_name(Type type) noexcept {
-  switch (type) {
-    case Type::kNull:
-      return "null";
-    case Type::kBool:
-      return "bool";
-    case Type::kInt:
-      return "int";
-    case Type::kDouble:
-      return "double";
-    case Type::kString:
-      return "string";
-    case Type::kArray:
-      return "array";
-    case Type::kObject:
-      return "object";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"null",   "bool",  "int",   "double",
+                                           "string", "array", "object"};
+  return enum_name(type, kNames, "?");
 }
 
 const char* Json::type_name() const noexcept { return type_name(type_); }

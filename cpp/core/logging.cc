@@ -8,6 +8,8 @@
 #include <mutex>
 #include <string>
 
+#include "core/enum_names.h"
+
 namespace dsv41rt {
 namespace {
 
@@ -29,17 +31,8 @@ LogLevel level_from_env() noexcept {
 }
 
 char level_letter(LogLevel level) {
-  switch (level) {
-    case LogLevel::kDebug:
-      return 'D';
-    case LogLevel::kInfo:
-      return 'I';
-    case LogLevel::kWarning:
-      return 'W';
-    case LogLevel::kError:
-      return 'E';
-  }
-  return '?';
+  static constexpr const char* kLetters[] = {"D", "I", "W", "E"};
+  return enum_name(level, kLetters, "?")[0];
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 #include <exception>
 #include <new>
 
+#include "core/enum_names.h"
+
 namespace dsv41rt {
 namespace {
 
@@ -20,23 +22,9 @@ std::string format_what(const char* file, int line, const std::string& message) 
 }  // namespace
 
 const char* status_code_name(StatusCode code) noexcept {
-  switch (code) {
-    case StatusCode::kOk:
-      return "ok";
-    case StatusCode::kInvalidArgument:
-      return "invalid_argument";
-    case StatusCode::kNotFound:
-      return "not_found";
-    case StatusCode::kIoError:
-      return "io_error";
-    case StatusCode::kOutOfRange:
-      return "out_of_range";
-    case StatusCode::kInternal:
-      return "internal";
-    case StatusCode::kUnsupported:
-      return "unsupported";
-  }
-  return "unknown";
+  static constexpr const char* kNames[] = {
+      "ok", "invalid_argument", "not_found", "io_error", "out_of_range", "internal", "unsupported"};
+  return enum_name(code, kNames, "unknown");
 }
 
 Error::Error(StatusCode kind, const char* file, int line, const std::string& message)

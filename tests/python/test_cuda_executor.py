@@ -105,33 +105,6 @@ def test_cuda_engine_batch_gives_the_tokens_of_each_request_alone(tiny_v41_dir) 
     assert rt.stats()["pages_used"] == 0
 
 
-def test_cuda_dequant_reuse_counts_on_released_schedule(tmp_path) -> None:
-    """The CPU executor's 6-forward trace (test_runtime_cpu.py), on the GPU: same counts."""
-    from dsv41rt.checkpoint.generator import make_checkpoint
-    from dsv41rt.config.presets import preset_config_json
-    from dsv41rt.runtime import Runtime
-
-    make_checkpoint(preset_config_json("tiny-v41-released-schedule"), str(tmp_path), 0)
-    rt = Runtime(str(tmp_path), "cuda")
-    p = [0] + [int(t) for t in np.random.default_rng(2).integers(3, 129000, 29)]
-
-    def trace(reuse: bool) -> tuple[list[np.ndarray], dict[str, int]]:
-        rt.set_dequant_reuse(reuse)
-        rt.reset_dequant_counters()
-        h = rt.new_handle()
-        outs = [rt.forward_tokens(h, p[:10])] + [rt.forward_tokens(h, p[10 + 4 * i : 14 + 4 * i]) for i in range(5)]
-        rt.release_handle(h)
-        return outs, rt.dequant_counters()
-
-    on, c_on = trace(True)
-    off, c_off = trace(False)
-    print(f"cuda dequant calls: reuse on {c_on['dequant_calls']}, reuse off {c_off['dequant_calls']}")
-    assert c_on["dequant_calls"] == 24 and c_on["reuse_hits"] == 6 * 34
-    assert c_off["dequant_calls"] == 228 and c_off["reuse_hits"] == 0
-    for a, b in zip(on, off, strict=True):
-        np.testing.assert_array_equal(a, b)
-
-
 def test_cuda_graph_replay_equals_eager_bitwise(tiny_v41_dir) -> None:
     """Decode steps replayed from captured graphs give the eager executor's logits bit for bit.
 

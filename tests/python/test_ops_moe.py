@@ -75,17 +75,9 @@ def _moe_config(H: int, inter: int, E: int, k: int, scale: float, limit: float):
 
 
 def _backend():
-    from nemo_automodel.components.models.common.utils import BackendConfig
+    from oracle.nemo_v41 import _backend as nemo_backend  # the oracle's FP32 eager backend
 
-    return BackendConfig(
-        attn="eager",
-        linear="torch",
-        rms_norm="torch_fp32",
-        experts="torch_mm",
-        dispatcher="torch",
-        rope_fusion=False,
-        gate_precision="float32",
-    )
+    return nemo_backend()
 
 
 def _v41_gate(cfg):

@@ -63,9 +63,10 @@ def test_generate_is_greedy_over_score(rt: Runtime) -> None:
         seq.append(tok)
 
 
-def test_dequant_reuse_counts_on_released_schedule(tmp_path) -> None:
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_dequant_reuse_counts_on_released_schedule(tmp_path, device: str) -> None:
     make_checkpoint(preset_config_json("tiny-v41-released-schedule"), str(tmp_path), 0)
-    rt = Runtime(str(tmp_path))
+    rt = Runtime(str(tmp_path), device)
     p = prompt(30, seed=2)
 
     def trace(reuse: bool) -> tuple[list[np.ndarray], dict[str, int]]:
@@ -79,7 +80,7 @@ def test_dequant_reuse_counts_on_released_schedule(tmp_path) -> None:
 
     on, c_on = trace(True)
     off, c_off = trace(False)
-    print(f"dequant calls: reuse on {c_on['dequant_calls']}, reuse off {c_off['dequant_calls']}")
+    print(f"{device} dequant calls: reuse on {c_on['dequant_calls']}, reuse off {c_off['dequant_calls']}")
     assert c_on["dequant_calls"] == 24 and c_on["reuse_hits"] == 6 * 34
     assert c_off["dequant_calls"] == 228 and c_off["reuse_hits"] == 0
     for a, b in zip(on, off, strict=True):

@@ -34,6 +34,16 @@ void gather_weights(const float* s, const int32_t* idx, int64_t k, float scale, 
   for (int64_t j = 0; j < k; ++j) w[j] = w[j] * scale;
 }
 
+// s = sqrt(softplus(x · gate_w^T)) of every row: the unbiased gate scores [S, E].
+std::vector<float> gate_scores(const float* x, const float* gate_w, int64_t S, int64_t H,
+                               int64_t E) {
+  std::vector<float> scores(S * E);
+  linear(x, gate_w, S, H, E, scores.data());
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < S; ++t) sqrt_softplus_inplace(scores.data() + t * E, E);
+  return scores;
+}
+
 }  // namespace
 
 float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
@@ -43,12 +53,10 @@ void moe_route(const float* x, const float* gate_w, const float* bias, int64_t S
                bool normalize) {
   check_route_args(x, gate_w, S, H, E, k, idx, weight);
   if (S == 0) return;
-  std::vector<float> scores(S * E);
-  linear(x, gate_w, S, H, E, scores.data());
+  std::vector<float> scores = gate_scores(x, gate_w, S, H, E);
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < S; ++t) {
-    float* s = scores.data() + t * E;
-    sqrt_softplus_inplace(s, E);
+    const float* s = scores.data() + t * E;
     std::vector<float> choice(s, s + E);
     if (bias) {
       for (int64_t e = 0; e < E; ++e) choice[e] = choice[e] + bias[e];
@@ -85,12 +93,9 @@ void moe_route_hash(const float* x, const float* gate_w, const int32_t* tid2eid,
     }
   }
   if (S == 0) return;
-  std::vector<float> scores(S * E);
-  linear(x, gate_w, S, H, E, scores.data());
-#pragma omp parallel for schedule(static)
+  std::vector<float> scores = gate_scores(x, gate_w, S, H, E);
   for (int64_t t = 0; t < S; ++t) {
-    float* s = scores.data() + t * E;
-    sqrt_softplus_inplace(s, E);
+    const float* s = scores.data() + t * E;
     int32_t* it = idx + t * k;
     for (int64_t j = 0; j < k; ++j) it[j] = tid2eid[token_ids[t] * k + j];
     gather_weights(s, it, k, routed_scaling_factor, normalize, weight + t * k);

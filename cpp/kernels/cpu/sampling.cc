@@ -7,22 +7,13 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/sampling_uniform.h"
 
 namespace dsv41rt::kernels {
 namespace cpu {
 namespace {
 
 constexpr double kGreedyTemperature = 1e-5;  // vLLM _SAMPLING_EPS
-constexpr uint64_t kGamma = 0x9E3779B97F4A7C15ull;
-
-uint64_t mix64(uint64_t z) {
-  z ^= z >> 30;
-  z *= 0xBF58476D1CE4E5B9ull;
-  z ^= z >> 27;
-  z *= 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return z;
-}
 
 bool is_greedy(const SamplingParams& p) { return p.temperature < kGreedyTemperature; }
 
@@ -156,11 +147,7 @@ void validate_sampling_params(const SamplingParams& p, int64_t vocab) {
   }
 }
 
-double sampling_uniform(uint64_t seed, uint64_t step) {
-  const uint64_t key = cpu::mix64(seed + cpu::kGamma);
-  const uint64_t x = cpu::mix64(key + (step + 1) * cpu::kGamma);
-  return double(x >> 11) * 0x1.0p-53;
-}
+double sampling_uniform(uint64_t seed, uint64_t step) { return uniform_of(seed, step); }
 
 namespace cpu {
 

@@ -11,36 +11,30 @@ namespace {
 // longer key lists run an online softmax over chunks (rescaling the partial sums).
 constexpr int kChunk = 1024;
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+struct Sum {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <class Op>
+__device__ __forceinline__ float warp_reduce(float v, Op op) {
+  for (int off = 16; off > 0; off >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, off));
   return v;
 }
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, Sum{}); }
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-  return v;
-}
-
-// Block reductions: every thread gets the same value (warp partials combined in a fixed order).
+// Block reduction: every thread gets the same value (warp partials combined in a fixed order).
 // Must be called by all threads of the block; `red` holds >= 32 floats.
-__device__ float block_sum(float v, float* red) {
-  v = warp_sum(v);
+template <class Op>
+__device__ float block_reduce(float v, float* red, Op op) {
+  v = warp_reduce(v, op);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
   if (lane == 0) red[warp] = v;
   __syncthreads();
   float r = red[0];
-  for (int w = 1; w < nwarps; ++w) r += red[w];
-  __syncthreads();
-  return r;
-}
-
-__device__ float block_max(float v, float* red) {
-  v = warp_max(v);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float r = red[0];
-  for (int w = 1; w < nwarps; ++w) r = fmaxf(r, red[w]);
+  for (int w = 1; w < nwarps; ++w) r = op(r, red[w]);
   __syncthreads();
   return r;
 }
@@ -96,7 +90,7 @@ __global__ void sparse_attention_kernel(const float* __restrict__ q, const float
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
       if (rows[i] >= 0) cm = fmaxf(cm, logit[i]);
     }
-    cm = block_max(cm, red);
+    cm = block_reduce(cm, red, Max{});
     const float m_new = fmaxf(m_run, cm);
     // m_new == m_run also covers m_run = m_new = -inf (sink -inf, no valid key yet): keep 1.
     const float rescale = m_new == m_run ? 1.0f : expf(m_run - m_new);
@@ -106,7 +100,7 @@ __global__ void sparse_attention_kernel(const float* __restrict__ q, const float
       logit[i] = p;
       psum += p;
     }
-    psum = block_sum(psum, red);  // its barriers also publish the probabilities
+    psum = block_reduce(psum, red, Sum{});  // its barriers also publish the probabilities
     denom = denom * rescale + psum;
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
       float acc = oh[d] * rescale;

@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/sampling.cuh"
+#include "kernels/sampling_uniform.h"
 
 namespace dsv41rt::kernels::cuda {
 namespace {
@@ -10,7 +11,6 @@ using kernels::SamplingParams;
 
 constexpr int kSampleThreads = 1024;
 constexpr int kWarp = 32;
-constexpr uint64_t kGamma = 0x9E3779B97F4A7C15ull;
 
 int64_t align8(int64_t b) { return (b + 7) / 8 * 8; }
 
@@ -42,22 +42,6 @@ __device__ RowWorkspace row_workspace(unsigned char* base, int64_t V, int64_t P)
   off += 4 * V;
   r.seen = reinterpret_cast<uint8_t*>(base + off);
   return r;
-}
-
-__device__ uint64_t mix64(uint64_t z) {
-  z ^= z >> 30;
-  z *= 0xBF58476D1CE4E5B9ull;
-  z ^= z >> 27;
-  z *= 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return z;
-}
-
-// kernels::sampling_uniform, bit for bit.
-__device__ double uniform(uint64_t seed, uint64_t step) {
-  const uint64_t key = mix64(seed + kGamma);
-  const uint64_t x = mix64(key + (step + 1) * kGamma);
-  return double(x >> 11) * 0x1.0p-53;
 }
 
 // (value desc, id asc): is a before b?
@@ -235,7 +219,7 @@ __global__ void sampling_kernel(
       for (int64_t t = 0; t < V; ++t) total = __dadd_rn(total, w[t]);
       s_total = total;
       if (tokens) {
-        const double target = __dmul_rn(uniform(p.seed, steps[r]), total);
+        const double target = __dmul_rn(uniform_of(p.seed, steps[r]), total);
         int64_t token = -1;
         double cum = 0;
         for (int64_t t = 0; t < V; ++t) {

@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "core/enum_names.h"
 #include "core/status.h"
 
 namespace dsv41rt {
@@ -93,33 +94,13 @@ LayerPlan v4_layer(const ModelConfig& cfg, int i) {
 }  // namespace
 
 const char* layer_role_name(LayerRole role) noexcept {
-  switch (role) {
-    case LayerRole::kSwa:
-      return "SWA-only";
-    case LayerRole::kFull:
-      return "Full";
-    case LayerRole::kReindex:
-      return "Reindex";
-    case LayerRole::kReuse:
-      return "Reuse";
-    case LayerRole::kCsa:
-      return "CSA";
-    case LayerRole::kHca:
-      return "HCA";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"SWA-only", "Full", "Reindex", "Reuse", "CSA", "HCA"};
+  return enum_name(role, kNames, "?");
 }
 
 const char* candidate_role_name(CandidateRole role) noexcept {
-  switch (role) {
-    case CandidateRole::kNone:
-      return "";
-    case CandidateRole::kSource:
-      return "source";
-    case CandidateRole::kUses:
-      return "uses";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"", "source", "uses"};
+  return enum_name(role, kNames, "?");
 }
 
 std::string LayerPlan::name_prefix() const {

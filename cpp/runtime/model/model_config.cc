@@ -12,6 +12,7 @@
 #include <sstream>
 #include <utility>
 
+#include "core/enum_names.h"
 #include "core/json.h"
 #include "core/status.h"
 
@@ -24,23 +25,9 @@ constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 
 // Python's type names, so messages read like the Python parser's.
 const char* py_type_name(const Json& v) {
-  switch (v.type()) {
-    case Json::Type::kNull:
-      return "NoneType";
-    case Json::Type::kBool:
-      return "bool";
-    case Json::Type::kInt:
-      return "int";
-    case Json::Type::kDouble:
-      return "float";
-    case Json::Type::kString:
-      return "str";
-    case Json::Type::kArray:
-      return "list";
-    case Json::Type::kObject:
-      return "dict";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"NoneType", "bool", "int", "float",
+                                           "str",      "list", "dict"};
+  return enum_name(v.type(), kNames, "?");
 }
 
 std::string py_double(double d) {
