@@ -23,7 +23,8 @@ std::string format_what(const char* file, int line, const std::string& message) 
 
 const char* status_code_name(StatusCode code) noexcept {
   static constexpr const char* kNames[] = {
-      "ok", "invalid_argument", "not_found", "io_error", "out_of_range", "internal", "unsupported"};
+      "ok",       "invalid_argument", "not_found",    "io_error",
+      "out_of_range", "internal",     "unsupported", "engine_failed"};
   return enum_name(code, kNames, "unknown");
 }
 

@@ -22,6 +22,7 @@ enum class StatusCode {
   kOutOfRange,
   kInternal,
   kUnsupported,
+  kEngineFailed,  ///< the engine stopped after an error; the runtime takes no more work
 };
 
 // "ok", "invalid_argument", "not_found", ...

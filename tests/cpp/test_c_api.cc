@@ -85,7 +85,7 @@ TEST(CApi, CreateRejectsBadArguments) {
             std::string::npos);
   EXPECT_EQ(rt, nullptr);
   p.checkpoint_dir = "x";
-  p.max_running = 0;
+  p.max_num_seqs = 0;
   EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt), DSV41RT_E_INVALID_ARGUMENT);
 }
 

@@ -27,8 +27,8 @@ std::shared_ptr<Executor> load(ExecutorOptions options) {
   ModelPlan plan = build_model_plan(load_model_config(dir));
   EngramTables tables = load_engram_tables(dir, plan.config);
   ModelWeights weights = load_weights(std::make_shared<Checkpoint>(dir), plan);
-  options.kv_memory_bytes = 64ll << 20;
-  options.max_requests = 4;
+  options.kv_memory = 64ll << 20;
+  options.max_num_seqs = 4;
   return make_executor(std::move(plan), std::move(weights), std::move(tables), options);
 }
 

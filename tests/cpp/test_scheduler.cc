@@ -88,7 +88,7 @@ TEST(Scheduler, IdsStartAtOneAndIdleWhenEmpty) {
   Scheduler s({}, pool);
   EXPECT_TRUE(s.idle());
   EXPECT_TRUE(s.schedule().chunks.empty());
-  EXPECT_EQ(s.config().max_context, 64);  // 0 resolves to the pool capacity in tokens
+  EXPECT_EQ(s.config().max_model_len, 64);  // 0 resolves to the pool capacity in tokens
   EXPECT_EQ(s.submit(make_prompt(3, 1), 2), 1);
   EXPECT_EQ(s.submit(make_prompt(3, 1), 2), 2);
   EXPECT_FALSE(s.idle());
@@ -100,7 +100,7 @@ TEST(Scheduler, IdsStartAtOneAndIdleWhenEmpty) {
 
 TEST(Scheduler, FifoAdmissionLimitedBySlots) {
   KvPool pool(model::PoolGeometry{4, 0, 0}, 16, 2);
-  Scheduler s({.max_running = 8, .token_budget = 100}, pool);
+  Scheduler s({.max_num_seqs = 8, .max_num_batched_tokens = 100}, pool);
   const int64_t a = s.submit(make_prompt(5, 1), 4);
   const int64_t b = s.submit(make_prompt(6, 1), 4);
   const int64_t c = s.submit(make_prompt(7, 1), 4);
@@ -129,7 +129,7 @@ TEST(Scheduler, FifoAdmissionLimitedBySlots) {
 
 TEST(Scheduler, MaxRunningLimitsAdmission) {
   KvPool pool(model::PoolGeometry{4, 0, 0}, 16, 4);
-  Scheduler s({.max_running = 1, .token_budget = 100}, pool);
+  Scheduler s({.max_num_seqs = 1, .max_num_batched_tokens = 100}, pool);
   s.submit(make_prompt(2, 1), 2);
   s.submit(make_prompt(2, 1), 2);
   EXPECT_EQ(s.schedule().chunks.size(), 1u);
@@ -140,7 +140,7 @@ TEST(Scheduler, AdmissionNeverSkipsTheQueueHead) {
   // 4 pages of 4 tokens. The head needs 3 pages but only 1 is free: the small request behind it
   // would fit but must wait too.
   KvPool pool(model::PoolGeometry{4, 0, 0}, 4, 4);
-  Scheduler s({.max_running = 4, .token_budget = 100}, pool);
+  Scheduler s({.max_num_seqs = 4, .max_num_batched_tokens = 100}, pool);
   const int64_t a = s.submit(make_prompt(8, 1), 2);
   StepPlan p = s.schedule();
   ASSERT_EQ(p.chunks.size(), 1u);  // a holds 2 pages
@@ -159,7 +159,7 @@ TEST(Scheduler, AdmissionNeverSkipsTheQueueHead) {
 
 TEST(Scheduler, TokenBudgetSplitsDecodesAndChunkedPrefill) {
   KvPool pool(model::PoolGeometry{4, 0, 0}, 64, 8);
-  Scheduler s({.max_running = 8, .token_budget = 8}, pool);
+  Scheduler s({.max_num_seqs = 8, .max_num_batched_tokens = 8}, pool);
   const int64_t a = s.submit(make_prompt(3, 1), 10);
   const int64_t b = s.submit(make_prompt(3, 1), 10);
   StepPlan p = s.schedule();
@@ -198,7 +198,7 @@ TEST(Scheduler, TokenBudgetSplitsDecodesAndChunkedPrefill) {
 
 TEST(Scheduler, LongPrefillIsChunkedAcrossSteps) {
   KvPool pool(model::PoolGeometry{16, 0, 0}, 64, 2);
-  Scheduler s({.max_running = 2, .token_budget = 50}, pool);
+  Scheduler s({.max_num_seqs = 2, .max_num_batched_tokens = 50}, pool);
   const int64_t a = s.submit(make_prompt(120, 1), 1);
   std::vector<int64_t> starts;
   while (s.request(a).computed < 120) {
@@ -215,7 +215,7 @@ TEST(Scheduler, LongPrefillIsChunkedAcrossSteps) {
 
 TEST(Scheduler, FinishAndAbortFreeAtOnce) {
   KvPool pool(model::PoolGeometry{4, 0, 0}, 16, 4);
-  Scheduler s({.max_running = 4, .token_budget = 100}, pool);
+  Scheduler s({.max_num_seqs = 4, .max_num_batched_tokens = 100}, pool);
   const int64_t a = s.submit(make_prompt(9, 1), 3);
   const int64_t b = s.submit(make_prompt(5, 1), 3);
   const int64_t c = s.submit(make_prompt(5, 1), 3);
@@ -255,11 +255,11 @@ TEST(Scheduler, FinishAndAbortFreeAtOnce) {
 
 TEST(Scheduler, SubmitErrors) {
   KvPool pool(model::PoolGeometry{4, 0, 0}, 16, 4);  // 64 tokens
-  Scheduler s({.max_running = 4, .token_budget = 100, .max_context = 40}, pool);
+  Scheduler s({.max_num_seqs = 4, .max_num_batched_tokens = 100, .max_model_len = 40}, pool);
   EXPECT_THROW(s.submit({}, 3), Error);
   EXPECT_THROW(s.submit(make_prompt(3, 1), 0), Error);
   EXPECT_THROW(s.submit(make_prompt(3, 1), -2), Error);
-  EXPECT_EQ(s.submit(make_prompt(30, 1), 10), 1);  // exactly max_context
+  EXPECT_EQ(s.submit(make_prompt(30, 1), 10), 1);  // exactly max_model_len
   try {
     s.submit(make_prompt(31, 1), 10);
     FAIL() << "expected an Error";
@@ -268,10 +268,10 @@ TEST(Scheduler, SubmitErrors) {
     const std::string m = e.message();
     EXPECT_NE(m.find("31"), std::string::npos) << m;
     EXPECT_NE(m.find("41"), std::string::npos) << m;
-    EXPECT_NE(m.find("max_context 40"), std::string::npos) << m;
+    EXPECT_NE(m.find("max_model_len 40"), std::string::npos) << m;
   }
-  // max_context beyond the pool: the pool is the limit.
-  Scheduler big({.max_running = 4, .token_budget = 100, .max_context = 1000}, pool);
+  // max_model_len beyond the pool: the pool is the limit.
+  Scheduler big({.max_num_seqs = 4, .max_num_batched_tokens = 100, .max_model_len = 1000}, pool);
   EXPECT_EQ(big.submit(make_prompt(60, 1), 4), 1);
   try {
     big.submit(make_prompt(60, 1), 5);
@@ -280,13 +280,13 @@ TEST(Scheduler, SubmitErrors) {
     EXPECT_EQ(e.kind(), StatusCode::kOutOfRange);
     EXPECT_NE(std::string(e.message()).find("64 tokens"), std::string::npos) << e.message();
   }
-  EXPECT_THROW(Scheduler({.max_running = 0}, pool), Error);
-  EXPECT_THROW(Scheduler({.token_budget = 0}, pool), Error);
+  EXPECT_THROW(Scheduler({.max_num_seqs = 0}, pool), Error);
+  EXPECT_THROW(Scheduler({.max_num_batched_tokens = 0}, pool), Error);
 }
 
 TEST(Scheduler, AppendTokenChecks) {
   KvPool pool(model::PoolGeometry{4, 0, 0}, 16, 4);
-  Scheduler s({.max_running = 4, .token_budget = 4}, pool);
+  Scheduler s({.max_num_seqs = 4, .max_num_batched_tokens = 4}, pool);
   const int64_t a = s.submit(make_prompt(6, 1), 1);
   EXPECT_THROW(s.append_token(a, 5), Error);  // waiting: nothing sampled
   StepPlan p = s.schedule();
@@ -307,7 +307,7 @@ TEST(Scheduler, AppendTokenChecks) {
 // most recently admitted) is preempted and goes to the front of the queue, ahead of C.
 TEST(Scheduler, PreemptsMostRecentlyAdmittedAndRequeuesAtFront) {
   KvPool pool(model::PoolGeometry{4, 0, 0}, 4, 4);
-  Scheduler s({.max_running = 4, .token_budget = 100}, pool);
+  Scheduler s({.max_num_seqs = 4, .max_num_batched_tokens = 100}, pool);
   const int64_t a = s.submit(make_prompt(7, 1), 5);
   const int64_t b = s.submit(make_prompt(7, 50), 5);
   StepPlan p = s.schedule();
@@ -356,7 +356,7 @@ TEST(Scheduler, PreemptsMostRecentlyAdmittedAndRequeuesAtFront) {
 // victim's already-planned chunk is dropped from the plan.
 TEST(Scheduler, NewestAskerPreemptsAnotherNotItself) {
   KvPool pool(model::PoolGeometry{4, 0, 0}, 4, 4);
-  Scheduler s({.max_running = 4, .token_budget = 100}, pool);
+  Scheduler s({.max_num_seqs = 4, .max_num_batched_tokens = 100}, pool);
   const int64_t a = s.submit(make_prompt(6, 1), 2);  // 2 pages
   const int64_t b = s.submit(make_prompt(8, 1), 5);  // 2 pages, full
   StepPlan p = s.schedule();
@@ -376,7 +376,7 @@ TEST(Scheduler, NewestAskerPreemptsAnotherNotItself) {
 TEST(Scheduler, ExhaustionAllFinishWithTheirOwnTokens) {
   constexpr int64_t kPageTokens = 16;
   KvPool pool(model::PoolGeometry{kPageTokens, 64, 256}, 14, 8);  // 224 tokens
-  Scheduler s({.max_running = 8, .token_budget = 48}, pool);
+  Scheduler s({.max_num_seqs = 8, .max_num_batched_tokens = 48}, pool);
   MockModel model;
   std::map<int64_t, std::vector<int32_t>> expected, got;
   std::mt19937 rng(1234);
@@ -429,8 +429,8 @@ TEST(Scheduler, RandomizedStressKeepsThePoolConsistent) {
   };
 
   KvPool pool(model::PoolGeometry{4, 0, 0}, 48, 6);  // 192 tokens, 6 slots
-  Scheduler s({.max_running = 8, .token_budget = 24}, pool);
-  const int64_t max_context = s.config().max_context;
+  Scheduler s({.max_num_seqs = 8, .max_num_batched_tokens = 24}, pool);
+  const int64_t max_model_len = s.config().max_model_len;
   MockModel model;
   std::vector<int64_t> live;
   std::map<int64_t, std::vector<int32_t>> expected;
@@ -478,10 +478,10 @@ TEST(Scheduler, RandomizedStressKeepsThePoolConsistent) {
   for (; ops < 12000; ++ops) {
     const int64_t dice = uniform(0, 99);
     if (dice < 22) {
-      const int64_t plen = uniform(0, 9) < 2 ? uniform(1, max_context) : uniform(1, 48);
-      const int64_t max_new = uniform(0, 9) < 2 ? uniform(-1, max_context) : uniform(1, 24);
+      const int64_t plen = uniform(0, 9) < 2 ? uniform(1, max_model_len) : uniform(1, 48);
+      const int64_t max_new = uniform(0, 9) < 2 ? uniform(-1, max_model_len) : uniform(1, 24);
       std::vector<int32_t> prompt = make_prompt(plen, int32_t(uniform(0, 5000)));
-      if (plen + max_new > max_context || max_new < 1) {
+      if (plen + max_new > max_model_len || max_new < 1) {
         EXPECT_THROW(s.submit(prompt, max_new), Error);
         ++rejected;
       } else {

@@ -13,11 +13,11 @@ class Engine::Impl {
   Impl(std::shared_ptr<model::Executor> executor, EngineConfig config)
       : exec_(std::move(executor)),
         config_(config),
-        scheduler_(SchedulerConfig{std::min(config.max_running, exec_->pool().usage().slots_total),
-                                   config.token_budget, config.max_context},
+        scheduler_(SchedulerConfig{std::min(config.max_num_seqs, exec_->pool().usage().slots_total),
+                                   config.max_num_batched_tokens, config.max_model_len},
                    exec_->pool()) {}
 
-  int64_t submit(std::vector<int32_t> prompt, const GenerationParams& params) {
+  void check(const std::vector<int32_t>& prompt, const GenerationParams& params) const {
     const ModelConfig& c = exec_->plan().config;
     for (size_t i = 0; i < prompt.size(); ++i) {
       DSV41RT_CHECK(prompt[i] >= 0 && prompt[i] < c.vocab_size, "prompt token ", i, " = ",
@@ -29,7 +29,13 @@ class Engine::Impl {
     DSV41RT_CHECK(params.max_new_tokens >= 1, "max_new_tokens must be >= 1, got ",
                   params.max_new_tokens);
     kernels::validate_sampling_params(params.sampling, c.vocab_size);
-    const int64_t id = scheduler_.submit(std::move(prompt), params.max_new_tokens);
+    scheduler_.check(int64_t(prompt.size()), params.max_new_tokens);
+  }
+
+  int64_t submit(std::vector<int32_t> prompt, const GenerationParams& params, int64_t id) {
+    check(prompt, params);
+    const ModelConfig& c = exec_->plan().config;
+    id = scheduler_.submit(std::move(prompt), params.max_new_tokens, id);
     Meta& m = meta_[id];
     m.params = params;
     m.stops.insert(params.stop_token_ids.begin(), params.stop_token_ids.end());
@@ -37,12 +43,15 @@ class Engine::Impl {
     return id;
   }
 
-  std::vector<RequestOutput> step() {
+  std::vector<RequestOutput> step(std::vector<int64_t>* scheduled) {
     std::vector<RequestOutput> outputs;
     for (int64_t id : cancelled_) outputs.push_back(finished_output(id, FinishReason::kAborted));
     cancelled_.clear();
     StepPlan plan = scheduler_.schedule();
     if (plan.chunks.empty()) return outputs;
+    if (scheduled) {
+      for (const ScheduledChunk& ch : plan.chunks) scheduled->push_back(ch.request_id);
+    }
     std::vector<model::BatchItem> batch(plan.chunks.size());
     std::vector<model::SampleSpec> specs(plan.chunks.size());
     std::vector<kernels::SampledToken> sampled(plan.chunks.size());
@@ -109,6 +118,7 @@ class Engine::Impl {
     cancelled_.push_back(id);
   }
 
+  bool has_request(int64_t id) const { return scheduler_.has_request(id); }
   bool idle() const { return scheduler_.idle() && cancelled_.empty(); }
 
   EngineStats stats() const {
@@ -153,11 +163,17 @@ Engine::~Engine() = default;
 Engine::Engine(Engine&&) noexcept = default;
 Engine& Engine::operator=(Engine&&) noexcept = default;
 
-int64_t Engine::submit(std::vector<int32_t> prompt, const GenerationParams& params) {
-  return impl_->submit(std::move(prompt), params);
+void Engine::check(const std::vector<int32_t>& prompt, const GenerationParams& params) const {
+  impl_->check(prompt, params);
 }
-std::vector<RequestOutput> Engine::step() { return impl_->step(); }
+int64_t Engine::submit(std::vector<int32_t> prompt, const GenerationParams& params, int64_t id) {
+  return impl_->submit(std::move(prompt), params, id);
+}
+std::vector<RequestOutput> Engine::step(std::vector<int64_t>* scheduled) {
+  return impl_->step(scheduled);
+}
 void Engine::cancel(int64_t id) { impl_->cancel(id); }
+bool Engine::has_request(int64_t id) const { return impl_->has_request(id); }
 bool Engine::idle() const { return impl_->idle(); }
 EngineStats Engine::stats() const { return impl_->stats(); }
 void Engine::check_invariants() const { impl_->check_invariants(); }

@@ -20,9 +20,9 @@
 namespace dsv41rt::engine {
 
 struct EngineConfig {
-  int64_t max_running = 64;    ///< requests running at once (also the pool's slot count)
-  int64_t token_budget = 512;  ///< tokens per step
-  int64_t max_context = 0;     ///< 0 = what the pool holds
+  int64_t max_num_seqs = 64;             ///< requests running at once (also the pool's slot count)
+  int64_t max_num_batched_tokens = 512;  ///< tokens per step
+  int64_t max_model_len = 0;             ///< 0 = what the pool holds
 };
 
 struct GenerationParams {
@@ -58,12 +58,17 @@ class DSV41RT_API Engine {
   Engine(Engine&&) noexcept;
   Engine& operator=(Engine&&) noexcept;
 
-  /// Queues a request; throws Error naming the bad field (token ids, limits, sampling params).
-  int64_t submit(std::vector<int32_t> prompt, const GenerationParams& params);
-  /// Runs one step; empty when there is nothing to do.
-  std::vector<RequestOutput> step();
+  /// Throws Error naming the bad field (token ids, limits, sampling params). Thread-safe against
+  /// a running step (reads only the model's constants and the pool's capacity).
+  void check(const std::vector<int32_t>& prompt, const GenerationParams& params) const;
+  /// Queues a request (check() first); returns its id (`id` when given: larger than any so far).
+  int64_t submit(std::vector<int32_t> prompt, const GenerationParams& params, int64_t id = -1);
+  /// Runs one step; empty when there is nothing to do. `scheduled`: the ids whose tokens it ran.
+  std::vector<RequestOutput> step(std::vector<int64_t>* scheduled = nullptr);
   /// Cancels a waiting or running request and frees its pages at once (kNotFound if unknown).
   void cancel(int64_t id);
+  /// Whether `id` is waiting or running (not finished, aborted or unknown).
+  bool has_request(int64_t id) const;
   bool idle() const;
   EngineStats stats() const;
   /// Pool invariants over the live requests; throws Error on a violation.

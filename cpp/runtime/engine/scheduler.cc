@@ -1,6 +1,6 @@
 // Scheduler policy (see scheduler.h). Decisions the header leaves open, settled here:
-//   - config().max_context reports the resolved limit: 0 becomes the pool's capacity in tokens.
-//   - max_running above the pool's slot count is not an error; admission also needs a free slot.
+//   - config().max_model_len reports the resolved limit: 0 becomes the pool's capacity in tokens.
+//   - max_num_seqs above the pool's slot count is not an error; admission also needs a free slot.
 //   - A request counts as decoding when exactly one known token is not yet computed (this includes
 //     the last token of a prompt or of a recompute); it gets its single token in phase 1.
 //   - Preemption victims are the most recently admitted running request other than the one asking
@@ -21,35 +21,44 @@
 namespace dsv41rt::engine {
 
 Scheduler::Scheduler(SchedulerConfig config, KvPool& pool) : config_(config), pool_(pool) {
-  DSV41RT_CHECK(config_.max_running >= 1, "scheduler: max_running must be >= 1, got ",
-                config_.max_running);
-  DSV41RT_CHECK(config_.token_budget >= 1, "scheduler: token_budget must be >= 1, got ",
-                config_.token_budget);
-  DSV41RT_CHECK(config_.max_context >= 0, "scheduler: max_context must be >= 0, got ",
-                config_.max_context);
+  DSV41RT_CHECK(config_.max_num_seqs >= 1, "scheduler: max_num_seqs must be >= 1, got ",
+                config_.max_num_seqs);
+  DSV41RT_CHECK(config_.max_num_batched_tokens >= 1,
+                "scheduler: max_num_batched_tokens must be >= 1, got ",
+                config_.max_num_batched_tokens);
+  DSV41RT_CHECK(config_.max_model_len >= 0, "scheduler: max_model_len must be >= 0, got ",
+                config_.max_model_len);
   const PoolUsage u = pool_.usage();
   DSV41RT_CHECK(u.pages_total >= 1 && u.slots_total >= 1,
                 "scheduler: the KV pool needs at least one page and one slot (has ", u.pages_total,
                 " pages, ", u.slots_total, " slots)");
-  if (config_.max_context == 0) config_.max_context = u.pages_total * pool_.geometry().page_tokens;
+  if (config_.max_model_len == 0)
+    config_.max_model_len = u.pages_total * pool_.geometry().page_tokens;
 }
 
-int64_t Scheduler::submit(std::vector<int32_t> prompt, int64_t max_new_tokens) {
-  DSV41RT_CHECK(!prompt.empty(), "scheduler: empty prompt");
+void Scheduler::check(int64_t prompt_len, int64_t max_new_tokens) const {
+  DSV41RT_CHECK(prompt_len >= 1, "scheduler: empty prompt");
   DSV41RT_CHECK(max_new_tokens >= 1, "scheduler: max_new_tokens must be >= 1, got ",
                 max_new_tokens);
-  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
   const int64_t total = prompt_len + max_new_tokens;
-  DSV41RT_CHECK_CODE(kOutOfRange, total <= config_.max_context, "scheduler: prompt of ", prompt_len,
-                     " tokens + max_new_tokens ", max_new_tokens, " = ", total,
-                     " exceeds max_context ", config_.max_context);
-  const PoolUsage u = pool_.usage();
-  DSV41RT_CHECK_CODE(kOutOfRange, pool_.pages_for(total) <= u.pages_total, "scheduler: prompt of ",
+  DSV41RT_CHECK_CODE(kOutOfRange, total <= config_.max_model_len, "scheduler: prompt of ",
                      prompt_len, " tokens + max_new_tokens ", max_new_tokens, " = ", total,
-                     " tokens can never fit in the KV pool (", u.pages_total, " pages x ",
-                     pool_.geometry().page_tokens, " = ",
-                     u.pages_total * pool_.geometry().page_tokens, " tokens)");
-  const int64_t id = next_id_++;
+                     " exceeds max_model_len ", config_.max_model_len);
+  const int64_t pages = pool_.page_count();  // capacity: fixed, unlike the usage counters
+  DSV41RT_CHECK_CODE(kOutOfRange, pool_.pages_for(total) <= pages, "scheduler: prompt of ",
+                     prompt_len, " tokens + max_new_tokens ", max_new_tokens, " = ", total,
+                     " tokens can never fit in the KV pool (", pages, " pages x ",
+                     pool_.geometry().page_tokens, " = ", pages * pool_.geometry().page_tokens,
+                     " tokens)");
+}
+
+int64_t Scheduler::submit(std::vector<int32_t> prompt, int64_t max_new_tokens, int64_t id) {
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  check(prompt_len, max_new_tokens);
+  if (id < 0) id = next_id_;
+  DSV41RT_CHECK(id >= next_id_, "scheduler: request id ", id, " is not new (next is ", next_id_,
+                ")");
+  next_id_ = id + 1;
   SchedRequest& r = requests_[id];
   r.id = id;
   r.tokens = std::move(prompt);
@@ -93,7 +102,7 @@ void Scheduler::release(SchedRequest& r) {
 StepPlan Scheduler::schedule() {
   StepPlan plan;
   stats_.max_waiting_seen = std::max(stats_.max_waiting_seen, int64_t(waiting_.size()));
-  int64_t budget = config_.token_budget;
+  int64_t budget = config_.max_num_batched_tokens;
 
   // Gets pages for tokens [0, end) of running request `r`, preempting others as needed. A victim
   // that already has a chunk in this plan loses it (and its budget comes back).
@@ -139,8 +148,8 @@ StepPlan Scheduler::schedule() {
     if (secure_pages(r, r.computed + count)) add_chunk(r, count);
   }
   // 3. Admissions, strictly FIFO, without preempting anyone.
-  const int64_t max_running = std::min(config_.max_running, pool_.usage().slots_total);
-  while (budget >= 1 && !waiting_.empty() && int64_t(running_.size()) < max_running) {
+  const int64_t max_num_seqs = std::min(config_.max_num_seqs, pool_.usage().slots_total);
+  while (budget >= 1 && !waiting_.empty() && int64_t(running_.size()) < max_num_seqs) {
     const int64_t id = waiting_.front();
     if (std::find(plan.preempted.begin(), plan.preempted.end(), id) != plan.preempted.end()) {
       break;  // preempted in this very step: wait for the next one

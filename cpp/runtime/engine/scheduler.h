@@ -12,8 +12,8 @@
 //   computed tokens dropped; it returns to the FRONT of the queue and later recomputes prompt +
 //   generated tokens), repeatedly, until the page is available; a request never preempts itself if
 //   another running request can be preempted instead.
-// A request whose prompt + max_new_tokens exceed max_context, or could never fit in the whole pool,
-// is rejected at submit with an Error naming the limit.
+// A request whose prompt + max_new_tokens exceed max_model_len, or could never fit in the whole
+// pool, is rejected at submit with an Error naming the limit.
 //
 // Thread-safety: none; owned by the engine thread.
 #pragma once
@@ -33,9 +33,9 @@ using model::KvPool;
 using model::PoolUsage;
 
 struct SchedulerConfig {
-  int64_t max_running = 64;    ///< running requests at once (<= pool slots)
-  int64_t token_budget = 512;  ///< tokens per step (prefill chunks + decodes)
-  int64_t max_context = 0;     ///< max prompt + generated tokens per request (0 = pool capacity)
+  int64_t max_num_seqs = 64;             ///< running requests at once (<= pool slots)
+  int64_t max_num_batched_tokens = 512;  ///< tokens per step (prefill chunks + decodes)
+  int64_t max_model_len = 0;  ///< max prompt + generated tokens per request (0 = pool capacity)
 };
 
 enum class FinishReason { kNone, kLength, kStop, kAborted };
@@ -83,9 +83,13 @@ class DSV41RT_API Scheduler {
  public:
   Scheduler(SchedulerConfig config, KvPool& pool);
 
-  /// Queues a request; returns its id. Throws Error (kInvalidArgument / kOutOfRange) naming the
-  /// problem for an empty prompt, max_new_tokens < 1, or a request that cannot fit.
-  int64_t submit(std::vector<int32_t> prompt, int64_t max_new_tokens);
+  /// Throws Error (kInvalidArgument / kOutOfRange) naming the problem for an empty prompt,
+  /// max_new_tokens < 1, or a request that cannot fit. Reads only what never changes (limits,
+  /// pool capacity), so another thread may call it while the engine thread schedules.
+  void check(int64_t prompt_len, int64_t max_new_tokens) const;
+  /// Queues a request (check() first); returns its id: `id` when given (it must be larger than
+  /// every id so far), else the next one.
+  int64_t submit(std::vector<int32_t> prompt, int64_t max_new_tokens, int64_t id = -1);
 
   /// Plans the next step (allocating slots/pages, possibly preempting). Empty when idle.
   StepPlan schedule();

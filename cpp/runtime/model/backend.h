@@ -39,12 +39,12 @@ struct Stream {
 };
 
 /// A recorded sequence of ops replayed as one unit (CUDA graph).
-class BackendGraph {
+class DSV41RT_API BackendGraph {
  public:
   virtual ~BackendGraph() = default;
 };
 
-class Backend {
+class DSV41RT_API Backend {
  public:
   virtual ~Backend() = default;
   /// "cpu" or "cuda:N".

@@ -52,14 +52,14 @@ class CpExecutor final : public DelegatingExecutor {
     }
   }
 
-  std::map<std::string, int64_t> backend_stats() const override {
-    std::map<std::string, int64_t> s = ranks_[0]->backend_stats();
-    s["cp_size"] = int64_t(ranks_.size());
-    s["cp_forwards"] = cp_forwards_;  // forwards run context-parallel (the rest replicated)
+  BackendStats backend_stats() const override {
+    BackendStats s = ranks_[0]->backend_stats();
+    s.cp_size = int64_t(ranks_.size());
+    s.cp_forwards = cp_forwards_;  // forwards run context-parallel (the rest replicated)
     return s;
   }
-  void set_backend_option(const std::string& name, bool on) override {
-    for (auto& r : ranks_) r->set_backend_option(name, on);
+  void set_switch(Switch which, bool on) override {
+    for (auto& r : ranks_) r->set_switch(which, on);
   }
 
  private:

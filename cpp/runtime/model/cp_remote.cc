@@ -165,20 +165,18 @@ class CpLeader final : public DelegatingExecutor {
     channel_.send(std::move(m));
     local_->copy_state(src, dst);
   }
-  void set_backend_option(const std::string& name, bool on) override {
-    local_->set_backend_option(name, on);  // an unknown option fails here, before sending
-    std::vector<int64_t> m{kOption, on ? 1 : 0};
-    m.insert(m.end(), name.begin(), name.end());
-    channel_.send(std::move(m));
+  void set_switch(Switch which, bool on) override {
+    local_->set_switch(which, on);  // one that does not apply fails here, before sending
+    channel_.send({kOption, on ? 1 : 0, int64_t(which)});
   }
   void forward_cp(std::vector<BatchItem>&, comm::Communicator&) override {
     DSV41RT_THROW_CODE(kUnsupported, "a context-parallel group cannot be a rank of another");
   }
 
-  std::map<std::string, int64_t> backend_stats() const override {
-    std::map<std::string, int64_t> s = local_->backend_stats();
-    s["cp_size"] = comm_->size();
-    s["cp_processes"] = workers_ ? 0 : 1;
+  BackendStats backend_stats() const override {
+    BackendStats s = local_->backend_stats();
+    s.cp_size = comm_->size();
+    s.cp_processes = workers_ ? 0 : 1;
     return s;
   }
 
@@ -239,7 +237,7 @@ void run_cp_worker(Executor& local, comm::Communicator& comm) {
           break;
         }
         case kOption:
-          local.set_backend_option(std::string(m.begin() + 2, m.end()), m.at(1) != 0);
+          local.set_switch(Switch(m.at(2)), m.at(1) != 0);
           break;
         default:
           DSV41RT_THROW_CODE(kInternal, "context-parallel worker ", comm.rank(),

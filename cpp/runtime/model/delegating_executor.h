@@ -18,10 +18,12 @@ class DelegatingExecutor : public Executor {
   const StateLayout& layout() const override { return inner_->layout(); }
   model::KvPool& pool() override { return inner_->pool(); }
   const MemoryPlan& memory_plan() const override { return inner_->memory_plan(); }
-  const std::map<std::string, std::vector<int32_t>>& decisions() const override {
+  const Decisions& decisions() const override {
     return inner_->decisions();  // under CP: the local rank's query rows only
   }
   DequantWorkspaces& workspaces() override { return inner_->workspaces(); }
+  BackendStats backend_stats() const override { return inner_->backend_stats(); }
+  void set_switch(Switch which, bool on) override { inner_->set_switch(which, on); }
   std::string device() const override { return inner_->device(); }
 
  protected:

@@ -24,14 +24,21 @@ std::vector<T> read(const SafetensorsFile& f, const std::string& name, DType dty
 }  // namespace
 
 EngramTables load_engram_tables(const std::string& checkpoint_dir, const ModelConfig& c) {
-  EngramTables t;
-  if (!c.engram) return t;
-  const EngramSpec& e = *c.engram;
+  if (!c.engram) return {};
   const std::string path = (std::filesystem::path(checkpoint_dir) / kEngramTablesFile).string();
   DSV41RT_CHECK_CODE(kNotFound, std::filesystem::is_regular_file(path), checkpoint_dir,
                      ": this model has Engram layers and their hashing inputs (", kEngramTablesFile,
                      ") are missing; write them with `dsv41rt prepare ", checkpoint_dir,
                      "` (Python, reads tokenizer.json)");
+  return load_engram_tables_file(path, c);
+}
+
+EngramTables load_engram_tables_file(const std::string& path, const ModelConfig& c) {
+  EngramTables t;
+  if (!c.engram) return t;
+  const EngramSpec& e = *c.engram;
+  DSV41RT_CHECK_CODE(kNotFound, std::filesystem::is_regular_file(path), "engram_tables: ", path,
+                     " is not a file");
   const SafetensorsFile f(path);
   t.token_map = read<int32_t>(f, "token_map", DType::kI32, c.vocab_size);
   for (int32_t id : t.token_map) {

@@ -18,5 +18,7 @@ inline constexpr const char* kEngramTablesFile = "engram_tables.st";
 /// Throws Error naming the file and tensor (missing file: how to write it).
 DSV41RT_API EngramTables load_engram_tables(const std::string& checkpoint_dir,
                                             const ModelConfig& c);
+/// The same from an explicit engram_tables.st path.
+DSV41RT_API EngramTables load_engram_tables_file(const std::string& path, const ModelConfig& c);
 
 }  // namespace dsv41rt::model

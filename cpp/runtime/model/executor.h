@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "dsv41rt/runtime.hpp"  // BackendStats, Decisions, Switch
 #include "core/export.h"
 #include "kernels/sampling.h"
 #include "runtime/dequant_workspace.h"
@@ -48,15 +49,15 @@ struct ExecutorOptions {
   bool record_decisions = false;
   /// KV pool: bytes for slots + token pages, the most requests held at once, positions per page
   /// (a multiple of every compression ratio).
-  int64_t kv_memory_bytes = 256ll << 20;
-  int64_t max_requests = 64;
+  int64_t kv_memory = 256ll << 20;
+  int64_t max_num_seqs = 64;
   int64_t page_tokens = 64;
   /// Tokens per forward the engine will schedule (sizes the activation scratch in the budget).
-  int64_t token_budget = 512;
+  int64_t max_num_batched_tokens = 512;
   /// The longest request (prompt + generated) the engine admits; 0 = the whole pool. Sizes the
-  /// indexer's score scratch (token_budget queries x the entries of one request): charged once
+  /// indexer's score scratch (max_num_batched_tokens queries x the entries of one request): charged once
   /// when set, per page of the pool when not (a request may then hold every page).
-  int64_t max_context = 0;
+  int64_t max_model_len = 0;
   /// "cpu" (the FP32 reference executor) or "cuda" / "cuda:N" (the GPU executor).
   std::string device = "cpu";
   /// CUDA only: run the window-KV store, the compressor and the indexer on side streams (off:
@@ -127,19 +128,17 @@ class DSV41RT_API Executor {
   /// and takes back slots and pages.
   virtual model::KvPool& pool() = 0;
   virtual const MemoryPlan& memory_plan() const = 0;
-  /// Decisions of the last forward (record_decisions): "topk_L<l>" [rows, index_topk] (sorted,
-  /// -1 = none) for index-source layers and "experts_L<l>" [rows, k] (sorted) for every layer,
-  /// rows = all tokens of the batch in item order.
-  virtual const std::map<std::string, std::vector<int32_t>>& decisions() const = 0;
+  /// Decisions of the last forward (record_decisions): per index-source layer the top-k and per
+  /// layer the routed experts, rows = this rank's query rows of the batch in item order.
+  virtual const Decisions& decisions() const = 0;
   virtual DequantWorkspaces& workspaces() = 0;
   /// "cpu" or "cuda:N".
   virtual std::string device() const = 0;
   /// Backend counters (weight bytes, device-to-host bytes, CUDA graph captures/replays, ...).
-  virtual std::map<std::string, int64_t> backend_stats() const { return {}; }
-  /// Switches a backend option between forwards ("multistream", "cuda_graphs", "bf16_gemm",
-  /// "cp_timing": for A/B measurements on the same state); throws Error naming the option where
-  /// it does not apply.
-  virtual void set_backend_option(const std::string& name, bool on);
+  virtual BackendStats backend_stats() const = 0;
+  /// Switches a backend option between forwards (A/B measurements on the same state); throws
+  /// Error naming the switch where it does not apply (CUDA graphs and streams on the CPU).
+  virtual void set_switch(Switch which, bool on) = 0;
   /// Prefix sharing by copy: writes `src`'s state (its slot, and the pages covering its
   /// `length` positions) into `dst`'s slot and pages, which must already cover that length. The
   /// destination then continues exactly as the source would (same logits for the same tokens).

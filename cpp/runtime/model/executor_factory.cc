@@ -16,11 +16,6 @@
 
 namespace dsv41rt::model {
 
-void Executor::set_backend_option(const std::string& name, bool) {
-  DSV41RT_THROW_CODE(kUnsupported, "backend option '", name, "' does not apply to the ", device(),
-                     " executor");
-}
-
 void Executor::forward_cp(std::vector<BatchItem>&, comm::Communicator&) {
   DSV41RT_THROW_CODE(kUnsupported, "context parallelism is not implemented by the ", device(),
                      " executor");
@@ -28,7 +23,7 @@ void Executor::forward_cp(std::vector<BatchItem>&, comm::Communicator&) {
 
 void Executor::run_cp_worker() {
   DSV41RT_THROW_CODE(kUnsupported, "this ", device(),
-                     " executor is not a context-parallel worker (cp_rank > 0)");
+                     " executor is not a context-parallel worker (rank > 0)");
 }
 
 void check_copy_state(const model::KvPool& pool, const RequestView& src, const RequestView& dst) {
@@ -45,36 +40,38 @@ std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights weights, En
   const std::string& d = options.device;
   DSV41RT_CHECK_CODE(kInvalidArgument, options.precision == "fp32" || options.precision == "bf16",
                      "unknown precision '", options.precision, "' (expected 'fp32' or 'bf16')");
-  DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_size >= 1 && options.cp_size <= 64, "cp_size ",
-                     options.cp_size, " must be in [1, 64]");
+  DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_size >= 1 && options.cp_size <= 64,
+                     "context_parallel_size ", options.cp_size, " must be in [1, 64]");
   DSV41RT_CHECK_CODE(
       kInvalidArgument,
       options.cp_comm == "local" || options.cp_comm == "nccl" || options.cp_comm == "socket",
-      "unknown cp_comm '", options.cp_comm, "' (expected 'local', 'nccl' or 'socket')");
+      "unknown context_parallel_backend '", options.cp_comm,
+      "' (expected 'local', 'nccl' or 'socket')");
   const bool nccl = options.cp_comm == "nccl";
   DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_comm != "socket" || options.cp_rank >= 0,
-                     "cp_comm 'socket' is for one process per rank (set cp_rank)");
+                     "context_parallel_backend 'socket' is for one process per rank (set rank)");
   if (options.cp_rank >= 0) {
     // One process per rank: this process's executor and its communicator (NCCL between GPUs;
     // TCP sockets on any device, cp_id = "host:port" of rank 0).
-    DSV41RT_CHECK_CODE(kInvalidArgument,
-                       options.cp_comm != "local" && options.cp_rank < options.cp_size, "cp_rank ",
-                       options.cp_rank, " needs cp_comm 'nccl' or 'socket' and cp_rank < cp_size (",
-                       options.cp_size, ")");
+    DSV41RT_CHECK_CODE(
+        kInvalidArgument, options.cp_comm != "local" && options.cp_rank < options.cp_size, "rank ",
+        options.cp_rank,
+        " needs context_parallel_backend 'nccl' or 'socket' and rank < context_parallel_size (",
+        options.cp_size, ")");
     ExecutorOptions one = options;
     one.cp_size = 1, one.cp_rank = -1, one.cp_comm = "local", one.cp_id.clear();
     std::unique_ptr<comm::Communicator> comm;
     if (nccl) {
       DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_id.size() == 128,
-                         "cp_id must be the 128 bytes of an NCCL unique id, got ",
+                         "group_id must be the 128 bytes of an NCCL unique id, got ",
                          options.cp_id.size());
       DSV41RT_CHECK_CODE(kInvalidArgument, d.rfind("cuda:", 0) == 0,
-                         "cp_rank over NCCL needs an explicit device cuda:N, got '", d, "'");
+                         "rank over NCCL needs an explicit device cuda:N, got '", d, "'");
 #if DSV41RT_HAVE_NCCL
       comm = comm::make_nccl_comm(options.cp_id, int(options.cp_rank), int(options.cp_size),
                                   std::stoi(d.substr(5)));
 #else
-      DSV41RT_THROW_CODE(kUnsupported, "cp_rank: this build of dsv41rt has no NCCL");
+      DSV41RT_THROW_CODE(kUnsupported, "rank: this build of dsv41rt has no NCCL");
 #endif
     }
     auto local = make_executor(std::move(plan), std::move(weights), std::move(engram), one);
@@ -90,7 +87,7 @@ std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights weights, En
     int base = 0;
     if (nccl) {
       DSV41RT_CHECK_CODE(kInvalidArgument, d == "cuda" || d.rfind("cuda:", 0) == 0,
-                         "cp_comm 'nccl' needs a CUDA device, got '", d, "'");
+                         "context_parallel_backend 'nccl' needs a CUDA device, got '", d, "'");
       base = d == "cuda" ? 0 : std::stoi(d.substr(5));
     }
     std::vector<std::shared_ptr<Executor>> ranks;
@@ -146,9 +143,10 @@ std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights weights, En
     }
     return make_cp_executor(std::move(ranks), std::move(comms));
 #else
-    DSV41RT_THROW_CODE(kUnsupported,
-                       "cp_comm 'nccl': this build of dsv41rt has no NCCL (configure with "
-                       "nccl.h available, e.g. pip install nvidia-nccl-cu13)");
+    DSV41RT_THROW_CODE(
+        kUnsupported,
+        "context_parallel_backend 'nccl': this build of dsv41rt has no NCCL (configure with "
+        "nccl.h available, e.g. pip install nvidia-nccl-cu13)");
 #endif
   }
   // One executor over the device's backend (precision "bf16" on the CPU: the emulation of the

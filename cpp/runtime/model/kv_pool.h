@@ -67,6 +67,9 @@ class DSV41RT_API KvPool {
   const uint8_t* page_data(int32_t page) const;
   const uint8_t* slot_data(int32_t slot) const;
 
+  /// Pages and slots of the pool (fixed at construction; safe to read from any thread).
+  int64_t page_count() const { return int64_t(page_used_.size()); }
+  int64_t slot_count() const { return int64_t(slot_used_.size()); }
   int64_t free_page_count() const;
   int64_t free_slot_count() const;
   PoolUsage usage() const;

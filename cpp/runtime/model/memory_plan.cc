@@ -7,7 +7,7 @@
 namespace dsv41rt::model {
 
 MemoryPlan plan_memory(const ModelPlan& plan, const StateLayout& layout, int64_t budget_bytes,
-                       int64_t max_requests, int64_t token_budget, int64_t max_context) {
+                       int64_t max_num_seqs, int64_t max_num_batched_tokens, int64_t max_model_len) {
   const ModelConfig& c = plan.config;
   const model::PoolGeometry g = layout.geometry();
   MemoryPlan m;
@@ -28,8 +28,8 @@ MemoryPlan plan_memory(const ModelPlan& plan, const StateLayout& layout, int64_t
   }
   for (int r : ratios) m.workspace_bytes_per_page += (P / r) * D * f;
   m.workspace_bytes_per_page += P * D * f + P * DI * f;
-  const int64_t scores_per_position = token_budget * (f + 1);  // FP32 score + mask byte
-  if (max_context == 0) m.workspace_bytes_per_page += P * scores_per_position;
+  const int64_t scores_per_position = max_num_batched_tokens * (f + 1);  // FP32 score + mask byte
+  if (max_model_len == 0) m.workspace_bytes_per_page += P * scores_per_position;
   // Fixed: per-token activations of one forward (streams, projections, attention, MoE) and the
   // logits of every sampled row.
   const int64_t hc = c.hc_mult, H = c.hidden_size, nh = c.num_attention_heads;
@@ -37,11 +37,11 @@ MemoryPlan plan_memory(const ModelPlan& plan, const StateLayout& layout, int64_t
       f * (2 * hc * H + 4 * H + 3 * hc + 2 * hc * hc + c.q_lora_rank + 2 * nh * D + 2 * D +
            int64_t(c.o_groups) * c.o_lora_rank + int64_t(c.index_n_heads) * (DI + 1) +
            3 * c.moe_intermediate_size + int64_t(c.sliding_window) + c.index_topk);
-  m.scratch_bytes = token_budget * per_token + max_requests * c.vocab_size * f;
-  if (max_context > 0) m.scratch_bytes += max_context * scores_per_position;
+  m.scratch_bytes = max_num_batched_tokens * per_token + max_num_seqs * c.vocab_size * f;
+  if (max_model_len > 0) m.scratch_bytes += max_model_len * scores_per_position;
   const int64_t per_page = g.page_bytes + m.workspace_bytes_per_page;
   const int64_t left = budget_bytes - m.scratch_bytes;
-  m.num_slots = max_requests;
+  m.num_slots = max_num_seqs;
   if (g.slot_bytes > 0) m.num_slots = std::min(m.num_slots, (left - per_page) / g.slot_bytes);
   m.num_pages = m.num_slots >= 1 ? (left - m.num_slots * g.slot_bytes) / per_page : 0;
   DSV41RT_CHECK_CODE(kOutOfRange, m.num_slots >= 1 && m.num_pages >= 1, "KV memory budget of ",

@@ -21,15 +21,15 @@ struct DSV41RT_API MemoryPlan {
   int64_t page_tokens = 0;
   /// Dequant workspaces + forward buffers that scale with context, per page.
   int64_t workspace_bytes_per_page = 0;
-  int64_t scratch_bytes = 0;  ///< activations of one forward (token_budget rows) + logits
+  int64_t scratch_bytes = 0;  ///< activations of one forward (max_num_batched_tokens rows) + logits
   int64_t bytes_per_token() const { return page_bytes / page_tokens; }
   std::string describe() const;
 };
 
-/// The plan for `budget_bytes` with at most `max_requests` running, `token_budget` tokens per
-/// forward and requests of at most `max_context` positions (0: any, up to the whole pool);
+/// The plan for `budget_bytes` with at most `max_num_seqs` running, `max_num_batched_tokens` tokens per
+/// forward and requests of at most `max_model_len` positions (0: any, up to the whole pool);
 /// throws Error(kOutOfRange) naming the shortfall when not one slot and one page fit.
 MemoryPlan plan_memory(const ModelPlan& plan, const StateLayout& layout, int64_t budget_bytes,
-                       int64_t max_requests, int64_t token_budget, int64_t max_context);
+                       int64_t max_num_seqs, int64_t max_num_batched_tokens, int64_t max_model_len);
 
 }  // namespace dsv41rt::model

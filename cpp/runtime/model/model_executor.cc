@@ -60,8 +60,8 @@ ModelExecutor::ModelExecutor(ModelPlan plan, ModelWeights weights, EngramTables 
   weights_ = backend_->load_weights(plan_, weights, rope_inv_freqs(plan_));
   layout_ = std::make_unique<StateLayout>(plan_, CacheFormats::of(options_.cache_quant),
                                           options_.page_tokens);
-  memory_ = plan_memory(plan_, *layout_, options_.kv_memory_bytes, options_.max_requests,
-                        options_.token_budget, options_.max_context);
+  memory_ = plan_memory(plan_, *layout_, options_.kv_memory, options_.max_num_seqs,
+                        options_.max_num_batched_tokens, options_.max_model_len);
   const PoolGeometry g = layout_->geometry();
   Backend* be = backend_.get();
   pool_ = std::make_unique<KvPool>(KvPool::from_budget(
@@ -194,38 +194,53 @@ void ModelExecutor::copy_state(const RequestView& src, const RequestView& dst) {
   std::copy(from, from + hist, history(dst.slot));
 }
 
-void ModelExecutor::set_backend_option(const std::string& name, bool on) {
+void ModelExecutor::set_switch(Switch which, bool on) {
   const bool gpu = backend_->supports_graphs();
-  if (name == "multistream" && gpu) {
-    runner_->multistream = on;
-    graphs_.clear();  // captured graphs bake in the stream layout
-  } else if (name == "cuda_graphs" && gpu) {
-    options_.cuda_graphs = on;
-  } else if (name == "cp_timing") {
-    runner_->cp_timing = on;
-  } else if (name == "bf16_gemm") {
-    bf16_gemm_ = on;
-    graphs_.clear();  // captured graphs bake in the kernels
-  } else {
-    Executor::set_backend_option(name, on);
+  switch (which) {
+    case Switch::kMultistream:
+    case Switch::kCudaGraphs:
+      DSV41RT_CHECK_CODE(kUnsupported, gpu, "the ",
+                         which == Switch::kMultistream ? "multistream" : "cuda_graphs",
+                         " switch does not apply to the ", device(), " executor");
+      if (which == Switch::kMultistream) {
+        runner_->multistream = on;
+        graphs_.clear();  // captured graphs bake in the stream layout
+      } else {
+        options_.cuda_graphs = on;
+      }
+      return;
+    case Switch::kTensorCores:
+      bf16_gemm_ = on;
+      graphs_.clear();  // captured graphs bake in the kernels
+      return;
+    case Switch::kCpTiming:
+      runner_->cp_timing = on;
+      return;
   }
 }
 
-std::map<std::string, int64_t> ModelExecutor::backend_stats() const {
-  std::map<std::string, int64_t> s = backend_->stats();
-  s.insert({{"weight_bytes", weights_.bytes},
-            {"eager_forwards", eager_forwards_ + graphs_.eager()},
-            {"last_forward_us", last_forward_us_},
-            {"graph_captures", graphs_.captures()},
-            {"graph_replays", graphs_.replays()},
-            {"graphs", graphs_.size()},
-            {"multistream", runner_->multistream ? 1 : 0},
-            {"cuda_graphs", options_.cuda_graphs && backend_->supports_graphs() ? 1 : 0},
-            {"bf16_gemm", bf16_gemm_ ? 1 : 0},
-            {"cp_layers_timed", cp_timing_.layers},
-            {"cp_q_projection_us", cp_timing_.q_projection_us},
-            {"cp_all_gather_us", cp_timing_.all_gather_us},
-            {"cp_overlap_us", cp_timing_.overlap_us}});
+BackendStats ModelExecutor::backend_stats() const {
+  const std::map<std::string, int64_t> b = backend_->stats();
+  auto get = [&b](const char* key) {
+    auto it = b.find(key);
+    return it == b.end() ? int64_t(0) : it->second;
+  };
+  BackendStats s;
+  s.weight_bytes = weights_.bytes;
+  s.d2h_bytes = get("d2h_bytes");
+  s.graph_updates = get("graph_updates");
+  s.eager_forwards = eager_forwards_ + graphs_.eager();
+  s.graph_captures = graphs_.captures();
+  s.graph_replays = graphs_.replays();
+  s.graphs = graphs_.size();
+  s.last_forward_us = last_forward_us_;
+  s.multistream = runner_->multistream;
+  s.cuda_graphs = options_.cuda_graphs && backend_->supports_graphs();
+  s.tensor_cores = bf16_gemm_;
+  s.cp_layers_timed = cp_timing_.layers;
+  s.cp_q_projection_us = cp_timing_.q_projection_us;
+  s.cp_all_gather_us = cp_timing_.all_gather_us;
+  s.cp_overlap_us = cp_timing_.overlap_us;
   return s;
 }
 

@@ -30,13 +30,11 @@ class ModelExecutor final : public Executor {
   const StateLayout& layout() const override { return *layout_; }
   KvPool& pool() override { return *pool_; }
   const MemoryPlan& memory_plan() const override { return memory_; }
-  const std::map<std::string, std::vector<int32_t>>& decisions() const override {
-    return runner_->decisions();
-  }
+  const Decisions& decisions() const override { return runner_->decisions(); }
   DequantWorkspaces& workspaces() override { return workspaces_; }
   std::string device() const override { return backend_->device(); }
-  void set_backend_option(const std::string& name, bool on) override;
-  std::map<std::string, int64_t> backend_stats() const override;
+  void set_switch(Switch which, bool on) override;
+  BackendStats backend_stats() const override;
 
  private:
   void forward_impl(std::vector<BatchItem>& batch, comm::Communicator* comm);

@@ -31,10 +31,11 @@ void ModelRunner::reset_forward_state() {
 
 void ModelRunner::begin(const ForwardPlan& f, comm::Communicator* comm) {
   workspaces_.begin_forward();
-  decisions_.clear();
   reset_forward_state();
   comm_ = comm;
   if (comm) qv_ = query_rows(f, comm->rank(), comm->size());
+  decisions_ = {};
+  decisions_.rows = comm ? qv_.rows : f.rows;
   meta_ = uploader_.upload(be_, f, plan_.config.hc_mult, comm ? &qv_ : nullptr,
                            comm ? comm->size() : 1, main(), generation_);
 }
@@ -125,7 +126,9 @@ void ModelRunner::ffn(const LayerPlan& layer, const LayerWeights& w, float* X1, 
                 c.norm_topk_prob, midx, mw, s);
   be_.moe_experts(xn_.get(), midx, mw, N, H, k, E, c.moe_intermediate_size, w,
                   float(c.swiglu_limit), yv_.get(), scratch(moe_scratch_), s);
-  if (record_decisions) record("experts_L", layer.index, midx, N, k);
+  if (record_decisions) {
+    record(decisions_.experts, decisions_.experts_width, layer.index, midx, N, k);
+  }
   be_.hc_expand(X1, yv_.get(), f_post, f_comb, N, c.hc_mult, H, X, s);
 }
 
@@ -150,15 +153,16 @@ void ModelRunner::head_and_sample(const ForwardPlan& f, const float* u) {
              top > 0 ? buf(top_lps_, n * top) : nullptr, scratch(sample_scratch_), s);
 }
 
-// Appends a rows x k decision record with each row sorted (selections compare as sets).
-void ModelRunner::record(const char* kind, int layer, const int32_t* values, int64_t rows,
-                         int64_t k) {
+// Sorted rows: the selections compare as sets.
+void ModelRunner::record(std::map<int, std::vector<int32_t>>& into, std::map<int, int64_t>& width,
+                         int layer, const int32_t* values, int64_t rows, int64_t k) {
   std::vector<int32_t> host(size_t(rows * k));
   be_.to_host(host.data(), values, rows * k * int64_t(sizeof(int32_t)), main());
   be_.synchronize(main());
   for (int64_t r = 0; r < rows; ++r) std::sort(host.begin() + r * k, host.begin() + (r + 1) * k);
-  std::vector<int32_t>& dst = decisions_[kind + std::to_string(layer)];
+  std::vector<int32_t>& dst = into[layer];
   dst.insert(dst.end(), host.begin(), host.end());
+  width[layer] = k;
 }
 
 void ModelRunner::gather_rows(const float* local, int64_t dim, int64_t rows, float* out, Stream s) {

@@ -29,6 +29,7 @@
 #include "runtime/model/forward_meta.h"
 #include "runtime/model/forward_plan.h"
 #include "runtime/model/state_layout.h"
+#include "dsv41rt/runtime.hpp"  // Decisions
 
 namespace dsv41rt::model {
 
@@ -67,8 +68,8 @@ class ModelRunner {
   const float* top_logprobs() const { return top_lps_.get(); }
   Stream main() { return be_.stream(0); }
 
-  /// Decisions of the last forward ("topk_L<l>", "experts_L<l>"; see Executor::decisions).
-  const std::map<std::string, std::vector<int32_t>>& decisions() const { return decisions_; }
+  /// Decisions of the last forward (see Executor::decisions).
+  const Decisions& decisions() const { return decisions_; }
   /// Changes whenever a buffer a captured graph bakes in moves.
   uint64_t generation() const { return generation_; }
   const uint8_t* meta_base() const { return uploader_.base(); }
@@ -97,7 +98,9 @@ class ModelRunner {
   // Context parallelism: local rows [nq, dim] -> plan rows [rows, dim] (one all-gather).
   void gather_rows(const float* local, int64_t dim, int64_t rows, float* out, Stream s);
   void cp_mark(int i, Stream s);
-  void record(const char* kind, int layer, const int32_t* values, int64_t rows, int64_t k);
+  // Appends rows x k decisions (each row sorted) to `into[layer]`.
+  void record(std::map<int, std::vector<int32_t>>& into, std::map<int, int64_t>& width, int layer,
+              const int32_t* values, int64_t rows, int64_t k);
 
   const ModelPlan& plan_;
   Backend& be_;
@@ -113,7 +116,7 @@ class ModelRunner {
   // Per-forward layer state: the latest index source's top-k and the candidate source's ratio.
   int topk_source_ = -1;
   int candidates_ratio_ = -1;
-  std::map<std::string, std::vector<int32_t>> decisions_;
+  Decisions decisions_;
 
   // Activations (grown on demand).
   DeviceArray<float> X_, X1_, u_, xn_, yv_, pre_, a_pre_, a_post_, a_comb_, f_pre_, f_post_,

@@ -220,7 +220,9 @@ void ModelRunner::attention(const LayerPlan& layer, const LayerWeights& w, const
   float* z = buf(z_, NQ * g * ro);
   be_.grouped_linear(o, w.wo_a, NQ, g, kg, ro, z, s);
   be_.linear(z, w.wo_b, NQ, g * ro, H, yv_.get(), false, s);
-  if (record_decisions && selects) record("topk_L", layer.index, topk_.get(), NQ, KI);
+  if (record_decisions && selects) {
+    record(decisions_.topk, decisions_.topk_width, layer.index, topk_.get(), NQ, KI);
+  }
 }
 
 }  // namespace dsv41rt::model

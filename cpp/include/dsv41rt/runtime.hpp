@@ -1,0 +1,235 @@
+// dsv41rt::Runtime — the C++ facade of the runtime: one loaded DeepSeek-V4.1 checkpoint, its
+// engine (continuous batching over the paged KV pool) and, by default, its engine thread. The C API
+// (dsv41rt.h), the Python module (dsv41rt._core.Runtime) and the server all go through this class.
+//
+//   dsv41rt::RuntimeOptions o;
+//   o.checkpoint = "/models/tiny-v41";
+//   dsv41rt::Runtime rt(o);                          // loads, validates, starts the engine thread
+//   int64_t id = rt.submit({0, 671, 6102}, {});      // greedy, 16 tokens
+//   while (auto out = rt.await(id, std::chrono::seconds(1)))
+//     if (out->finished) break;
+//
+// Thread safety: every member may be called from any thread (the engine runs on its own thread;
+// calls hand work to it and never wait for a forward to end, except the direct-sequence calls,
+// which run a forward themselves). A callback runs on the engine thread and must return quickly.
+// Errors: dsv41rt::Error (core/status.h) with a StatusCode and a message naming what is wrong.
+#ifndef DSV41RT_RUNTIME_HPP_
+#define DSV41RT_RUNTIME_HPP_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"  // dsv41rt::Error, StatusCode (installed beside this header)
+
+namespace dsv41rt {
+
+// ---- options (docs/options.md lists every option once: YAML/CLI, Python, C API, default) -----
+
+enum class Precision { kFp32, kBf16 };
+enum class KvCacheDtype { kAuto, kFloat32 };  ///< the release's cache formats, or FP32 (debug)
+enum class CpBackend { kLocal, kNccl, kSocket };
+
+struct PoolOptions {
+  int64_t kv_memory = int64_t(256) << 20;  ///< bytes: request slots + token pages + workspaces
+  int64_t max_num_seqs = 64;               ///< requests running at once
+  int64_t max_num_batched_tokens = 512;    ///< tokens per engine step (prefill chunks + decodes)
+  int64_t max_model_len = 0;               ///< prompt + output tokens per request; 0 = the pool
+  int64_t page_size = 64;                  ///< positions per KV page (a multiple of every ratio)
+};
+
+struct NumericsOptions {
+  Precision precision = Precision::kFp32;
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
+};
+
+struct DeviceOptions {
+  std::string device = "cpu";  ///< "cpu", "cuda" or "cuda:N"
+  bool enforce_eager = false;  ///< CUDA: no decode graphs
+  bool multistream = true;     ///< CUDA: window store, compressor, indexer on side streams
+};
+
+struct ParallelOptions {
+  int64_t context_parallel_size = 1;  ///< prefill split over this many ranks
+  CpBackend context_parallel_backend = CpBackend::kLocal;
+  /// Launchers only (one process per rank): this process's rank (-1: every rank in this
+  /// process), the group's rendezvous (NCCL unique id bytes, or rank 0's "host:port"), and the
+  /// test mode that runs the one-process-per-rank protocol with the ranks as threads.
+  int64_t rank = -1;
+  std::string group_id;
+  bool worker_threads = false;
+};
+
+struct RuntimeOptions {
+  std::string checkpoint;     ///< directory: config.json, *.safetensors, engram_tables.st
+  std::string engram_tables;  ///< Engram inputs file; empty = <checkpoint>/engram_tables.st
+  PoolOptions pool;
+  NumericsOptions numerics;
+  DeviceOptions device;
+  ParallelOptions parallel;
+  bool record_decisions = false;  ///< keep each forward's top-k and expert choices (debug)
+  /// true: an engine thread runs steps whenever there is work; false: the caller runs them with
+  /// step() (scripting, deterministic tests).
+  bool engine_thread = true;
+  std::function<void(int64_t done, int64_t total)> progress;  ///< while loading, per block
+};
+
+// ---- requests ---------------------------------------------------------------------------------
+
+struct SamplingParams {
+  float temperature = 0.0f;  ///< < 1e-5: greedy
+  int32_t top_k = 0;         ///< 0 or -1: off
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f, repetition_penalty = 1.0f;
+  uint64_t seed = 0;         ///< same seed, same tokens, whatever else is running
+  int32_t top_logprobs = 0;  ///< alternatives returned per token, [0, 20]
+};
+
+struct RequestParams {
+  int64_t max_new_tokens = 16;
+  SamplingParams sampling;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;  ///< otherwise the model's end-of-sequence token also stops
+};
+
+enum class FinishReason { kNone, kLength, kStop, kAborted, kError };
+
+/// New tokens of one request (from one step, or gathered since the last await).
+struct RequestOutput {
+  int64_t id = 0;
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;                   ///< raw logprob of each token
+  std::vector<std::vector<int32_t>> top_ids;     ///< per token, when top_logprobs > 0
+  std::vector<std::vector<float>> top_logprobs;  ///< per token
+  bool finished = false;
+  FinishReason reason = FinishReason::kNone;
+  std::string error;               ///< reason kError: why the request could not go on
+  int64_t first_scheduled_ns = 0;  ///< steady clock: when the first step running it began
+};
+
+// ---- introspection ----------------------------------------------------------------------------
+
+struct PoolStats {
+  int64_t pages_total = 0, pages_used = 0, slots_total = 0, slots_used = 0, bytes_total = 0;
+  int64_t page_size = 0, page_bytes = 0, slot_bytes = 0;
+  int64_t workspace_bytes_per_page = 0, scratch_bytes = 0;
+};
+
+struct SchedulerStats {
+  int64_t waiting = 0, running = 0, preemptions = 0, admitted = 0, finished = 0, aborted = 0;
+  int64_t max_waiting_seen = 0;
+};
+
+/// The executor's counters (zero where they do not apply to the device).
+struct BackendStats {
+  int64_t weight_bytes = 0;  ///< device memory held by the weights
+  int64_t d2h_bytes = 0;     ///< bytes copied from the device to the host by forwards
+  int64_t eager_forwards = 0, graph_captures = 0, graph_replays = 0, graph_updates = 0;
+  int64_t graphs = 0;           ///< decode graphs held
+  int64_t last_forward_us = 0;  ///< device time of the last forward
+  bool multistream = false, cuda_graphs = false, tensor_cores = false;
+  int64_t cp_size = 1, cp_forwards = 0, cp_processes = 0;
+  /// The last context-parallel forward (switch kCpTiming): sums over layers, microseconds.
+  int64_t cp_layers_timed = 0, cp_q_projection_us = 0, cp_all_gather_us = 0, cp_overlap_us = 0;
+};
+
+struct DequantStats {
+  int64_t dequant_calls = 0, reuse_hits = 0, rows_dequantised = 0, reallocations = 0;
+};
+
+struct Stats {
+  PoolStats pool;
+  SchedulerStats scheduler;
+  DequantStats dequant;
+  BackendStats backend;
+  int64_t steps = 0, tokens_computed = 0, tokens_generated = 0;
+};
+
+/// Discrete decisions of the last forward (record_decisions): per layer, rows x k (each row
+/// sorted): the indexer's top-k (index-source layers; -1 = none) and the routed experts.
+struct Decisions {
+  int64_t rows = 0;
+  std::map<int, std::vector<int32_t>> topk, experts;
+  std::map<int, int64_t> topk_width, experts_width;
+};
+
+/// Switches for A/B measurements between forwards.
+enum class Switch { kMultistream, kCudaGraphs, kTensorCores, kCpTiming };
+
+struct ModelInfo {
+  int64_t vocab_size = 0;
+  int32_t eos_token_id = 0;
+  std::string device;  ///< "cpu" or "cuda:N"
+};
+
+// ---- the runtime ------------------------------------------------------------------------------
+
+class DSV41RT_API Runtime {
+ public:
+  using Callback = std::function<void(const RequestOutput&)>;
+
+  /// Loads and validates the checkpoint (once), builds the executor and the engine; starts the
+  /// engine thread unless options.engine_thread is false. Throws Error naming the bad option,
+  /// file or tensor.
+  explicit Runtime(RuntimeOptions options);
+  ~Runtime();  ///< shutdown()
+  Runtime(Runtime&&) noexcept;
+  Runtime& operator=(Runtime&&) noexcept;
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // Requests (continuous batching). Outputs go to the callback when one is given (on the engine
+  // thread), else they are kept for await()/await_any().
+  int64_t submit(std::vector<int32_t> prompt, const RequestParams& params, Callback on_output = {});
+  /// The outputs of `id` gathered since the last call, waiting up to `timeout` for something new
+  /// (nullopt when nothing came). After the finished output the id is forgotten.
+  std::optional<RequestOutput> await(int64_t id, std::chrono::milliseconds timeout);
+  /// Gathered outputs of every request without a callback (one entry per request), waiting up to
+  /// `timeout` for at least one.
+  std::vector<RequestOutput> await_any(std::chrono::milliseconds timeout);
+  /// Ends a waiting or running request (its pages are freed); its consumer sees kAborted. With
+  /// an engine thread, `wait` returns only once that is done (at most one step later); without,
+  /// the request ends at once. Unknown id: Error(kNotFound).
+  void cancel(int64_t id, bool wait = true);
+  /// engine_thread = false: runs one engine step on this thread and returns its outputs.
+  std::vector<RequestOutput> step();
+  bool idle() const;
+  /// Cancels every request and stops the engine thread; awaiting threads return. Idempotent.
+  void shutdown();
+
+  // Direct sequences, outside the scheduler (scoring, parity tests, benchmarks): a sequence holds
+  // a slot and pages of the same pool; forward() runs its next tokens at once.
+  int64_t open_sequence();
+  /// Logits of every new position (all_logits) or of the last, into `logits` ([n or 1, vocab]).
+  void forward(int64_t seq, const int32_t* tokens, int64_t n, bool all_logits, float* logits);
+  /// A new sequence holding a copy of `seq`'s state: it continues exactly as `seq` would.
+  int64_t fork(int64_t seq);
+  /// One token for each sequence in one batched forward; logits [seqs, vocab].
+  void decode(const std::vector<int64_t>& seqs, const int32_t* tokens, float* logits);
+  void close_sequence(int64_t seq);
+
+  ModelInfo info() const;
+  Stats stats() const;
+  Decisions decisions() const;
+  std::string describe_pool() const;
+  void check_invariants() const;
+  void set_switch(Switch which, bool on);
+  void set_dequant_reuse(bool on);
+  void reset_dequant_counters();
+  /// Context-parallel rank > 0 in its own process: replays rank 0's calls until it shuts down.
+  void run_cp_worker();
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dsv41rt
+
+#endif  // DSV41RT_RUNTIME_HPP_

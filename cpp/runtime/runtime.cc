@@ -1,0 +1,507 @@
+// dsv41rt::Runtime (include/dsv41rt/runtime.hpp): the engine, its thread and the request
+// bookkeeping. Two locks: `engine_mu_` guards the engine and the executor (held for a whole step,
+// i.e. a forward), `mu_` guards the inbox, the deliveries and the flags (held briefly), so submit,
+// await and stats never wait for a forward. The engine thread sleeps on a condition variable and
+// is woken by submit/cancel/shutdown: no polling.
+#include "dsv41rt/runtime.hpp"
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "core/status.h"
+#include "runtime/runtime_load.h"
+#include "runtime/runtime_sequences.h"
+
+namespace dsv41rt {
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+engine::GenerationParams generation_params(const RequestParams& p) {
+  engine::GenerationParams g;
+  g.max_new_tokens = p.max_new_tokens;
+  const SamplingParams& s = p.sampling;
+  g.sampling.temperature = s.temperature;
+  g.sampling.top_k = s.top_k;
+  g.sampling.top_p = s.top_p;
+  g.sampling.min_p = s.min_p;
+  g.sampling.presence_penalty = s.presence_penalty;
+  g.sampling.frequency_penalty = s.frequency_penalty;
+  g.sampling.repetition_penalty = s.repetition_penalty;
+  g.sampling.seed = s.seed;
+  g.sampling.top_logprobs = s.top_logprobs;
+  g.stop_token_ids = p.stop_token_ids;
+  g.ignore_eos = p.ignore_eos;
+  return g;
+}
+
+FinishReason reason_of(engine::FinishReason r) {
+  switch (r) {
+    case engine::FinishReason::kNone:
+      return FinishReason::kNone;
+    case engine::FinishReason::kLength:
+      return FinishReason::kLength;
+    case engine::FinishReason::kStop:
+      return FinishReason::kStop;
+    case engine::FinishReason::kAborted:
+      return FinishReason::kAborted;
+  }
+  return FinishReason::kError;
+}
+
+// Appends `more` (one step's output) to the outputs gathered for a consumer.
+void gather(RequestOutput& into, RequestOutput&& more) {
+  into.tokens.insert(into.tokens.end(), more.tokens.begin(), more.tokens.end());
+  into.logprobs.insert(into.logprobs.end(), more.logprobs.begin(), more.logprobs.end());
+  for (auto& t : more.top_ids) into.top_ids.push_back(std::move(t));
+  for (auto& t : more.top_logprobs) into.top_logprobs.push_back(std::move(t));
+  into.finished = more.finished;
+  into.reason = more.reason;
+  into.error = std::move(more.error);
+}
+
+}  // namespace
+
+class Runtime::Impl {
+ public:
+  explicit Impl(RuntimeOptions options) : options_(std::move(options)) {
+    LoadedModel m = load_model(options_);
+    exec_ = m.executor;
+    engine_ = std::make_unique<engine::Engine>(exec_, m.engine);
+    sequences_ = std::make_unique<Sequences>(*exec_);
+    snapshot();
+    if (options_.engine_thread) thread_ = std::thread([this] { run(); });
+  }
+  ~Impl() { shutdown(); }
+
+  int64_t submit(std::vector<int32_t> prompt, const RequestParams& params, Callback cb) {
+    const engine::GenerationParams g = generation_params(params);
+    engine_->check(prompt, g);  // reads constants only: no wait for a running step
+    int64_t id;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (failed_) DSV41RT_THROW_CODE(kEngineFailed, "engine failed: ", failure_);
+      DSV41RT_CHECK_CODE(kEngineFailed, !stop_, "the runtime is shut down");
+      id = next_id_++;
+      deliveries_[id].callback = std::move(cb);
+      if (options_.engine_thread) {
+        inbox_.push_back({id, std::move(prompt), g});
+        work_.notify_one();
+        return id;
+      }
+    }
+    try {  // no engine thread: the caller's next step() runs it
+      std::lock_guard<std::mutex> e(engine_mu_);
+      engine_->submit(std::move(prompt), g, id);
+    } catch (...) {
+      std::lock_guard<std::mutex> l(mu_);
+      deliveries_.erase(id);
+      throw;
+    }
+    snapshot();
+    return id;
+  }
+
+  std::optional<RequestOutput> await(int64_t id, std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> l(mu_);
+    auto it = deliveries_.find(id);
+    DSV41RT_CHECK_CODE(kNotFound, it != deliveries_.end(), "unknown request id ", id);
+    DSV41RT_CHECK(!it->second.callback, "request ", id, " delivers through its callback");
+    const bool ready = out_.wait_for(l, timeout, [&] {
+      auto i = deliveries_.find(id);
+      return stop_ || i == deliveries_.end() || i->second.ready;
+    });
+    it = deliveries_.find(id);
+    if (it == deliveries_.end()) DSV41RT_THROW_CODE(kNotFound, "unknown request id ", id);
+    if (!ready || !it->second.ready) return std::nullopt;
+    return take(it);
+  }
+
+  std::vector<RequestOutput> await_any(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> l(mu_);
+    out_.wait_for(l, timeout, [&] { return stop_ || ready_count() > 0; });
+    std::vector<RequestOutput> outs;
+    for (auto it = deliveries_.begin(); it != deliveries_.end();) {
+      auto next = std::next(it);
+      if (!it->second.callback && it->second.ready) outs.push_back(take(it));
+      it = next;
+    }
+    return outs;
+  }
+
+  void cancel(int64_t id, bool wait) {
+    std::unique_lock<std::mutex> l(mu_);
+    DSV41RT_CHECK_CODE(kNotFound, deliveries_.count(id), "unknown request id ", id);
+    for (auto it = inbox_.begin(); it != inbox_.end(); ++it) {
+      if (it->id != id) continue;  // not handed to the engine yet: ends here
+      inbox_.erase(it);
+      RequestOutput out;
+      out.id = id, out.finished = true, out.reason = FinishReason::kAborted;
+      deliver(l, {std::move(out)}, {}, 0);
+      return;
+    }
+    if (!options_.engine_thread) {
+      l.unlock();
+      {
+        std::lock_guard<std::mutex> e(engine_mu_);
+        if (engine_->has_request(id)) engine_->cancel(id);  // aborted output: next step()
+      }
+      snapshot();
+      return;
+    }
+    // The engine thread applies it between steps (pages freed at once) and delivers the end;
+    // wait for that, so the caller sees the request finished when this returns (not from a
+    // callback: that runs on the engine thread, which would wait for itself).
+    cancels_.push_back(id);
+    work_.notify_one();
+    if (!wait || std::this_thread::get_id() == thread_.get_id()) return;
+    out_.wait(l, [&] {  // a callback request: until its last callback returned
+      auto it = deliveries_.find(id);
+      return stop_ || failed_ || it == deliveries_.end() ||
+             (it->second.ended && !it->second.callback);
+    });
+  }
+
+  std::vector<RequestOutput> step() {
+    DSV41RT_CHECK(!options_.engine_thread,
+                  "step() drives a runtime created with engine_thread = false");
+    const int64_t start = now_ns();
+    std::vector<int64_t> scheduled;
+    std::vector<RequestOutput> outs = run_step(&scheduled);
+    snapshot();
+    std::unique_lock<std::mutex> l(mu_);
+    for (RequestOutput& o : outs) {
+      auto it = deliveries_.find(o.id);
+      if (it == deliveries_.end()) continue;
+      if (it->second.first_scheduled_ns == 0) it->second.first_scheduled_ns = start;
+      o.first_scheduled_ns = it->second.first_scheduled_ns;
+    }
+    std::vector<RequestOutput> copy = outs;
+    deliver(l, std::move(outs), scheduled, start, /*keep=*/false);
+    return copy;
+  }
+
+  bool idle() const {
+    if (!options_.engine_thread) {
+      std::lock_guard<std::mutex> e(engine_mu_);
+      return engine_->idle();
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    return inbox_.empty() && cancels_.empty() && engine_idle_;
+  }
+
+  void shutdown() {
+    std::vector<std::pair<Callback, RequestOutput>> calls;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (stop_) return;
+      stop_ = true;
+      for (auto& [id, d] : deliveries_) {  // every consumer sees an end
+        if (d.ended) continue;
+        d.ended = d.ready = d.pending.finished = true;
+        d.pending.id = id;
+        if (d.pending.reason == FinishReason::kNone) d.pending.reason = FinishReason::kAborted;
+        if (d.callback) calls.emplace_back(d.callback, d.pending);
+      }
+    }
+    work_.notify_all();
+    out_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    for (auto& [cb, o] : calls) cb(o);  // after the engine thread's last callback
+  }
+
+  Stats stats() const {
+    std::lock_guard<std::mutex> l(mu_);
+    Stats s = stats_;
+    s.scheduler.waiting += int64_t(inbox_.size());
+    return s;
+  }
+
+  template <class Fn>
+  auto with_engine(Fn fn) {
+    std::lock_guard<std::mutex> e(engine_mu_);
+    return fn(*engine_, *exec_, *sequences_);
+  }
+  void refresh() { snapshot(); }
+  const RuntimeOptions& options() const { return options_; }
+
+ private:
+  struct Pending {
+    int64_t id;
+    std::vector<int32_t> prompt;
+    engine::GenerationParams params;
+  };
+  struct Delivery {
+    Callback callback;
+    RequestOutput pending;  // gathered since the consumer last took
+    bool ready = false;     // something to take
+    bool ended = false;     // the finished output was delivered
+    int64_t first_scheduled_ns = 0;
+  };
+
+  int64_t ready_count() const {
+    int64_t n = 0;
+    for (const auto& [id, d] : deliveries_) n += !d.callback && d.ready;
+    return n;
+  }
+
+  RequestOutput take(std::map<int64_t, Delivery>::iterator it) {
+    RequestOutput out = std::move(it->second.pending);
+    out.id = it->first;
+    out.first_scheduled_ns = it->second.first_scheduled_ns;
+    if (out.finished) {
+      deliveries_.erase(it);
+    } else {
+      it->second.pending = {};
+      it->second.ready = false;
+    }
+    return out;
+  }
+
+  // Hands one step's outputs to their consumers (callbacks are called after `l` is released);
+  // keep = false (step() returns them itself): only callbacks and the bookkeeping.
+  // `step_start`: when the step that ran `scheduled` began.
+  void deliver(std::unique_lock<std::mutex>& l, std::vector<RequestOutput> outs,
+               const std::vector<int64_t>& scheduled, int64_t step_start, bool keep = true) {
+    for (int64_t id : scheduled) {
+      auto it = deliveries_.find(id);
+      if (it != deliveries_.end() && it->second.first_scheduled_ns == 0) {
+        it->second.first_scheduled_ns = step_start;
+      }
+    }
+    std::vector<std::pair<Callback, RequestOutput>> calls;
+    std::vector<int64_t> called_last;  // callback requests that end with this delivery
+    for (RequestOutput& o : outs) {
+      auto it = deliveries_.find(o.id);
+      if (it == deliveries_.end() || it->second.ended) continue;
+      Delivery& d = it->second;
+      o.first_scheduled_ns = d.first_scheduled_ns;
+      const bool finished = o.finished;
+      if (d.callback) {
+        calls.emplace_back(d.callback, std::move(o));
+        if (finished) called_last.push_back(it->first);
+      } else if (keep) {
+        gather(d.pending, std::move(o));
+        d.ready = true;
+      }
+      if (finished) {
+        d.ended = true;
+        if (!d.callback && !keep) deliveries_.erase(it);
+      }
+    }
+    l.unlock();
+    for (auto& [cb, o] : calls) cb(o);
+    l.lock();
+    // Forgotten only after its last callback returned: cancel() waits for that.
+    for (int64_t id : called_last) deliveries_.erase(id);
+    out_.notify_all();
+  }
+
+  // One engine step with the inbox and the cancels applied first (under engine_mu_ only).
+  std::vector<RequestOutput> run_step(std::vector<int64_t>* scheduled = nullptr) {
+    std::deque<Pending> inbox;
+    std::vector<int64_t> cancels;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      inbox.swap(inbox_);
+      cancels.swap(cancels_);
+    }
+    std::lock_guard<std::mutex> e(engine_mu_);
+    std::vector<RequestOutput> refused;
+    for (Pending& p : inbox) {
+      try {
+        engine_->submit(std::move(p.prompt), p.params, p.id);
+      } catch (const std::exception& err) {  // checked at submit; state may have moved since
+        RequestOutput out;
+        out.id = p.id, out.finished = true, out.reason = FinishReason::kError,
+        out.error = err.what();
+        refused.push_back(std::move(out));
+      }
+    }
+    for (int64_t id : cancels) {
+      if (engine_->has_request(id)) engine_->cancel(id);  // else it finished meanwhile
+    }
+    std::vector<RequestOutput> outs = std::move(refused);
+    for (engine::RequestOutput& o : engine_->step(scheduled)) {
+      RequestOutput r;
+      r.id = o.id;
+      r.tokens = std::move(o.new_tokens);
+      r.logprobs = std::move(o.logprobs);
+      r.top_ids = std::move(o.top_ids);
+      r.top_logprobs = std::move(o.top_logprobs);
+      r.finished = o.finished;
+      r.reason = reason_of(o.reason);
+      outs.push_back(std::move(r));
+    }
+    return outs;
+  }
+
+  // Stats and idleness as of now (engine_mu_ must not be held by the caller).
+  void snapshot() {
+    std::lock_guard<std::mutex> e(engine_mu_);
+    Stats s = to_stats(*engine_);
+    std::lock_guard<std::mutex> l(mu_);
+    stats_ = s;
+    engine_idle_ = engine_->idle();
+  }
+
+  Stats to_stats(const engine::Engine& en) const;
+
+  void run() {
+    std::unique_lock<std::mutex> l(mu_);
+    while (true) {
+      work_.wait(l, [&] { return stop_ || !inbox_.empty() || !cancels_.empty() || !engine_idle_; });
+      if (stop_) return;
+      l.unlock();
+      std::vector<int64_t> scheduled;
+      std::vector<RequestOutput> outs;
+      const int64_t start = now_ns();
+      try {
+        outs = run_step(&scheduled);
+        snapshot();
+      } catch (const std::exception& err) {  // the engine cannot go on: end every request
+        l.lock();
+        failed_ = true;
+        failure_ = err.what();
+        std::vector<std::pair<Callback, RequestOutput>> calls;
+        for (auto& [id, d] : deliveries_) {
+          if (d.ended) continue;
+          d.pending.id = id, d.pending.finished = d.ready = d.ended = true;
+          d.pending.reason = FinishReason::kError;
+          d.pending.error = "engine failed: " + failure_;
+          if (d.callback) calls.emplace_back(d.callback, d.pending);
+        }
+        l.unlock();
+        for (auto& [cb, o] : calls) cb(o);
+        out_.notify_all();
+        return;
+      }
+      l.lock();
+      deliver(l, std::move(outs), scheduled, start);
+    }
+  }
+
+  RuntimeOptions options_;
+  std::shared_ptr<model::Executor> exec_;
+  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<Sequences> sequences_;
+  mutable std::mutex engine_mu_;
+  mutable std::mutex mu_;
+  std::condition_variable work_, out_;
+  std::deque<Pending> inbox_;
+  std::vector<int64_t> cancels_;
+  std::map<int64_t, Delivery> deliveries_;
+  int64_t next_id_ = 1;
+  bool stop_ = false, failed_ = false, engine_idle_ = true;
+  std::string failure_;
+  Stats stats_;
+  std::thread thread_;
+};
+
+Stats Runtime::Impl::to_stats(const engine::Engine& en) const {
+  const engine::EngineStats e = en.stats();
+  model::Executor& x = *exec_;
+  Stats s;
+  s.pool = {e.pool.pages_total,
+            e.pool.pages_used,
+            e.pool.slots_total,
+            e.pool.slots_used,
+            e.pool.bytes_total,
+            x.pool().geometry().page_tokens,
+            x.pool().geometry().page_bytes,
+            x.pool().geometry().slot_bytes,
+            x.memory_plan().workspace_bytes_per_page,
+            x.memory_plan().scratch_bytes};
+  const engine::SchedulerStats& q = e.scheduler;
+  s.scheduler = {q.waiting,  q.running, q.preemptions,     q.admitted,
+                 q.finished, q.aborted, q.max_waiting_seen};
+  s.dequant = {e.dequant.dequant_calls, e.dequant.reuse_hits, e.dequant.rows_dequantised,
+               e.dequant.reallocations};
+  s.backend = x.backend_stats();
+  s.steps = e.steps, s.tokens_computed = e.tokens_computed, s.tokens_generated = e.tokens_generated;
+  return s;
+}
+
+// ---- the public class: forwards to Impl ------------------------------------------------------
+
+Runtime::Runtime(RuntimeOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+Runtime::~Runtime() = default;
+Runtime::Runtime(Runtime&&) noexcept = default;
+Runtime& Runtime::operator=(Runtime&&) noexcept = default;
+
+int64_t Runtime::submit(std::vector<int32_t> prompt, const RequestParams& params, Callback cb) {
+  return impl_->submit(std::move(prompt), params, std::move(cb));
+}
+std::optional<RequestOutput> Runtime::await(int64_t id, std::chrono::milliseconds timeout) {
+  return impl_->await(id, timeout);
+}
+std::vector<RequestOutput> Runtime::await_any(std::chrono::milliseconds timeout) {
+  return impl_->await_any(timeout);
+}
+void Runtime::cancel(int64_t id, bool wait) { impl_->cancel(id, wait); }
+std::vector<RequestOutput> Runtime::step() { return impl_->step(); }
+bool Runtime::idle() const { return impl_->idle(); }
+void Runtime::shutdown() { impl_->shutdown(); }
+Stats Runtime::stats() const { return impl_->stats(); }
+
+int64_t Runtime::open_sequence() {
+  return impl_->with_engine([](auto&, auto&, Sequences& s) { return s.open(); });
+}
+void Runtime::forward(int64_t seq, const int32_t* tokens, int64_t n, bool all_logits,
+                      float* logits) {
+  impl_->with_engine(
+      [&](auto&, auto&, Sequences& s) { s.forward(seq, tokens, n, all_logits, logits); });
+  impl_->refresh();
+}
+int64_t Runtime::fork(int64_t seq) {
+  return impl_->with_engine([&](auto&, auto&, Sequences& s) { return s.fork(seq); });
+}
+void Runtime::decode(const std::vector<int64_t>& seqs, const int32_t* tokens, float* logits) {
+  impl_->with_engine([&](auto&, auto&, Sequences& s) { s.decode(seqs, tokens, logits); });
+  impl_->refresh();
+}
+void Runtime::close_sequence(int64_t seq) {
+  impl_->with_engine([&](auto&, auto&, Sequences& s) { s.close(seq); });
+  impl_->refresh();
+}
+
+ModelInfo Runtime::info() const {
+  return impl_->with_engine([](auto&, model::Executor& x, auto&) {
+    return ModelInfo{x.plan().config.vocab_size, int32_t(x.plan().config.eos_token_id), x.device()};
+  });
+}
+Decisions Runtime::decisions() const {
+  return impl_->with_engine([](auto&, model::Executor& x, auto&) { return x.decisions(); });
+}
+std::string Runtime::describe_pool() const {
+  return impl_->with_engine([](auto&, model::Executor& x, auto&) {
+    return x.pool().describe() + "\n" + x.memory_plan().describe();
+  });
+}
+void Runtime::check_invariants() const {
+  impl_->with_engine([](engine::Engine& en, auto&, auto&) { en.check_invariants(); });
+}
+void Runtime::set_switch(Switch which, bool on) {
+  impl_->with_engine([&](auto&, model::Executor& x, auto&) { x.set_switch(which, on); });
+  impl_->refresh();
+}
+void Runtime::set_dequant_reuse(bool on) {
+  impl_->with_engine([&](auto&, model::Executor& x, auto&) { x.workspaces().set_reuse(on); });
+}
+void Runtime::reset_dequant_counters() {
+  impl_->with_engine([](auto&, model::Executor& x, auto&) { x.workspaces().reset_counters(); });
+  impl_->refresh();
+}
+void Runtime::run_cp_worker() {
+  impl_->with_engine([](auto&, model::Executor& x, auto&) { x.run_cp_worker(); });
+}
+
+}  // namespace dsv41rt

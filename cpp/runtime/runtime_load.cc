@@ -1,0 +1,86 @@
+// Loading for the Runtime facade: options checked (errors name the option as docs/options.md
+// spells it), the checkpoint's config parsed into a plan, the checkpoint opened and every tensor
+// validated once, the Engram inputs read from engram_tables.st, the executor built for the device.
+#include "runtime/runtime_load.h"
+
+#include "core/safetensors.h"
+#include "core/status.h"
+#include "runtime/model/engram_tables.h"
+#include "runtime/model/layer_plan.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/weights.h"
+
+namespace dsv41rt {
+namespace {
+
+void check_options(const RuntimeOptions& o) {
+  DSV41RT_CHECK(!o.checkpoint.empty(), "checkpoint: no checkpoint directory given");
+  const PoolOptions& p = o.pool;
+  DSV41RT_CHECK(p.kv_memory > 0, "kv_memory must be positive, got ", p.kv_memory);
+  DSV41RT_CHECK(p.max_num_seqs >= 1, "max_num_seqs must be >= 1, got ", p.max_num_seqs);
+  DSV41RT_CHECK(p.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1, got ",
+                p.max_num_batched_tokens);
+  DSV41RT_CHECK(p.max_model_len >= 0, "max_model_len must be >= 0 (0: what the pool holds), got ",
+                p.max_model_len);
+  DSV41RT_CHECK(p.page_size >= 1, "page_size must be >= 1, got ", p.page_size);
+  const ParallelOptions& c = o.parallel;
+  DSV41RT_CHECK(c.context_parallel_size >= 1 && c.context_parallel_size <= 64,
+                "context_parallel_size ", c.context_parallel_size, " must be in [1, 64]");
+}
+
+const char* backend_name(CpBackend b) {
+  switch (b) {
+    case CpBackend::kLocal:
+      return "local";
+    case CpBackend::kNccl:
+      return "nccl";
+    case CpBackend::kSocket:
+      return "socket";
+  }
+  return "?";
+}
+
+model::ExecutorOptions executor_options(const RuntimeOptions& o) {
+  model::ExecutorOptions e;
+  e.cache_quant = o.numerics.kv_cache_dtype == KvCacheDtype::kAuto;
+  e.precision = o.numerics.precision == Precision::kBf16 ? "bf16" : "fp32";
+  e.record_decisions = o.record_decisions;
+  e.kv_memory = o.pool.kv_memory;
+  e.max_num_seqs = o.pool.max_num_seqs;
+  e.page_tokens = o.pool.page_size;
+  e.max_num_batched_tokens = o.pool.max_num_batched_tokens;
+  e.max_model_len = o.pool.max_model_len;
+  e.device = o.device.device;
+  e.multistream = o.device.multistream;
+  e.cuda_graphs = !o.device.enforce_eager;
+  e.cp_size = o.parallel.context_parallel_size;
+  e.cp_comm = backend_name(o.parallel.context_parallel_backend);
+  e.cp_rank = o.parallel.rank;
+  e.cp_id = o.parallel.group_id;
+  e.cp_workers = o.parallel.worker_threads;
+  return e;
+}
+
+}  // namespace
+
+LoadedModel load_model(const RuntimeOptions& o) {
+  check_options(o);
+  ModelPlan plan = build_model_plan(load_model_config(o.checkpoint));
+  auto ck = std::make_shared<Checkpoint>(o.checkpoint);
+  model::EngramTables tables = o.engram_tables.empty()
+                                   ? model::load_engram_tables(o.checkpoint, plan.config)
+                                   : model::load_engram_tables_file(o.engram_tables, plan.config);
+  // The CPU backend computes from FP32 host copies; the CUDA backend dequantises the stored
+  // tensors on the device (a released checkpoint does not fit in host memory as FP32).
+  model::ModelWeights weights =
+      model::load_weights(ck, plan, /*host_values=*/o.device.device == "cpu", o.progress);
+  LoadedModel m;
+  m.engine.max_num_seqs = o.pool.max_num_seqs;
+  m.engine.max_num_batched_tokens = o.pool.max_num_batched_tokens;
+  m.engine.max_model_len = o.pool.max_model_len;
+  m.executor = model::make_executor(std::move(plan), std::move(weights), std::move(tables),
+                                    executor_options(o));
+  return m;
+}
+
+}  // namespace dsv41rt

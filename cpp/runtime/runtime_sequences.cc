@@ -1,0 +1,101 @@
+#include "runtime/runtime_sequences.h"
+
+#include "core/status.h"
+
+namespace dsv41rt {
+
+Sequences::~Sequences() {
+  for (auto& [id, s] : seqs_) free(s);
+}
+
+int64_t Sequences::open() {
+  Sequence s;
+  s.slot = exec_.pool().alloc_slot();
+  DSV41RT_CHECK_CODE(kOutOfRange, s.slot >= 0, "no free request slot: ", exec_.pool().describe(),
+                     "; close a sequence or finish requests first");
+  seqs_.emplace(next_, std::move(s));
+  return next_++;
+}
+
+void Sequences::forward(int64_t seq, const int32_t* tokens, int64_t n, bool all_logits,
+                        float* logits) {
+  Sequence& s = find(seq);
+  DSV41RT_CHECK(n > 0 && tokens, "forward: no tokens for sequence ", seq);
+  DSV41RT_CHECK(logits, "forward: logits is NULL");
+  reserve(s, s.length + n, seq);
+  std::vector<model::BatchItem> batch(1);
+  batch[0].request = view(s);
+  batch[0].tokens = tokens;
+  batch[0].n = n;
+  batch[0].logits = logits;
+  batch[0].all_logits = all_logits;
+  exec_.forward(batch);
+  s.length += n;
+}
+
+int64_t Sequences::fork(int64_t seq) {
+  const Sequence& src = find(seq);
+  const int64_t id = open();
+  Sequence& dst = seqs_.at(id);
+  try {
+    reserve(dst, src.length, seq);
+  } catch (...) {
+    close(id);
+    throw;
+  }
+  exec_.copy_state(view(src), view(dst));
+  dst.length = src.length;
+  return id;
+}
+
+void Sequences::decode(const std::vector<int64_t>& seqs, const int32_t* tokens, float* logits) {
+  const size_t B = seqs.size();
+  DSV41RT_CHECK(B > 0 && tokens && logits, "decode: no sequences, tokens or logits");
+  for (size_t i = 0; i < B; ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      DSV41RT_CHECK(seqs[i] != seqs[j], "decode: sequence ", seqs[i], " given twice");
+    }
+  }
+  const int64_t V = exec_.plan().config.vocab_size;
+  std::vector<model::BatchItem> batch(B);
+  for (size_t i = 0; i < B; ++i) {
+    Sequence& s = find(seqs[i]);
+    reserve(s, s.length + 1, seqs[i]);
+    batch[i].request = view(s);
+    batch[i].tokens = tokens + i;
+    batch[i].n = 1;
+    batch[i].logits = logits + int64_t(i) * V;
+    batch[i].all_logits = false;
+  }
+  exec_.forward(batch);
+  for (int64_t seq : seqs) find(seq).length += 1;
+}
+
+void Sequences::close(int64_t seq) {
+  free(find(seq));
+  seqs_.erase(seq);
+}
+
+Sequences::Sequence& Sequences::find(int64_t seq) {
+  auto it = seqs_.find(seq);
+  DSV41RT_CHECK_CODE(kNotFound, it != seqs_.end(), "unknown sequence ", seq);
+  return it->second;
+}
+
+model::RequestView Sequences::view(const Sequence& s) const {
+  return {exec_.pool().slot_data(s.slot), s.pages.data(), int64_t(s.pages.size()), s.length};
+}
+
+void Sequences::free(Sequence& s) {
+  exec_.pool().free_pages(s.pages);
+  if (s.slot >= 0) exec_.pool().free_slot(s.slot);
+  s.slot = -1;
+}
+
+void Sequences::reserve(Sequence& s, int64_t positions, int64_t seq) {
+  DSV41RT_CHECK_CODE(kOutOfRange, exec_.pool().ensure_pages(s.pages, positions),
+                     "KV pool exhausted: sequence ", seq, " needs ", positions, " positions; ",
+                     exec_.pool().describe());
+}
+
+}  // namespace dsv41rt

@@ -1,0 +1,49 @@
+// Direct sequences of a Runtime (runtime.hpp: open_sequence / forward / fork / decode /
+// close_sequence): a request's slot and pages taken from the engine's pool and run through the
+// executor without the scheduler (scoring, parity tests, benchmarks). Not thread-safe: the
+// Runtime calls it under the lock that also guards the engine's steps.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "runtime/model/executor.h"
+
+namespace dsv41rt {
+
+class Sequences {
+ public:
+  explicit Sequences(model::Executor& exec) : exec_(exec) {}
+  ~Sequences();
+  Sequences(const Sequences&) = delete;
+  Sequences& operator=(const Sequences&) = delete;
+
+  int64_t open();
+  /// Runs `n` tokens; logits of every new position (all_logits) or of the last: [rows, vocab].
+  void forward(int64_t seq, const int32_t* tokens, int64_t n, bool all_logits, float* logits);
+  /// A new sequence holding a copy of `seq`'s state.
+  int64_t fork(int64_t seq);
+  /// One token per sequence in one batched forward; logits [seqs, vocab].
+  void decode(const std::vector<int64_t>& seqs, const int32_t* tokens, float* logits);
+  void close(int64_t seq);
+
+ private:
+  struct Sequence {
+    int32_t slot = -1;
+    std::vector<int32_t> pages;
+    int64_t length = 0;
+  };
+
+  Sequence& find(int64_t seq);
+  model::RequestView view(const Sequence& s) const;
+  void free(Sequence& s);
+  /// Pages for `positions` positions of `s`, or Error(kOutOfRange) naming `what`.
+  void reserve(Sequence& s, int64_t positions, int64_t seq);
+
+  model::Executor& exec_;
+  std::map<int64_t, Sequence> seqs_;
+  int64_t next_ = 1;
+};
+
+}  // namespace dsv41rt
