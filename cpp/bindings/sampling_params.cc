@@ -27,8 +27,9 @@ T field(nb::handle value, const std::string& key) {
 
 }  // namespace
 
-kernels::SamplingParams sampling_params_from_dict(const nb::dict& d) {
-  kernels::SamplingParams p;
+template <class Params>
+Params sampling_params_from_dict(const nb::dict& d) {
+  Params p;
   for (auto [k, v] : d) {
     DSV41RT_CHECK(nb::isinstance<nb::str>(k), "sampling params: keys must be strings");
     const std::string key = nb::borrow<nb::str>(k).c_str();
@@ -57,5 +58,9 @@ kernels::SamplingParams sampling_params_from_dict(const nb::dict& d) {
   }
   return p;
 }
+
+template kernels::SamplingParams sampling_params_from_dict<kernels::SamplingParams>(
+    const nb::dict&);
+template SamplingParams sampling_params_from_dict<SamplingParams>(const nb::dict&);
 
 }  // namespace dsv41rt::bindings

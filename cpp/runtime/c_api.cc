@@ -1,56 +1,41 @@
-// The C API (cpp/include/dsv41rt/dsv41rt.h) over engine::Engine: a runtime owns the engine and an
-// engine thread that steps it while any request is unfinished; API calls take the runtime's mutex
-// (the engine is not thread-safe), outputs go to per-request buffers or callbacks. Every entry
-// point catches everything: no exception crosses the C boundary.
+// The C API (cpp/include/dsv41rt/dsv41rt.h) over the C++ facade (dsv41rt::Runtime): a handle owns
+// a Runtime (and so its engine thread) plus what the C calling convention adds: partial takes of
+// a request's tokens (a caller-sized buffer), thread-local error messages, and handles that
+// survive misuse (NULL, destroyed, destroyed while other threads wait on them). Every entry point
+// catches everything: no exception crosses the C boundary.
 #include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "core/safetensors.h"
 #include "core/status.h"
 #include "dsv41rt/dsv41rt.h"
-#include "runtime/engine/engine.h"
-#include "runtime/model/engram_tables.h"
-#include "runtime/model/executor.h"
-#include "runtime/model/layer_plan.h"
-#include "runtime/model/model_config.h"
-#include "runtime/model/weights.h"
+#include "dsv41rt/runtime.hpp"
 
 using dsv41rt::Error;
 using dsv41rt::StatusCode;
 
 struct dsv41rt_runtime {
-  struct Request {
-    std::vector<int32_t> pending;  // generated, not yet taken by poll/wait
+  /// Tokens taken from the runtime but not yet by the caller (its buffer was smaller).
+  struct Carry {
+    std::vector<int32_t> tokens;
     bool finished = false;
-    dsv41rt_token_callback callback = nullptr;
-    void* user_data = nullptr;
   };
-
-  std::unique_ptr<dsv41rt::engine::Engine> engine;
-  std::mutex mu;                 // engine, requests, flags
-  std::condition_variable work;  // engine thread: something to do
-  std::condition_variable out;   // consumers: new tokens or a finish
-  std::map<int64_t, Request> requests;
-  bool stop = false;
-  bool failed = false;
-  std::string failure;
-  int64_t finished_total = 0;
-  std::thread thread;
-
-  void run();
+  std::unique_ptr<dsv41rt::Runtime> runtime;
+  std::mutex mu;  // carries
+  std::map<int64_t, Carry> carries;
+  int64_t calls = 0;  // entry points running on this handle (guarded by g_live_mu)
 };
 
 namespace {
 
 std::mutex g_live_mu;
-std::set<const dsv41rt_runtime*> g_live;  // created and not yet destroyed
+std::condition_variable g_calls_left;
+std::map<const dsv41rt_runtime*, bool> g_live;  // created and not yet destroyed
 thread_local std::map<const dsv41rt_runtime*, std::string> t_errors;
+thread_local const dsv41rt_runtime* t_in_callback = nullptr;
 
 dsv41rt_status fail(const dsv41rt_runtime* rt, dsv41rt_status s, std::string message) {
   t_errors[rt] = std::move(message);
@@ -73,22 +58,15 @@ dsv41rt_status from_code(StatusCode c) {
       return DSV41RT_E_UNSUPPORTED;
     case StatusCode::kInternal:
       return DSV41RT_E_INTERNAL;
+    case StatusCode::kEngineFailed:
+      return DSV41RT_E_ENGINE_FAILED;
   }
   return DSV41RT_E_INTERNAL;
 }
 
-bool live(const dsv41rt_runtime* rt) {
-  std::lock_guard<std::mutex> g(g_live_mu);
-  return rt != nullptr && g_live.count(rt) != 0;
-}
-
-// Runs `body` for a live runtime, mapping exceptions to statuses and messages.
+// Runs `body`, mapping exceptions to statuses and messages (for `rt`, or NULL while creating).
 template <class Body>
-dsv41rt_status guarded(dsv41rt_runtime* rt, Body&& body) {
-  if (!live(rt)) {
-    return fail(nullptr, DSV41RT_E_INVALID_HANDLE,
-                rt ? "runtime handle is destroyed or was never created" : "runtime handle is NULL");
-  }
+dsv41rt_status catching(const dsv41rt_runtime* rt, Body&& body) {
   try {
     return body();
   } catch (const Error& e) {
@@ -102,6 +80,24 @@ dsv41rt_status guarded(dsv41rt_runtime* rt, Body&& body) {
   }
 }
 
+// Runs `body` on a live runtime; destroy() waits for it to leave before freeing the runtime.
+template <class Body>
+dsv41rt_status guarded(dsv41rt_runtime* rt, Body&& body) {
+  {
+    std::lock_guard<std::mutex> g(g_live_mu);
+    if (rt == nullptr || !g_live.count(rt)) {
+      return fail(
+          nullptr, DSV41RT_E_INVALID_HANDLE,
+          rt ? "runtime handle is destroyed or was never created" : "runtime handle is NULL");
+    }
+    ++rt->calls;
+  }
+  const dsv41rt_status s = catching(rt, body);
+  std::lock_guard<std::mutex> g(g_live_mu);
+  if (--rt->calls == 0) g_calls_left.notify_all();
+  return s;
+}
+
 dsv41rt_status check_size(uint32_t got, size_t want, const char* what) {
   if (got == want) return DSV41RT_OK;
   return fail(nullptr, DSV41RT_E_ABI_MISMATCH,
@@ -110,63 +106,98 @@ dsv41rt_status check_size(uint32_t got, size_t want, const char* what) {
                   " (initialise it with the *_default_params function)");
 }
 
-// Takes up to `capacity` pending tokens; reports finished (and forgets the id) once drained.
-dsv41rt_status take(dsv41rt_runtime* rt, dsv41rt_runtime::Request& r, int64_t id, int32_t* tokens,
-                    size_t capacity, size_t* n_out, int* finished) {
-  const size_t n = std::min(capacity, r.pending.size());
-  std::copy(r.pending.begin(), r.pending.begin() + n, tokens);
-  r.pending.erase(r.pending.begin(), r.pending.begin() + n);
+dsv41rt::RuntimeOptions options_from(const dsv41rt_runtime_params& p) {
+  dsv41rt::RuntimeOptions o;
+  o.checkpoint = p.checkpoint_dir;
+  if (p.engram_tables) o.engram_tables = p.engram_tables;
+  o.device.device = p.device ? p.device : "cpu";
+  o.device.enforce_eager = p.enforce_eager != 0;
+  DSV41RT_CHECK(p.precision == DSV41RT_PRECISION_FP32 || p.precision == DSV41RT_PRECISION_BF16,
+                "params.precision: unknown value ", p.precision);
+  o.numerics.precision =
+      p.precision == DSV41RT_PRECISION_BF16 ? dsv41rt::Precision::kBf16 : dsv41rt::Precision::kFp32;
+  DSV41RT_CHECK(
+      p.kv_cache_dtype == DSV41RT_KV_CACHE_AUTO || p.kv_cache_dtype == DSV41RT_KV_CACHE_FLOAT32,
+      "params.kv_cache_dtype: unknown value ", p.kv_cache_dtype);
+  o.numerics.kv_cache_dtype = p.kv_cache_dtype == DSV41RT_KV_CACHE_FLOAT32
+                                  ? dsv41rt::KvCacheDtype::kFloat32
+                                  : dsv41rt::KvCacheDtype::kAuto;
+  o.pool.kv_memory = p.kv_memory;
+  o.pool.max_num_seqs = p.max_num_seqs;
+  o.pool.max_num_batched_tokens = p.max_num_batched_tokens;
+  o.pool.max_model_len = p.max_model_len;
+  o.pool.page_size = p.page_size;
+  return o;
+}
+
+dsv41rt::RequestParams request_from(const dsv41rt_request_params& p) {
+  dsv41rt::RequestParams r;
+  r.max_new_tokens = p.max_new_tokens;
+  const dsv41rt_sampling_params& s = p.sampling;
+  r.sampling.temperature = s.temperature;
+  r.sampling.top_k = s.top_k;
+  r.sampling.top_p = s.top_p;
+  r.sampling.min_p = s.min_p;
+  r.sampling.presence_penalty = s.presence_penalty;
+  r.sampling.frequency_penalty = s.frequency_penalty;
+  r.sampling.repetition_penalty = s.repetition_penalty;
+  r.sampling.seed = s.seed;
+  r.stop_token_ids.assign(p.stop_token_ids, p.stop_token_ids + p.n_stop_token_ids);
+  r.ignore_eos = p.ignore_eos != 0;
+  return r;
+}
+
+// Moves up to `capacity` carried tokens of `id` out; finished once the request ended and every
+// token was taken (the id is then forgotten).
+void take(dsv41rt_runtime* rt, int64_t id, int32_t* tokens, size_t capacity, size_t* n_out,
+          int* finished) {
+  dsv41rt_runtime::Carry& c = rt->carries[id];
+  const size_t n = std::min(capacity, c.tokens.size());
+  std::copy(c.tokens.begin(), c.tokens.begin() + n, tokens);
+  c.tokens.erase(c.tokens.begin(), c.tokens.begin() + n);
   *n_out = n;
-  *finished = r.finished && r.pending.empty() ? 1 : 0;
-  if (*finished) rt->requests.erase(id);
+  *finished = c.finished && c.tokens.empty() ? 1 : 0;
+  if (*finished) rt->carries.erase(id);
+}
+
+// poll (timeout 0) and wait: the carry first, else what the runtime gathered (waiting up to
+// `timeout_ms`, < 0: forever).
+dsv41rt_status poll_or_wait(dsv41rt_runtime* rt, int64_t id, int32_t timeout_ms, int32_t* tokens,
+                            size_t capacity, size_t* n_out, int* finished) {
+  if (!n_out || !finished || (!tokens && capacity)) {
+    return fail(rt, DSV41RT_E_INVALID_ARGUMENT,
+                "n_out and finished are required (tokens when capacity > 0)");
+  }
+  {
+    std::lock_guard<std::mutex> l(rt->mu);
+    auto it = rt->carries.find(id);
+    if (it != rt->carries.end() && (!it->second.tokens.empty() || it->second.finished)) {
+      take(rt, id, tokens, capacity, n_out, finished);
+      return DSV41RT_OK;
+    }
+  }
+  std::optional<dsv41rt::RequestOutput> out;
+  if (timeout_ms >= 0) {
+    out = rt->runtime->await(id, std::chrono::milliseconds(timeout_ms));
+  } else {
+    while (!out) out = rt->runtime->await(id, std::chrono::hours(1));
+  }
+  if (!out) {
+    if (timeout_ms == 0) {  // poll: nothing yet is not an error
+      *n_out = 0, *finished = 0;
+      return DSV41RT_OK;
+    }
+    return fail(rt, DSV41RT_E_TIMEOUT, "nothing new for request " + std::to_string(id));
+  }
+  std::lock_guard<std::mutex> l(rt->mu);
+  dsv41rt_runtime::Carry& c = rt->carries[id];
+  c.tokens.insert(c.tokens.end(), out->tokens.begin(), out->tokens.end());
+  c.finished = out->finished;
+  take(rt, id, tokens, capacity, n_out, finished);
   return DSV41RT_OK;
 }
 
 }  // namespace
-
-void dsv41rt_runtime::run() {
-  std::unique_lock<std::mutex> lock(mu);
-  while (true) {
-    work.wait(lock, [&] { return stop || !engine->idle(); });
-    if (stop) return;
-    struct Call {
-      dsv41rt_token_callback fn;
-      int64_t id;
-      std::vector<int32_t> tokens;
-      bool finished;
-      void* user_data;
-    };
-    std::vector<Call> calls;
-    try {
-      for (dsv41rt::engine::RequestOutput& o : engine->step()) {
-        auto it = requests.find(o.id);
-        if (it == requests.end()) continue;
-        Request& r = it->second;
-        if (o.finished) {
-          r.finished = true;
-          ++finished_total;
-        }
-        if (r.callback) {
-          calls.push_back({r.callback, o.id, std::move(o.new_tokens), o.finished, r.user_data});
-          if (o.finished) requests.erase(it);
-        } else {
-          r.pending.insert(r.pending.end(), o.new_tokens.begin(), o.new_tokens.end());
-        }
-      }
-    } catch (const std::exception& e) {  // the engine cannot continue: fail every request
-      failed = true;
-      failure = e.what();
-      for (auto& [id, r] : requests) r.finished = true;
-      out.notify_all();
-      return;
-    }
-    lock.unlock();
-    for (Call& c : calls)
-      c.fn(c.id, c.tokens.data(), c.tokens.size(), c.finished ? 1 : 0, c.user_data);
-    out.notify_all();
-    lock.lock();
-  }
-}
 
 extern "C" {
 
@@ -206,30 +237,43 @@ const char* dsv41rt_last_error(const dsv41rt_runtime* rt) {
   return it == t_errors.end() ? "" : it->second.c_str();
 }
 
+// The defaults are the C++ facade's (RuntimeOptions{}): one default per option.
 void dsv41rt_runtime_default_params(dsv41rt_runtime_params* p) {
   if (!p) return;
+  const dsv41rt::RuntimeOptions d;
   *p = {};
   p->struct_size = sizeof(*p);
   p->device = "cpu";
-  p->kv_memory_bytes = int64_t(256) << 20;
-  p->max_running = 16;
-  p->token_budget = 512;
+  p->precision = DSV41RT_PRECISION_FP32;
+  p->kv_cache_dtype = DSV41RT_KV_CACHE_AUTO;
+  p->kv_memory = d.pool.kv_memory;
+  p->max_num_seqs = d.pool.max_num_seqs;
+  p->max_num_batched_tokens = d.pool.max_num_batched_tokens;
+  p->max_model_len = d.pool.max_model_len;
+  p->page_size = d.pool.page_size;
+  p->enforce_eager = d.device.enforce_eager ? 1 : 0;
 }
 
 void dsv41rt_sampling_default_params(dsv41rt_sampling_params* p) {
   if (!p) return;
+  const dsv41rt::SamplingParams d;
   *p = {};
   p->struct_size = sizeof(*p);
-  p->temperature = 0.0f;
-  p->top_p = 1.0f;
-  p->repetition_penalty = 1.0f;
+  p->temperature = d.temperature;
+  p->top_k = d.top_k;
+  p->top_p = d.top_p;
+  p->min_p = d.min_p;
+  p->presence_penalty = d.presence_penalty;
+  p->frequency_penalty = d.frequency_penalty;
+  p->repetition_penalty = d.repetition_penalty;
+  p->seed = d.seed;
 }
 
 void dsv41rt_request_default_params(dsv41rt_request_params* p) {
   if (!p) return;
   *p = {};
   p->struct_size = sizeof(*p);
-  p->max_new_tokens = 16;
+  p->max_new_tokens = dsv41rt::RequestParams{}.max_new_tokens;
   dsv41rt_sampling_default_params(&p->sampling);
 }
 
@@ -256,50 +300,22 @@ dsv41rt_status dsv41rt_runtime_create(uint32_t abi_version, const dsv41rt_runtim
   if (!params->checkpoint_dir || !*params->checkpoint_dir) {
     return fail(nullptr, DSV41RT_E_INVALID_ARGUMENT, "params.checkpoint_dir is NULL or empty");
   }
-  if (params->kv_memory_bytes <= 0 || params->max_running < 1 || params->token_budget < 1 ||
-      params->max_context < 0) {
-    return fail(
-        nullptr, DSV41RT_E_INVALID_ARGUMENT,
-        "params: kv_memory_bytes, max_running and token_budget must be positive, max_context "
-        ">= 0");
-  }
-  try {
-    namespace m = dsv41rt::model;
-    const std::string dir = params->checkpoint_dir;
-    const std::string device = params->device ? params->device : "cpu";
-    dsv41rt::ModelPlan plan = dsv41rt::build_model_plan(dsv41rt::load_model_config(dir));
-    auto ck = std::make_shared<dsv41rt::Checkpoint>(dir);
-    m::EngramTables tables = m::load_engram_tables(dir, plan.config);
-    m::ModelWeights weights = m::load_weights(ck, plan, /*host_values=*/device == "cpu");
-    m::ExecutorOptions options;
-    options.kv_memory_bytes = params->kv_memory_bytes;
-    options.max_requests = params->max_running;
-    options.token_budget = params->token_budget;
-    options.max_context = params->max_context;
-    options.device = device;
-    auto exec = m::make_executor(std::move(plan), std::move(weights), std::move(tables), options);
+  return catching(nullptr, [&]() -> dsv41rt_status {
     auto rt = std::make_unique<dsv41rt_runtime>();
-    rt->engine = std::make_unique<dsv41rt::engine::Engine>(
-        exec, dsv41rt::engine::EngineConfig{params->max_running, params->token_budget,
-                                            params->max_context});
-    rt->thread = std::thread([r = rt.get()] { r->run(); });
-    {
-      std::lock_guard<std::mutex> g(g_live_mu);
-      g_live.insert(rt.get());
-    }
+    rt->runtime = std::make_unique<dsv41rt::Runtime>(options_from(*params));
+    std::lock_guard<std::mutex> g(g_live_mu);
+    g_live[rt.get()] = true;
     *out = rt.release();
     return DSV41RT_OK;
-  } catch (const Error& e) {
-    return fail(nullptr, from_code(e.kind()), e.message());
-  } catch (const std::bad_alloc&) {
-    return fail(nullptr, DSV41RT_E_OUT_OF_RANGE, "out of memory while loading the model");
-  } catch (const std::exception& e) {
-    return fail(nullptr, DSV41RT_E_INTERNAL, e.what());
-  }
+  });
 }
 
 dsv41rt_status dsv41rt_runtime_destroy(dsv41rt_runtime* rt) {
   if (!rt) return DSV41RT_OK;
+  if (t_in_callback == rt) {
+    return fail(rt, DSV41RT_E_INVALID_ARGUMENT,
+                "dsv41rt_runtime_destroy called from a token callback of the same runtime");
+  }
   {
     std::lock_guard<std::mutex> g(g_live_mu);
     if (!g_live.erase(rt)) {
@@ -307,13 +323,11 @@ dsv41rt_status dsv41rt_runtime_destroy(dsv41rt_runtime* rt) {
                   "runtime handle is destroyed or was never created");
     }
   }
+  rt->runtime->shutdown();  // ends every request: waiting calls return
   {
-    std::lock_guard<std::mutex> g(rt->mu);
-    rt->stop = true;
+    std::unique_lock<std::mutex> g(g_live_mu);
+    g_calls_left.wait(g, [&] { return rt->calls == 0; });
   }
-  rt->work.notify_all();
-  rt->out.notify_all();
-  if (rt->thread.joinable()) rt->thread.join();
   t_errors.erase(rt);
   delete rt;
   return DSV41RT_OK;
@@ -337,97 +351,40 @@ dsv41rt_status dsv41rt_submit(dsv41rt_runtime* rt, const int32_t* tokens, size_t
       return fail(rt, DSV41RT_E_INVALID_ARGUMENT,
                   "stop_token_ids is NULL but n_stop_token_ids > 0");
     }
-    dsv41rt::engine::GenerationParams g;
-    g.max_new_tokens = params->max_new_tokens;
-    const dsv41rt_sampling_params& s = params->sampling;
-    g.sampling.temperature = s.temperature;
-    g.sampling.top_k = s.top_k;
-    g.sampling.top_p = s.top_p;
-    g.sampling.min_p = s.min_p;
-    g.sampling.presence_penalty = s.presence_penalty;
-    g.sampling.frequency_penalty = s.frequency_penalty;
-    g.sampling.repetition_penalty = s.repetition_penalty;
-    g.sampling.seed = s.seed;
-    g.stop_token_ids.assign(params->stop_token_ids,
-                            params->stop_token_ids + params->n_stop_token_ids);
-    g.ignore_eos = params->ignore_eos != 0;
-    std::lock_guard<std::mutex> lock(rt->mu);
-    if (rt->failed) return fail(rt, DSV41RT_E_ENGINE_FAILED, "engine failed: " + rt->failure);
-    const int64_t id = rt->engine->submit(std::vector<int32_t>(tokens, tokens + n_tokens), g);
-    dsv41rt_runtime::Request& r = rt->requests[id];
-    r.callback = params->callback;
-    r.user_data = params->user_data;
-    *out_id = id;
-    rt->work.notify_one();
+    dsv41rt::Runtime::Callback on_output;
+    if (params->callback) {
+      on_output = [rt, cb = params->callback,
+                   ud = params->user_data](const dsv41rt::RequestOutput& o) {
+        t_in_callback = rt;
+        cb(o.id, o.tokens.data(), o.tokens.size(), o.finished ? 1 : 0, ud);
+        t_in_callback = nullptr;
+      };
+    }
+    *out_id = rt->runtime->submit(std::vector<int32_t>(tokens, tokens + n_tokens),
+                                  request_from(*params), std::move(on_output));
     return DSV41RT_OK;
   });
 }
 
 dsv41rt_status dsv41rt_poll(dsv41rt_runtime* rt, int64_t id, int32_t* tokens, size_t capacity,
                             size_t* n_out, int* finished) {
-  return guarded(rt, [&]() -> dsv41rt_status {
-    if (!n_out || !finished || (!tokens && capacity)) {
-      return fail(rt, DSV41RT_E_INVALID_ARGUMENT,
-                  "n_out and finished are required (tokens when capacity > 0)");
-    }
-    std::lock_guard<std::mutex> lock(rt->mu);
-    auto it = rt->requests.find(id);
-    if (it == rt->requests.end())
-      return fail(rt, DSV41RT_E_NOT_FOUND, "unknown request id " + std::to_string(id));
-    if (it->second.callback) {
-      return fail(rt, DSV41RT_E_INVALID_ARGUMENT,
-                  "request " + std::to_string(id) + " delivers through its callback");
-    }
-    return take(rt, it->second, id, tokens, capacity, n_out, finished);
-  });
+  return guarded(rt, [&] { return poll_or_wait(rt, id, 0, tokens, capacity, n_out, finished); });
 }
 
 dsv41rt_status dsv41rt_wait(dsv41rt_runtime* rt, int64_t id, int32_t timeout_ms, int32_t* tokens,
                             size_t capacity, size_t* n_out, int* finished) {
-  return guarded(rt, [&]() -> dsv41rt_status {
-    if (!n_out || !finished || (!tokens && capacity)) {
-      return fail(rt, DSV41RT_E_INVALID_ARGUMENT,
-                  "n_out and finished are required (tokens when capacity > 0)");
-    }
-    std::unique_lock<std::mutex> lock(rt->mu);
-    auto ready = [&] {
-      auto it = rt->requests.find(id);
-      return rt->stop || it == rt->requests.end() || !it->second.pending.empty() ||
-             it->second.finished;
-    };
-    if (timeout_ms < 0) {
-      rt->out.wait(lock, ready);
-    } else if (!rt->out.wait_for(lock, std::chrono::milliseconds(timeout_ms), ready)) {
-      return fail(rt, DSV41RT_E_TIMEOUT, "nothing new for request " + std::to_string(id));
-    }
-    auto it = rt->requests.find(id);
-    if (it == rt->requests.end())
-      return fail(rt, DSV41RT_E_NOT_FOUND, "unknown request id " + std::to_string(id));
-    if (it->second.callback) {
-      return fail(rt, DSV41RT_E_INVALID_ARGUMENT,
-                  "request " + std::to_string(id) + " delivers through its callback");
-    }
-    return take(rt, it->second, id, tokens, capacity, n_out, finished);
-  });
+  return guarded(
+      rt, [&] { return poll_or_wait(rt, id, timeout_ms, tokens, capacity, n_out, finished); });
 }
 
 dsv41rt_status dsv41rt_cancel(dsv41rt_runtime* rt, int64_t id) {
   return guarded(rt, [&]() -> dsv41rt_status {
-    std::unique_lock<std::mutex> lock(rt->mu);
-    auto it = rt->requests.find(id);
-    if (it == rt->requests.end())
-      return fail(rt, DSV41RT_E_NOT_FOUND, "unknown request id " + std::to_string(id));
-    if (!it->second.finished) {
-      rt->engine->cancel(id);  // frees its pages now
-      it->second.finished = true;
-      ++rt->finished_total;
+    {
+      std::lock_guard<std::mutex> l(rt->mu);
+      auto it = rt->carries.find(id);
+      if (it != rt->carries.end() && it->second.finished) return DSV41RT_OK;  // ended already
     }
-    dsv41rt_token_callback cb = it->second.callback;
-    void* ud = it->second.user_data;
-    if (cb) rt->requests.erase(it);
-    lock.unlock();
-    if (cb) cb(id, nullptr, 0, 1, ud);
-    rt->out.notify_all();
+    rt->runtime->cancel(id);
     return DSV41RT_OK;
   });
 }
@@ -439,15 +396,14 @@ dsv41rt_status dsv41rt_get_stats(dsv41rt_runtime* rt, dsv41rt_stats* out) {
       return fail(rt, DSV41RT_E_ABI_MISMATCH,
                   "dsv41rt_stats.struct_size is not this library's (dsv41rt_stats_init)");
     }
-    std::lock_guard<std::mutex> lock(rt->mu);
-    const dsv41rt::engine::EngineStats s = rt->engine->stats();
+    const dsv41rt::Stats s = rt->runtime->stats();
     out->requests_running = s.scheduler.running;
     out->requests_waiting = s.scheduler.waiting;
-    out->requests_finished = rt->finished_total;
+    out->requests_finished = s.scheduler.finished + s.scheduler.aborted;
     out->preemptions = s.scheduler.preemptions;
     out->pages_total = s.pool.pages_total;
     out->pages_used = s.pool.pages_used;
-    out->page_tokens = rt->engine->executor().pool().geometry().page_tokens;
+    out->page_size = s.pool.page_size;
     out->tokens_generated = s.tokens_generated;
     out->steps = s.steps;
     return DSV41RT_OK;

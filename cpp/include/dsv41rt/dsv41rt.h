@@ -19,12 +19,12 @@
  *     failing call.
  *
  * Thread safety
- *   - Every function may be called from any thread, concurrently, on the same runtime, except
- *     dsv41rt_runtime_destroy, which must not race other calls on that runtime (calls made after it
- *     returns are detected and answered DSV41RT_E_INVALID_HANDLE, unless a new runtime happens to
- *     reuse the address).
+ *   - Every function may be called from any thread, concurrently, on the same runtime.
+ *     dsv41rt_runtime_destroy ends every request (waiting calls return them finished) and frees
+ *     the runtime once every call in progress has left; calls made after it returns are
+ *     answered DSV41RT_E_INVALID_HANDLE (unless a new runtime happens to reuse the address).
  *   - A token callback runs on the engine thread; it must return quickly and must not call
- *     dsv41rt_runtime_destroy (other calls are allowed).
+ *     dsv41rt_runtime_destroy (DSV41RT_E_INVALID_ARGUMENT if it does; other calls are allowed).
  *   - One request's outputs go to one consumer: its callback if it has one, otherwise
  *     dsv41rt_poll / dsv41rt_wait.
  */
@@ -44,7 +44,7 @@
 extern "C" {
 #endif
 
-#define DSV41RT_ABI_VERSION 1
+#define DSV41RT_ABI_VERSION 2
 
 typedef enum dsv41rt_status {
   DSV41RT_OK = 0,
@@ -62,14 +62,30 @@ typedef enum dsv41rt_status {
 
 typedef struct dsv41rt_runtime dsv41rt_runtime; /* opaque */
 
+typedef enum dsv41rt_precision {
+  DSV41RT_PRECISION_FP32 = 0, /* the reference numerics (default) */
+  DSV41RT_PRECISION_BF16 = 1  /* CUDA: BF16 tensor-core GEMMs */
+} dsv41rt_precision;
+
+typedef enum dsv41rt_kv_cache_dtype {
+  DSV41RT_KV_CACHE_AUTO = 0,   /* the release's cache formats (default) */
+  DSV41RT_KV_CACHE_FLOAT32 = 1 /* FP32 caches (debugging) */
+} dsv41rt_kv_cache_dtype;
+
+/* Option names and defaults are those of docs/options.md (one name per option). */
 typedef struct dsv41rt_runtime_params {
   uint32_t struct_size;
-  const char* checkpoint_dir; /* config.json, *.safetensors, engram_tables.st */
-  const char* device;         /* "cpu" (default), "cuda", "cuda:N" */
-  int64_t kv_memory_bytes;    /* KV pool budget (default 256 MiB) */
-  int32_t max_running;        /* requests running at once (default 16) */
-  int32_t token_budget;       /* tokens per engine step (default 512) */
-  int64_t max_context;        /* prompt + output tokens per request; 0 = what the pool holds */
+  const char* checkpoint_dir;     /* config.json, *.safetensors, engram_tables.st */
+  const char* engram_tables;      /* NULL: <checkpoint_dir>/engram_tables.st */
+  const char* device;             /* "cpu" (default), "cuda", "cuda:N" */
+  int32_t precision;              /* dsv41rt_precision */
+  int32_t kv_cache_dtype;         /* dsv41rt_kv_cache_dtype */
+  int64_t kv_memory;              /* bytes for the KV pool and workspaces (default 256 MiB) */
+  int64_t max_num_seqs;           /* requests running at once (default 64) */
+  int64_t max_num_batched_tokens; /* tokens per engine step (default 512) */
+  int64_t max_model_len;          /* prompt + output tokens per request; 0 = what the pool holds */
+  int64_t page_size;              /* positions per KV page (default 64) */
+  int32_t enforce_eager;          /* CUDA: nonzero = no decode graphs */
 } dsv41rt_runtime_params;
 
 typedef struct dsv41rt_sampling_params {
@@ -89,7 +105,7 @@ typedef void (*dsv41rt_token_callback)(int64_t request_id, const int32_t* tokens
 
 typedef struct dsv41rt_request_params {
   uint32_t struct_size;
-  int32_t max_new_tokens; /* default 16 */
+  int64_t max_new_tokens; /* default 16 */
   dsv41rt_sampling_params sampling;
   const int32_t* stop_token_ids; /* copied at submit */
   size_t n_stop_token_ids;
@@ -101,7 +117,7 @@ typedef struct dsv41rt_request_params {
 typedef struct dsv41rt_stats {
   uint32_t struct_size;
   int64_t requests_running, requests_waiting, requests_finished, preemptions;
-  int64_t pages_total, pages_used, page_tokens;
+  int64_t pages_total, pages_used, page_size;
   int64_t tokens_generated, steps;
 } dsv41rt_stats;
 

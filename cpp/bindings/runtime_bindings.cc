@@ -1,0 +1,281 @@
+// dsv41rt._core.Runtime: the C++ facade (include/dsv41rt/runtime.hpp) for Python, with its typed
+// options (RuntimeOptions and its groups), outputs and stats. Calls that wait or run a forward
+// release the GIL; the engine thread never takes it (Python consumes outputs with await_any).
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "bindings/sampling_params.h"
+#include "core/status.h"
+#include "dsv41rt/dsv41rt.h"
+#include "dsv41rt/runtime.hpp"
+
+namespace nb = nanobind;
+
+namespace dsv41rt::bindings {
+namespace {
+
+using I32Array = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using F32Out = nb::ndarray<nb::numpy, float>;
+
+std::chrono::milliseconds millis(double seconds) {
+  DSV41RT_CHECK(seconds >= 0, "timeout must be >= 0 seconds, got ", seconds);
+  return std::chrono::milliseconds(int64_t(seconds * 1000.0 + 0.5));
+}
+
+// A float32 numpy array of `rows` x `cols` filled by `fill` with the GIL released.
+template <class Fill>
+F32Out logits_array(int64_t rows, int64_t cols, Fill&& fill) {
+  float* out = new float[size_t(rows * cols)];
+  nb::capsule owner(out, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+  {
+    nb::gil_scoped_release release;
+    fill(out);
+  }
+  return F32Out(out, {size_t(rows), size_t(cols)}, owner);
+}
+
+// Decisions as numpy arrays keyed "topk_L<l>" / "experts_L<l>" (rows x width).
+nb::dict decisions_dict(const Decisions& d) {
+  nb::dict out;
+  auto add = [&](const char* prefix, const std::map<int, std::vector<int32_t>>& values,
+                 const std::map<int, int64_t>& widths) {
+    for (const auto& [layer, v] : values) {
+      const size_t cols = size_t(widths.at(layer));
+      auto* data = new int32_t[v.empty() ? 1 : v.size()];
+      std::copy(v.begin(), v.end(), data);
+      nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
+      const std::string key = std::string(prefix) + std::to_string(layer);
+      out[key.c_str()] = nb::ndarray<nb::numpy, int32_t>(data, {v.size() / cols, cols}, owner);
+    }
+  };
+  add("topk_L", d.topk, d.topk_width);
+  add("experts_L", d.experts, d.experts_width);
+  return out;
+}
+
+void register_options(nb::module_& m) {
+  nb::enum_<Precision>(m, "Precision")
+      .value("fp32", Precision::kFp32)
+      .value("bf16", Precision::kBf16);
+  nb::enum_<KvCacheDtype>(m, "KvCacheDtype")
+      .value("auto", KvCacheDtype::kAuto)
+      .value("float32", KvCacheDtype::kFloat32);
+  nb::enum_<CpBackend>(m, "CpBackend")
+      .value("local", CpBackend::kLocal)
+      .value("nccl", CpBackend::kNccl)
+      .value("socket", CpBackend::kSocket);
+  nb::enum_<Switch>(m, "Switch")
+      .value("multistream", Switch::kMultistream)
+      .value("cuda_graphs", Switch::kCudaGraphs)
+      .value("tensor_cores", Switch::kTensorCores)
+      .value("cp_timing", Switch::kCpTiming);
+  nb::enum_<FinishReason>(m, "FinishReason")
+      .value("none", FinishReason::kNone)
+      .value("length", FinishReason::kLength)
+      .value("stop", FinishReason::kStop)
+      .value("abort", FinishReason::kAborted)
+      .value("error", FinishReason::kError);
+
+  nb::class_<PoolOptions>(m, "PoolOptions")
+      .def(nb::init<>())
+      .def_rw("kv_memory", &PoolOptions::kv_memory)
+      .def_rw("max_num_seqs", &PoolOptions::max_num_seqs)
+      .def_rw("max_num_batched_tokens", &PoolOptions::max_num_batched_tokens)
+      .def_rw("max_model_len", &PoolOptions::max_model_len)
+      .def_rw("page_size", &PoolOptions::page_size);
+  nb::class_<NumericsOptions>(m, "NumericsOptions")
+      .def(nb::init<>())
+      .def_rw("precision", &NumericsOptions::precision)
+      .def_rw("kv_cache_dtype", &NumericsOptions::kv_cache_dtype);
+  nb::class_<DeviceOptions>(m, "DeviceOptions")
+      .def(nb::init<>())
+      .def_rw("device", &DeviceOptions::device)
+      .def_rw("enforce_eager", &DeviceOptions::enforce_eager)
+      .def_rw("multistream", &DeviceOptions::multistream);
+  nb::class_<ParallelOptions>(m, "ParallelOptions")
+      .def(nb::init<>())
+      .def_rw("context_parallel_size", &ParallelOptions::context_parallel_size)
+      .def_rw("context_parallel_backend", &ParallelOptions::context_parallel_backend)
+      .def_rw("rank", &ParallelOptions::rank)
+      .def_prop_rw(
+          "group_id",
+          [](const ParallelOptions& p) { return nb::bytes(p.group_id.data(), p.group_id.size()); },
+          [](ParallelOptions& p, nb::bytes b) {
+            p.group_id.assign(static_cast<const char*>(b.data()), b.size());
+          })
+      .def_rw("worker_threads", &ParallelOptions::worker_threads);
+  nb::class_<RuntimeOptions>(m, "RuntimeOptions")
+      .def(nb::init<>())
+      .def_rw("checkpoint", &RuntimeOptions::checkpoint)
+      .def_rw("engram_tables", &RuntimeOptions::engram_tables)
+      .def_rw("pool", &RuntimeOptions::pool)
+      .def_rw("numerics", &RuntimeOptions::numerics)
+      .def_rw("device", &RuntimeOptions::device)
+      .def_rw("parallel", &RuntimeOptions::parallel)
+      .def_rw("record_decisions", &RuntimeOptions::record_decisions)
+      .def_rw("engine_thread", &RuntimeOptions::engine_thread);
+
+  // The C API's defaults (dsv41rt_runtime_default_params), for the test that all ways in agree.
+  m.def("c_api_defaults", [] {
+    dsv41rt_runtime_params p;
+    dsv41rt_runtime_default_params(&p);
+    nb::dict d;
+    d["device"] = std::string(p.device);
+    d["precision"] = p.precision == DSV41RT_PRECISION_BF16 ? "bf16" : "fp32";
+    d["kv_cache_dtype"] = p.kv_cache_dtype == DSV41RT_KV_CACHE_FLOAT32 ? "float32" : "auto";
+    d["kv_memory"] = p.kv_memory;
+    d["max_num_seqs"] = p.max_num_seqs;
+    d["max_num_batched_tokens"] = p.max_num_batched_tokens;
+    d["max_model_len"] = p.max_model_len;
+    d["page_size"] = p.page_size;
+    d["enforce_eager"] = p.enforce_eager != 0;
+    return d;
+  });
+}
+
+void register_results(nb::module_& m) {
+  nb::class_<RequestOutput>(m, "RequestOutput")
+      .def_ro("id", &RequestOutput::id)
+      .def_ro("tokens", &RequestOutput::tokens)
+      .def_ro("logprobs", &RequestOutput::logprobs)
+      .def_ro("top_ids", &RequestOutput::top_ids)
+      .def_ro("top_logprobs", &RequestOutput::top_logprobs)
+      .def_ro("finished", &RequestOutput::finished)
+      .def_ro("reason", &RequestOutput::reason)
+      .def_ro("error", &RequestOutput::error)
+      .def_ro("first_scheduled_ns", &RequestOutput::first_scheduled_ns);
+
+#define DSV41RT_RO(Cls, field) .def_ro(#field, &Cls::field)
+  nb::class_<PoolStats>(m, "PoolStats") DSV41RT_RO(PoolStats, pages_total)
+      DSV41RT_RO(PoolStats, pages_used) DSV41RT_RO(PoolStats, slots_total)
+          DSV41RT_RO(PoolStats, slots_used) DSV41RT_RO(PoolStats, bytes_total)
+              DSV41RT_RO(PoolStats, page_size) DSV41RT_RO(PoolStats, page_bytes)
+                  DSV41RT_RO(PoolStats, slot_bytes) DSV41RT_RO(PoolStats, workspace_bytes_per_page)
+                      DSV41RT_RO(PoolStats, scratch_bytes);
+  nb::class_<SchedulerStats>(m, "SchedulerStats") DSV41RT_RO(SchedulerStats, waiting)
+      DSV41RT_RO(SchedulerStats, running) DSV41RT_RO(SchedulerStats, preemptions)
+          DSV41RT_RO(SchedulerStats, admitted) DSV41RT_RO(SchedulerStats, finished)
+              DSV41RT_RO(SchedulerStats, aborted) DSV41RT_RO(SchedulerStats, max_waiting_seen);
+  nb::class_<DequantStats>(m, "DequantStats") DSV41RT_RO(DequantStats, dequant_calls)
+      DSV41RT_RO(DequantStats, reuse_hits) DSV41RT_RO(DequantStats, rows_dequantised)
+          DSV41RT_RO(DequantStats, reallocations);
+  nb::class_<BackendStats>(m, "BackendStats") DSV41RT_RO(BackendStats, weight_bytes)
+      DSV41RT_RO(BackendStats, d2h_bytes) DSV41RT_RO(BackendStats, eager_forwards)
+          DSV41RT_RO(BackendStats, graph_captures) DSV41RT_RO(BackendStats, graph_replays)
+              DSV41RT_RO(BackendStats, graph_updates) DSV41RT_RO(BackendStats, graphs)
+                  DSV41RT_RO(BackendStats, last_forward_us) DSV41RT_RO(BackendStats, multistream)
+                      DSV41RT_RO(BackendStats, cuda_graphs) DSV41RT_RO(BackendStats, tensor_cores)
+                          DSV41RT_RO(BackendStats, cp_size) DSV41RT_RO(BackendStats, cp_forwards)
+                              DSV41RT_RO(BackendStats, cp_processes)
+                                  DSV41RT_RO(BackendStats, cp_layers_timed)
+                                      DSV41RT_RO(BackendStats, cp_q_projection_us)
+                                          DSV41RT_RO(BackendStats, cp_all_gather_us)
+                                              DSV41RT_RO(BackendStats, cp_overlap_us);
+  nb::class_<Stats>(m, "Stats") DSV41RT_RO(Stats, pool) DSV41RT_RO(Stats, scheduler)
+      DSV41RT_RO(Stats, dequant) DSV41RT_RO(Stats, backend) DSV41RT_RO(Stats, steps)
+          DSV41RT_RO(Stats, tokens_computed) DSV41RT_RO(Stats, tokens_generated);
+#undef DSV41RT_RO
+  nb::class_<ModelInfo>(m, "ModelInfo")
+      .def_ro("vocab_size", &ModelInfo::vocab_size)
+      .def_ro("eos_token_id", &ModelInfo::eos_token_id)
+      .def_ro("device", &ModelInfo::device);
+}
+
+}  // namespace
+
+void register_runtime(nb::module_& m) {
+  register_options(m);
+  register_results(m);
+  nb::class_<Runtime>(m, "Runtime",
+                      "A loaded V4.1 checkpoint: engine, engine thread (unless "
+                      "options.engine_thread is False) and direct sequences.")
+      .def(
+          "__init__",
+          [](Runtime* self, RuntimeOptions options, nb::object progress) {
+            if (!progress.is_none()) {
+              options.progress = [progress](int64_t done, int64_t total) {
+                nb::gil_scoped_acquire gil;
+                progress(done, total);
+              };
+            }
+            nb::gil_scoped_release release;
+            new (self) Runtime(std::move(options));
+          },
+          nb::arg("options"), nb::arg("progress") = nb::none())
+      .def(
+          "submit",
+          [](Runtime& rt, std::vector<int32_t> prompt, int64_t max_new_tokens, nb::dict sampling,
+             std::vector<int32_t> stop_token_ids, bool ignore_eos) {
+            RequestParams p;
+            p.max_new_tokens = max_new_tokens;
+            p.sampling = sampling_params_from_dict<SamplingParams>(sampling);
+            p.stop_token_ids = std::move(stop_token_ids);
+            p.ignore_eos = ignore_eos;
+            return rt.submit(std::move(prompt), p);
+          },
+          nb::arg("prompt"), nb::arg("max_new_tokens"), nb::arg("sampling") = nb::dict(),
+          nb::arg("stop_token_ids") = std::vector<int32_t>{}, nb::arg("ignore_eos") = false)
+      .def(
+          "await_output",
+          [](Runtime& rt, int64_t id, double timeout_s) {
+            const auto t = millis(timeout_s);
+            nb::gil_scoped_release release;
+            return rt.await(id, t);
+          },
+          nb::arg("id"), nb::arg("timeout_s"))
+      .def(
+          "await_any",
+          [](Runtime& rt, double timeout_s) {
+            const auto t = millis(timeout_s);
+            nb::gil_scoped_release release;
+            return rt.await_any(t);
+          },
+          nb::arg("timeout_s"))
+      .def("cancel", &Runtime::cancel, nb::arg("id"), nb::arg("wait") = true,
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("step", &Runtime::step, nb::call_guard<nb::gil_scoped_release>())
+      .def("idle", &Runtime::idle)
+      .def("shutdown", &Runtime::shutdown, nb::call_guard<nb::gil_scoped_release>())
+      .def("stats", &Runtime::stats)
+      .def("info", &Runtime::info)
+      .def("decisions", [](const Runtime& rt) { return decisions_dict(rt.decisions()); })
+      .def("describe_pool", &Runtime::describe_pool)
+      .def("check_invariants", &Runtime::check_invariants)
+      .def("set_switch", &Runtime::set_switch, nb::arg("which"), nb::arg("on"))
+      .def("set_dequant_reuse", &Runtime::set_dequant_reuse, nb::arg("on"))
+      .def("reset_dequant_counters", &Runtime::reset_dequant_counters)
+      .def("run_cp_worker", &Runtime::run_cp_worker, nb::call_guard<nb::gil_scoped_release>())
+      .def("open_sequence", &Runtime::open_sequence)
+      .def(
+          "forward",
+          [](Runtime& rt, int64_t seq, I32Array tokens, bool all_logits) {
+            const int64_t n = int64_t(tokens.shape(0));
+            DSV41RT_CHECK(n > 0, "forward: empty token list for sequence ", seq);
+            return logits_array(all_logits ? n : 1, rt.info().vocab_size, [&](float* out) {
+              rt.forward(seq, tokens.data(), n, all_logits, out);
+            });
+          },
+          nb::arg("seq"), nb::arg("tokens"), nb::arg("all_logits") = true)
+      .def("fork", &Runtime::fork, nb::arg("seq"), nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "decode",
+          [](Runtime& rt, const std::vector<int64_t>& seqs, I32Array tokens) {
+            DSV41RT_CHECK(!seqs.empty() && tokens.shape(0) == seqs.size(), "decode: ", seqs.size(),
+                          " sequences and ", tokens.shape(0), " tokens");
+            return logits_array(int64_t(seqs.size()), rt.info().vocab_size,
+                                [&](float* out) { rt.decode(seqs, tokens.data(), out); });
+          },
+          nb::arg("seqs"), nb::arg("tokens"))
+      .def("close_sequence", &Runtime::close_sequence, nb::arg("seq"));
+}
+
+}  // namespace dsv41rt::bindings
