@@ -81,7 +81,7 @@ def prefill_handle(rt, n: int, budget: int, rng) -> tuple[int, float]:
     total = 0.0
     for i in range(0, n, budget):
         chunk = np.asarray(p[i : i + budget], np.int32)
-        total += timed(rt, functools.partial(rt._ex.forward, h, chunk, all_logits=False))
+        total += timed(rt, functools.partial(rt.forward_tokens, h, chunk, all_logits=False))
     return h, total
 
 
@@ -99,7 +99,7 @@ def decode(
         if device != "cpu":
             for name, on in opts.items():
                 if name != "reuse":
-                    rt.set_backend_option(name, on)
+                    rt.set_switch(name, on)
         rt.set_dequant_reuse(opts["reuse"])
         tokens = rng.integers(3, 129000, (steps + 2, batch)).tolist()
         ms = [timed(rt, functools.partial(rt.decode_handles, handles, t)) for t in tokens]
@@ -107,7 +107,7 @@ def decode(
         out[mode] = {"median_ms": statistics.median(ms), "min_ms": min(ms), "steps": len(ms)}
     for name, on in DEFAULTS.items():
         if device != "cpu" and name != "reuse":
-            rt.set_backend_option(name, on)
+            rt.set_switch(name, on)
     rt.set_dequant_reuse(True)
     for h in handles:
         rt.release_handle(h)
@@ -161,10 +161,10 @@ def main() -> int:
             ck,
             args.device,
             kv_memory=args.kv_memory,
-            max_running=max(int(b) for b in args.batches.split(",")),
-            token_budget=args.token_budget,
+            max_num_seqs=max(int(b) for b in args.batches.split(",")),
+            max_num_batched_tokens=args.token_budget,
             precision=args.precision,
-            max_context=args.max_context,
+            max_model_len=args.max_context,
             **kw,
         )
 
@@ -215,7 +215,7 @@ def main() -> int:
         prefill_row(n, times)
         prefilled.add(n)
 
-    state_per_token = rt.stats()["page_bytes"] / rt.stats()["page_tokens"]
+    state_per_token = rt.stats()["page_bytes"] / rt.stats()["page_size"]
     for L in (int(x) for x in args.contexts.split(",") if x):
         for B in (int(x) for x in args.batches.split(",")):
             roof_ms = (weight_bytes + B * L * state_per_token) / COPY_BW * 1e3

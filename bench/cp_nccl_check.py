@@ -38,16 +38,19 @@ def main() -> int:
     for preset in ("tiny-v41", "tiny-v41-released-schedule"):
         ck = os.path.join(tempfile.mkdtemp(), preset)
         make_checkpoint(preset_config_json(preset), ck, 1)
-        kw = dict(kv_memory=256 << 20, max_running=4)
+        kw = dict(kv_memory=256 << 20, max_num_seqs=4)
         one = Runtime(ck, "cuda:0", **kw)
         if args.processes:
             from dsv41rt.cp_launch import cp_processes
 
-            launched = cp_processes(ck, args.cp_size, "cuda:0", **kw)
+            from dsv41rt.options import RuntimeOptions
+
+            opts = RuntimeOptions(device="cuda:0", context_parallel_size=args.cp_size, **kw)
+            launched = cp_processes(ck, opts)
             cp = launched.__enter__()
         else:
-            cp = Runtime(ck, "cuda", cp_size=args.cp_size, cp_comm="nccl", **kw)
-        cp.set_backend_option("cp_timing", True)
+            cp = Runtime(ck, "cuda", context_parallel_size=args.cp_size, context_parallel_backend="nccl", **kw)
+        cp.set_switch("cp_timing", True)
         for n in (37, 201, 1000):
             p = [0] + [int(t) for t in np.random.default_rng(4000 + n).integers(3, 129000, n - 1)]
             a, b = run(one, p), run(cp, p)

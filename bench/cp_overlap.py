@@ -3,7 +3,7 @@ projection? CUDA-event timing of both per layer (backend option "cp_timing"), su
 
   python bench/cp_overlap.py [--preset tiny-v41 | --checkpoint DIR] [--tokens 4096,8192]
 
-Runs the CP data flow over a one-rank NCCL group (cp_comm="nccl", cp_size 1): the all-gather is a
+Runs the CP data flow over a one-rank NCCL group (context_parallel_backend="nccl", cp_size 1): the all-gather is a
 real NCCL collective on the main stream while the Q projection runs on a side stream. Also checks
 the logits against the plain (non-CP) executor on the same prompt: bitwise equal. With
 --cp-size N > 1 and N GPUs it runs N ranks instead (issue 9).
@@ -40,9 +40,9 @@ def main() -> int:
         ck = os.path.join(tempfile.mkdtemp(), args.preset)
         make_checkpoint(preset_config_json(args.preset), ck, 0)
     lengths = [int(x) for x in args.tokens.split(",")]
-    kw = dict(kv_memory=args.kv_memory, max_running=2, token_budget=max(lengths))
-    rt = Runtime(ck, "cuda", cp_size=args.cp_size, cp_comm="nccl", **kw)
-    rt.set_backend_option("cp_timing", True)
+    kw = dict(kv_memory=args.kv_memory, max_num_seqs=2, max_num_batched_tokens=max(lengths))
+    rt = Runtime(ck, "cuda", context_parallel_size=args.cp_size, context_parallel_backend="nccl", **kw)
+    rt.set_switch("cp_timing", True)
     rng = np.random.default_rng(0)
     rows, prompts = [], {}
     for n in lengths:

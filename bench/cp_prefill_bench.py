@@ -25,7 +25,7 @@ def prefill(rt, n: int, budget: int, rng) -> dict:
     tot = {"ms": 0.0, "gather_us": 0, "q_us": 0, "overlap_us": 0}
     for i in range(0, n, budget):
         t0 = time.perf_counter()
-        rt._ex.forward(h, p[i : i + budget], all_logits=False)
+        rt.forward_tokens(h, p[i : i + budget], all_logits=False)
         wall_ms = (time.perf_counter() - t0) * 1e3
         s = rt.backend_stats()
         # CUDA executors time each forward with device events; the CPU smoke run has wall time only.
@@ -73,22 +73,25 @@ def main() -> int:
     for cp, lengths in ((args.cp_size, args.tokens), (1, args.cp1_tokens)):
         if not lengths:
             continue
-        kw = dict(kv_memory=12 << 30, max_running=2, token_budget=args.budget, max_context=33000, precision="bf16")
+        kw = dict(kv_memory=12 << 30, max_num_seqs=2, max_num_batched_tokens=args.budget, max_model_len=33000, precision="bf16")
         if args.cpu:
-            kw = dict(kv_memory=256 << 20, max_running=2, token_budget=args.budget)
+            kw = dict(kv_memory=256 << 20, max_num_seqs=2, max_num_batched_tokens=args.budget)
         dev = "cpu" if args.cpu else "cuda:0"
         launched = None
         if cp > 1 and args.processes:
             from dsv41rt.cp_launch import cp_processes
 
-            launched = cp_processes(args.checkpoint, cp, dev, comm="socket" if args.cpu else "nccl", **kw)
+            from dsv41rt.options import RuntimeOptions
+
+            opts = RuntimeOptions(device=dev, context_parallel_size=cp, **kw)
+            launched = cp_processes(args.checkpoint, opts, comm="socket" if args.cpu else "nccl")
             rt = launched.__enter__()
         elif cp > 1:
-            rt = Runtime(args.checkpoint, dev.split(":")[0], cp_size=cp, cp_comm="local" if args.cpu else "nccl", **kw)
+            rt = Runtime(args.checkpoint, dev.split(":")[0], context_parallel_size=cp, context_parallel_backend="local" if args.cpu else "nccl", **kw)
         else:
             rt = Runtime(args.checkpoint, dev, **kw)
         if cp > 1 and not args.cpu:
-            rt.set_backend_option("cp_timing", True)
+            rt.set_switch("cp_timing", True)
         rng = np.random.default_rng(0)
         prefill(rt, args.warmup, args.budget, rng)  # warm-up
         for n in (int(x) for x in lengths.split(",") if x):

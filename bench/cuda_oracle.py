@@ -74,7 +74,7 @@ def dump(out: str, device: str) -> None:
         for seed in SEEDS:
             ck = checkpoint(seed, root)
             for quant in (True, False):
-                gpu, cpu = Runtime(ck, device, cache_quant=quant), Runtime(ck, cache_quant=quant)
+                gpu, cpu = Runtime(ck, device, kv_cache_dtype="auto" if quant else "float32"), Runtime(ck, kv_cache_dtype="auto" if quant else "float32")
                 for n in LENGTHS:
                     ours, greedy = run_case(gpu, prompt_of(n), None)
                     ref, _ = run_case(cpu, prompt_of(n), greedy)
@@ -102,7 +102,7 @@ def compare(path: str) -> int:
             ck = checkpoint(seed, root)
             model = build_model(ck)
             for quant in (True, False):
-                cpu = Runtime(ck, cache_quant=quant)
+                cpu = Runtime(ck, kv_cache_dtype="auto" if quant else "float32")
                 original = nemo_attention.quantize_cache
                 if not quant:
                     nemo_attention.quantize_cache = lambda values, **_: values

@@ -27,9 +27,9 @@ def main() -> int:
         args.checkpoint,
         "cuda",
         kv_memory=8 << 30,
-        max_running=8,
-        token_budget=args.tokens,
-        max_context=args.tokens + 8,
+        max_num_seqs=8,
+        max_num_batched_tokens=args.tokens,
+        max_model_len=args.tokens + 8,
         precision=args.precision,
     )
     rng = np.random.default_rng(0)
@@ -39,10 +39,10 @@ def main() -> int:
     rt.release_handle(h)
     h = rt.new_handle()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        rt._ex.forward(h, np.asarray(prompt, np.int32), all_logits=False)
+        rt.forward_tokens(h, prompt, all_logits=False)
     summarize(prof, f"prefill {args.tokens} tokens ({args.precision})", rt, args.top)
     # One decode step of 8 requests at this context (eager, so every kernel is its own launch).
-    rt.set_backend_option("cuda_graphs", False)
+    rt.set_switch("cuda_graphs", False)
     hs = [h] + [rt.fork_handle(h) for _ in range(7)]
     rt.decode_handles(hs, [5] * 8)  # warm-up
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

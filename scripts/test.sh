@@ -52,6 +52,9 @@ cmake -S . -B build/cpp-tsan -G Ninja -DDSV41RT_BUILD_TESTS=ON -DDSV41RT_TSAN=ON
 cmake --build build/cpp-tsan -j"$(nproc)"
 run_ctest build/cpp-tsan TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}"
 
+echo "== type check (mypy, configured in pyproject.toml; _core's stubs are checked by pytest)"
+python -m mypy
+
 echo "== Python tests"
 export PYTHONWARNINGS=${PYTHONWARNINGS:-ignore::DeprecationWarning}
 python -m pytest -q tests/python "$@"

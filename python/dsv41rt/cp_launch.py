@@ -4,7 +4,8 @@ over NCCL on GPUs base+1..base+P-1, or over TCP sockets on any device (how the m
 without GPUs). Every rank gets the same pool and model options, or the paged
 state would not line up.
 
-    with cp_processes(checkpoint, cp_size=2, device="cuda:0", kv_memory=8 << 30) as rt:
+    opts = RuntimeOptions(device="cuda:0", context_parallel_size=2, context_parallel_processes=True)
+    with open_runtime(checkpoint, opts) as rt:
         rt.generate(...)
 """
 
@@ -20,21 +21,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from .errors import Dsv41rtError
-
-#: Runtime options that must be the same on every rank (they shape the pool and the numerics).
-SHARED_OPTIONS = ("kv_memory", "max_running", "token_budget", "max_context", "page_tokens", "cache_quant", "precision")
+from .options import RuntimeOptions, to_argv
 
 
-def worker_argv(
-    checkpoint: str, rank: int, size: int, device: str, id_file: str, comm: str, options: dict[str, Any]
-) -> list[str]:
-    argv = [sys.executable, "-m", "dsv41rt", "cp-worker", "--checkpoint", checkpoint]
-    argv += ["--rank", str(rank), "--size", str(size), "--device", device, "--id-file", id_file, "--cp-comm", comm]
-    for name in SHARED_OPTIONS:
-        if name in options:
-            value = options[name]
-            argv += [f"--{name.replace('_', '-')}", str(int(value) if isinstance(value, bool) else value)]
-    return argv
+def worker_argv(checkpoint: str, rank: int, device: str, id_file: str, options: RuntimeOptions) -> list[str]:
+    """`dsv41rt cp-worker` for `rank`: every runtime option as rank 0's (the pool and the numerics
+    must line up), on `device`."""
+    argv = [sys.executable, "-m", "dsv41rt", "cp-worker", checkpoint, "--rank", str(rank), "--id-file", id_file]
+    return argv + to_argv(options.replace(device=device, context_parallel_processes=False))
 
 
 def _free_port() -> int:
@@ -44,43 +38,57 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def cp_processes(
-    checkpoint: str, cp_size: int, device: str = "cuda:0", comm: str = "nccl", **options: Any
-) -> Iterator[Any]:
-    """A rank-0 Runtime whose CP ranks 1..cp_size-1 run in worker processes: over NCCL one GPU
-    each (rank r on cuda:N+r), or over TCP sockets on any device (comm="socket": every rank on
-    `device`, e.g. "cpu")."""
+def open_runtime(checkpoint: str, options: RuntimeOptions, **runtime_kw: Any) -> Iterator[Any]:
+    """The Runtime for `options` (closed on exit): in this process, or, with
+    context_parallel_processes, as rank 0 of worker processes for ranks 1..N-1 (`runtime_kw`:
+    Runtime's other keywords, e.g. progress, engine_thread)."""
     from .runtime import Runtime
 
-    unknown = set(options) - set(SHARED_OPTIONS) - {"multistream", "cuda_graphs", "progress"}
-    if unknown:
-        raise Dsv41rtError(f"cp_processes: unsupported options {sorted(unknown)}")
+    if not options.context_parallel_processes:
+        rt = Runtime(checkpoint, options=options, **runtime_kw)
+        try:
+            yield rt
+        finally:
+            rt.close()
+        return
+    gpu = options.device.startswith("cuda")
+    device = "cuda:0" if options.device == "cuda" else options.device
+    with cp_processes(checkpoint, options.replace(device=device), comm="nccl" if gpu else "socket", **runtime_kw) as rt:
+        yield rt
+
+
+@contextlib.contextmanager
+def cp_processes(checkpoint: str, options: RuntimeOptions, comm: str = "nccl", **runtime_kw: Any) -> Iterator[Any]:
+    """A rank-0 Runtime whose CP ranks 1..N-1 (N = options.context_parallel_size) run in worker
+    processes: over NCCL one GPU each (rank r on cuda:B+r for options.device cuda:B), or over TCP
+    sockets on any device (comm="socket": every rank on options.device, e.g. "cpu")."""
+    from .runtime import Runtime
+
+    device, size = options.device, options.context_parallel_size
     if comm not in ("nccl", "socket"):
         raise Dsv41rtError(f"cp_processes: comm must be 'nccl' or 'socket', got {comm!r}")
     if comm == "nccl" and (not device.startswith("cuda:") or not device[5:].isdigit()):
         raise Dsv41rtError(f"cp_processes: device must be cuda:N (rank r runs on cuda:N+r), got {device!r}")
-    if cp_size < 2:
-        raise Dsv41rtError(f"cp_processes: cp_size must be >= 2, got {cp_size}")
+    if size < 2:
+        raise Dsv41rtError(f"cp_processes: context-parallel-size must be >= 2, got {size}")
     if comm == "nccl":
         from . import comm as nccl
 
         uid = nccl.nccl_unique_id()
         base = int(device[5:])
-        devices = [f"cuda:{base + r}" for r in range(cp_size)]
+        devices = [f"cuda:{base + r}" for r in range(size)]
     else:
         uid = f"127.0.0.1:{_free_port()}".encode()
-        devices = [device] * cp_size
+        devices = [device] * size
+    options = options.replace(context_parallel_backend=comm, context_parallel_processes=False)
     with tempfile.TemporaryDirectory() as tmp:
-        id_file = os.path.join(tmp, "nccl_id")
+        id_file = os.path.join(tmp, "group_id")
         with open(id_file, "wb") as f:
             f.write(uid)
-        procs = [
-            subprocess.Popen(worker_argv(checkpoint, r, cp_size, devices[r], id_file, comm, options))
-            for r in range(1, cp_size)
-        ]
+        procs = [subprocess.Popen(worker_argv(checkpoint, r, devices[r], id_file, options)) for r in range(1, size)]
         rt = None
         try:
-            rt = Runtime(checkpoint, devices[0], cp_size=cp_size, cp_comm=comm, cp_rank=0, cp_id=uid, **options)
+            rt = Runtime(checkpoint, devices[0], options=options, rank=0, group_id=uid, **runtime_kw)
             yield rt
         finally:
             if rt is not None:

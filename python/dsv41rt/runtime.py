@@ -1,8 +1,12 @@
 """`dsv41rt.Runtime`: load a checkpoint, run requests step by step, score prompts.
 
-A thin wrapper over the C++ engine (`dsv41rt._core.Engine`): continuous batching over the paged KV
-pool, tokens drawn on the device with each request's sampling parameters, and direct handles for
-scoring and parity tests.
+A thin wrapper over the C++ facade (`dsv41rt._core.Runtime`, cpp/include/dsv41rt/runtime.hpp),
+which loads and validates the checkpoint once, owns the engine (continuous batching over the paged
+KV pool, tokens drawn on the device with each request's sampling parameters) and, when asked, the
+engine thread. Options are `RuntimeOptions` (dsv41rt.options; one name per option).
+
+Scripting drives the engine with `step()`; the server creates its Runtime with
+`engine_thread=True` and consumes outputs with `await_outputs()` (serve/engine_loop.py).
 """
 
 from __future__ import annotations
@@ -10,58 +14,84 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from . import _core
-from .checkpoint.reader import open_checkpoint
-from .config.engram_layout import engram_layouts
+from .config import ModelConfig, load_config
 from .errors import Dsv41rtError
+from .options import RuntimeOptions
 from .sampling import GREEDY, SamplingParams
-from .tokenizer import engram_multipliers
-from .tokenizer.cache import cached_token_map
+from .tokenizer.engram_file import engram_tables_for
 
 
 class StepOutput(NamedTuple):
     request_id: int
     new_tokens: list[int]
     finished: bool
-    finish_reason: str | None  # "length" | "stop" | "abort" | None
+    finish_reason: str | None  # "length" | "stop" | "abort" | "error" | None
     logprobs: list[float]  # raw logprob of each new token
     top_logprobs: list[dict[int, float]]  # per new token, when requested
+    error: str = ""  # finish_reason "error": why the request could not go on
+    first_scheduled: float = 0.0  # time.monotonic() when the first step running it began
 
 
-def engram_inputs(path: str, opened) -> tuple[np.ndarray | None, list[dict]]:
-    """The Engram token map and per-layer hash inputs of a checkpoint (None, [] without Engram)."""
-    return _engram_inputs(path, opened)
+def _step_output(o: Any) -> StepOutput:
+    tops = [dict(zip(ids, lps, strict=True)) for ids, lps in zip(o.top_ids, o.top_logprobs, strict=True)]
+    reason = None if o.reason == _core.FinishReason.none else o.reason.name
+    # steady_clock is CLOCK_MONOTONIC, the clock of time.monotonic().
+    return StepOutput(
+        o.id, list(o.tokens), o.finished, reason, list(o.logprobs), tops, o.error, o.first_scheduled_ns * 1e-9
+    )
 
 
-def _engram_inputs(path: str, opened) -> tuple[np.ndarray | None, list[dict]]:
-    cfg = opened.config
-    if cfg.engram is None:
-        return None, []
-    tok = os.path.join(path, "tokenizer.json")
-    if not os.path.exists(tok):
-        raise Dsv41rtError(f"{path}: Engram layers need the checkpoint's tokenizer.json (not found)")
-    token_map, n_classes = cached_token_map(tok)
-    e = cfg.engram
-    if n_classes != e.compressed_vocab_size:
-        raise Dsv41rtError(
-            f"{tok}: the tokenizer normalises to {n_classes} classes but engram_compressed_vocab_size is "
-            f"{e.compressed_vocab_size}; the Engram hash depends on it"
-        )
-    if len(token_map) != cfg.vocab_size:
-        raise Dsv41rtError(f"{tok}: tokenizer has {len(token_map)} ids, config vocab_size is {cfg.vocab_size}")
-    layers = [
-        {
-            "multipliers": engram_multipliers(layout.layer_id, n_classes, e.max_ngram_size),
-            "primes": list(layout.primes),
-            "offsets": list(layout.offsets),
-        }
-        for layout in engram_layouts(e)
-    ]
-    return np.ascontiguousarray(token_map, dtype=np.int32), layers
+def _fields(obj: Any) -> dict[str, Any]:
+    return {k: getattr(obj, k) for k in dir(obj) if not k.startswith("_")}
+
+
+def flat_stats(s: Any) -> dict[str, int]:
+    """One dict of the typed stats (pool, scheduler, dequant counters, totals)."""
+    out: dict[str, int] = {}
+    for group in (s.pool, s.scheduler, s.dequant):
+        out.update(_fields(group))
+    out["pool_bytes"] = out.pop("bytes_total")
+    out.update(steps=s.steps, tokens_computed=s.tokens_computed, tokens_generated=s.tokens_generated)
+    return out
+
+
+def core_options(
+    checkpoint: str,
+    o: RuntimeOptions,
+    *,
+    engram_tables: str = "",
+    engine_thread: bool = False,
+    rank: int = -1,
+    group_id: bytes = b"",
+    worker_threads: bool = False,
+) -> Any:
+    """The C++ facade's options for `o` (plus the per-process launch fields)."""
+    c = _core.RuntimeOptions()
+    c.checkpoint = checkpoint
+    c.engram_tables = engram_tables
+    c.pool.kv_memory = o.kv_memory
+    c.pool.max_num_seqs = o.max_num_seqs
+    c.pool.max_num_batched_tokens = o.max_num_batched_tokens
+    c.pool.max_model_len = o.max_model_len
+    c.pool.page_size = o.page_size
+    c.numerics.precision = _core.Precision.__members__[o.precision]
+    c.numerics.kv_cache_dtype = _core.KvCacheDtype.__members__[o.kv_cache_dtype]
+    c.device.device = o.device
+    c.device.enforce_eager = o.enforce_eager
+    c.device.multistream = o.multistream
+    c.parallel.context_parallel_size = o.context_parallel_size
+    c.parallel.context_parallel_backend = _core.CpBackend.__members__[o.context_parallel_backend]
+    c.parallel.rank = rank
+    c.parallel.group_id = group_id
+    c.parallel.worker_threads = worker_threads
+    c.record_decisions = o.record_decisions
+    c.engine_thread = engine_thread
+    return c
 
 
 class _LoadBar:
@@ -90,90 +120,59 @@ def _load_progress(checkpoint: str) -> _LoadBar | None:
 
 
 class Runtime:
-    """A loaded model: the C++ engine (continuous batching, paged KV pool, sampling) behind it."""
+    """A loaded model: the C++ runtime (engine, paged KV pool, sampling) behind it."""
 
     def __init__(
         self,
         checkpoint: str,
-        device: str = "cpu",
+        device: str | None = None,
         *,
-        kv_memory: int = 256 << 20,
-        max_running: int = 64,
-        token_budget: int = 512,
-        max_context: int = 0,
-        page_tokens: int = 64,
-        cache_quant: bool = True,
-        record_decisions: bool = False,
-        multistream: bool = True,
-        cuda_graphs: bool = True,
-        precision: str = "fp32",
-        cp_size: int = 1,
-        cp_comm: str = "local",
-        cp_rank: int = -1,
-        cp_id: bytes = b"",
-        cp_workers: bool = False,
+        options: RuntimeOptions | None = None,
         progress: bool = False,
+        engine_thread: bool = False,
+        rank: int = -1,
+        group_id: bytes = b"",
+        worker_threads: bool = False,
+        **fields: Any,
     ) -> None:
-        """Load `checkpoint` (validated against its config).
+        """Load `checkpoint` (its config and every tensor validated once, by the C++ core).
 
-        kv_memory sizes the KV pool (bytes for request slots + token pages); max_running caps the
-        requests running at once; token_budget caps the tokens per step (prefill chunks + decodes);
-        max_context caps prompt + generated tokens per request (0 = what the pool holds); page_tokens is
-        the KV page size in positions (a multiple of every compression ratio).
-        cache_quant=False keeps every cache in FP32 (a debugging deviation from the released numerics,
-        matching the reference's "cache quantisation off" mode); record_decisions keeps each forward's
-        indexer top-k and routed experts for `decisions()`.
-        precision "fp32" computes every projection in FP32 (the reference numerics); "bf16" (CUDA
-        only) runs projections and experts of 16+ rows on BF16 tensor cores (activations rounded to
-        BF16 at each GEMM input, FP32 accumulation).
-        cp_size > 1 splits prefill forwards round-robin over that many context-parallel ranks
-        (virtual ranks in this process, each with a replica of the KV state; decode runs
-        replicated): the same logits as cp_size 1 (docs/design/context-parallel.md). cp_comm "nccl"
-        puts rank r on CUDA device base + r over NCCL (cp_size 1: the CP data flow on one GPU).
-        One process per GPU (dsv41rt.cp_launch): cp_rank r of cp_size with the group's NCCL id cp_id;
-        rank 0 runs the engine, the others call run_cp_worker(). cp_workers runs that protocol with
-        the ranks as threads of this process (LocalComm), for tests.
+        `options` (default RuntimeOptions()) with `device` and any RuntimeOptions `fields` given as
+        keywords (docs/options.md). engine_thread=True starts the C++ engine thread (the server);
+        otherwise `step()` runs the engine. Context-parallel launchers only: this process's `rank`
+        and the group's `group_id` (NCCL unique id or rank 0's host:port); worker_threads runs the
+        one-process-per-rank protocol with the ranks as threads (tests).
         """
-        if not (device in ("cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
-            raise Dsv41rtError(f"unknown device {device!r} (expected 'cpu', 'cuda' or 'cuda:N')")
-        if cp_comm == "nccl":
+        if device is not None:
+            fields["device"] = device
+        opts = (options or RuntimeOptions()).replace(**fields)
+        if opts.context_parallel_processes:
+            raise Dsv41rtError(
+                "context-parallel-processes: start the worker processes with dsv41rt.cp_launch.open_runtime"
+            )
+        if opts.context_parallel_backend == "nccl":
             from . import comm  # noqa: F401  (puts the pip NCCL on the loader's search path)
-        opened = open_checkpoint(checkpoint)  # validates config and every tensor, errors by name
-        self.config = opened.config
-        token_map, layers = _engram_inputs(checkpoint, opened)
-        del opened
+        self.options = opts
+        self._engine_thread = engine_thread
+        self.config: ModelConfig = load_config(checkpoint)
+        core = core_options(
+            checkpoint,
+            opts,
+            engram_tables=engram_tables_for(checkpoint, self.config),
+            engine_thread=engine_thread,
+            rank=rank,
+            group_id=group_id,
+            worker_threads=worker_threads,
+        )
         bar = _load_progress(checkpoint) if progress else None
         try:
-            self._ex = _core.Engine(
-                checkpoint,
-                token_map,
-                layers,
-                cache_quant=cache_quant,
-                record_decisions=record_decisions,
-                kv_memory_bytes=int(kv_memory),
-                max_running=int(max_running),
-                token_budget=int(token_budget),
-                max_context=int(max_context),
-                page_tokens=int(page_tokens),
-                device=device,
-                multistream=bool(multistream),
-                cuda_graphs=bool(cuda_graphs),
-                precision=str(precision),
-                cp_size=int(cp_size),
-                cp_comm=str(cp_comm),
-                cp_rank=int(cp_rank),
-                cp_id=bytes(cp_id),
-                cp_workers=bool(cp_workers),
-                progress=bar,
-            )
-        except _core.Error as err:
-            raise Dsv41rtError(str(err)) from None
+            self._rt = _core.Runtime(core, bar)
         finally:
             if bar is not None:
                 bar.close()
 
     def describe_pool(self) -> str:
-        return self._ex.describe_pool()
+        return self._rt.describe_pool()
 
     # ---- requests -----------------------------------------------------------------------------
     def _check_ids(self, ids: Sequence[int], what: str) -> list[int]:
@@ -201,29 +200,24 @@ class Runtime:
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise Dsv41rtError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         stops = self._check_ids(stop_token_ids or [], "stop_token_ids")
-        try:
-            return self._ex.submit(prompt, max_new_tokens, (sampling or GREEDY).to_dict(), stops, ignore_eos)
-        except _core.Error as err:
-            raise Dsv41rtError(str(err)) from None
+        return self._rt.submit(prompt, max_new_tokens, (sampling or GREEDY).to_dict(), stops, ignore_eos)
 
-    def abort(self, request_id: int) -> None:
-        try:
-            self._ex.cancel(request_id)
-        except _core.Error as err:
-            raise Dsv41rtError(str(err)) from None
+    def abort(self, request_id: int, wait: bool = True) -> None:
+        """End a request (its pages are freed). With an engine thread, wait=False returns at once and
+        the aborted output follows through await_outputs()."""
+        self._rt.cancel(request_id, wait)
 
     def step(self) -> list[StepOutput]:
         """Run one engine step: new tokens of the requests that advanced, and finished requests."""
-        outs = []
-        for o in self._ex.step():
-            tops = [dict(zip(ids, lps, strict=True)) for ids, lps in zip(o["top_ids"], o["top_logprobs"], strict=True)]
-            outs.append(
-                StepOutput(o["id"], list(o["new_tokens"]), o["finished"], o["finish_reason"], list(o["logprobs"]), tops)
-            )
-        return outs
+        return [_step_output(o) for o in self._rt.step()]
+
+    def await_outputs(self, timeout: float) -> list[StepOutput]:
+        """engine_thread=True: the outputs gathered since the last call (one per request), waiting up
+        to `timeout` seconds for at least one (the GIL is released while waiting)."""
+        return [_step_output(o) for o in self._rt.await_any(timeout)]
 
     def has_unfinished(self) -> bool:
-        return not self._ex.idle()
+        return not self._rt.idle()
 
     def generate(
         self,
@@ -242,33 +236,41 @@ class Runtime:
             order += ids
             for i in ids:
                 results[i] = []
-            while self.has_unfinished():
-                for o in self.step():
+            pending = set(ids)
+            while pending:
+                outs = self.await_outputs(1.0) if self._engine_thread else self.step()
+                for o in outs:
                     if o.request_id in results:
                         results[o.request_id].extend(o.new_tokens)
+                    if o.finished:
+                        if o.finish_reason == "error":
+                            raise Dsv41rtError(f"request {o.request_id}: {o.error}")
+                        pending.discard(o.request_id)
+                if not outs and not self._engine_thread and not self.has_unfinished():
+                    break
         return [results[i] for i in order]
 
     def stats(self) -> dict[str, int]:
-        return dict(self._ex.stats())
+        return flat_stats(self._rt.stats())
 
     @property
     def device(self) -> str:
         """The executor's device: "cpu" or "cuda:N"."""
-        return str(self._ex.device)
+        return str(self._rt.info().device)
 
-    def set_backend_option(self, name: str, on: bool) -> None:
-        """Switch "multistream" or "cuda_graphs" between forwards (CUDA executor; A/B measurements)."""
-        try:
-            self._ex.set_backend_option(name, bool(on))
-        except _core.Error as err:
-            raise Dsv41rtError(str(err)) from None
+    def set_switch(self, name: str, on: bool) -> None:
+        """Switch "multistream", "cuda_graphs", "tensor_cores" or "cp_timing" between forwards (A/B
+        measurements)."""
+        if name not in _core.Switch.__members__:
+            raise Dsv41rtError(f"unknown switch {name!r} (one of {', '.join(_core.Switch.__members__)})")
+        self._rt.set_switch(_core.Switch.__members__[name], bool(on))
 
     def backend_stats(self) -> dict[str, int]:
-        """Executor-specific counters (CUDA: weight bytes, eager forwards, graph captures/replays)."""
-        return dict(self._ex.backend_stats())
+        """The executor's counters (CUDA: weight bytes, eager forwards, graph captures/replays, ...)."""
+        return {k: int(v) for k, v in _fields(self._rt.stats().backend).items()}
 
     def check_invariants(self) -> None:
-        self._ex.check_invariants()
+        self._rt.check_invariants()
 
     # ---- scoring ------------------------------------------------------------------------------
     def score(self, prompt_ids: Sequence[int], chunk_size: int | None = None) -> np.ndarray:
@@ -283,67 +285,56 @@ class Runtime:
             step = chunk_size or len(prompt)
             parts = [self.forward_tokens(handle, prompt[i : i + step]) for i in range(0, len(prompt), step)]
         finally:
-            self._ex.release(handle)
+            self.release_handle(handle)
         return np.concatenate(parts, axis=0)
 
     # ---- diagnostics / low level --------------------------------------------------------------
     def dequant_counters(self) -> dict[str, int]:
-        s = self.stats()
-        return {k: s[k] for k in ("dequant_calls", "reuse_hits", "rows_dequantised")}
+        return _fields(self._rt.stats().dequant)
 
     def reset_dequant_counters(self) -> None:
-        self._ex.reset_counters()
+        self._rt.reset_dequant_counters()
 
     def set_dequant_reuse(self, on: bool) -> None:
-        self._ex.set_dequant_reuse(on)
+        self._rt.set_dequant_reuse(on)
 
     def decisions(self) -> dict[str, np.ndarray]:
         """The last forward's "topk_L<l>" / "experts_L<l>" arrays (sorted rows), if recording."""
-        return dict(self._ex.decisions())
+        return dict(self._rt.decisions())
 
+    # Direct handles: a request's state outside the scheduler (the facade's sequences).
     def new_handle(self) -> int:
-        """A direct executor handle (outside the scheduler) for scoring and parity tests."""
-        try:
-            return self._ex.new_handle()
-        except _core.Error as err:
-            raise Dsv41rtError(str(err)) from None
+        """A direct handle (outside the scheduler) for scoring and parity tests."""
+        return self._rt.open_sequence()
 
-    def forward_tokens(self, handle: int, tokens: Sequence[int]) -> np.ndarray:
-        """Run tokens on a handle at its next positions; logits float32 [len(tokens), vocab]."""
+    def forward_tokens(self, handle: int, tokens: Sequence[int], all_logits: bool = True) -> np.ndarray:
+        """Run tokens on a handle at its next positions; logits float32 [len(tokens), vocab] (or of
+        the last position only, [1, vocab], with all_logits=False)."""
         ids = np.asarray(self._check_ids(tokens, "tokens"), np.int32)
-        try:
-            return self._ex.forward(handle, ids, all_logits=True)
-        except _core.Error as err:
-            raise Dsv41rtError(str(err)) from None
-
-    def close(self) -> None:
-        """Releases the engine, its executor and its device memory now (a context-parallel rank 0
-        then shuts its worker processes down). The Runtime is unusable afterwards."""
-        self.__dict__.pop("_ex", None)
-
-    def run_cp_worker(self) -> None:
-        """Context-parallel rank > 0 (cp_rank) in its own process: replays rank 0's calls until rank 0
-        shuts the group down (its Runtime is closed)."""
-        try:
-            self._ex.run_cp_worker()
-        except _core.Error as err:
-            raise Dsv41rtError(str(err)) from None
+        return self._rt.forward(handle, ids, all_logits=all_logits)
 
     def fork_handle(self, handle: int) -> int:
         """A new handle holding a copy of `handle`'s state: it continues exactly as `handle` would
         (prefix sharing by copy; benchmarks use it to build many long contexts from one prefill)."""
-        try:
-            return self._ex.fork(handle)
-        except _core.Error as err:
-            raise Dsv41rtError(str(err)) from None
+        return self._rt.fork(handle)
 
     def decode_handles(self, handles: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         """One token for each handle in one batched forward (a decode step); logits [B, vocab]."""
         ids = np.asarray(self._check_ids(tokens, "tokens"), np.int32)
-        try:
-            return self._ex.decode(list(handles), ids)
-        except _core.Error as err:
-            raise Dsv41rtError(str(err)) from None
+        return self._rt.decode(list(handles), ids)
 
     def release_handle(self, handle: int) -> None:
-        self._ex.release(handle)
+        self._rt.close_sequence(handle)
+
+    def close(self) -> None:
+        """Ends every request, stops the engine thread and releases the executor and its device
+        memory now (a context-parallel rank 0 then shuts its worker processes down). The Runtime is
+        unusable afterwards."""
+        rt = self.__dict__.pop("_rt", None)
+        if rt is not None:
+            rt.shutdown()
+
+    def run_cp_worker(self) -> None:
+        """Context-parallel rank > 0 in its own process: replays rank 0's calls until rank 0 shuts the
+        group down (its Runtime is closed)."""
+        self._rt.run_cp_worker()

@@ -44,12 +44,12 @@ def prefill_and_decode(rt, prompt: list[int]) -> tuple[np.ndarray, list[int], np
 def check_cp_equals_one(path: str, device: str, sizes: tuple[int, ...]) -> None:
     from dsv41rt.runtime import Runtime
 
-    kw = dict(kv_memory=64 << 20, max_running=4)
+    kw = dict(kv_memory=64 << 20, max_num_seqs=4)
     base = Runtime(path, device, **kw)
     ref = {n: prefill_and_decode(base, prompt_of(n)) for n in PROMPTS}
     del base
     for cp in sizes:
-        rt = Runtime(path, device, cp_size=cp, **kw)
+        rt = Runtime(path, device, context_parallel_size=cp, **kw)
         assert rt.backend_stats()["cp_size"] == cp
         for n in PROMPTS:
             logits, tokens, steps = prefill_and_decode(rt, prompt_of(n))
@@ -81,9 +81,9 @@ def test_cp_engine_batches_give_the_cp1_tokens(tiny_v41_dir) -> None:
     from numerics import generate_with_logprobs
 
     prompts = [prompt_of(n) for n in (5, 70, 130, 9)]
-    kw = dict(kv_memory=64 << 20, max_running=4, token_budget=48)
+    kw = dict(kv_memory=64 << 20, max_num_seqs=4, max_num_batched_tokens=48)
     want = generate_with_logprobs(Runtime(tiny_v41_dir, **kw), prompts, 8)
-    rt = Runtime(tiny_v41_dir, cp_size=3, **kw)
+    rt = Runtime(tiny_v41_dir, context_parallel_size=3, **kw)
     assert generate_with_logprobs(rt, prompts, 8) == want  # tokens and logprobs, bit for bit
     assert rt.stats()["pages_used"] == 0
 
@@ -92,8 +92,8 @@ def test_cp_size_is_checked(tiny_v41_dir) -> None:
     from dsv41rt.errors import Dsv41rtError
     from dsv41rt.runtime import Runtime
 
-    with pytest.raises(Dsv41rtError, match="cp_size 0 must be in"):
-        Runtime(tiny_v41_dir, cp_size=0)
+    with pytest.raises(Dsv41rtError, match=r"context-parallel-size: must be in \[1, 64\]"):
+        Runtime(tiny_v41_dir, context_parallel_size=0)
 
 
 def test_cli_score_and_generate_take_cp_size(tiny_v41_dir, tmp_path) -> None:
@@ -104,13 +104,13 @@ def test_cli_score_and_generate_take_cp_size(tiny_v41_dir, tmp_path) -> None:
     prompts = tmp_path / "p.json"
     prompts.write_text(json.dumps([prompt_of(37), prompt_of(20)]))
     outs = {}
-    for cp, mode in ((1, []), (2, []), (2, ["--cp-processes"])):  # the last: a worker process over TCP
+    for cp, mode in ((1, []), (2, []), (2, ["--context-parallel-processes", "true"])):  # the last: a worker process over TCP
         s = tmp_path / f"s{cp}{len(mode)}.npz"
         g = tmp_path / f"g{cp}{len(mode)}.json"
         for cmd, out, extra in (("score", s, []), ("generate", g, ["--max-new-tokens", "4"])):
             r = subprocess.run(
                 [sys.executable, "-m", "dsv41rt", cmd, "--checkpoint", tiny_v41_dir, "--prompts", str(prompts)]
-                + ["--out", str(out), "--cp-size", str(cp), *mode, *extra],
+                + ["--out", str(out), "--context-parallel-size", str(cp), *mode, *extra],
                 capture_output=True,
                 text=True,
             )
@@ -131,10 +131,10 @@ def test_cp_over_one_rank_nccl_equals_plain_and_overlaps_the_q_projection(tiny_v
     from dsv41rt.runtime import Runtime
 
     assert comm.nccl_available(), comm.nccl_library_info()
-    kw = dict(kv_memory=64 << 20, max_running=4)
+    kw = dict(kv_memory=64 << 20, max_num_seqs=4)
     want = prefill_and_decode(Runtime(tiny_v41_dir, "cuda", **kw), prompt_of(1000))
-    rt = Runtime(tiny_v41_dir, "cuda", cp_comm="nccl", **kw)
-    rt.set_backend_option("cp_timing", True)
+    rt = Runtime(tiny_v41_dir, "cuda", context_parallel_backend="nccl", **kw)
+    rt.set_switch("cp_timing", True)
     got = prefill_and_decode(rt, prompt_of(1000))
     assert np.array_equal(got[0], want[0]) and got[1] == want[1] and np.array_equal(got[2], want[2])
     s = rt.backend_stats()
@@ -157,8 +157,8 @@ def test_cp_ranks_without_rows_and_bad_input(tiny_v41_dir, device: str) -> None:
     from dsv41rt import _core
     from dsv41rt.runtime import Runtime
 
-    kw = dict(kv_memory=64 << 20, max_running=4)
-    one, cp = Runtime(tiny_v41_dir, device, **kw), Runtime(tiny_v41_dir, device, cp_size=4, **kw)
+    kw = dict(kv_memory=64 << 20, max_num_seqs=4)
+    one, cp = Runtime(tiny_v41_dir, device, **kw), Runtime(tiny_v41_dir, device, context_parallel_size=4, **kw)
     for n in (2, 3, 5):
         p = prompt_of(n)
         want = prefill_and_decode(one, p)
@@ -167,7 +167,7 @@ def test_cp_ranks_without_rows_and_bad_input(tiny_v41_dir, device: str) -> None:
     h = cp.new_handle()
     t0 = time.monotonic()
     with pytest.raises(_core.Error, match="outside the vocabulary"):  # the C++ check, not Python's
-        cp._ex.forward(h, np.asarray([5, 10**8], np.int32), all_logits=True)
+        cp._rt.forward(h, np.asarray([5, 10**8], np.int32), all_logits=True)
     assert time.monotonic() - t0 < 5
     cp.release_handle(h)
     assert np.array_equal(prefill_and_decode(cp, prompt_of(37))[0], prefill_and_decode(one, prompt_of(37))[0])
@@ -180,9 +180,9 @@ def test_cp_worker_protocol_in_threads_equals_cp1(tiny_v41_dir) -> None:
     from dsv41rt import _core
     from dsv41rt.runtime import Runtime
 
-    kw = dict(kv_memory=64 << 20, max_running=4)
+    kw = dict(kv_memory=64 << 20, max_num_seqs=4)
     one = Runtime(tiny_v41_dir, **kw)
-    rt = Runtime(tiny_v41_dir, cp_size=3, cp_workers=True, **kw)
+    rt = Runtime(tiny_v41_dir, context_parallel_size=3, worker_threads=True, **kw)
     assert rt.backend_stats()["cp_size"] == 3 and rt.backend_stats()["cp_processes"] == 0
     for n in (2, 201):
         want, got = prefill_and_decode(one, prompt_of(n)), prefill_and_decode(rt, prompt_of(n))
@@ -193,14 +193,14 @@ def test_cp_worker_protocol_in_threads_equals_cp1(tiny_v41_dir) -> None:
     rows = rt.decode_handles([h, *forks], [9, 9, 9])
     assert np.array_equal(rows[1], rows[0]) and np.array_equal(rows[2], rows[0])
     with pytest.raises(_core.Error, match="outside the vocabulary"):
-        rt._ex.forward(h, np.asarray([5, 10**8], np.int32), all_logits=True)
+        rt._rt.forward(h, np.asarray([5, 10**8], np.int32), all_logits=True)
     for x in (h, *forks):
         rt.release_handle(x)
     prompts = [prompt_of(n) for n in (5, 70, 130)]
-    ekw = dict(kw, token_budget=48)
+    ekw = dict(kw, max_num_batched_tokens=48)
     want = Runtime(tiny_v41_dir, **ekw).generate(prompts, max_new_tokens=6, ignore_eos=True)
     assert (
-        Runtime(tiny_v41_dir, cp_size=2, cp_workers=True, **ekw).generate(prompts, max_new_tokens=6, ignore_eos=True)
+        Runtime(tiny_v41_dir, context_parallel_size=2, worker_threads=True, **ekw).generate(prompts, max_new_tokens=6, ignore_eos=True)
         == want
     )
 
@@ -212,21 +212,21 @@ def test_cp_rank_options_are_checked(tiny_v41_dir, tmp_path) -> None:
     from dsv41rt.errors import Dsv41rtError
     from dsv41rt.runtime import Runtime
 
-    with pytest.raises(Dsv41rtError, match="cp_rank 0 needs cp_comm 'nccl' or 'socket'"):
-        Runtime(tiny_v41_dir, cp_size=2, cp_rank=0)
-    with pytest.raises(Dsv41rtError, match="cp_comm 'socket' is for one process per rank"):
-        Runtime(tiny_v41_dir, cp_size=2, cp_comm="socket")
+    with pytest.raises(Dsv41rtError, match="rank 0 needs context_parallel_backend 'nccl' or 'socket'"):
+        Runtime(tiny_v41_dir, context_parallel_size=2, rank=0)
+    with pytest.raises(Dsv41rtError, match="context_parallel_backend 'socket' is for one process per rank"):
+        Runtime(tiny_v41_dir, context_parallel_size=2, context_parallel_backend="socket")
     with pytest.raises(Dsv41rtError, match="is not a context-parallel worker"):
         Runtime(tiny_v41_dir).run_cp_worker()
     ident = tmp_path / "id"
     ident.write_bytes(b"x" * 128)
     r = subprocess.run(
-        [sys.executable, "-m", "dsv41rt", "cp-worker", "--checkpoint", tiny_v41_dir, "--rank", "0"]
-        + ["--size", "2", "--device", "cuda:1", "--id-file", str(ident)],
+        [sys.executable, "-m", "dsv41rt", "cp-worker", tiny_v41_dir, "--rank", "0"]
+        + ["--context-parallel-size", "2", "--device", "cuda:1", "--id-file", str(ident)],
         capture_output=True,
         text=True,
     )
-    assert r.returncode == 2 and "--rank must be in [1, --size)" in r.stderr, r.stderr
+    assert r.returncode == 2 and "--rank must be in [1, context-parallel-size)" in r.stderr, r.stderr
 
 
 def test_cp_one_process_per_rank_over_sockets_equals_cp1(tiny_v41_dir) -> None:
@@ -234,11 +234,13 @@ def test_cp_one_process_per_rank_over_sockets_equals_cp1(tiny_v41_dir) -> None:
     processes over TCP (dsv41rt.cp_launch): prefill + decode and a fork equal CP = 1; closing rank 0
     shuts the workers down cleanly (the launcher raises on a non-zero worker exit)."""
     from dsv41rt.cp_launch import cp_processes
+    from dsv41rt.options import RuntimeOptions
     from dsv41rt.runtime import Runtime
 
-    kw = dict(kv_memory=64 << 20, max_running=4)
+    kw = dict(kv_memory=64 << 20, max_num_seqs=4)
     one = Runtime(tiny_v41_dir, **kw)
-    with cp_processes(tiny_v41_dir, 3, "cpu", comm="socket", **kw) as rt:
+    opts = RuntimeOptions(device="cpu", context_parallel_size=3, **kw)
+    with cp_processes(tiny_v41_dir, opts, comm="socket") as rt:
         assert rt.backend_stats()["cp_processes"] == 1 and rt.backend_stats()["cp_size"] == 3
         for n in (37, 201):
             want, got = prefill_and_decode(one, prompt_of(n)), prefill_and_decode(rt, prompt_of(n))
@@ -256,12 +258,14 @@ def test_cp_one_process_per_gpu_over_nccl_equals_cp1(tiny_v41_dir) -> None:
     """Issue 9's mode: rank 0 here on cuda:0, rank 1 a `dsv41rt cp-worker` process on cuda:1, NCCL."""
     from dsv41rt import _core
     from dsv41rt.cp_launch import cp_processes
+    from dsv41rt.options import RuntimeOptions
     from dsv41rt.runtime import Runtime
 
     assert _core.cuda_device_count() >= 2, "a multi_gpu test run on fewer than 2 GPUs"
-    kw = dict(kv_memory=256 << 20, max_running=4)
+    kw = dict(kv_memory=256 << 20, max_num_seqs=4)
     one = Runtime(tiny_v41_dir, "cuda:0", **kw)
-    with cp_processes(tiny_v41_dir, 2, "cuda:0", comm="nccl", **kw) as rt:
+    opts = RuntimeOptions(device="cuda:0", context_parallel_size=2, **kw)
+    with cp_processes(tiny_v41_dir, opts, comm="nccl") as rt:
         for n in PROMPTS:
             want, got = prefill_and_decode(one, prompt_of(n)), prefill_and_decode(rt, prompt_of(n))
             assert np.array_equal(got[0], want[0]) and got[1] == want[1] and np.array_equal(got[2], want[2]), n

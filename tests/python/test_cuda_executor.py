@@ -45,7 +45,7 @@ def pair(request, tiny_v41_dir):
     from dsv41rt.runtime import Runtime
 
     q = request.param
-    return q, Runtime(tiny_v41_dir, cache_quant=q), Runtime(tiny_v41_dir, "cuda", cache_quant=q)
+    return q, Runtime(tiny_v41_dir, kv_cache_dtype="auto" if q else "float32"), Runtime(tiny_v41_dir, "cuda", kv_cache_dtype="auto" if q else "float32")
 
 
 @pytest.mark.parametrize("n", LENGTHS)
@@ -99,7 +99,7 @@ def test_cuda_engine_batch_gives_the_tokens_of_each_request_alone(tiny_v41_dir) 
     for p in prompts:
         rt = Runtime(tiny_v41_dir, "cuda")
         alone += generate_with_logprobs(rt, [p], 12)
-    rt = Runtime(tiny_v41_dir, "cuda", token_budget=64, max_running=4)
+    rt = Runtime(tiny_v41_dir, "cuda", max_num_batched_tokens=64, max_num_seqs=4)
     together = generate_with_logprobs(rt, prompts, 12)
     assert together == alone  # tokens and logprobs, bit for bit
     assert rt.stats()["pages_used"] == 0
@@ -115,7 +115,7 @@ def test_cuda_graph_replay_equals_eager_bitwise(tiny_v41_dir) -> None:
     """
     from dsv41rt.runtime import Runtime
 
-    graph, eager = Runtime(tiny_v41_dir, "cuda"), Runtime(tiny_v41_dir, "cuda", cuda_graphs=False)
+    graph, eager = Runtime(tiny_v41_dir, "cuda"), Runtime(tiny_v41_dir, "cuda", enforce_eager=True)
     for n, steps in ((37, 12), (250, 20)):  # the second crosses the 256-position bucket
         p = prompt_of(n)
         a, greedy = run_prompt(graph, p, steps)
@@ -135,8 +135,8 @@ def test_cuda_graph_batched_decode_matches_eager(tiny_v41_dir) -> None:
     prompts = [prompt_of(n) for n in (5, 33, 90, 140, 12)]
     from numerics import generate_with_logprobs
 
-    graph = Runtime(tiny_v41_dir, "cuda", max_running=8)
-    eager = Runtime(tiny_v41_dir, "cuda", max_running=8, cuda_graphs=False)
+    graph = Runtime(tiny_v41_dir, "cuda", max_num_seqs=8)
+    eager = Runtime(tiny_v41_dir, "cuda", max_num_seqs=8, enforce_eager=True)
     assert generate_with_logprobs(graph, prompts, 20) == generate_with_logprobs(eager, prompts, 20)
     assert graph.backend_stats()["graph_replays"] > 0
 
@@ -158,7 +158,7 @@ def test_cuda_sampled_decode_replays_graphs_and_equals_eager(tiny_v41_dir) -> No
                 out[o.request_id] += list(zip(o.new_tokens, o.logprobs, o.top_logprobs, strict=True))
         return [out[i] for i in ids]
 
-    graph = Runtime(tiny_v41_dir, "cuda", max_running=4)
-    eager = Runtime(tiny_v41_dir, "cuda", max_running=4, cuda_graphs=False)
+    graph = Runtime(tiny_v41_dir, "cuda", max_num_seqs=4)
+    eager = Runtime(tiny_v41_dir, "cuda", max_num_seqs=4, enforce_eager=True)
     assert run(graph) == run(eager)
     assert graph.backend_stats()["graph_replays"] > 0 and eager.backend_stats()["graph_replays"] == 0

@@ -31,9 +31,9 @@ def test_bf16_graph_batched_decode_matches_eager(tiny_v41_dir, requests: int) ->
     from dsv41rt.runtime import Runtime
 
     prompts = [prompt_of(3 + 11 * i) for i in range(requests)]
-    kw = dict(max_running=16, precision="bf16")
+    kw = dict(max_num_seqs=16, precision="bf16")
     graph = Runtime(tiny_v41_dir, "cuda", **kw)
-    eager = Runtime(tiny_v41_dir, "cuda", cuda_graphs=False, **kw)
+    eager = Runtime(tiny_v41_dir, "cuda", enforce_eager=True, **kw)
     a = graph.generate(prompts, max_new_tokens=16, ignore_eos=True)
     b = eager.generate(prompts, max_new_tokens=16, ignore_eos=True)
     assert a == b
@@ -110,7 +110,7 @@ def perturbed(tiny_v41_dir: str, emul, tmp_path, bug: str) -> tuple[str, dict]:
         path = str(tmp_path / "dropped")
         copy_with_zeroed(tiny_v41_dir, path, [f"layers.2.ffn.experts.{expert}.w2.weight"])
         return path, {}
-    return tiny_v41_dir, {"cache_quant": False}
+    return tiny_v41_dir, {"kv_cache_dtype": "float32"}
 
 
 @pytest.mark.cuda

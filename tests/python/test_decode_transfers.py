@@ -13,7 +13,7 @@ BATCH = 64
 def test_a_batch_64_decode_step_moves_a_few_bytes_per_request(tiny_v41_dir, device: str) -> None:
     from dsv41rt.runtime import Runtime
 
-    rt = Runtime(tiny_v41_dir, device, max_running=BATCH, token_budget=4 * BATCH)
+    rt = Runtime(tiny_v41_dir, device, max_num_seqs=BATCH, max_num_batched_tokens=4 * BATCH)
     for r in range(BATCH):
         rt.add_request([0, 5 + r, 9, 17], max_new_tokens=4, ignore_eos=True)
     rt.step()  # every prompt prefilled in one step (and its first token drawn)

@@ -55,7 +55,7 @@ def solo_with_logprobs(rt: Runtime, prompts: list[list[int]], n: int, sp: Sampli
 def test_batch_invariance_with_staggered_arrival(tiny_v41_dir: str, alone: Runtime) -> None:
     lengths = [int(x) for x in np.linspace(1, 300, 16)]
     prompts = [prompt(n, seed=100 + i) for i, n in enumerate(lengths)]
-    rt = Runtime(tiny_v41_dir, token_budget=96, max_running=6)
+    rt = Runtime(tiny_v41_dir, max_num_batched_tokens=96, max_num_seqs=6)
     ids, out = [], {}
     for wave in range(4):  # four waves of arrivals while earlier requests are mid-flight
         ids += [rt.add_request(p, 6, ignore_eos=True) for p in prompts[wave * 4 : wave * 4 + 4]]
@@ -73,12 +73,12 @@ def test_batch_invariance_with_staggered_arrival(tiny_v41_dir: str, alone: Runti
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded-sampling"])
 def test_exhausted_pool_queues_and_preempts_and_stays_correct(tiny_v41_dir: str, alone: Runtime, sampled: bool) -> None:
-    probe = Runtime(tiny_v41_dir, page_tokens=16, max_running=8)
+    probe = Runtime(tiny_v41_dir, page_size=16, max_num_seqs=8)
     st = probe.stats()
     del probe
     # Room for 8 slots but only ~2 requests' pages: each request needs ceil((40 + 24) / 16) = 4 pages.
     budget = st["scratch_bytes"] + 8 * st["slot_bytes"] + 9 * (st["page_bytes"] + st["workspace_bytes_per_page"])
-    rt = Runtime(tiny_v41_dir, kv_memory=budget, page_tokens=16, max_running=8)
+    rt = Runtime(tiny_v41_dir, kv_memory=budget, page_size=16, max_num_seqs=8)
     assert rt.stats()["pages_total"] == 9
     prompts = [prompt(40, seed=200 + i) for i in range(8)]
     # A preempted request recomputes its prompt and generated tokens and draws its next token at
@@ -130,12 +130,12 @@ def test_abort_frees_pages_at_once(tiny_v41_dir: str) -> None:
     assert rt.stats()["pages_used"] == 0 and rt.stats()["slots_used"] == 0
     outs = rt.step()
     assert [(o.request_id, o.finish_reason) for o in outs] == [(rid, "abort")]
-    with pytest.raises(Dsv41rtError, match=f"unknown request {rid}"):
+    with pytest.raises(Dsv41rtError, match=f"unknown request id {rid}"):
         rt.abort(rid)
 
 
 def test_limits_and_bad_requests(tiny_v41_dir: str) -> None:
-    rt = Runtime(tiny_v41_dir, max_context=64)
+    rt = Runtime(tiny_v41_dir, max_model_len=64)
     with pytest.raises(Dsv41rtError, match="64"):
         rt.add_request(prompt(60, seed=1), 10)
     with pytest.raises(Dsv41rtError, match="max_new_tokens must be an integer >= 1"):
@@ -144,7 +144,7 @@ def test_limits_and_bad_requests(tiny_v41_dir: str) -> None:
         rt.add_request([0, 1], 4, SamplingParams(temperature=-1.0))
     with pytest.raises(Dsv41rtError, match=r"stop_token_ids\[0\] = -3"):
         rt.add_request([0, 1], 4, stop_token_ids=[-3])
-    with pytest.raises(Dsv41rtError, match="kv_memory_bytes must be positive"):
+    with pytest.raises(Dsv41rtError, match="kv-memory: must be > 0"):
         Runtime(tiny_v41_dir, kv_memory=0)
 
 

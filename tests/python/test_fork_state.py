@@ -51,7 +51,7 @@ def test_fork_and_decode_errors(tiny_v41_dir) -> None:
     from dsv41rt.errors import Dsv41rtError
     from dsv41rt.runtime import Runtime
 
-    rt = Runtime(tiny_v41_dir, kv_memory=8 << 20, max_running=4)
+    rt = Runtime(tiny_v41_dir, kv_memory=8 << 20, max_num_seqs=4)
     h = rt.new_handle()
     rt.forward_tokens(h, prompt_of(20))
     with pytest.raises(Dsv41rtError, match="unknown handle 999"):

@@ -6,7 +6,7 @@ greedy tokens after each prompt, in two modes:
 
 - released numerics (cache quantisation on, both sides): every cache value passes through FP8 /
   NVFP4 / MXFP4 as the reference does;
-- cache quantisation off (both sides: our `cache_quant=False`, the reference with its
+- cache quantisation off (both sides: our `kv_cache_dtype="float32"`, the reference with its
   `quantize_cache` replaced by the identity). Without the rounding decisions the network is smooth at
   FP32 level, so this mode checks all of the arithmetic tightly.
 
@@ -62,7 +62,7 @@ def results(request, tmp_path_factory) -> dict:
     seed, quant = request.param
     ck = str(tmp_path_factory.mktemp(f"oracle-seed{seed}"))
     make_checkpoint(preset_config_json("tiny-v41"), ck, seed)
-    model, rt = build_model(ck), Runtime(ck, cache_quant=quant)
+    model, rt = build_model(ck), Runtime(ck, kv_cache_dtype="auto" if quant else "float32")
     original = nemo_attention.quantize_cache
     if not quant:
         nemo_attention.quantize_cache = lambda values, **_: values
@@ -158,7 +158,7 @@ def test_decisions_match_reference_without_cache_quantisation(tmp_path) -> None:
 
     make_checkpoint(preset_config_json("tiny-v41"), str(tmp_path), 4)
     model = build_model(str(tmp_path))
-    rt = Runtime(str(tmp_path), cache_quant=False, record_decisions=True)
+    rt = Runtime(str(tmp_path), kv_cache_dtype="float32", record_decisions=True)
     p = prompt_of(200)
     original = nemo_attention.quantize_cache
     nemo_attention.quantize_cache = lambda values, **_: values
@@ -194,11 +194,11 @@ def test_bound_rejects_a_dropped_expert(tmp_path, quant: bool) -> None:
     ck = str(tmp_path / "ck")
     make_checkpoint(preset_config_json("tiny-v41"), ck, 1)
     p = prompt_of(37)
-    probe = Runtime(ck, cache_quant=quant, record_decisions=True)
+    probe = Runtime(ck, kv_cache_dtype="auto" if quant else "float32", record_decisions=True)
     probe.score(p)
     expert = int(probe.decisions()["experts_L2"][0][0])  # routed for the first token in layer 2
     copy_with_zeroed(ck, str(tmp_path / "dropped"), [f"layers.2.ffn.experts.{expert}.w2.weight"])
-    ours = Runtime(str(tmp_path / "dropped"), cache_quant=quant).score(p)
+    ours = Runtime(str(tmp_path / "dropped"), kv_cache_dtype="auto" if quant else "float32").score(p)
     original = nemo_attention.quantize_cache
     if not quant:
         nemo_attention.quantize_cache = lambda values, **_: values

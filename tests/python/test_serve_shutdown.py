@@ -256,16 +256,8 @@ from dsv41rt.sampling import SamplingParams
 from dsv41rt.serve.config import ServeConfig
 
 job = json.load(sys.stdin)
-cfg = ServeConfig()  # the server's Runtime settings, as serve_cmd._runtime passes them
-rt = Runtime(
-    job["model"],
-    cfg.device,
-    kv_memory=cfg.kv_memory,
-    max_running=cfg.max_num_seqs,
-    token_budget=cfg.max_num_batched_tokens,
-    max_context=cfg.max_model_len,
-    precision=cfg.precision,
-)
+cfg = ServeConfig()  # the server's runtime options (serve_cmd passes cfg.runtime)
+rt = Runtime(job["model"], options=cfg.runtime)
 out = []
 for prompt, n, params in job["runs"]:
     sp = SamplingParams(**params)

@@ -205,11 +205,10 @@ def make_checkpoint(
     if tokenizer:
         _copy_tokenizer(out_dir, v41=cfg.is_v41)
         if cfg.engram is not None:  # the Engram hashing inputs, for C++ hosts without Python
-            from ..checkpoint.reader import open_checkpoint
-            from ..runtime import engram_inputs
-            from ..tokenizer.engram_file import write_engram_tables
+            from ..tokenizer.engram_file import engram_inputs, write_engram_tables
 
-            token_map, layers = engram_inputs(out_dir, open_checkpoint(out_dir))
+            token_map, layers = engram_inputs(out_dir, cfg)
+            assert token_map is not None
             write_engram_tables(out_dir, token_map, layers)
     with open(os.path.join(out_dir, "dsv41rt_generated.json"), "w") as f:
         json.dump({"preset": name, "seed": seed, "files": files}, f, indent=2)

@@ -90,11 +90,10 @@ def register_prepare(sub: argparse._SubParsersAction) -> None:
 
 def run_prepare(args: argparse.Namespace) -> int:
     from ..checkpoint.reader import open_checkpoint
-    from ..runtime import engram_inputs
-    from ..tokenizer.engram_file import write_engram_tables
+    from ..tokenizer.engram_file import engram_inputs, write_engram_tables
 
     opened = open_checkpoint(args.checkpoint)
-    token_map, layers = engram_inputs(args.checkpoint, opened)
+    token_map, layers = engram_inputs(args.checkpoint, opened.config)
     if token_map is None:
         print(f"{args.checkpoint}: no Engram layers, nothing to write")
         return 0

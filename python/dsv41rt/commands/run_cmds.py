@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import Dsv41rtError
-from .make_checkpoint_cmd import _size
+from ..options import add_runtime_flags, options_from_args
 
 
 def load_prompts(path: str) -> list[list[int]]:
@@ -40,22 +40,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (config.json + safetensors)")
     p.add_argument("--prompts", required=True, help="JSON file: a list of lists of token ids")
     p.add_argument("--out", required=True, help="output file")
-    p.add_argument("--device", default="cpu", help="execution device: cpu, cuda or cuda:N (default cpu)")
-    p.add_argument("--kv-memory", type=_size, default=256 << 20, help="KV pool size in bytes (default 256M)")
-    p.add_argument("--max-running", type=int, default=64, help="requests running at once (default 64)")
-    p.add_argument("--token-budget", type=int, default=512, help="tokens per engine step (default 512)")
-    p.add_argument(
-        "--cp-size",
-        type=int,
-        default=1,
-        help="context-parallel ranks for prefill (virtual ranks in this process over LocalComm; default 1)",
-    )
-    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"), help="GEMM precision (bf16: CUDA only)")
-    p.add_argument(
-        "--cp-processes",
-        action="store_true",
-        help="run CP ranks 1..N-1 as worker processes (NCCL, one GPU each, on cuda devices; TCP on the CPU)",
-    )
+    add_runtime_flags(p)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -75,26 +60,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 @contextlib.contextmanager
 def _runtime(args: argparse.Namespace) -> Iterator[Any]:
-    from ..runtime import Runtime
+    from ..cp_launch import open_runtime
 
-    for name in ("max_running", "token_budget", "cp_size"):
-        if getattr(args, name) < 1:
-            raise Dsv41rtError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    kw = dict(
-        kv_memory=args.kv_memory, max_running=args.max_running, token_budget=args.token_budget, precision=args.precision
-    )
-    if args.cp_processes:
-        from ..cp_launch import cp_processes
-
-        gpu = args.device.startswith("cuda")
-        device = "cuda:0" if args.device == "cuda" else args.device
-        with cp_processes(args.checkpoint, args.cp_size, device, comm="nccl" if gpu else "socket", **kw) as rt:
-            print(rt.describe_pool(), file=sys.stderr)
-            yield rt
-        return
-    rt = Runtime(args.checkpoint, device=args.device, cp_size=args.cp_size, **kw)
-    print(rt.describe_pool(), file=sys.stderr)  # capacity: tokens and concurrent requests
-    yield rt
+    with open_runtime(args.checkpoint, options_from_args(args)) as rt:
+        print(rt.describe_pool(), file=sys.stderr)  # capacity: tokens and concurrent requests
+        yield rt
 
 
 def run_score(args: argparse.Namespace) -> int:

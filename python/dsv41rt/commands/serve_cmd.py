@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import signal
 import sys
-from dataclasses import fields
 
 from ..errors import Dsv41rtError
-from ..serve.config import ServeConfig, build_config, dump, load_file
+from ..serve.config import KEYS, ServeConfig, build_config, dump, load_file
 
 _LIST_KEYS = ("served_model_name", "api_key")
 
@@ -20,18 +18,18 @@ _LIST_KEYS = ("served_model_name", "api_key")
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML config file (flags override it)")
     group = p.add_argument_group("config keys (also valid in the YAML file, kebab- or snake_case)")
-    for f in fields(ServeConfig):
-        if f.name == "model":
+    for name in KEYS:
+        if name == "model":
             continue
-        flag = "--" + f.name.replace("_", "-")
-        if f.name in _LIST_KEYS:
-            group.add_argument(flag, dest=f.name, action="append", default=None, metavar="VALUE")
+        flag = "--" + name.replace("_", "-")
+        if name in _LIST_KEYS:
+            group.add_argument(flag, dest=name, action="append", default=None, metavar="VALUE")
         else:
-            group.add_argument(flag, dest=f.name, default=None, metavar="VALUE")
+            group.add_argument(flag, dest=name, default=None, metavar="VALUE")
 
 
 def _overrides(args: argparse.Namespace) -> dict:
-    out = {f.name: getattr(args, f.name) for f in fields(ServeConfig) if getattr(args, f.name, None) is not None}
+    out = {name: getattr(args, name) for name in KEYS if getattr(args, name, None) is not None}
     if getattr(args, "model_path", None):
         out["model"] = args.model_path
     return out
@@ -100,31 +98,12 @@ def run_serve(args: argparse.Namespace) -> int:
         tok = Tokenizers(model_dir)
     except (OSError, ValueError) as err:
         raise Dsv41rtError(str(err)) from None
-    log.info("loading %s on %s", model_dir, cfg.device)
-    with contextlib.ExitStack() as workers:  # CP worker processes live as long as the server
-        rt = _runtime(cfg, model_dir, workers)
+    log.info("loading %s on %s", model_dir, cfg.runtime.device)
+    from ..cp_launch import open_runtime
+
+    # CP worker processes, when configured, live as long as the server.
+    with open_runtime(model_dir, cfg.runtime, progress=True, engine_thread=True) as rt:
         return _serve(cfg, rt, tok, model_dir, default_name, log)
-
-
-def _runtime(cfg: ServeConfig, model_dir: str, workers: contextlib.ExitStack):
-    from ..runtime import Runtime
-
-    kw = dict(
-        kv_memory=cfg.kv_memory,
-        max_running=cfg.max_num_seqs,
-        token_budget=cfg.max_num_batched_tokens,
-        max_context=cfg.max_model_len,
-        precision=cfg.precision,
-        progress=True,
-    )
-    if not cfg.cp_processes:
-        return Runtime(model_dir, cfg.device, cp_size=cfg.context_parallel_size, cp_comm=cfg.cp_comm, **kw)
-    from ..cp_launch import cp_processes
-
-    gpu = cfg.device.startswith("cuda")
-    device = "cuda:0" if cfg.device == "cuda" else cfg.device
-    launch = cp_processes(model_dir, cfg.context_parallel_size, device, comm="nccl" if gpu else "socket", **kw)
-    return workers.enter_context(launch)
 
 
 def _serve(cfg: ServeConfig, rt, tok, model_dir: str, default_name: str, log: logging.Logger) -> int:
@@ -138,8 +117,9 @@ def _serve(cfg: ServeConfig, rt, tok, model_dir: str, default_name: str, log: lo
     log.info("%s", rt.describe_pool())
     names = cfg.model_names(default_name)
     stats = rt.stats()
-    capacity = stats["pages_total"] * stats["page_tokens"]
-    context_limit = min(cfg.max_model_len, capacity) if cfg.max_model_len else capacity
+    capacity = stats["pages_total"] * stats["page_size"]
+    limit = cfg.runtime.max_model_len
+    context_limit = min(limit, capacity) if limit else capacity
     holder: dict = {}
     metrics = Metrics(names[0], lambda: holder["engine"].stats)
 
@@ -158,7 +138,7 @@ def _serve(cfg: ServeConfig, rt, tok, model_dir: str, default_name: str, log: lo
             host=cfg.host,
             port=cfg.port,
             log_level=cfg.log_level,
-            timeout_graceful_shutdown=max(cfg.shutdown_timeout, 1.0),
+            timeout_graceful_shutdown=max(int(cfg.shutdown_timeout + 0.999), 1),
         )
     )
     state.server = server

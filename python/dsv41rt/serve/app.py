@@ -20,8 +20,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from .. import __version__
+from .completions import CompletionProtocol, CompletionStream
 from .engine_loop import EngineLoop, Tracked
-from .protocol import FINISH, ApiError, ChatProtocol, Tokenizers, _num, sampling_extras, tokens_chunk
+from .protocol import FINISH, ApiError, ChatProtocol, Tokenizers, tokens_chunk
 
 log = logging.getLogger("dsv41rt.serve")
 OPEN_PATHS = ("/health", "/ready", "/metrics", "/version")
@@ -37,6 +38,7 @@ class ServerState:
     ) -> None:
         self.cfg, self.engine, self.tok, self.names, self.metrics = cfg, engine, tok, names, metrics
         self.chat = ChatProtocol(tok, names, cfg.thinking, vocab)
+        self.completions = CompletionProtocol(tok, vocab, self.chat.check_model)
         self.vocab, self.context_limit = vocab, context_limit
         self.draining = False
         self.active = 0
@@ -238,11 +240,11 @@ def create_app(state: ServerState) -> FastAPI:
         try:
             response = dr.ChatCompletionResponse(rid, model, int(time.time()), len(prep.prompt), 0)
             for c in first:
-                response.accumulate(c)
+                response.accumulate(c)  # type: ignore[arg-type]  # chat chunks only, for a chat request
             async for item in _outputs(req, request):
                 out, done = chunks_of(item)
                 for c in out:
-                    response.accumulate(c)
+                    response.accumulate(c)  # type: ignore[arg-type]
                 if done:
                     break
             return Response(response.to_json(), media_type="application/json")
@@ -255,141 +257,22 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await _read_json(request, cfg.max_request_bytes)
-        model = state.chat.check_model(body)
-        prompt = body.get("prompt")
-        if isinstance(prompt, str):
-            ids = state.tok.encode(prompt)
-        elif (
-            isinstance(prompt, list)
-            and prompt
-            and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < state.vocab for t in prompt)
-        ):
-            ids = list(prompt)
-        else:
-            raise ApiError(
-                400, f"'prompt' must be a non-empty string or list of token ids in [0, {state.vocab})", "prompt"
-            )
-        if not ids:
-            raise ApiError(400, "the prompt is empty", "prompt")
-
-        def one(v) -> bool:
-            return v is None or (type(v) is int and v == 1)
-
-        for key, ok in (
-            ("n", one),
-            ("echo", lambda v: v is None or v is False),
-            ("best_of", one),
-            ("suffix", lambda v: v is None),
-        ):
-            if not ok(body.get(key)):
-                raise ApiError(400, f"'{key}' is not supported (n = 1, no echo, no suffix)", key)
-        max_tokens = _num(body, "max_tokens", 16, 1, cfg.max_tokens_limit, integer=True)
-        if len(ids) >= state.context_limit:
-            raise ApiError(
-                400,
-                f"the prompt has {len(ids)} tokens; this model's context is {state.context_limit}",
-                "prompt",
-                "context_length_exceeded",
-            )
-        max_tokens = min(max_tokens, state.context_limit - len(ids))
-        stop = body.get("stop")
-        stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
-        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 16:
-            raise ApiError(400, "'stop' must be a string or a list of up to 16 non-empty strings", "stop")
-        top = _num(body, "logprobs", 0, 0, 20, integer=True)
-        want_lp = body.get("logprobs") is not None  # 0: the chosen tokens' logprobs only
-        seed = body.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 63):
-            raise ApiError(400, "'seed' must be an integer in [0, 2^63)", "seed")
-        sampling = sampling_extras(
-            body, _num(body, "temperature", 1.0, 0.0, 2.0), _num(body, "top_p", 1.0, 0.0, 1.0), seed, top
-        )
-        ignore_eos = body.get("ignore_eos", False)
-        if not isinstance(ignore_eos, bool):
-            raise ApiError(400, "'ignore_eos' must be a boolean", "ignore_eos")
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise ApiError(400, "'stream' must be a boolean", "stream")
-        req = admit(ids, max_tokens, sampling, [], ignore_eos)
-        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        gen: list[int] = []
-        emitted = [0]  # characters of the decoded text already sent
-        lp_tokens: list[tuple[int, float, dict[int, float]]] = []  # this chunk's tokens, when logprobs
-
-        def held_back(text: str) -> int:
-            """Characters at the end of `text` that may be the start of a stop string."""
-            for n in range(min(len(text), max((len(x) for x in stop), default=0)), 0, -1):
-                if any(x.startswith(text[-n:]) for x in stop):
-                    return n
-            return 0
-
-        def advance(item) -> tuple[str, str | None]:
-            """New text of this output and the finish reason (a stop string ends it here)."""
-            gen.extend(item.new_tokens)
-            if want_lp:
-                tops = item.top_logprobs or [{}] * len(item.new_tokens)
-                lp_tokens.extend(zip(item.new_tokens, item.logprobs, tops, strict=True))
-            text = state.tok.decode(gen)
-            reason = item.finish_reason if item.finished else None
-            hits = [(text.find(x), x) for x in stop if x in text]
-            if hits:
-                text, reason = text[: min(hits)[0]], "stop"
-            if reason is None:
-                if text.endswith("\ufffd"):
-                    return "", None  # an incomplete UTF-8 sequence: wait for the next token
-                text = text[: len(text) - held_back(text)]
-            delta = text[emitted[0] :]
-            emitted[0] = max(emitted[0], len(text))
-            return delta, reason
-
-        def usage() -> dict:
-            return {"prompt_tokens": len(ids), "completion_tokens": len(gen), "total_tokens": len(ids) + len(gen)}
-
-        def logprobs_block() -> dict | None:
-            """OpenAI's legacy completions logprobs for the tokens since the last call."""
-            if not want_lp:
-                return None
-            block: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-            for t, lp, alts in lp_tokens:
-                block["tokens"].append(state.tok.decode([t]))
-                block["token_logprobs"].append(lp)
-                block["top_logprobs"].append({state.tok.decode([a]): v for a, v in alts.items()})
-                block["text_offset"].append(sum(len(x) for x in block["tokens"][:-1]))
-            lp_tokens.clear()
-            return block
-
-        def choice(text: str, reason: str | None) -> dict:
-            return {"index": 0, "text": text, "logprobs": logprobs_block(), "finish_reason": reason}
-
+        prep = state.completions.prepare(body, state.context_limit, cfg.max_tokens_limit)
+        req = admit(prep.prompt, prep.max_tokens, prep.sampling, [], prep.ignore_eos)
+        out = CompletionStream(prep, state.tok, created=int(time.time()))
         state.active += 1
-        if stream:
+        if prep.stream:
 
             async def events() -> AsyncIterator[str]:
-                reason = None
                 try:
                     async for item in _outputs(req, None):
-                        delta, reason = advance(item)
+                        delta, reason = out.advance(item)
                         if delta or reason:
-                            chunk = {
-                                "id": rid,
-                                "object": "text_completion",
-                                "created": created,
-                                "model": model,
-                                "choices": [choice(delta, reason)],
-                            }
-                            yield f"data: {json.dumps(chunk)}\n\n"
+                            yield f"data: {json.dumps(out.chunk(delta, reason))}\n\n"
                         if reason:
                             break
-                    if (body.get("stream_options") or {}).get("include_usage"):
-                        last = {
-                            "id": rid,
-                            "object": "text_completion",
-                            "created": created,
-                            "model": model,
-                            "choices": [],
-                            "usage": usage(),
-                        }
-                        yield f"data: {json.dumps(last)}\n\n"
+                    if prep.include_usage:
+                        yield f"data: {json.dumps(out.usage_chunk())}\n\n"
                 except Exception as err:
                     yield f"data: {json.dumps(_stream_error(err).body())}\n\n"
                 finally:
@@ -401,18 +284,11 @@ def create_app(state: ServerState) -> FastAPI:
         try:
             text, reason = "", None
             async for item in _outputs(req, request):
-                delta, reason = advance(item)
+                delta, reason = out.advance(item)
                 text += delta
                 if reason:
                     break
-            return {
-                "id": rid,
-                "object": "text_completion",
-                "created": created,
-                "model": model,
-                "choices": [choice(text, reason or "length")],
-                "usage": usage(),
-            }
+            return out.response(text, reason)
         except ClientGone:
             return Response(status_code=499)
         finally:

@@ -1,0 +1,500 @@
+"""
+dsv41rt C++ core: the engine and executors, checkpoints, dtype codecs, CPU ops, comm.
+"""
+
+from collections.abc import Sequence
+import enum
+from typing import Annotated
+
+import numpy
+from numpy.typing import NDArray
+
+from dsv41rt._core import comm as comm, ops as ops
+import dsv41rt.errors
+
+
+class Error(dsv41rt.errors.Dsv41rtError, ValueError):
+    pass
+
+def dtype_names() -> list[str]:
+    """
+    Names accepted by decode()/encode(): f32, bf16, f16, fp8_e4m3, e8m0, fp4_e2m1.
+    """
+
+def decode(codes: Annotated[NDArray, dict(order='C', device='cpu', writable=False)], dtype: str) -> NDArray:
+    """
+    Decode raw codes to float32 (same shape). Codes: uint16 for bf16/f16, uint8 for fp8_e4m3/e8m0 and UNPACKED fp4_e2m1 (one code 0..15 per element), float32 for f32.
+    """
+
+def encode(values: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu', writable=False)], dtype: str) -> NDArray:
+    """
+    Encode float32 values to raw codes (same shape); inverse of decode(). fp8_e4m3 saturates to +-448; fp4_e2m1 yields unpacked codes; e8m0 rounds up to a power of two.
+    """
+
+class Checkpoint:
+    """
+    A safetensors checkpoint: a .safetensors file, an index.json, or a directory (single or sharded). Headers are fully validated on open.
+    """
+
+    def __init__(self, path: str) -> None: ...
+
+    @property
+    def path(self) -> str: ...
+
+    def names(self) -> list[str]:
+        """Sorted tensor names."""
+
+    def files(self) -> list[str]:
+        """Sorted paths of the data files."""
+
+    def metadata(self) -> dict:
+        """Merged __metadata__ string map."""
+
+    def info(self, name: str) -> dict:
+        """dict(dtype=safetensors dtype string, shape, file, nbytes)."""
+
+    def all_info(self) -> dict:
+        """{name: (dtype string, shape list)} for every tensor."""
+
+    def array(self, name: str) -> Annotated[NDArray, dict(writable=False)]:
+        """
+        Zero-copy read-only numpy view of a tensor (F32->float32, BF16/F16->uint16, F8_E4M3/F8_E8M0/U8->uint8, I8->int8, I32->int32, I64->int64).
+        """
+
+    def __len__(self) -> int: ...
+
+    def __contains__(self, arg: str, /) -> bool: ...
+
+    def __repr__(self) -> str: ...
+
+def model_plan(path: str) -> dict:
+    """
+    Parse <path>/config.json (or the file) with the C++ parser and return its per-layer plan as a dict: arch, layers, draft_layers (dicts with index, ratio, role, kv_source, topk_source, candidates, engram, rope_base, yarn, hash_routed, n_experts, experts_per_tok, ...) and a few config scalars. Raises Error naming the file and field.
+    """
+
+class Precision(enum.Enum):
+    fp32 = 0
+
+    bf16 = 1
+
+class KvCacheDtype(enum.Enum):
+    auto = 0
+
+    float32 = 1
+
+class CpBackend(enum.Enum):
+    local = 0
+
+    nccl = 1
+
+    socket = 2
+
+class Switch(enum.Enum):
+    multistream = 0
+
+    cuda_graphs = 1
+
+    tensor_cores = 2
+
+    cp_timing = 3
+
+class FinishReason(enum.Enum):
+    none = 0
+
+    length = 1
+
+    stop = 2
+
+    abort = 3
+
+    error = 4
+
+class PoolOptions:
+    def __init__(self) -> None: ...
+
+    @property
+    def kv_memory(self) -> int: ...
+
+    @kv_memory.setter
+    def kv_memory(self, arg: int, /) -> None: ...
+
+    @property
+    def max_num_seqs(self) -> int: ...
+
+    @max_num_seqs.setter
+    def max_num_seqs(self, arg: int, /) -> None: ...
+
+    @property
+    def max_num_batched_tokens(self) -> int: ...
+
+    @max_num_batched_tokens.setter
+    def max_num_batched_tokens(self, arg: int, /) -> None: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @max_model_len.setter
+    def max_model_len(self, arg: int, /) -> None: ...
+
+    @property
+    def page_size(self) -> int: ...
+
+    @page_size.setter
+    def page_size(self, arg: int, /) -> None: ...
+
+class NumericsOptions:
+    def __init__(self) -> None: ...
+
+    @property
+    def precision(self) -> Precision: ...
+
+    @precision.setter
+    def precision(self, arg: Precision, /) -> None: ...
+
+    @property
+    def kv_cache_dtype(self) -> KvCacheDtype: ...
+
+    @kv_cache_dtype.setter
+    def kv_cache_dtype(self, arg: KvCacheDtype, /) -> None: ...
+
+class DeviceOptions:
+    def __init__(self) -> None: ...
+
+    @property
+    def device(self) -> str: ...
+
+    @device.setter
+    def device(self, arg: str, /) -> None: ...
+
+    @property
+    def enforce_eager(self) -> bool: ...
+
+    @enforce_eager.setter
+    def enforce_eager(self, arg: bool, /) -> None: ...
+
+    @property
+    def multistream(self) -> bool: ...
+
+    @multistream.setter
+    def multistream(self, arg: bool, /) -> None: ...
+
+class ParallelOptions:
+    def __init__(self) -> None: ...
+
+    @property
+    def context_parallel_size(self) -> int: ...
+
+    @context_parallel_size.setter
+    def context_parallel_size(self, arg: int, /) -> None: ...
+
+    @property
+    def context_parallel_backend(self) -> CpBackend: ...
+
+    @context_parallel_backend.setter
+    def context_parallel_backend(self, arg: CpBackend, /) -> None: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @rank.setter
+    def rank(self, arg: int, /) -> None: ...
+
+    @property
+    def group_id(self) -> bytes: ...
+
+    @group_id.setter
+    def group_id(self, arg: bytes, /) -> None: ...
+
+    @property
+    def worker_threads(self) -> bool: ...
+
+    @worker_threads.setter
+    def worker_threads(self, arg: bool, /) -> None: ...
+
+class RuntimeOptions:
+    def __init__(self) -> None: ...
+
+    @property
+    def checkpoint(self) -> str: ...
+
+    @checkpoint.setter
+    def checkpoint(self, arg: str, /) -> None: ...
+
+    @property
+    def engram_tables(self) -> str: ...
+
+    @engram_tables.setter
+    def engram_tables(self, arg: str, /) -> None: ...
+
+    @property
+    def pool(self) -> PoolOptions: ...
+
+    @pool.setter
+    def pool(self, arg: PoolOptions, /) -> None: ...
+
+    @property
+    def numerics(self) -> NumericsOptions: ...
+
+    @numerics.setter
+    def numerics(self, arg: NumericsOptions, /) -> None: ...
+
+    @property
+    def device(self) -> DeviceOptions: ...
+
+    @device.setter
+    def device(self, arg: DeviceOptions, /) -> None: ...
+
+    @property
+    def parallel(self) -> ParallelOptions: ...
+
+    @parallel.setter
+    def parallel(self, arg: ParallelOptions, /) -> None: ...
+
+    @property
+    def record_decisions(self) -> bool: ...
+
+    @record_decisions.setter
+    def record_decisions(self, arg: bool, /) -> None: ...
+
+    @property
+    def engine_thread(self) -> bool: ...
+
+    @engine_thread.setter
+    def engine_thread(self, arg: bool, /) -> None: ...
+
+def c_api_defaults() -> dict: ...
+
+class RequestOutput:
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def tokens(self) -> list[int]: ...
+
+    @property
+    def logprobs(self) -> list[float]: ...
+
+    @property
+    def top_ids(self) -> list[list[int]]: ...
+
+    @property
+    def top_logprobs(self) -> list[list[float]]: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+    @property
+    def reason(self) -> FinishReason: ...
+
+    @property
+    def error(self) -> str: ...
+
+    @property
+    def first_scheduled_ns(self) -> int: ...
+
+class PoolStats:
+    @property
+    def pages_total(self) -> int: ...
+
+    @property
+    def pages_used(self) -> int: ...
+
+    @property
+    def slots_total(self) -> int: ...
+
+    @property
+    def slots_used(self) -> int: ...
+
+    @property
+    def bytes_total(self) -> int: ...
+
+    @property
+    def page_size(self) -> int: ...
+
+    @property
+    def page_bytes(self) -> int: ...
+
+    @property
+    def slot_bytes(self) -> int: ...
+
+    @property
+    def workspace_bytes_per_page(self) -> int: ...
+
+    @property
+    def scratch_bytes(self) -> int: ...
+
+class SchedulerStats:
+    @property
+    def waiting(self) -> int: ...
+
+    @property
+    def running(self) -> int: ...
+
+    @property
+    def preemptions(self) -> int: ...
+
+    @property
+    def admitted(self) -> int: ...
+
+    @property
+    def finished(self) -> int: ...
+
+    @property
+    def aborted(self) -> int: ...
+
+    @property
+    def max_waiting_seen(self) -> int: ...
+
+class DequantStats:
+    @property
+    def dequant_calls(self) -> int: ...
+
+    @property
+    def reuse_hits(self) -> int: ...
+
+    @property
+    def rows_dequantised(self) -> int: ...
+
+    @property
+    def reallocations(self) -> int: ...
+
+class BackendStats:
+    @property
+    def weight_bytes(self) -> int: ...
+
+    @property
+    def d2h_bytes(self) -> int: ...
+
+    @property
+    def eager_forwards(self) -> int: ...
+
+    @property
+    def graph_captures(self) -> int: ...
+
+    @property
+    def graph_replays(self) -> int: ...
+
+    @property
+    def graph_updates(self) -> int: ...
+
+    @property
+    def graphs(self) -> int: ...
+
+    @property
+    def last_forward_us(self) -> int: ...
+
+    @property
+    def multistream(self) -> bool: ...
+
+    @property
+    def cuda_graphs(self) -> bool: ...
+
+    @property
+    def tensor_cores(self) -> bool: ...
+
+    @property
+    def cp_size(self) -> int: ...
+
+    @property
+    def cp_forwards(self) -> int: ...
+
+    @property
+    def cp_processes(self) -> int: ...
+
+    @property
+    def cp_layers_timed(self) -> int: ...
+
+    @property
+    def cp_q_projection_us(self) -> int: ...
+
+    @property
+    def cp_all_gather_us(self) -> int: ...
+
+    @property
+    def cp_overlap_us(self) -> int: ...
+
+class Stats:
+    @property
+    def pool(self) -> PoolStats: ...
+
+    @property
+    def scheduler(self) -> SchedulerStats: ...
+
+    @property
+    def dequant(self) -> DequantStats: ...
+
+    @property
+    def backend(self) -> BackendStats: ...
+
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def tokens_computed(self) -> int: ...
+
+    @property
+    def tokens_generated(self) -> int: ...
+
+class ModelInfo:
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def eos_token_id(self) -> int: ...
+
+    @property
+    def device(self) -> str: ...
+
+class Runtime:
+    """
+    A loaded V4.1 checkpoint: engine, engine thread (unless options.engine_thread is False) and direct sequences.
+    """
+
+    def __init__(self, options: RuntimeOptions, progress: object | None = None) -> None: ...
+
+    def submit(self, prompt: Sequence[int], max_new_tokens: int, sampling: dict = {}, stop_token_ids: Sequence[int] = [], ignore_eos: bool = False) -> int: ...
+
+    def await_output(self, id: int, timeout_s: float) -> RequestOutput | None: ...
+
+    def await_any(self, timeout_s: float) -> list[RequestOutput]: ...
+
+    def cancel(self, id: int, wait: bool = True) -> None: ...
+
+    def step(self) -> list[RequestOutput]: ...
+
+    def idle(self) -> bool: ...
+
+    def shutdown(self) -> None: ...
+
+    def stats(self) -> Stats: ...
+
+    def info(self) -> ModelInfo: ...
+
+    def decisions(self) -> dict: ...
+
+    def describe_pool(self) -> str: ...
+
+    def check_invariants(self) -> None: ...
+
+    def set_switch(self, which: Switch, on: bool) -> None: ...
+
+    def set_dequant_reuse(self, on: bool) -> None: ...
+
+    def reset_dequant_counters(self) -> None: ...
+
+    def run_cp_worker(self) -> None: ...
+
+    def open_sequence(self) -> int: ...
+
+    def forward(self, seq: int, tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], all_logits: bool = True) -> NDArray[numpy.float32]: ...
+
+    def fork(self, seq: int) -> int: ...
+
+    def decode(self, seqs: Sequence[int], tokens: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> NDArray[numpy.float32]: ...
+
+    def close_sequence(self, seq: int) -> None: ...
+
+def cuda_device_count() -> int:
+    """
+    Number of usable CUDA devices (0 for CPU-only builds or without a driver).
+    """

@@ -1,0 +1,54 @@
+"""
+NCCL collectives on raw CUDA device pointers and streams (see dsv41rt.comm).
+"""
+
+
+
+built_with_nccl: bool = True
+
+def nccl_available() -> bool:
+    """True when NCCL is compiled in and libnccl.so.2 loads."""
+
+def nccl_library_info() -> str:
+    """
+    'NCCL <version> (<path of libnccl.so.2>)'; raises when NCCL is not available.
+    """
+
+def nccl_unique_id() -> bytes:
+    """
+    A fresh 128-byte ncclUniqueId: make it on rank 0 and send it to every rank.
+    """
+
+class NcclComm:
+    """
+    One rank of an NCCL group. Buffers are device pointers (ints) on its GPU; collectives are enqueued on `stream` (a cudaStream_t as an int) and may be captured into a CUDA graph.
+    """
+
+    def __init__(self, unique_id: bytes, rank: int, size: int, device: int) -> None: ...
+
+    @staticmethod
+    def single(device: int) -> NcclComm:
+        """A one-rank group on CUDA device `device`."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def all_gather(self, send_ptr: int, recv_ptr: int, count: int, dtype: str, stream: int = 0) -> None: ...
+
+    def reduce_scatter(self, send_ptr: int, recv_ptr: int, count: int, dtype: str, op: str = 'sum', stream: int = 0) -> None: ...
+
+    def all_reduce(self, send_ptr: int, recv_ptr: int, count: int, dtype: str, op: str = 'sum', stream: int = 0) -> None: ...
+
+    def all_to_all(self, send_ptr: int, recv_ptr: int, count: int, dtype: str, stream: int = 0) -> None: ...
+
+    def broadcast(self, buf_ptr: int, count: int, dtype: str, root: int = 0, stream: int = 0) -> None: ...
+
+    def barrier(self) -> None: ...
+
+    def close(self) -> None:
+        """
+        Destroys the NCCL communicator now (later calls raise). Destroy CUDA graphs that replay its collectives first.
+        """
