@@ -20,6 +20,8 @@ namespace nb = nanobind;
 
 namespace dsv41rt::bindings {
 
+void register_spec(nb::module_& m);  // spec_bindings.cc
+
 namespace {
 
 // A Python config dict as the Json tree json_parse would give for its json.dumps: bool before int
@@ -264,6 +266,7 @@ void register_model_config(nb::module_& m) {
       },
       nb::arg("layer_ids"), nb::arg("max_ngram_size"), nb::arg("vocab_size"), nb::arg("n_heads"),
       "Engram hash buckets per layer: dicts of layer_id, primes, offsets, required_rows.");
+  register_spec(m);
 }
 
 }  // namespace dsv41rt::bindings

@@ -50,11 +50,6 @@ class EngramConfig:
     pad_token_id: int
     compressed_vocab_size: int
 
-    @property
-    def hash_columns(self) -> int:
-        """Table rows looked up per token per layer: one per (n-gram size, head)."""
-        return (self.max_ngram_size - 1) * self.n_heads
-
 
 @dataclass(frozen=True)
 class DSparkConfig:
@@ -126,8 +121,3 @@ class ModelConfig:
     @property
     def is_v41(self) -> bool:
         return self.arch is Arch.V41
-
-    @property
-    def hc_mix_width(self) -> int:
-        """Rows of each mHC mixer: n_hc pre + n_hc post + n_hc^2 Sinkhorn logits."""
-        return (2 + self.hc_mult) * self.hc_mult
