@@ -1,6 +1,6 @@
-// dsv41rt._core: the tensor spec and opening a checkpoint with its validation
-// (cpp/runtime/model/{tensor_spec,checkpoint_validation}.h), bound for python/dsv41rt/checkpoint
-// (generator, reader) and `dsv41rt inspect`.
+// dsv41rt._core: the tensor spec, the cache-byte accounting and opening a checkpoint with its
+// validation (cpp/runtime/model/{tensor_spec,cache_bytes,checkpoint_validation}.h), bound for
+// python/dsv41rt/checkpoint (generator, reader) and `dsv41rt inspect`.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "bindings/python_errors.h"
+#include "runtime/model/cache_bytes.h"
 #include "runtime/model/checkpoint_validation.h"
 #include "runtime/model/tensor_spec.h"
 
@@ -33,6 +34,17 @@ nb::tuple spec_tuple(const TensorSpec& spec) {
                                    t.logical, t.is_scale, t.nbytes()));
   }
   return nb::make_tuple(spec.quantized, logical, physical);
+}
+
+nb::dict cache_bytes_dict(const model::CacheBytes& b) {
+  nb::dict d;
+  d["window_row"] = b.window_row;
+  d["window_layers"] = b.window_layers;
+  d["window_per_request"] = b.window_per_request;
+  d["global_per_token"] = b.global_per_token;
+  d["compressor_state_per_request"] = b.compressor_state_per_request;
+  d["engram_history_per_request"] = b.engram_history_per_request;
+  return d;
 }
 
 nb::list string_list(const std::vector<std::string>& xs) {
@@ -65,6 +77,13 @@ void register_spec(nb::module_& m) {
       "The tensors a checkpoint of this plan holds: (quantized, logical, physical), logical = "
       "[(name, shape, storage, block)], physical = [(name, safetensors dtype, shape, index into "
       "logical, is_scale, nbytes)], both sorted by name.");
+  m.def(
+      "cache_bytes",
+      [](const ModelPlan& plan) { return cache_bytes_dict(model::cache_bytes(plan)); },
+      nb::arg("plan"),
+      "Cache bytes of this plan in the release's formats: window_row, window_layers, "
+      "window_per_request, global_per_token, compressor_state_per_request, "
+      "engram_history_per_request.");
   m.def("open_checkpoint", &open_checkpoint_py, nb::arg("path"), nb::arg("validate") = true,
         "Open a checkpoint directory once: parse config.json, plan, map the safetensors files "
         "and (validate) check every tensor against the spec. Returns (ModelPlan, Checkpoint); "
