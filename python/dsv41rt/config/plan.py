@@ -77,8 +77,7 @@ class ModelPlan:
 def _layers(dicts: list[dict[str, Any]]) -> tuple[LayerPlan, ...]:
     return tuple(
         LayerPlan(
-            **d
-            | {"stage": Stage(d["stage"]), "role": Role(d["role"]), "candidates": Candidates(d["candidates"])}
+            **d | {"stage": Stage(d["stage"]), "role": Role(d["role"]), "candidates": Candidates(d["candidates"])}
         )
         for d in dicts
     )
