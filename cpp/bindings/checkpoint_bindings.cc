@@ -48,6 +48,11 @@ nb::list shape_list(const std::vector<int64_t>& shape) {
 }  // namespace
 
 void register_checkpoint(nb::module_& m) {
+  m.def(
+      "safetensors_dtype_size",
+      [](const std::string& name) { return bytes_for(dtype_from_safetensors(name), 1); },
+      nb::arg("dtype"),
+      "Bytes per element of a safetensors dtype string (F32 -> 4, I8 -> 1, ...).");
   nb::class_<Checkpoint>(m, "Checkpoint",
                          "A safetensors checkpoint: a .safetensors file, an index.json, or a "
                          "directory (single or sharded). Headers are fully validated on open.")

@@ -1,5 +1,5 @@
-// ModelConfig parsing/validation and the per-layer plan (C++ twin of tests/python/test_config.py;
-// tests/python/test_cpp_plan_matches_python.py cross-checks every preset against Python).
+// ModelConfig parsing/validation and the per-layer plan (tests/python/test_config.py runs the same
+// parser through the bindings on every preset and broken config).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -66,7 +66,7 @@ std::string replaced(std::string text, const std::string& from, const std::strin
 std::string error_of(const std::string& text) {
   try {
     parse_model_config_json(text, "/ck/config.json");
-  } catch (const Error& e) {
+  } catch (const ConfigError& e) {
     return e.message();
   }
   return "";
@@ -104,7 +104,7 @@ TEST(ModelConfig, V41Plan) {
   for (int i = 0; i < 6; ++i) {
     const LayerPlan& l = plan.layers[i];
     EXPECT_EQ(l.index, i);
-    EXPECT_FALSE(l.draft);
+    EXPECT_FALSE(l.draft());
     EXPECT_EQ(l.role, roles[i]) << i;
     EXPECT_EQ(l.kv_source, kv[i]) << i;
     EXPECT_EQ(l.topk_source, topk[i]) << i;
@@ -121,7 +121,8 @@ TEST(ModelConfig, V41Plan) {
   EXPECT_FALSE(plan.layers[5].owns_indexer());
   ASSERT_EQ(plan.draft_layers.size(), 1u);
   const LayerPlan& d = plan.draft_layers[0];
-  EXPECT_TRUE(d.draft);
+  EXPECT_TRUE(d.draft());
+  EXPECT_EQ(d.stage, LayerStage::kDspark);
   EXPECT_EQ(d.name_prefix(), "mtp.0.");
   EXPECT_EQ(d.role, LayerRole::kSwa);
   EXPECT_EQ(d.rope_base, 10000.0);
@@ -152,6 +153,7 @@ TEST(ModelConfig, V4Plan) {
   EXPECT_STREQ(layer_role_name(LayerRole::kHca), "HCA");
   ASSERT_EQ(plan.draft_layers.size(), 1u);
   EXPECT_EQ(plan.draft_layers[0].n_experts, 8);
+  EXPECT_EQ(plan.draft_layers[0].stage, LayerStage::kMtp);
   EXPECT_EQ(plan.draft_layers[0].name_prefix(), "mtp.0.");
 }
 
@@ -183,7 +185,7 @@ struct BadCase {
 TEST(ModelConfig, ErrorsNameTheFileAndField) {
   const BadCase cases[] = {
       {R"("hidden_size": 64)", R"("hidden_size": "64")",
-       "/ck/config.json: text_config.hidden_size must be an integer, got '64'"},
+       "/ck/config.json: text_config.hidden_size must be an integer, got \"64\""},
       {R"("hidden_size": 64)", R"("hidden_size": true)",
        "text_config.hidden_size must be an integer"},
       {R"("hidden_size": 64)", R"("hidden_size": 48)", "hidden_size (48) must be a multiple of 32"},
@@ -230,7 +232,7 @@ TEST(ModelConfig, ErrorsNameTheFileAndField) {
     EXPECT_NE(msg.find(c.needle), std::string::npos) << c.needle << "\n  got: " << msg;
     EXPECT_EQ(msg.rfind("/ck/config.json: ", 0), 0u) << msg;
   }
-  EXPECT_NE(error_of("[1]").find("config must be a JSON object, got list"), std::string::npos);
+  EXPECT_NE(error_of("[1]").find("config must be a JSON object, got array"), std::string::npos);
   EXPECT_NE(error_of(R"({"model_type": "deepseek_v41", "text_config": [1]})")
                 .find("text_config must be a JSON object"),
             std::string::npos);
@@ -249,7 +251,7 @@ TEST(ModelConfig, LoadsFromDirectory) {
   try {
     load_model_config(dir.string());
     ADD_FAILURE() << "expected an error";
-  } catch (const Error& e) {
+  } catch (const ConfigError& e) {
     EXPECT_NE(e.message().find("config.json: no config.json found"), std::string::npos);
     EXPECT_EQ(e.kind(), StatusCode::kNotFound);
   }

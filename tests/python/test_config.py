@@ -1,4 +1,8 @@
-"""Config parsing, validation and the per-layer plan (architecture spec §1, §2.9, §7.1)."""
+"""Config parsing, validation and the per-layer plan (architecture spec §1, §2.9, §7.1).
+
+One implementation (cpp/runtime/model/, bound as dsv41rt._core) parses and plans for both Python and
+C++ hosts; these tests run it on every preset and every broken config, through a dict and a file.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import dataclasses
 import json
 
 import pytest
+from dsv41rt.checkpoint.tensor_spec import Storage, expected_tensors, physical_tensors
 from dsv41rt.config import Candidates, Role, build_plan, cache_bytes, config_from_dict, load_config
 from dsv41rt.config.engram_layout import engram_layouts
 from dsv41rt.config.presets import preset_config_json, preset_names
@@ -30,6 +35,55 @@ def test_every_preset_parses_and_plans() -> None:
     for name in preset_names():
         plan = plan_of(name)
         assert len(plan.layers) == plan.config.num_hidden_layers
+
+
+# One letter per backbone layer (S SWA-only, F Full, R Reindex, U Reuse, C CSA, H HCA), the draft
+# stages (stage, count, experts, top-k) and the weights' storage (FP8 block, expert dtype).
+_V41_RELEASED = "SSFUUUUUFUUUUUFUUUUUFUUURUUURUUURUUURUUU"
+SCHEDULES = {
+    "deepseek-v4.1-flash": (_V41_RELEASED, ("dspark", 3, 128, 3), (32, 32), "fp4"),
+    "bench-40": (_V41_RELEASED, ("dspark", 3, 32, 3), (32, 32), "fp4"),
+    "tiny-v41-released-schedule": (_V41_RELEASED, ("dspark", 3, 4, 2), (32, 32), "fp4"),
+    "tiny-v41": ("SSFURFUFRFRUS", ("dspark", 2, 4, 2), (32, 32), "fp4"),
+    "deepseek-v4-flash": ("SS" + "CH" * 20 + "C", ("mtp", 1, 256, 6), (128, 128), "fp4"),
+    "deepseek-v4-pro": ("HH" + "CH" * 29 + "C", ("mtp", 1, 384, 6), (128, 128), "fp4"),
+    "tiny-v4": ("SSCHCH", ("mtp", 1, 8, 2), (128, 128), "fp4"),
+}
+_LETTER = {Role.SWA: "S", Role.FULL: "F", Role.REINDEX: "R", Role.REUSE: "U", Role.CSA: "C", Role.HCA: "H"}
+
+
+def _unquantized(name: str) -> dict:
+    d = preset_config_json(name)
+    del d["quantization_config"]
+    return d
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_preset_schedules(name: str) -> None:
+    roles, (stage, n_stages, n_experts, top_k), block, experts = SCHEDULES[name]
+    plan = plan_of(name)
+    assert "".join(_LETTER[x.role] for x in plan.layers) == roles
+    assert len(plan.draft_layers) == n_stages
+    for i, x in enumerate(plan.draft_layers):
+        assert (x.index, x.stage.value, x.ratio, x.role) == (i, stage, 0, Role.SWA)
+        assert (x.kv_source, x.topk_source) == (None, None)
+        assert (x.n_experts, x.experts_per_tok, x.rope_base, x.yarn) == (n_experts, top_k, 10000.0, False)
+        assert x.name_prefix == f"mtp.{i}."
+    assert all(x.stage.value == "backbone" and x.name_prefix == f"layers.{i}." for i, x in enumerate(plan.layers))
+    assert plan.config.quant is not None
+    assert (plan.config.quant.weight_block_size, plan.config.quant.expert_dtype) == (block, experts)
+
+
+def test_unquantized_configs_keep_release_storage() -> None:
+    for name, block in (("tiny-v41", (32, 32)), ("tiny-v4", (128, 128))):
+        cfg = config_from_dict(_unquantized(name), name)
+        assert cfg.quant is None
+        plan = build_plan(cfg)
+        assert [x.role for x in plan.layers] == [x.role for x in plan_of(name).layers]
+        spec = {t.name: t for t in expected_tensors(plan)}
+        assert spec["layers.2.attn.wq_b.weight"].block == block  # the release's grid, stored BF16
+        assert spec["layers.2.ffn.experts.0.w1.weight"].storage is Storage.FP4
+        assert {t.dtype for t in physical_tensors(plan)} <= {"BF16", "F32", "I64"}
 
 
 def test_released_v41_flash_schedule_matches_spec_table() -> None:
@@ -74,6 +128,7 @@ def test_cache_bytes_match_spec() -> None:
     assert v41.window_row == 528
     assert 40 * 128 * 528 == 2_703_360  # spec §7.1 backbone windows; DSpark rings add 3 x 67,584
     assert v41.window_per_request == 2_703_360 + 202_752
+    assert (v41.compressor_state_per_request, v41.engram_history_per_request) == (3 * (2 * 512 * 4), 3 * 4)
     assert cache_bytes(plan_of("deepseek-v4-flash")).global_per_token == 3514.25
     assert cache_bytes(plan_of("deepseek-v4-flash")).window_row == 584
     assert abs(cache_bytes(plan_of("deepseek-v4-pro")).global_per_token - 5031.4375) < 1e-9
@@ -94,6 +149,7 @@ def test_engram_primes_of_the_release() -> None:
     assert (l1.primes[0], l1.primes[-1], l14.primes[0], l14.primes[-1]) == (16000057, 16000463, 16000477, 16000889)
     assert (l1.required_rows, l14.required_rows) == (384006168, 384016682)
     assert len(set(l1.primes) | set(l14.primes)) == 48
+    assert l1.offsets[:2] == (0, l1.primes[0]) and l1.offsets[-1] == l1.required_rows - l1.primes[-1]
 
 
 def _v41(**text_overrides):
@@ -189,7 +245,9 @@ def test_load_config_file_errors(tmp_path) -> None:
         load_config(str(tmp_path))
     good = preset_config_json("tiny-v4")
     (tmp_path / "config.json").write_text(json.dumps(good))
-    assert load_config(str(tmp_path)).num_hidden_layers == 6
+    cfg = load_config(str(tmp_path))
+    assert cfg.num_hidden_layers == 6 and cfg.source == str(tmp_path / "config.json")
+    assert load_config(str(tmp_path / "config.json")) == cfg
 
 
 def test_tiny_v41_covers_every_structural_feature() -> None:
@@ -207,3 +265,4 @@ def test_config_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.hidden_size = 5  # type: ignore[misc]
     assert copy.deepcopy(cfg) == cfg
+    assert build_plan(copy.deepcopy(cfg)) == build_plan(cfg)

@@ -1,4 +1,3 @@
-// Mirrors python/dsv41rt/config/plan.py (the source of truth).
 #include "runtime/model/layer_plan.h"
 
 #include <algorithm>
@@ -46,8 +45,10 @@ LayerPlan v41_layer(const ModelConfig& cfg, int i) {
   if (p.ratio > 0) {
     p.kv_source = latest_at_or_before(kv, i);     // the most recent KV source owns this group
     p.topk_source = latest_at_or_before(idx, i);  // the most recently published selection
-    DSV41RT_CHECK(p.kv_source >= 0 && p.topk_source >= 0, cfg.source, ": layer ", i,
-                  " (compress ratio ", p.ratio, ") has no preceding KV/index source");
+    if (p.kv_source < 0 || p.topk_source < 0) {
+      DSV41RT_CONFIG_ERROR(cfg.source, "layer ", i, " (compress ratio ", p.ratio,
+                           ") has no preceding KV/index source");
+    }
     p.role = contains(kv, i)    ? LayerRole::kFull
              : contains(idx, i) ? LayerRole::kReindex
                                 : LayerRole::kReuse;
@@ -80,8 +81,8 @@ LayerPlan v4_layer(const ModelConfig& cfg, int i) {
       p.role = LayerRole::kHca;
       break;
     default:
-      DSV41RT_THROW(cfg.source, ": compress_ratios[", i, "] = ", p.ratio,
-                    " is not supported for deepseek_v4");
+      DSV41RT_CONFIG_ERROR(cfg.source, "compress_ratios[", i, "] = ", p.ratio,
+                           " is not supported for deepseek_v4");
   }
   p.kv_source = p.ratio > 0 ? i : -1;
   p.topk_source = p.ratio == 4 ? i : -1;
@@ -103,17 +104,23 @@ const char* candidate_role_name(CandidateRole role) noexcept {
   return enum_name(role, kNames, "?");
 }
 
+const char* layer_stage_name(LayerStage stage) noexcept {
+  static constexpr const char* kNames[] = {"backbone", "dspark", "mtp"};
+  return enum_name(stage, kNames, "?");
+}
+
 std::string LayerPlan::name_prefix() const {
-  return (draft ? "mtp." : "layers.") + std::to_string(index) + ".";
+  return (draft() ? "mtp." : "layers.") + std::to_string(index) + ".";
 }
 
 ModelPlan build_model_plan(ModelConfig config) {
   ModelPlan plan;
   plan.config = std::move(config);
   const ModelConfig& cfg = plan.config;
-  DSV41RT_CHECK(static_cast<int64_t>(cfg.compress_ratios.size()) >=
-                    int64_t{cfg.num_hidden_layers} + cfg.num_nextn_predict_layers,
-                cfg.source, ": compress_ratios is shorter than the layer count");
+  if (static_cast<int64_t>(cfg.compress_ratios.size()) <
+      int64_t{cfg.num_hidden_layers} + cfg.num_nextn_predict_layers) {
+    DSV41RT_CONFIG_ERROR(cfg.source, "compress_ratios is shorter than the layer count");
+  }
   plan.layers.reserve(cfg.num_hidden_layers);
   for (int i = 0; i < cfg.num_hidden_layers; ++i) {
     plan.layers.push_back(cfg.is_v41() ? v41_layer(cfg, i) : v4_layer(cfg, i));
@@ -121,7 +128,7 @@ ModelPlan build_model_plan(ModelConfig config) {
   for (int s = 0; s < cfg.num_nextn_predict_layers; ++s) {
     LayerPlan p;
     p.index = s;
-    p.draft = true;
+    p.stage = cfg.dspark ? LayerStage::kDspark : LayerStage::kMtp;
     set_rope(cfg, p);
     if (cfg.dspark) {
       p.n_experts = cfg.dspark->n_routed_experts;

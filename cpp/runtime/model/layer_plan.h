@@ -1,8 +1,9 @@
 // The per-layer plan: what each layer is and where its shared state comes from.
 //
-// The C++ twin of python/dsv41rt/config/plan.py (architecture spec §2.9 V4.1 roles, §2.10 V4,
-// §2.4 rope base per layer). Built once from a validated ModelConfig; the executor reads the plan
-// instead of re-deriving roles.
+// Architecture spec §2.9 (V4.1 roles and the released schedule), §2.10 (V4), §2.4 (rope base per
+// layer). Built once from a validated ModelConfig; everything downstream (tensor spec, executor,
+// cache accounting, Python's dsv41rt.config.build_plan and `inspect`) reads the plan instead of
+// re-deriving roles.
 #pragma once
 
 #include <string>
@@ -22,6 +23,12 @@ enum class LayerRole {
   kHca,      // V4: ratio-128 compressor, attends every visible entry
 };
 
+enum class LayerStage {
+  kBackbone,
+  kDspark,  // V4.1 draft stage mtp.s
+  kMtp,     // V4 next-token-prediction layer mtp.0
+};
+
 enum class CandidateRole {
   kNone,
   kSource,  // builds and publishes the candidate-block mask
@@ -32,10 +39,12 @@ enum class CandidateRole {
 DSV41RT_API const char* layer_role_name(LayerRole role) noexcept;
 // "", "source", "uses" (Python's Candidates values).
 DSV41RT_API const char* candidate_role_name(CandidateRole role) noexcept;
+// "backbone", "dspark", "mtp" (Python's Stage values).
+DSV41RT_API const char* layer_stage_name(LayerStage stage) noexcept;
 
 struct DSV41RT_API LayerPlan {
-  int index = 0;       // backbone layer index, or stage index for DSpark/MTP
-  bool draft = false;  // DSpark stage (V4.1) or MTP layer (V4)
+  int index = 0;  // backbone layer index, or stage index for DSpark/MTP
+  LayerStage stage = LayerStage::kBackbone;
   int ratio = 0;
   LayerRole role = LayerRole::kSwa;
   int kv_source = -1;    // layer whose compressed KV this layer attends (-1: none)
@@ -50,6 +59,8 @@ struct DSV41RT_API LayerPlan {
 
   // Prefix of this layer's tensors in the released checkpoint: "layers.N." or "mtp.N.".
   std::string name_prefix() const;
+  // DSpark stage (V4.1) or MTP layer (V4).
+  bool draft() const noexcept { return stage != LayerStage::kBackbone; }
   bool owns_compressor() const noexcept {
     return role == LayerRole::kFull || role == LayerRole::kCsa || role == LayerRole::kHca;
   }
@@ -64,8 +75,8 @@ struct DSV41RT_API ModelPlan {
   std::vector<LayerPlan> draft_layers;  // DSpark stages (V4.1) or MTP layers (V4)
 };
 
-// `config` must come from parse_model_config_json / load_model_config (validated); the schedule
-// invariants are re-checked and a violation throws Error.
+// `config` must come from model_config_from_json / load_model_config (validated); the schedule
+// invariants the plan relies on are re-checked and a violation throws ConfigError.
 DSV41RT_API ModelPlan build_model_plan(ModelConfig config);
 
 }  // namespace dsv41rt

@@ -6,19 +6,14 @@
 
 namespace dsv41rt::model {
 
-CacheFormats CacheFormats::of(bool cache_quant) {
-  if (cache_quant) return {};
-  return {kernels::RowFormat::kF32, kernels::RowFormat::kF32, kernels::RowFormat::kF32};
-}
-
 StateLayout::StateLayout(const ModelPlan& plan, CacheFormats formats, int64_t page_tokens)
     : formats_(formats), page_tokens_(page_tokens) {
   const ModelConfig& c = plan.config;
   sliding_window_ = c.sliding_window;
-  head_dim_ = c.head_dim;
-  window_row_bytes_ = kernels::row_bytes(formats.window, c.head_dim);
-  kv_row_bytes_ = kernels::row_bytes(formats.kv, c.head_dim);
-  key_row_bytes_ = kernels::row_bytes(formats.key, c.index_head_dim);
+  const CacheRowBytes rows = cache_row_bytes(c, formats);
+  window_row_bytes_ = rows.window;
+  kv_row_bytes_ = rows.compressed_kv;
+  key_row_bytes_ = rows.index_key;
   window_layer_bytes_ = sliding_window_ * window_row_bytes_;
   int64_t slot = window_layer_bytes_ * int64_t(plan.layers.size());
   int64_t page = 0;
@@ -34,7 +29,7 @@ StateLayout::StateLayout(const ModelPlan& plan, CacheFormats formats, int64_t pa
     page += (page_tokens / layer.ratio) * (kv_row_bytes_ + key_row_bytes_);
     if (layer.ratio > 1) {
       s.pending_offset = slot;
-      slot += 2 * (layer.ratio - 1) * head_dim_ * int64_t(sizeof(float));
+      slot += pending_compressor_bytes(c, layer);
     }
     sources_.push_back(s);
   }

@@ -3,7 +3,7 @@
 //   request slot (fixed size, one per running request):
 //     [window rings: layer-major, sliding_window rows of the window format each]
 //     [pending compressor tokens of each ratio>=2 KV source: (ratio-1) value rows, (ratio-1) gate
-//      rows, FP32 head_dim each]
+//      rows, FP32 head_dim each (pending_compressor_bytes, cache_bytes.h)]
 //   token page (page_tokens consecutive positions of one request):
 //     for each KV source in layer order: page_tokens/ratio compressed-KV rows, then as many
 //     index-key rows (packed NVFP4 / MXFP4, or FP32 with cache_quant off).
@@ -19,6 +19,7 @@
 
 #include "core/export.h"
 #include "kernels/paged.h"
+#include "runtime/model/cache_bytes.h"
 #include "runtime/model/kv_pool.h"
 #include "runtime/model/layer_plan.h"
 
@@ -31,15 +32,6 @@ struct RequestView {
   const int32_t* pages = nullptr;
   int64_t n_pages = 0;
   int64_t length = 0;
-};
-
-/// The row formats of the three caches: the release's (FP8 window, NVFP4 compressed KV, MXFP4
-/// index keys), or FP32 everywhere with cache_quant off.
-struct CacheFormats {
-  kernels::RowFormat window = kernels::RowFormat::kFp8Window;
-  kernels::RowFormat kv = kernels::RowFormat::kNvfp4;
-  kernels::RowFormat key = kernels::RowFormat::kMxfp4;
-  static CacheFormats of(bool cache_quant);
 };
 
 class DSV41RT_API StateLayout {
@@ -76,7 +68,7 @@ class DSV41RT_API StateLayout {
   CacheFormats formats_;
   int64_t window_row_bytes_ = 0, kv_row_bytes_ = 0, key_row_bytes_ = 0;
   int64_t page_tokens_ = 0, page_bytes_ = 0, slot_bytes_ = 0;
-  int64_t window_layer_bytes_ = 0, sliding_window_ = 0, head_dim_ = 0, history_len_ = 0;
+  int64_t window_layer_bytes_ = 0, sliding_window_ = 0, history_len_ = 0;
   std::vector<Source> sources_;
 };
 

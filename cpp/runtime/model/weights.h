@@ -86,9 +86,11 @@ struct ModelWeights {
   std::vector<BlockWeights> layers;
 };
 
-/// Loads every backbone tensor the plan needs; throws Error naming the tensor on any mismatch.
-/// host_values = false validates everything but keeps only the sources (the GPU executor
-/// dequantises on the device; a released checkpoint would not fit in host memory as FP32).
+/// Loads every backbone tensor the plan needs, with names, shapes and stored forms from the
+/// tensor spec (tensor_spec.h); throws Error naming the tensor on any mismatch with it (as
+/// checkpoint validation would report it). host_values = false checks every tensor it reads but
+/// keeps only the sources (the GPU executor dequantises on the device; a released checkpoint
+/// would not fit in host memory as FP32).
 /// `progress(done, total)` (optional) is called after each block's tensors are loaded.
 DSV41RT_API ModelWeights
 load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPlan& plan, bool host_values = true,

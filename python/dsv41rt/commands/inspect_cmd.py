@@ -10,7 +10,9 @@ import argparse
 import os
 from collections import defaultdict
 
-from ..config import ModelPlan, build_plan, cache_bytes, config_from_dict, load_config, preset_names
+from ..checkpoint.reader import open_checkpoint
+from ..checkpoint.tensor_spec import physical_tensors
+from ..config import ModelPlan, build_plan, cache_bytes, config_from_dict, preset_names
 from ..config.plan import Role
 from ..config.presets import preset_config_json
 from ..errors import ConfigError
@@ -61,29 +63,12 @@ def plan_table(plan: ModelPlan) -> list[str]:
     return lines
 
 
-def _tensor_summary(plan: ModelPlan, path: str | None, validate: bool) -> list[str]:
+def _tensor_summary(tensors: list[tuple[str, int]], source: str) -> list[str]:
+    """Counts and bytes per safetensors dtype of `tensors` = [(dtype, nbytes)]."""
     per_dtype: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    if path is None:
-        from ..checkpoint.tensor_spec import physical_tensors
-
-        source = "implied by the config"
-        for t in physical_tensors(plan):
-            per_dtype[t.dtype][0] += 1
-            per_dtype[t.dtype][1] += t.nbytes
-    else:
-        from ..checkpoint.reader import open_tensors
-        from ..checkpoint.validate import validate_checkpoint_tensors
-
-        source = f"in {path}"
-        tensors = open_tensors(path)
-        info = tensors.all_info()
-        if validate:
-            validate_checkpoint_tensors(plan, info, path)
-            source += " (validated against config.json)"
-        for name in info:
-            d = tensors.info(name)
-            per_dtype[d["dtype"]][0] += 1
-            per_dtype[d["dtype"]][1] += d["nbytes"]
+    for dtype, nbytes in tensors:
+        per_dtype[dtype][0] += 1
+        per_dtype[dtype][1] += nbytes
     total_n = sum(v[0] for v in per_dtype.values())
     total_b = sum(v[1] for v in per_dtype.values())
     lines = [f"Tensors {source}: {total_n:,} tensors, {_fmt_bytes(total_b)}"]
@@ -110,15 +95,20 @@ def _cache_summary(plan: ModelPlan) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     if os.path.isdir(args.path):
-        cfg, ckpt = load_config(args.path), args.path
+        opened = open_checkpoint(args.path, validate=not args.no_validate)
+        plan = opened.plan
+        infos = (opened.tensors.info(name) for name in opened.tensors.names())
+        tensors = [(d["dtype"], d["nbytes"]) for d in infos]
+        source = f"in {args.path}" + ("" if args.no_validate else " (validated against config.json)")
     elif args.path in preset_names():
-        cfg, ckpt = config_from_dict(preset_config_json(args.path), source=f"preset {args.path}"), None
+        plan = build_plan(config_from_dict(preset_config_json(args.path), source=f"preset {args.path}"))
+        tensors = [(t.dtype, t.nbytes) for t in physical_tensors(plan)]
+        source = "implied by the config"
     else:
         raise ConfigError(f"{args.path!r} is neither a checkpoint directory nor a preset ({', '.join(preset_names())})")
-    plan = build_plan(cfg)
+    c = plan.config
     counts = plan.role_counts()
-    c = cfg
-    print(f"Model: {cfg.arch.value} from {cfg.source}")
+    print(f"Model: {c.arch.value} from {c.source}")
     print(
         f"  hidden {c.hidden_size}, {c.num_hidden_layers} layers, {c.num_attention_heads} heads x {c.head_dim} "
         f"(rope {c.qk_rope_head_dim}), q_lora {c.q_lora_rank}, o_lora {c.o_lora_rank} x {c.o_groups} groups, "
@@ -134,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     print("\n".join(plan_table(plan)))
     print()
-    print("\n".join(_tensor_summary(plan, ckpt, not args.no_validate)))
+    print("\n".join(_tensor_summary(tensors, source)))
     print()
     print("\n".join(_cache_summary(plan)))
     return 0

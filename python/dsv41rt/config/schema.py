@@ -1,15 +1,17 @@
-"""Frozen dataclasses for DeepSeek-V4.1 / V4 model configs, parsed from Hugging Face `config.json`.
+"""Frozen dataclasses holding a DeepSeek-V4.1 / V4 model config.
 
-V4.1 (`model_type: deepseek_v41`) nests the text model under `text_config`; V4 (`deepseek_v4`) is
-flat and uses the released legacy keys (`compress_ratios`, `num_hash_layers`, `rope_scaling.type`).
-Both parse into one `ModelConfig`; fields that only one architecture has are empty for the other.
-Spec: docs of the model (architecture §1).
+The C++ parser (cpp/runtime/model/model_config.h, bound as `dsv41rt._core`) reads and validates
+`config.json`; `parse.py` fills these from what it returns. V4.1 (`model_type: deepseek_v41`) nests
+the text model under `text_config`; V4 (`deepseek_v4`) is flat and uses the released legacy keys
+(`compress_ratios`, `num_hash_layers`, `rope_scaling.type`). Both give one `ModelConfig`; fields that
+only one architecture has are empty for the other. Spec: docs of the model (architecture §1).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 
 class Arch(str, Enum):
@@ -47,11 +49,6 @@ class EngramConfig:
     head_dim: int
     pad_token_id: int
     compressed_vocab_size: int
-
-    @property
-    def hash_columns(self) -> int:
-        """Table rows looked up per token per layer: one per (n-gram size, head)."""
-        return (self.max_ngram_size - 1) * self.n_heads
 
 
 @dataclass(frozen=True)
@@ -117,20 +114,10 @@ class ModelConfig:
     num_hash_layers: int = 0
     # Where the config came from, for error messages.
     source: str = field(default="<dict>", compare=False)
+    # The parsed C++ config these fields were filled from (`_core.ModelConfig`): build_plan and the
+    # tensor spec are computed from it, never from a second reading of the fields above.
+    native: Any = field(default=None, compare=False, repr=False)
 
     @property
     def is_v41(self) -> bool:
         return self.arch is Arch.V41
-
-    @property
-    def nope_head_dim(self) -> int:
-        return self.head_dim - self.qk_rope_head_dim
-
-    @property
-    def hc_mix_width(self) -> int:
-        """Rows of each mHC mixer: n_hc pre + n_hc post + n_hc^2 Sinkhorn logits."""
-        return (2 + self.hc_mult) * self.hc_mult
-
-    @property
-    def backbone_ratios(self) -> tuple[int, ...]:
-        return self.compress_ratios[: self.num_hidden_layers]

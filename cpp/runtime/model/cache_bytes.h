@@ -1,0 +1,59 @@
+// Cache bytes per token and per request, in closed form (architecture spec §5.3, §5.4, §7.1).
+//
+// The one cache-byte accounting: the state layout of the paged pool (state_layout.h) sizes its
+// rows and pending compressor state with it, and `dsv41rt inspect` prints cache_bytes() through
+// the bindings.
+//
+// V4.1, stored quantised as the runtime keeps it:
+//   window row     = head_dim FP8 + head_dim/32 UE8M0 scales            (512 + 16 = 528 B)
+//   compressed KV  = head_dim/2 packed E2M1 + head_dim/16 E4M3 scales   (256 + 32 = 288 B)
+//   index key      = index_head_dim/2 E2M1 + index_head_dim/32 UE8M0    (64 + 4 = 68 B)
+// Global KV per token = sum over Full layers of (compressed + index key) / ratio (890 B for
+// V4.1-Flash). V4: window and compressed rows share one layout: nope FP8 + one UE8M0 scale per 64
+// (padded to 8 B) + rope tail BF16 (448 + 8 + 128 = 584 B); CSA index keys 68 B.
+#pragma once
+
+#include <cstdint>
+
+#include "core/export.h"
+#include "kernels/paged.h"
+#include "runtime/model/layer_plan.h"
+
+namespace dsv41rt::model {
+
+/// The row formats of the three caches: the release's (FP8 window, NVFP4 compressed KV, MXFP4
+/// index keys), or FP32 everywhere with cache_quant off.
+struct DSV41RT_API CacheFormats {
+  kernels::RowFormat window = kernels::RowFormat::kFp8Window;
+  kernels::RowFormat kv = kernels::RowFormat::kNvfp4;
+  kernels::RowFormat key = kernels::RowFormat::kMxfp4;
+  static CacheFormats of(bool cache_quant);
+};
+
+/// Bytes of one row of each cache (one position of one layer or KV source).
+struct CacheRowBytes {
+  int64_t window = 0, compressed_kv = 0, index_key = 0;
+};
+
+/// V4 has one quantised layout of its own (not run by the executor), so `formats` applies to
+/// V4.1 only.
+DSV41RT_API CacheRowBytes cache_row_bytes(const ModelConfig& c, const CacheFormats& formats = {});
+
+/// The compressor state `layer` keeps per request between compression groups (FP32): a V4.1
+/// ratio-m source holds at most m-1 pending tokens (value and gate rows, head_dim each); 0 for
+/// layers that own no compressor.
+DSV41RT_API int64_t pending_compressor_bytes(const ModelConfig& c, const LayerPlan& layer);
+
+struct DSV41RT_API CacheBytes {
+  int64_t window_row = 0;          ///< one window-KV row (one position, one layer)
+  int64_t window_layers = 0;       ///< layers (incl. draft stages) that keep a window ring
+  int64_t window_per_request = 0;  ///< sliding_window * window_row * window_layers
+  double global_per_token = 0.0;   ///< compressed KV + index keys, all sources, per token
+  int64_t compressor_state_per_request = 0;  ///< pending compressor tokens
+  int64_t engram_history_per_request = 0;    ///< last (max_ngram - 1) compressed ids, int32
+};
+
+/// The footprint of `plan` in the release's cache formats.
+DSV41RT_API CacheBytes cache_bytes(const ModelPlan& plan);
+
+}  // namespace dsv41rt::model

@@ -1,0 +1,85 @@
+#include "runtime/model/checkpoint_validation.h"
+
+#include <filesystem>
+#include <string_view>
+#include <utility>
+
+#include "runtime/model/model_config.h"
+
+namespace dsv41rt {
+namespace {
+
+bool starts_with(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// Text-only runtime: the vision tower and its glue are not checked.
+bool ignored(std::string_view name) {
+  return starts_with(name, "vision.") || starts_with(name, "aligner.") || name == "image_start" ||
+         name == "image_end" || name == "image_newline";
+}
+
+// The image-token routing bias: text requests never read it, so checkpoints may leave it out.
+bool optional(std::string_view name) { return ends_with(name, ".ffn.gate.bias_vl"); }
+
+}  // namespace
+
+CheckpointMismatch::CheckpointMismatch(const char* file, int line, const std::string& message,
+                                       std::vector<std::string> problems)
+    : Error(StatusCode::kInvalidArgument, file, line, message), problems_(std::move(problems)) {}
+
+std::vector<std::string> checkpoint_problems(const TensorSpec& spec, const Checkpoint& ck) {
+  std::vector<std::string> missing, unexpected, mismatched;
+  for (const PhysicalTensor& t : spec.physical) {
+    if (!ck.contains(t.name)) {
+      if (!optional(t.name)) {
+        missing.push_back("missing tensor " + t.name + " (expected " + safetensors_name(t.dtype) +
+                          " " + shape_text(t.shape) + ")");
+      }
+      continue;
+    }
+    append_tensor_problems(t, ck.info(t.name), mismatched);
+  }
+  for (const std::string& name : ck.names()) {
+    if (spec.find_physical(name) == nullptr && !ignored(name)) {
+      const TensorInfo& info = ck.info(name);
+      unexpected.push_back("unexpected tensor " + name + " (" + safetensors_name(info.dtype) + " " +
+                           shape_text(info.shape) + ")");
+    }
+  }
+  std::vector<std::string> out = std::move(missing);
+  out.insert(out.end(), unexpected.begin(), unexpected.end());
+  out.insert(out.end(), mismatched.begin(), mismatched.end());
+  return out;
+}
+
+void validate_checkpoint(const TensorSpec& spec, const Checkpoint& ck, const std::string& where) {
+  std::vector<std::string> problems = checkpoint_problems(spec, ck);
+  if (problems.empty()) return;
+  std::string msg = where + ": checkpoint does not match its config (" +
+                    std::to_string(problems.size()) + " problems):";
+  for (size_t i = 0; i < problems.size() && i < kMaxListedProblems; ++i) {
+    msg += "\n  " + problems[i];
+  }
+  if (problems.size() > kMaxListedProblems) {
+    msg += "\n  ... and " + std::to_string(problems.size() - kMaxListedProblems) + " more";
+  }
+  throw CheckpointMismatch(__FILE__, __LINE__, msg, std::move(problems));
+}
+
+OpenedCheckpoint open_checkpoint(const std::string& dir, bool validate) {
+  std::error_code ec;
+  DSV41RT_CHECK_CODE(kNotFound, std::filesystem::is_directory(dir, ec), dir,
+                     ": not a checkpoint directory");
+  OpenedCheckpoint out{build_model_plan(load_model_config(dir)), {}, nullptr};
+  out.spec = build_tensor_spec(out.plan);
+  out.tensors = std::make_shared<Checkpoint>(dir);
+  if (validate) validate_checkpoint(out.spec, *out.tensors, dir);
+  return out;
+}
+
+}  // namespace dsv41rt
