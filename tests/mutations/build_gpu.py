@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """GPU half of the mutation check, build side (runs here, no GPU needed): builds libdsv41rt.so with
 CUDA once unmutated and once per "gpu" mutation of mutations.py, into
-.devcarry/mut/<name>/libdsv41rt.so.0 of the main checkout (git-ignored; it travels to the GPU
-machine, where tests/mutations/run_gpu.sh runs the carried GoogleTest backend suites against each
-variant through LD_LIBRARY_PATH).
+.devcarry/mut/<name>/libdsv41rt.so.0.gz of the main checkout (git-ignored; it travels to the GPU
+machine, where tests/mutations/run_gpu.sh unpacks each variant and runs the carried GoogleTest
+backend suites against it through LD_LIBRARY_PATH). Stripped, a variant is still 3.2 MiB (the
+code and the device fatbin); gzip brings it to 1.2 MiB, so nine fit the 20 MiB carry budget.
 
     /work/main/.venv/bin/python tests/mutations/build_gpu.py [--only NAME ...] [--out DIR]
 
@@ -16,6 +17,7 @@ library and checks every binary's undefined symbols are defined; it refuses on a
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import os
 import shutil
@@ -63,14 +65,18 @@ def build_library(build_dir: Path, log: Path) -> float:
     return time.monotonic() - start
 
 
-def install_variant(build_dir: Path, dest: Path) -> str:
-    """Copies the built library to dest/libdsv41rt.so.0, stripped; returns its sha256."""
+def install_variant(build_dir: Path, dest: Path) -> tuple[str, Path]:
+    """Writes the built library, stripped and gzipped, to dest/libdsv41rt.so.0.gz; returns the
+    sha256 of the stripped library and the stripped copy (for check_abi; delete it after)."""
     dest.mkdir(parents=True, exist_ok=True)
-    target = dest / SONAME
-    shutil.copyfile(build_dir / LIBRARY, target)
+    stripped = dest / SONAME
+    shutil.copyfile(build_dir / LIBRARY, stripped)
     # Symbol tables and debug info only: the dynamic symbols and the device code stay.
-    subprocess.run(["strip", "--strip-unneeded", str(target)], check=True)
-    return hashlib.sha256(target.read_bytes()).hexdigest()
+    subprocess.run(["strip", "--strip-unneeded", str(stripped)], check=True)
+    data = stripped.read_bytes()
+    # mtime=0: the same library gives the same .gz.
+    (dest / f"{SONAME}.gz").write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
+    return hashlib.sha256(data).hexdigest(), stripped
 
 
 def symbols(path: Path, defined: bool) -> set[str]:
@@ -130,9 +136,11 @@ def main() -> int:
 
     manifest: list[tuple[str, str, str]] = []  # (name, sha256, description)
     seconds = build_library(args.build_dir, args.log)
-    manifest.append(("baseline", install_variant(args.build_dir, args.out / "baseline"), "no mutation"))
+    digest, stripped = install_variant(args.build_dir, args.out / "baseline")
+    manifest.append(("baseline", digest, "no mutation"))
     print(f"baseline: built in {seconds:.0f} s", flush=True)
-    problems = check_abi(args.out / "baseline" / SONAME, args.gtest)
+    problems = check_abi(stripped, args.gtest)
+    stripped.unlink()
     if problems:
         print("the carried test binaries do not match this build:\n  " + "\n  ".join(problems), file=sys.stderr)
         return 2
@@ -143,7 +151,8 @@ def main() -> int:
             seconds = build_library(args.build_dir, args.log)
         finally:
             restore(m, args.scratch, original)  # new mtime: the next build recompiles the file
-        digest = install_variant(args.build_dir, args.out / m.name)
+        digest, stripped = install_variant(args.build_dir, args.out / m.name)
+        stripped.unlink()
         manifest.append((m.name, digest, m.description))
         print(f"{m.name}: built in {seconds:.0f} s", flush=True)
     build_library(args.build_dir, args.log)  # leave the build tree unmutated

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # GPU half of the mutation check, test side. Runs on the GPU machine from the repository root, with
-# .devcarry/gtest (the GoogleTest binaries built with CUDA) and .devcarry/mut (one libdsv41rt.so.0
-# per variant, from tests/mutations/build_gpu.py) carried there.
+# .devcarry/gtest (the GoogleTest binaries built with CUDA) and .devcarry/mut (one gzipped
+# libdsv41rt.so.0 per variant, from tests/mutations/build_gpu.py) carried there.
 #
-# For each variant (the unmutated baseline first), every carried backend op suite
-# (.devcarry/gtest/test_backend_*) runs with LD_LIBRARY_PATH pointing at the variant's folder: the
+# For each variant (the unmutated baseline first), the library is unpacked into $UNPACK/<name>/ and
+# every carried backend op suite (.devcarry/gtest/test_backend_*) runs with LD_LIBRARY_PATH there: the
 # binaries find libdsv41rt.so.0 through RUNPATH, which LD_LIBRARY_PATH overrides, and this script
 # checks with ldd that they load the variant's copy. DSV41RT_REQUIRE_CUDA=1: a CUDA instance that
 # cannot use the GPU fails instead of skipping.
@@ -20,6 +20,7 @@ MUT=${MUT_DIR:-.devcarry/mut}
 GTEST=${GTEST_DIR:-.devcarry/gtest}
 OUT=${OUT:-/tmp}
 TIMEOUT=${TIMEOUT:-300}
+UNPACK=${UNPACK:-/tmp/dsv41rt-mut}
 STOP_AT_FIRST=${STOP_AT_FIRST:-1}
 export DSV41RT_REQUIRE_CUDA=1
 logs=$OUT/mutations-gpu
@@ -27,11 +28,11 @@ mkdir -p "$logs"
 
 binaries=("$GTEST"/test_backend_*)
 [ -x "${binaries[0]}" ] || { echo "no test binaries in $GTEST/test_backend_*" >&2; exit 1; }
-[ -f "$MUT/baseline/libdsv41rt.so.0" ] || { echo "no $MUT/baseline/libdsv41rt.so.0 (run build_gpu.py)" >&2; exit 1; }
+[ -f "$MUT/baseline/libdsv41rt.so.0.gz" ] || { echo "no $MUT/baseline/libdsv41rt.so.0.gz (run build_gpu.py)" >&2; exit 1; }
 variants=(baseline)
 for d in "$MUT"/*/; do
   name=$(basename "$d")
-  [ "$name" = baseline ] && continue
+  [ "$name" = baseline ] || [ ! -f "$d/libdsv41rt.so.0.gz" ] && continue
   if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then continue; fi
   variants+=("$name")
 done
@@ -59,7 +60,9 @@ report=$OUT/mutations-gpu.md
 
 status_all=0
 for name in "${variants[@]}"; do
-  libdir=$PWD/$MUT/$name
+  libdir=$UNPACK/$name
+  mkdir -p "$libdir"
+  gzip -dc "$MUT/$name/libdsv41rt.so.0.gz" >"$libdir/libdsv41rt.so.0" || exit 1
   loaded=$(LD_LIBRARY_PATH=$libdir ldd "${binaries[0]}" | awk '/libdsv41rt\.so\.0/ { print $3 }')
   if [ "$loaded" != "$libdir/libdsv41rt.so.0" ]; then
     echo "$name: the binaries would load '$loaded', not $libdir/libdsv41rt.so.0" >&2
