@@ -43,6 +43,9 @@ describe() { # the manifest's description of a variant
 cell() { # a markdown table cell: no pipes, no newlines, at most 160 characters
   printf '%s' "$1" | tr '\n|' ' /' | cut -c1-160
 }
+failure_text() { # the message of the first gtest failure in log $1: the lines after "...: Failure"
+  awk '/: Failure$/ { on = 1; next } on && (/^\[/ || /^$/) { exit } on { printf "%s ", $0 }' "$1"
+}
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1
 built_from=$(grep -v '^#' "$MUT/manifest.tsv" 2>/dev/null | awk -F'\t' '$1 == "baseline" { print $2 }')
@@ -84,7 +87,7 @@ for name in "${variants[@]}"; do
       result=FAILED
       if [ -z "$first" ]; then
         first=$(printf '%s\n' "$failed" | head -1)
-        error=$(grep -m1 -A1 -E 'Failure$' "$log" | tail -1)
+        error=$(failure_text "$log")
         [ -z "$first" ] && first="$(basename "$bin") exit $rc" && error=$(tail -1 "$log")
       fi
       continue
@@ -94,7 +97,7 @@ for name in "${variants[@]}"; do
     elif [ -n "$cuda_failed" ]; then
       result=caught
       first=$(printf '%s\n' "$cuda_failed" | head -1)
-      error=$(grep -m1 -A1 -E 'Failure$' "$log" | tail -1)
+      error=$(failure_text "$log")
     else
       # Exit != 0 without a failed test: a crash, or timeout's 124. CI fails on it, so it counts
       # as caught, but not by an assertion.
