@@ -5,6 +5,7 @@
 
 #include "core/safetensors.h"
 #include "core/status.h"
+#include "runtime/model/checkpoint_validation.h"
 #include "runtime/model/engram_tables.h"
 #include "runtime/model/layer_plan.h"
 #include "runtime/model/model_config.h"
@@ -65,8 +66,11 @@ model::ExecutorOptions executor_options(const RuntimeOptions& o) {
 
 LoadedModel load_model(const RuntimeOptions& o) {
   check_options(o);
-  ModelPlan plan = build_model_plan(load_model_config(o.checkpoint));
-  auto ck = std::make_shared<Checkpoint>(o.checkpoint);
+  // Every tensor is checked against the config's spec here, so a mismatch lists all problems
+  // at once (the loader below re-checks only the tensors it reads, as it reads them).
+  OpenedCheckpoint opened = open_checkpoint(o.checkpoint, /*validate=*/true);
+  ModelPlan plan = std::move(opened.plan);
+  std::shared_ptr<Checkpoint> ck = std::move(opened.tensors);
   model::EngramTables tables = o.engram_tables.empty()
                                    ? model::load_engram_tables(o.checkpoint, plan.config)
                                    : model::load_engram_tables_file(o.engram_tables, plan.config);
