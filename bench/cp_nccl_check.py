@@ -42,7 +42,6 @@ def main() -> int:
         one = Runtime(ck, "cuda:0", **kw)
         if args.processes:
             from dsv41rt.cp_launch import cp_processes
-
             from dsv41rt.options import RuntimeOptions
 
             opts = RuntimeOptions(device="cuda:0", context_parallel_size=args.cp_size, **kw)

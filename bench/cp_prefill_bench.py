@@ -73,21 +73,32 @@ def main() -> int:
     for cp, lengths in ((args.cp_size, args.tokens), (1, args.cp1_tokens)):
         if not lengths:
             continue
-        kw = dict(kv_memory=12 << 30, max_num_seqs=2, max_num_batched_tokens=args.budget, max_model_len=33000, precision="bf16")
+        kw = dict(
+            kv_memory=12 << 30,
+            max_num_seqs=2,
+            max_num_batched_tokens=args.budget,
+            max_model_len=33000,
+            precision="bf16",
+        )
         if args.cpu:
             kw = dict(kv_memory=256 << 20, max_num_seqs=2, max_num_batched_tokens=args.budget)
         dev = "cpu" if args.cpu else "cuda:0"
         launched = None
         if cp > 1 and args.processes:
             from dsv41rt.cp_launch import cp_processes
-
             from dsv41rt.options import RuntimeOptions
 
             opts = RuntimeOptions(device=dev, context_parallel_size=cp, **kw)
             launched = cp_processes(args.checkpoint, opts, comm="socket" if args.cpu else "nccl")
             rt = launched.__enter__()
         elif cp > 1:
-            rt = Runtime(args.checkpoint, dev.split(":")[0], context_parallel_size=cp, context_parallel_backend="local" if args.cpu else "nccl", **kw)
+            rt = Runtime(
+                args.checkpoint,
+                dev.split(":")[0],
+                context_parallel_size=cp,
+                context_parallel_backend="local" if args.cpu else "nccl",
+                **kw,
+            )
         else:
             rt = Runtime(args.checkpoint, dev, **kw)
         if cp > 1 and not args.cpu:

@@ -74,7 +74,10 @@ def dump(out: str, device: str) -> None:
         for seed in SEEDS:
             ck = checkpoint(seed, root)
             for quant in (True, False):
-                gpu, cpu = Runtime(ck, device, kv_cache_dtype="auto" if quant else "float32"), Runtime(ck, kv_cache_dtype="auto" if quant else "float32")
+                gpu, cpu = (
+                    Runtime(ck, device, kv_cache_dtype="auto" if quant else "float32"),
+                    Runtime(ck, kv_cache_dtype="auto" if quant else "float32"),
+                )
                 for n in LENGTHS:
                     ours, greedy = run_case(gpu, prompt_of(n), None)
                     ref, _ = run_case(cpu, prompt_of(n), greedy)
@@ -88,12 +91,11 @@ def dump(out: str, device: str) -> None:
 
 
 def compare(path: str) -> int:
-    from test_oracle_v41 import diff_violations, tolerance
-
     import nemo_automodel.components.models.deepseek_v41.attention as nemo_attention
     from dsv41rt.runtime import Runtime
     from oracle.nemo_v41 import build_model
     from oracle.reference import reference
+    from test_oracle_v41 import diff_violations, tolerance
 
     data = np.load(path)
     failures = 0

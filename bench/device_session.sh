@@ -72,8 +72,8 @@ for step in ${STEPS:-tests}; do
       K=${K:-}
       [ "$step" = suite ] && K=""
       echo "== cuda-marked tests ${K:+(-k $K)}"
-      timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider -m "cuda and not multi_gpu" ${K:+-k "$K"} -s tests/python \
-        2>&1 | tee "$OUT/pytest_$step.log" | grep -E "passed|failed|error|Error|assert|bf16 n|seed|max" | tail -40
+      timeout "${TEST_TIMEOUT:-400}" python3 -m pytest -q -rs -p no:cacheprovider -m "cuda and not multi_gpu" ${K:+-k "$K"} -s tests/python \
+        2>&1 | tee "$OUT/pytest_$step.log" | grep -E "passed|failed|error|Error|assert|bf16 n|seed|max|SKIPPED" | tail -40
       ;;
     oracle)
       echo "== GPU half of the NeMo oracle check"

@@ -48,13 +48,27 @@ def main() -> None:
         loop.shutdown()
     q = statistics.quantiles(lat, n=4)
     ms = [x * 1e3 for x in (q[0], statistics.median(lat), q[2], max(lat))]
-    print(f"arrival -> first forward over {len(lat)} requests: median {ms[1]:.3f} ms (quartiles {ms[0]:.3f} / {ms[2]:.3f}, max {ms[3]:.3f})")
+    print(
+        f"arrival -> first forward over {len(lat)} requests: median {ms[1]:.3f} ms "
+        f"(quartiles {ms[0]:.3f} / {ms[2]:.3f}, max {ms[3]:.3f})"
+    )
     if a.out:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         with open(a.out, "w") as f:
-            json.dump({"commit": commit, "date": time.strftime("%Y-%m-%d"), "host_cpus": os.cpu_count(),
-                       "median_ms": ms[1], "q1_ms": ms[0], "q3_ms": ms[2], "max_ms": ms[3],
-                       "samples_ms": [x * 1e3 for x in lat]}, f, indent=1)
+            json.dump(
+                {
+                    "commit": commit,
+                    "date": time.strftime("%Y-%m-%d"),
+                    "host_cpus": os.cpu_count(),
+                    "median_ms": ms[1],
+                    "q1_ms": ms[0],
+                    "q3_ms": ms[2],
+                    "max_ms": ms[3],
+                    "samples_ms": [x * 1e3 for x in lat],
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

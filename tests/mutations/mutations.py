@@ -151,8 +151,7 @@ MUTATIONS: list[Mutation] = [
             "for (int64_t s = std::max<int64_t>(0, hist - P); s < hist; ++s) {",
             "for (int64_t s = hist; s < hist; ++s) {",
         ),
-        "Engram: a later prefill chunk ignores the request's history (n-grams across a chunk "
-        "boundary are lost)",
+        "Engram: a later prefill chunk ignores the request's history (n-grams across a chunk boundary are lost)",
     ),
     Mutation(
         "swap_heads",

@@ -77,7 +77,6 @@ def test_cp_prefill_equals_cp1_cuda(preset: str, tiny_v41_dir, released_dir) -> 
 def test_cp_engine_batches_give_the_cp1_tokens(tiny_v41_dir) -> None:
     """Through the engine: mixed steps (prefill chunks next to decodes) under CP = 3."""
     from dsv41rt.runtime import Runtime
-
     from numerics import generate_with_logprobs
 
     prompts = [prompt_of(n) for n in (5, 70, 130, 9)]
@@ -104,7 +103,11 @@ def test_cli_score_and_generate_take_cp_size(tiny_v41_dir, tmp_path) -> None:
     prompts = tmp_path / "p.json"
     prompts.write_text(json.dumps([prompt_of(37), prompt_of(20)]))
     outs = {}
-    for cp, mode in ((1, []), (2, []), (2, ["--context-parallel-processes", "true"])):  # the last: a worker process over TCP
+    for cp, mode in (
+        (1, []),
+        (2, []),
+        (2, ["--context-parallel-processes", "true"]),
+    ):  # the last: a worker process over TCP
         s = tmp_path / f"s{cp}{len(mode)}.npz"
         g = tmp_path / f"g{cp}{len(mode)}.json"
         for cmd, out, extra in (("score", s, []), ("generate", g, ["--max-new-tokens", "4"])):
@@ -200,7 +203,9 @@ def test_cp_worker_protocol_in_threads_equals_cp1(tiny_v41_dir) -> None:
     ekw = dict(kw, max_num_batched_tokens=48)
     want = Runtime(tiny_v41_dir, **ekw).generate(prompts, max_new_tokens=6, ignore_eos=True)
     assert (
-        Runtime(tiny_v41_dir, context_parallel_size=2, worker_threads=True, **ekw).generate(prompts, max_new_tokens=6, ignore_eos=True)
+        Runtime(tiny_v41_dir, context_parallel_size=2, worker_threads=True, **ekw).generate(
+            prompts, max_new_tokens=6, ignore_eos=True
+        )
         == want
     )
 

@@ -45,7 +45,11 @@ def pair(request, tiny_v41_dir):
     from dsv41rt.runtime import Runtime
 
     q = request.param
-    return q, Runtime(tiny_v41_dir, kv_cache_dtype="auto" if q else "float32"), Runtime(tiny_v41_dir, "cuda", kv_cache_dtype="auto" if q else "float32")
+    return (
+        q,
+        Runtime(tiny_v41_dir, kv_cache_dtype="auto" if q else "float32"),
+        Runtime(tiny_v41_dir, "cuda", kv_cache_dtype="auto" if q else "float32"),
+    )
 
 
 @pytest.mark.parametrize("n", LENGTHS)
@@ -91,7 +95,6 @@ def test_cuda_multistream_off_gives_identical_logits(tiny_v41_dir) -> None:
 
 def test_cuda_engine_batch_gives_the_tokens_of_each_request_alone(tiny_v41_dir) -> None:
     from dsv41rt.runtime import Runtime
-
     from numerics import generate_with_logprobs
 
     prompts = [prompt_of(n) for n in (1, 9, 40, 130, 77, 3)]

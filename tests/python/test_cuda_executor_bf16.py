@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_cuda_executor import prompt_of, run_prompt
+from test_cuda_executor import prompt_of
 
 
 @pytest.mark.cuda

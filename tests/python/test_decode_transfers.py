@@ -25,7 +25,10 @@ def test_a_batch_64_decode_step_moves_a_few_bytes_per_request(tiny_v41_dir, devi
         per_step.append(rt.backend_stats()["d2h_bytes"] - before)
         assert len(outs) == BATCH  # a decode-only step: every request advanced
     vocab = rt.config.vocab_size
-    print(f"{device}: device-to-host bytes per batch-{BATCH} decode step: {per_step} (logits would be {BATCH * vocab * 4})")
+    print(
+        f"{device}: device-to-host bytes per batch-{BATCH} decode step: {per_step} "
+        f"(logits would be {BATCH * vocab * 4})"
+    )
     # 4-byte token + 4-byte logprob per request (the GPU's padded graph rows included): 512 B.
     assert all(b <= 4096 for b in per_step), per_step
     # The bound discriminates: one row of logits alone is more than it.

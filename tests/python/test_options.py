@@ -10,7 +10,6 @@ import re
 from dataclasses import fields
 
 import pytest
-
 from dsv41rt.errors import Dsv41rtError
 from dsv41rt.options import OPTIONS, RuntimeOptions, markdown_table, options_from_args, to_argv
 
@@ -76,7 +75,9 @@ def test_one_key_per_option_in_serve_and_cli() -> None:
     for old in ("max-running", "token-budget", "cp-comm", "cp-processes", "max-context", "page-tokens"):
         with pytest.raises(Dsv41rtError, match="unknown config key"):
             build_config({old: 1}, {})
-    args = build_parser().parse_args(["score", "--checkpoint", "c", "--prompts", "p", "--out", "o", "--page-size", "16"])
+    args = build_parser().parse_args(
+        ["score", "--checkpoint", "c", "--prompts", "p", "--out", "o", "--page-size", "16"]
+    )
     assert options_from_args(args).page_size == 16
 
 

@@ -117,7 +117,10 @@ def diff_violations(diff: np.ndarray, noise: np.ndarray, rows: np.ndarray) -> st
     over = np.where(diff > tol)[0]
     if over.size:
         where = "before the reference's first unstable position" if rows[over[0]] < first_unstable else "after it"
-        return f"positions {rows[over][:10].tolist()} ({where}) differ by {diff[over][:10].tolist()} > {tol[over][:10].tolist()}"
+        return (
+            f"positions {rows[over][:10].tolist()} ({where}) differ by {diff[over][:10].tolist()} "
+            f"> {tol[over][:10].tolist()}"
+        )
     return None
 
 

@@ -31,6 +31,11 @@ def encode(values: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu
     Encode float32 values to raw codes (same shape); inverse of decode(). fp8_e4m3 saturates to +-448; fp4_e2m1 yields unpacked codes; e8m0 rounds up to a power of two.
     """
 
+def safetensors_dtype_size(dtype: str) -> int:
+    """
+    Bytes per element of a safetensors dtype string (F32 -> 4, I8 -> 1, ...).
+    """
+
 class Checkpoint:
     """
     A safetensors checkpoint: a .safetensors file, an index.json, or a directory (single or sharded). Headers are fully validated on open.
@@ -67,9 +72,66 @@ class Checkpoint:
 
     def __repr__(self) -> str: ...
 
-def model_plan(path: str) -> dict:
+class ModelConfig:
     """
-    Parse <path>/config.json (or the file) with the C++ parser and return its per-layer plan as a dict: arch, layers, draft_layers (dicts with index, ratio, role, kv_source, topk_source, candidates, engram, rope_base, yarn, hash_routed, n_experts, experts_per_tok, ...) and a few config scalars. Raises Error naming the file and field.
+    A parsed and validated config.json (see model_config.h); fields() gives its values for dsv41rt.config.ModelConfig.
+    """
+
+    @property
+    def source(self) -> str: ...
+
+    def fields(self) -> dict:
+        """Every field under its name in dsv41rt.config.ModelConfig."""
+
+    def __copy__(self) -> ModelConfig: ...
+
+    def __deepcopy__(self, memo: object) -> ModelConfig: ...
+
+def model_config_from_object(data: object, source: str) -> ModelConfig:
+    """
+    Parse and validate a config.json dict; raises dsv41rt.errors.ConfigError naming the source and field.
+    """
+
+def load_model_config(path: str) -> ModelConfig:
+    """
+    Parse and validate <path>/config.json (or the file); raises ConfigError naming the file and field.
+    """
+
+class ModelPlan:
+    """The per-layer plan of a config (layer_plan.h)."""
+
+    @property
+    def config(self) -> ModelConfig: ...
+
+    def layers(self) -> list: ...
+
+    def draft_layers(self) -> list: ...
+
+    def __copy__(self) -> ModelPlan: ...
+
+    def __deepcopy__(self, memo: object) -> ModelPlan: ...
+
+def build_model_plan(config: ModelConfig) -> ModelPlan:
+    """The per-layer plan (roles, sources, rope) of a parsed config."""
+
+def engram_layouts(layer_ids: Sequence[int], max_ngram_size: int, vocab_size: int, n_heads: int) -> list:
+    """
+    Engram hash buckets per layer: dicts of layer_id, primes, offsets, required_rows.
+    """
+
+def tensor_spec(plan: ModelPlan) -> tuple:
+    """
+    The tensors a checkpoint of this plan holds: (quantized, logical, physical), logical = [(name, shape, storage, block)], physical = [(name, safetensors dtype, shape, index into logical, is_scale, nbytes)], both sorted by name.
+    """
+
+def cache_bytes(plan: ModelPlan) -> dict:
+    """
+    Cache bytes of this plan in the release's formats: window_row, window_layers, window_per_request, global_per_token, compressor_state_per_request, engram_history_per_request.
+    """
+
+def open_checkpoint(path: str, validate: bool = True) -> tuple:
+    """
+    Open a checkpoint directory once: parse config.json, plan, map the safetensors files and (validate) check every tensor against the spec. Returns (ModelPlan, Checkpoint); raises dsv41rt.errors.ConfigError / CheckpointError naming the field, file or tensor.
     """
 
 class Precision(enum.Enum):
