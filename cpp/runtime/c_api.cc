@@ -22,6 +22,7 @@ struct dsv41rt_runtime {
   struct Carry {
     std::vector<int32_t> tokens;
     bool finished = false;
+    std::string error;  // set when the engine failed: given as E_ENGINE_FAILED after the tokens
   };
   std::unique_ptr<dsv41rt::Runtime> runtime;
   std::mutex mu;  // carries
@@ -148,16 +149,24 @@ dsv41rt::RequestParams request_from(const dsv41rt_request_params& p) {
 }
 
 // Moves up to `capacity` carried tokens of `id` out; finished once the request ended and every
-// token was taken (the id is then forgotten).
-void take(dsv41rt_runtime* rt, int64_t id, int32_t* tokens, size_t capacity, size_t* n_out,
-          int* finished) {
+// token was taken (the id is then forgotten). A request the engine's failure ended gives its
+// tokens first, then E_ENGINE_FAILED with the failure (finished = 1).
+dsv41rt_status take(dsv41rt_runtime* rt, int64_t id, int32_t* tokens, size_t capacity,
+                    size_t* n_out, int* finished) {
   dsv41rt_runtime::Carry& c = rt->carries[id];
+  if (c.tokens.empty() && !c.error.empty()) {
+    std::string error = std::move(c.error);
+    rt->carries.erase(id);
+    *n_out = 0, *finished = 1;
+    return fail(rt, DSV41RT_E_ENGINE_FAILED, "request " + std::to_string(id) + ": " + error);
+  }
   const size_t n = std::min(capacity, c.tokens.size());
   std::copy(c.tokens.begin(), c.tokens.begin() + n, tokens);
   c.tokens.erase(c.tokens.begin(), c.tokens.begin() + n);
   *n_out = n;
-  *finished = c.finished && c.tokens.empty() ? 1 : 0;
+  *finished = c.finished && c.tokens.empty() && c.error.empty() ? 1 : 0;
   if (*finished) rt->carries.erase(id);
+  return DSV41RT_OK;
 }
 
 // poll (timeout 0) and wait: the carry first, else what the runtime gathered (waiting up to
@@ -172,8 +181,7 @@ dsv41rt_status poll_or_wait(dsv41rt_runtime* rt, int64_t id, int32_t timeout_ms,
     std::lock_guard<std::mutex> l(rt->mu);
     auto it = rt->carries.find(id);
     if (it != rt->carries.end() && (!it->second.tokens.empty() || it->second.finished)) {
-      take(rt, id, tokens, capacity, n_out, finished);
-      return DSV41RT_OK;
+      return take(rt, id, tokens, capacity, n_out, finished);
     }
   }
   std::optional<dsv41rt::RequestOutput> out;
@@ -193,8 +201,8 @@ dsv41rt_status poll_or_wait(dsv41rt_runtime* rt, int64_t id, int32_t timeout_ms,
   dsv41rt_runtime::Carry& c = rt->carries[id];
   c.tokens.insert(c.tokens.end(), out->tokens.begin(), out->tokens.end());
   c.finished = out->finished;
-  take(rt, id, tokens, capacity, n_out, finished);
-  return DSV41RT_OK;
+  if (out->reason == dsv41rt::FinishReason::kError) c.error = out->error;
+  return take(rt, id, tokens, capacity, n_out, finished);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -66,6 +67,14 @@ void gather(RequestOutput& into, RequestOutput&& more) {
   into.finished = more.finished;
   into.reason = more.reason;
   into.error = std::move(more.error);
+}
+
+// A failpoint for the tests of engine failure (the C API's E_ENGINE_FAILED, the server's error
+// path): DSV41RT_FAILPOINT_ENGINE_STEP=N makes the engine thread's N-th step throw, as a CUDA
+// error or a bug would. Read once per Runtime; unset (the default): 0, never.
+int64_t failpoint_engine_step() {
+  const char* v = std::getenv("DSV41RT_FAILPOINT_ENGINE_STEP");
+  return v ? std::strtoll(v, nullptr, 10) : 0;
 }
 
 }  // namespace
@@ -365,6 +374,9 @@ class Runtime::Impl {
       std::vector<RequestOutput> outs;
       const int64_t start = now_ns();
       try {
+        if (++steps_run_ == fail_at_step_) {
+          DSV41RT_THROW_CODE(kInternal, "failpoint DSV41RT_FAILPOINT_ENGINE_STEP=", fail_at_step_);
+        }
         outs = run_step(&scheduled);
         snapshot();
       } catch (const std::exception& err) {  // the engine cannot go on: end every request
@@ -390,6 +402,8 @@ class Runtime::Impl {
   }
 
   RuntimeOptions options_;
+  const int64_t fail_at_step_ = failpoint_engine_step();
+  int64_t steps_run_ = 0;  // by the engine thread
   std::shared_ptr<model::Executor> exec_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<Sequences> sequences_;

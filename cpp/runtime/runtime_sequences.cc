@@ -78,7 +78,7 @@ void Sequences::close(int64_t seq) {
 
 Sequences::Sequence& Sequences::find(int64_t seq) {
   auto it = seqs_.find(seq);
-  DSV41RT_CHECK_CODE(kNotFound, it != seqs_.end(), "unknown sequence ", seq);
+  DSV41RT_CHECK_CODE(kNotFound, it != seqs_.end(), "unknown sequence handle ", seq);
   return it->second;
 }
 

@@ -60,7 +60,6 @@ class RuntimeOptions:
         need(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be >= 1")
         need(self.page_size >= 1, "page_size", f"must be >= 1, got {self.page_size}")
         need(1 <= self.context_parallel_size <= 64, "context_parallel_size", "must be in [1, 64]")
-        need(self.precision == "fp32" or self.device != "cpu", "precision", "bf16 needs a CUDA device")
         need(
             self.context_parallel_backend != "nccl" or self.device != "cpu",
             "context_parallel_backend",
@@ -147,7 +146,12 @@ class Option:
 
 _ROWS = (
     Option("device", _device, "device", "cpu, cuda or cuda:N"),
-    Option("precision", _choice(PRECISIONS), "precision", "GEMMs in fp32 (reference numerics) or bf16 (CUDA)"),
+    Option(
+        "precision",
+        _choice(PRECISIONS),
+        "precision",
+        "GEMMs in fp32 (reference numerics) or bf16 (tensor cores on CUDA; emulated on the CPU)",
+    ),
     Option(
         "kv_cache_dtype",
         _choice(KV_CACHE_DTYPES),

@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -231,4 +234,126 @@ TEST(CApi, ConcurrentSubmitsFromManyThreads) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(ok.load(), 4);
   EXPECT_EQ(dsv41rt_runtime_destroy(rt), DSV41RT_OK);
+}
+
+TEST(CApi, WaitTimesOutWhileTheRequestIsQueued) {
+  NEED_CHECKPOINT();
+  dsv41rt_runtime_params p;
+  dsv41rt_runtime_default_params(&p);
+  p.checkpoint_dir = checkpoint();
+  p.max_num_seqs = 1;  // B waits in the queue for as long as A runs
+  dsv41rt_runtime* rt = nullptr;
+  ASSERT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt), DSV41RT_OK);
+  dsv41rt_request_params rp;
+  dsv41rt_request_default_params(&rp);
+  rp.max_new_tokens = 100000;  // A runs until cancelled (or its context is full)
+  rp.ignore_eos = 1;
+  int64_t a = 0, b = 0;
+  ASSERT_EQ(dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), &rp, &a), DSV41RT_OK);
+  int32_t buf[16];
+  size_t n = 0;
+  int fin = 0;
+  ASSERT_EQ(dsv41rt_wait(rt, a, 10000, buf, 16, &n, &fin), DSV41RT_OK);  // A is running
+  ASSERT_EQ(fin, 0);
+  rp.max_new_tokens = 3;
+  ASSERT_EQ(dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), &rp, &b), DSV41RT_OK);
+  EXPECT_EQ(dsv41rt_wait(rt, b, 20, buf, 16, &n, &fin), DSV41RT_E_TIMEOUT);
+  EXPECT_NE(std::string(dsv41rt_last_error(rt)).find("nothing new for request"), std::string::npos)
+      << dsv41rt_last_error(rt);
+  EXPECT_EQ(dsv41rt_poll(rt, b, buf, 16, &n, &fin), DSV41RT_OK);  // a poll is not a timeout
+  EXPECT_EQ(n, 0u);
+  ASSERT_EQ(dsv41rt_cancel(rt, a), DSV41RT_OK);
+  size_t total = 0;
+  fin = 0;
+  while (!fin && dsv41rt_wait(rt, b, 10000, buf, 16, &n, &fin) == DSV41RT_OK) total += n;
+  EXPECT_EQ(fin, 1);
+  EXPECT_EQ(total, 3u);  // B then ran to its length
+  EXPECT_EQ(dsv41rt_runtime_destroy(rt), DSV41RT_OK);
+}
+
+TEST(CApi, DestroyWhileAnotherThreadWaitsEndsTheWait) {
+  NEED_CHECKPOINT();
+  dsv41rt_runtime_params p;
+  dsv41rt_runtime_default_params(&p);
+  p.checkpoint_dir = checkpoint();
+  p.max_num_seqs = 1;  // B stays queued behind A: its waiter is inside dsv41rt_wait throughout
+  dsv41rt_runtime* rt = nullptr;
+  ASSERT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt), DSV41RT_OK);
+  dsv41rt_request_params rp;
+  dsv41rt_request_default_params(&rp);
+  rp.max_new_tokens = 100000;
+  rp.ignore_eos = 1;
+  int64_t a = 0, b = 0;
+  ASSERT_EQ(dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), &rp, &a), DSV41RT_OK);
+  int32_t first[4];
+  size_t n_first = 0;
+  int fin_first = 0;
+  ASSERT_EQ(dsv41rt_wait(rt, a, 10000, first, 4, &n_first, &fin_first), DSV41RT_OK);
+  ASSERT_EQ(dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), &rp, &b), DSV41RT_OK);
+  std::atomic<int> status{-1}, finished{-1};
+  std::atomic<size_t> tokens{1};
+  std::thread waiter([&] {
+    int32_t buf[64];
+    size_t n = 0;
+    int fin = 0;
+    status = dsv41rt_wait(rt, b, -1, buf, 64, &n, &fin);  // blocks: B never runs
+    tokens = n;
+    finished = fin;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(dsv41rt_runtime_destroy(rt), DSV41RT_OK);  // returns only once the waiter has left
+  waiter.join();
+  EXPECT_EQ(status.load(), DSV41RT_OK);
+  EXPECT_EQ(finished.load(), 1);  // B ended (aborted by the shutdown) without a token
+  EXPECT_EQ(tokens.load(), 0u);
+}
+
+TEST(CApi, EngineFailureIsEngineFailedForWaitersAndNewWork) {
+  NEED_CHECKPOINT();
+  setenv("DSV41RT_FAILPOINT_ENGINE_STEP", "3", 1);  // the third engine step throws
+  dsv41rt_runtime* rt = make_runtime();
+  unsetenv("DSV41RT_FAILPOINT_ENGINE_STEP");
+  ASSERT_NE(rt, nullptr);
+  dsv41rt_request_params rp;
+  dsv41rt_request_default_params(&rp);
+  rp.max_new_tokens = 50;
+  rp.ignore_eos = 1;
+  int64_t id = 0;
+  ASSERT_EQ(dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), &rp, &id), DSV41RT_OK);
+  int32_t buf[64];
+  size_t n = 0, total = 0;
+  int fin = 0;
+  dsv41rt_status s = DSV41RT_OK;
+  while (!fin && (s = dsv41rt_wait(rt, id, 10000, buf, 64, &n, &fin)) == DSV41RT_OK) total += n;
+  EXPECT_EQ(s, DSV41RT_E_ENGINE_FAILED);
+  EXPECT_EQ(fin, 1);
+  EXPECT_EQ(total, 2u);  // the tokens of the two steps that ran came first
+  const std::string msg = dsv41rt_last_error(rt);
+  EXPECT_NE(msg.find("engine failed"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("DSV41RT_FAILPOINT_ENGINE_STEP"), std::string::npos) << msg;
+  EXPECT_EQ(dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), &rp, &id), DSV41RT_E_ENGINE_FAILED);
+  EXPECT_EQ(dsv41rt_runtime_destroy(rt), DSV41RT_OK);
+}
+
+TEST(CApi, UnreadableShardIsAnIoError) {
+  NEED_CHECKPOINT();
+  namespace fs = std::filesystem;
+  char tmpl[] = "/tmp/dsv41rt-capi-io-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const fs::path dir(tmpl);
+  fs::copy_file(fs::path(checkpoint()) / "config.json", dir / "config.json");
+  std::ofstream(dir / "model.safetensors.index.json")
+      << R"({"metadata": {}, "weight_map": {"embed.weight": "loop.safetensors"}})";
+  fs::create_symlink("loop.safetensors", dir / "loop.safetensors");  // open(): ELOOP
+  dsv41rt_runtime_params p;
+  dsv41rt_runtime_default_params(&p);
+  const std::string dir_s = dir.string();
+  p.checkpoint_dir = dir_s.c_str();
+  dsv41rt_runtime* rt = nullptr;
+  EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt), DSV41RT_E_IO);
+  EXPECT_EQ(rt, nullptr);
+  const std::string msg = dsv41rt_last_error(nullptr);
+  EXPECT_NE(msg.find("loop.safetensors"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cannot open"), std::string::npos) << msg;
+  fs::remove_all(dir);
 }

@@ -118,9 +118,9 @@ def test_cli_score_and_generate_take_cp_size(tiny_v41_dir, tmp_path) -> None:
                 text=True,
             )
             assert r.returncode == 0, r.stderr
-        outs[(cp, len(mode))] = (dict(np.load(s)), json.loads(g.read_text()))
-    base = outs[(1, 0)]
-    for other in ((2, 0), (2, 1)):
+        outs[(cp, bool(mode))] = (dict(np.load(s)), json.loads(g.read_text()))
+    base = outs[(1, False)]
+    for other in ((2, False), (2, True)):
         for key in base[0]:
             assert np.array_equal(base[0][key], outs[other][0][key]), (other, key)
         assert base[1] == outs[other][1], other

@@ -54,7 +54,7 @@ def test_fork_and_decode_errors(tiny_v41_dir) -> None:
     rt = Runtime(tiny_v41_dir, kv_memory=8 << 20, max_num_seqs=4)
     h = rt.new_handle()
     rt.forward_tokens(h, prompt_of(20))
-    with pytest.raises(Dsv41rtError, match="unknown handle 999"):
+    with pytest.raises(Dsv41rtError, match="unknown sequence handle 999"):
         rt.fork_handle(999)
     with pytest.raises(Dsv41rtError, match="given twice"):
         rt.decode_handles([h, h], [1, 2])

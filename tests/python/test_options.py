@@ -107,8 +107,9 @@ def test_bad_values_name_the_option() -> None:
             RuntimeOptions().replace(**{name: value})
     with pytest.raises(Dsv41rtError, match="unknown runtime option 'max_running'"):
         RuntimeOptions().replace(max_running=4)
-    with pytest.raises(Dsv41rtError, match="precision: bf16 needs a CUDA device"):
-        RuntimeOptions(precision="bf16")
+    with pytest.raises(Dsv41rtError, match="context-parallel-backend: nccl needs a CUDA device"):
+        RuntimeOptions(context_parallel_backend="nccl")
+    assert RuntimeOptions(precision="bf16").device == "cpu"  # bf16 on the CPU: the emulation
 
 
 def test_docs_table_is_the_rendered_table() -> None:

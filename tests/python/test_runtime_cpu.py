@@ -96,7 +96,7 @@ def test_bad_input_errors(rt: Runtime) -> None:
         rt.score([0, 1], chunk_size=0)
     with pytest.raises(Dsv41rtError, match=r"prompt_ids\[0\] is 'a', not a token id"):
         rt.add_request(["a"])
-    with pytest.raises(Dsv41rtError, match="unknown request 999"):
+    with pytest.raises(Dsv41rtError, match="unknown request id 999"):
         rt.abort(999)
 
 

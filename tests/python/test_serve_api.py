@@ -213,7 +213,7 @@ def test_context_parallel_worker_processes_serve_the_same_tokens(server, tiny_di
     """`context-parallel-size: 2` + `cp-processes: true`: rank 1 is a `dsv41rt cp-worker` process
     (TCP on the CPU); greedy completions equal the single-rank server's, and SIGTERM ends the
     server and its worker with exit code 0."""
-    cp = LiveServer("--context-parallel-size", "2", "--cp-processes", "true", model_dir=tiny_dir)
+    cp = LiveServer("--context-parallel-size", "2", "--context-parallel-processes", "true", model_dir=tiny_dir)
     workers = _children(cp.proc.pid, "cp-worker")
     try:
         assert len(workers) == 1, workers

@@ -146,7 +146,8 @@ DSV41RT_C_API dsv41rt_status dsv41rt_submit(dsv41rt_runtime* rt, const int32_t* 
                                             int64_t* out_id);
 /* Moves up to `capacity` tokens generated since the last call into `tokens` (*n_out of them).
  * *finished is set to 1 once the request has ended and every token was taken; the id is then
- * forgotten (a later call gives DSV41RT_E_NOT_FOUND). Never blocks. */
+ * forgotten (a later call gives DSV41RT_E_NOT_FOUND). Never blocks. A request ended by an engine
+ * failure gives its tokens, then DSV41RT_E_ENGINE_FAILED (with *finished = 1) naming the error. */
 DSV41RT_C_API dsv41rt_status dsv41rt_poll(dsv41rt_runtime* rt, int64_t request_id, int32_t* tokens,
                                           size_t capacity, size_t* n_out, int* finished);
 /* As dsv41rt_poll, but blocks until there is something to return or `timeout_ms` passes
