@@ -270,7 +270,7 @@ void register_runtime(nb::module_& m) {
           "decode",
           [](Runtime& rt, const std::vector<int64_t>& seqs, I32Array tokens) {
             DSV41RT_CHECK(!seqs.empty() && tokens.shape(0) == seqs.size(), "decode: ", seqs.size(),
-                          " sequences and ", tokens.shape(0), " tokens");
+                          " handles and ", tokens.shape(0), " tokens");
             return logits_array(int64_t(seqs.size()), rt.info().vocab_size,
                                 [&](float* out) { rt.decode(seqs, tokens.data(), out); });
           },

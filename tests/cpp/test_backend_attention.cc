@@ -43,7 +43,7 @@ class BackendAttention : public BackendTest {
       if (randint(0, 4) == 0) v = -INFINITY;
       if (with_inf && randint(0, 499) == 0) v = INFINITY;
     }
-    if (S > 1) std::fill_n(&s[T], T, -INFINITY);
+    if (S > 1) std::fill_n(s.begin() + T, T, -INFINITY);  // row 1 sees nothing
     return s;
   }
   // Indexer-like scores: finite below n_visible, −inf after.
