@@ -230,7 +230,7 @@ TEST_P(BackendAttention, TopKSelect) {
       // The min(k, #finite) best finite entries (ties to the lower index), ascending, −1 after.
       std::vector<int32_t> want(static_cast<size_t>(S * k), -1);
       for (int64_t s = 0; s < S; ++s) {
-        std::vector<int32_t> order = ranked(&scores[s * T], T), best;
+        std::vector<int32_t> order = ranked(scores.data() + s * T, T), best;
         for (int32_t j : order) {
           if (int64_t(best.size()) < k && std::isfinite(scores[s * T + j])) best.push_back(j);
         }
