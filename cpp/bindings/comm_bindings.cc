@@ -93,7 +93,10 @@ class PyNcclComm {
 void register_comm(nb::module_& m) {
   nb::module_ c = m.def_submodule(
       "comm", "NCCL collectives on raw CUDA device pointers and streams (see dsv41rt.comm).");
-  c.attr("built_with_nccl") = kBuiltWithNccl;
+  // A function, not a constant: the committed stubs must not depend on the build's NCCL setting.
+  c.def(
+      "built_with_nccl", []() { return kBuiltWithNccl; },
+      "Whether this build compiled the NCCL communicator (nccl.h found at configure time).");
   c.def(
       "nccl_available",
       []() {

@@ -46,7 +46,7 @@ from . import _core  # noqa: E402  (after the search path: the library loads on 
 
 NcclComm = _core.comm.NcclComm
 #: Whether this build compiled NcclComm at all (nccl.h found at build time, CUDA backend on).
-built_with_nccl: bool = bool(_core.comm.built_with_nccl)
+built_with_nccl: bool = bool(_core.comm.built_with_nccl())
 
 
 def nccl_available() -> bool:

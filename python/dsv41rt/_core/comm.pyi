@@ -4,7 +4,10 @@ NCCL collectives on raw CUDA device pointers and streams (see dsv41rt.comm).
 
 
 
-built_with_nccl: bool = True
+def built_with_nccl() -> bool:
+    """
+    Whether this build compiled the NCCL communicator (nccl.h found at configure time).
+    """
 
 def nccl_available() -> bool:
     """True when NCCL is compiled in and libnccl.so.2 loads."""
