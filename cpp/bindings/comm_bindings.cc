@@ -119,7 +119,7 @@ void register_comm(nb::module_& m) {
       "'NCCL <version> (<path of libnccl.so.2>)'; raises when NCCL is not available.");
   c.def(
       "nccl_unique_id",
-      []() {
+      []() -> nb::bytes {  // the same signature (and stubs) with or without NCCL
 #ifdef DSV41RT_HAVE_NCCL
         const std::string id = comm::NcclComm::nccl_unique_id();
         return nb::bytes(id.data(), id.size());
