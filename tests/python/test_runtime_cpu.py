@@ -87,6 +87,29 @@ def test_dequant_reuse_counts_on_released_schedule(tmp_path, device: str) -> Non
         np.testing.assert_array_equal(a, b)
 
 
+def test_dequant_workspace_is_never_reused_by_the_next_forward(tmp_path) -> None:
+    """A ratio's dequantised workspace serves the layers of one forward only: the next forward
+    (here another request's prefill with as many compressed rows) dequantises again. Reference:
+    the same forwards with reuse off (every layer dequantises)."""
+    make_checkpoint(preset_config_json("tiny-v41-released-schedule"), str(tmp_path), 0)
+    rt = Runtime(str(tmp_path))
+    prompts = [prompt(24, seed=5), prompt(24, seed=6)]  # the same compressed row counts
+
+    def forwards(reuse: bool) -> list[np.ndarray]:
+        rt.set_dequant_reuse(reuse)
+        handles = [rt.new_handle() for _ in prompts]
+        outs = [rt.forward_tokens(h, p) for h, p in zip(handles, prompts, strict=True)]
+        for h in handles:
+            rt.release_handle(h)
+        return outs
+
+    want = forwards(False)
+    got = forwards(True)
+    assert not np.array_equal(want[0], want[1])  # the two requests' logits differ
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
 def test_bad_input_errors(rt: Runtime) -> None:
     with pytest.raises(Dsv41rtError, match=r"prompt_ids\[1\] = 129280 is outside the vocabulary"):
         rt.score([0, 129280])
