@@ -18,10 +18,12 @@ namespace {
 
 const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
 
-dsv41rt_runtime* make_runtime() {
+// max_num_seqs = 0: the default.
+dsv41rt_runtime* make_runtime(int64_t max_num_seqs = 0) {
   dsv41rt_runtime_params p;
   dsv41rt_runtime_default_params(&p);
   p.checkpoint_dir = checkpoint();
+  if (max_num_seqs > 0) p.max_num_seqs = max_num_seqs;
   dsv41rt_runtime* rt = nullptr;
   EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt), DSV41RT_OK)
       << dsv41rt_last_error(nullptr);
@@ -238,12 +240,8 @@ TEST(CApi, ConcurrentSubmitsFromManyThreads) {
 
 TEST(CApi, WaitTimesOutWhileTheRequestIsQueued) {
   NEED_CHECKPOINT();
-  dsv41rt_runtime_params p;
-  dsv41rt_runtime_default_params(&p);
-  p.checkpoint_dir = checkpoint();
-  p.max_num_seqs = 1;  // B waits in the queue for as long as A runs
-  dsv41rt_runtime* rt = nullptr;
-  ASSERT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt), DSV41RT_OK);
+  dsv41rt_runtime* rt = make_runtime(/*max_num_seqs=*/1);  // B waits in the queue while A runs
+  ASSERT_NE(rt, nullptr);
   dsv41rt_request_params rp;
   dsv41rt_request_default_params(&rp);
   rp.max_new_tokens = 1000;  // A runs until cancelled (about a second on the tiny model)
@@ -273,12 +271,9 @@ TEST(CApi, WaitTimesOutWhileTheRequestIsQueued) {
 
 TEST(CApi, DestroyWhileAnotherThreadWaitsEndsTheWait) {
   NEED_CHECKPOINT();
-  dsv41rt_runtime_params p;
-  dsv41rt_runtime_default_params(&p);
-  p.checkpoint_dir = checkpoint();
-  p.max_num_seqs = 1;  // B stays queued behind A: its waiter is inside dsv41rt_wait throughout
-  dsv41rt_runtime* rt = nullptr;
-  ASSERT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt), DSV41RT_OK);
+  // B stays queued behind A: its waiter is inside dsv41rt_wait throughout.
+  dsv41rt_runtime* rt = make_runtime(/*max_num_seqs=*/1);
+  ASSERT_NE(rt, nullptr);
   dsv41rt_request_params rp;
   dsv41rt_request_default_params(&rp);
   rp.max_new_tokens = 1000;
