@@ -165,3 +165,34 @@ def test_cuda_sampled_decode_replays_graphs_and_equals_eager(tiny_v41_dir) -> No
     eager = Runtime(tiny_v41_dir, "cuda", max_num_seqs=4, enforce_eager=True)
     assert run(graph) == run(eager)
     assert graph.backend_stats()["graph_replays"] > 0 and eager.backend_stats()["graph_replays"] == 0
+
+
+def stored_bytes(checkpoint: str, skip_prefixes: tuple[str, ...]) -> int:
+    """Bytes of the tensors in the checkpoint's safetensors files, as stored (codes + scales)."""
+    import glob
+    import json
+    import os
+    import struct
+
+    total = 0
+    for path in glob.glob(os.path.join(checkpoint, "*.safetensors")):
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        for name, info in header.items():
+            if name != "__metadata__" and not name.startswith(skip_prefixes):
+                total += info["data_offsets"][1] - info["data_offsets"][0]
+    return total
+
+
+def test_cuda_weights_stay_in_their_released_formats(tiny_v41_dir) -> None:
+    """The GPU holds the checkpoint's FP8 / MXFP4 / BF16 matrices as stored (no BF16 expansion):
+    device weight bytes within 5% of the stored bytes of the tensors the executor loads (the
+    draft stages `mtp.*` are not loaded; FP32 vectors stored BF16 double, a few KB here)."""
+    from dsv41rt.runtime import Runtime
+
+    gpu = Runtime(tiny_v41_dir, "cuda")
+    held = gpu.backend_stats()["weight_bytes"]
+    stored = stored_bytes(tiny_v41_dir, ("mtp.",))
+    print(f"device weight bytes {held:,}, checkpoint bytes of the loaded tensors {stored:,}")
+    assert 0.95 * stored <= held <= 1.05 * stored

@@ -3,6 +3,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm_tc.cuh"
+#include "kernels/cuda/weight_decode.cuh"
 
 namespace dsv41rt::kernels::cuda {
 namespace {
@@ -45,8 +46,8 @@ struct Stage {
   uint4 b[4];
 };
 
-template <bool Vec>
-__device__ void load_stage(const TcGemm& g, const float* a, const uint16_t* b, const TileRows& t,
+template <bool Vec, WeightFormat F>
+__device__ void load_stage(const TcGemm& g, const float* a, int64_t brow0, const TileRows& t,
                            int64_t n0, int64_t k0, Stage& st) {
   const int tid = threadIdx.x;
 #pragma unroll
@@ -76,13 +77,15 @@ __device__ void load_stage(const TcGemm& g, const float* a, const uint16_t* b, c
     const int64_t col = n0 + r;
     uint4 q = make_uint4(0, 0, 0, 0);
     if (col < g.n) {
-      const uint16_t* src = b + col * g.ldb + k0 + kc;
       if (Vec) {
-        if (k0 + kc < g.k) q = *reinterpret_cast<const uint4*>(src);
+        if (k0 + kc < g.k) q = weight_bf16x8<F>(g.b, brow0 + col, k0 + kc);
       } else {
         uint16_t h[8];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) h[e] = k0 + kc + e < g.k ? src[e] : uint16_t(0);
+        for (int e = 0; e < 8; ++e) {
+          h[e] = k0 + kc + e < g.k ? f32_to_bf16(weight_at<F>(g.b, brow0 + col, k0 + kc + e))
+                                   : uint16_t(0);
+        }
         q.x = h[0] | (uint32_t(h[1]) << 16);
         q.y = h[2] | (uint32_t(h[3]) << 16);
         q.z = h[4] | (uint32_t(h[5]) << 16);
@@ -112,7 +115,7 @@ __device__ void store_stage(const Stage& st, __nv_bfloat16 (*as)[kLd], __nv_bflo
   }
 }
 
-template <bool Vec>
+template <bool Vec, WeightFormat F>
 __global__ void __launch_bounds__(kTcThreads) gemm_tc_kernel(const TcGemm g) {
   __shared__ __align__(32) __nv_bfloat16 as[kBM][kLd];
   __shared__ __align__(32) __nv_bfloat16 bs[kBN][kLd];
@@ -121,7 +124,7 @@ __global__ void __launch_bounds__(kTcThreads) gemm_tc_kernel(const TcGemm g) {
   if (!tile_rows(g, t)) return;
   const int64_t n0 = int64_t(blockIdx.x) * kBN;
   const float* a = g.a + int64_t(blockIdx.z) * g.stride_a;
-  const uint16_t* b = g.b + int64_t(blockIdx.z) * g.stride_b + t.group * g.stride_b_group;
+  const int64_t brow0 = int64_t(blockIdx.z) * g.b_rows_per_batch + t.group * g.b_rows_per_group;
   float* c = g.c + int64_t(blockIdx.z) * g.stride_c;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int wm = warp / 2, wn = warp % 2;
@@ -133,11 +136,12 @@ __global__ void __launch_bounds__(kTcThreads) gemm_tc_kernel(const TcGemm g) {
     for (int j = 0; j < 4; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
 
   Stage st;
-  load_stage<Vec>(g, a, b, t, n0, 0, st);
+  load_stage<Vec, F>(g, a, brow0, t, n0, 0, st);
   for (int64_t k0 = 0; k0 < g.k; k0 += kBK) {
     store_stage(st, as, bs);
     __syncthreads();
-    if (k0 + kBK < g.k) load_stage<Vec>(g, a, b, t, n0, k0 + kBK, st);  // in flight meanwhile
+    if (k0 + kBK < g.k)
+      load_stage<Vec, F>(g, a, brow0, t, n0, k0 + kBK, st);  // in flight meanwhile
 #pragma unroll
     for (int kk = 0; kk < kBK; kk += 16) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
@@ -191,15 +195,20 @@ cudaError_t gemm_bf16_tc(const TcGemm& g, cudaStream_t stream) {
   if (g.k == 0) return cudaErrorInvalidValue;  // C = 0 is not what a caller of a GEMM wants
   const int64_t n_tiles = (g.n + kBN - 1) / kBN;
   if (m_tiles > 65535 || g.batch > 65535 || n_tiles > 2147483647) return cudaErrorInvalidValue;
-  const bool vec = g.k % 8 == 0 && g.lda % 4 == 0 && g.ldb % 8 == 0 && g.stride_a % 4 == 0 &&
-                   g.stride_b % 8 == 0 && g.stride_b_group % 8 == 0 && aligned16(g.a) &&
-                   aligned16(g.b);
-  const dim3 grid(unsigned(n_tiles), unsigned(m_tiles), unsigned(g.batch));
-  if (vec) {
-    gemm_tc_kernel<true><<<grid, kTcThreads, 0, stream>>>(g);
-  } else {
-    gemm_tc_kernel<false><<<grid, kTcThreads, 0, stream>>>(g);
+  // FP32 weights are not BF16-exact: rounding them here would be a silent loss.
+  if (g.b.data == nullptr || g.b.cols != g.k || g.b.format == WeightFormat::kF32) {
+    return cudaErrorInvalidValue;
   }
+  const bool vec = g.k % 8 == 0 && g.lda % 4 == 0 && g.stride_a % 4 == 0 && aligned16(g.a) &&
+                   weight_vec8_ok(g.b);
+  const dim3 grid(unsigned(n_tiles), unsigned(m_tiles), unsigned(g.batch));
+  dispatch_format(g.b.format, [&]<WeightFormat F>() {
+    if (vec) {
+      gemm_tc_kernel<true, F><<<grid, kTcThreads, 0, stream>>>(g);
+    } else {
+      gemm_tc_kernel<false, F><<<grid, kTcThreads, 0, stream>>>(g);
+    }
+  });
   return launch_status();
 }
 

@@ -4,6 +4,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe.cuh"
 #include "kernels/cuda/swiglu.cuh"
+#include "kernels/cuda/weight_decode.cuh"
 
 namespace dsv41rt::kernels::cuda {
 namespace {
@@ -19,13 +20,23 @@ __device__ float softplus_ref(float x) {
 }
 
 __device__ __forceinline__ float widen(float v) { return v; }
-__device__ __forceinline__ float widen(uint16_t v) { return bf16_to_f32(v); }  // exact
 
 // Warp-wide FP32 dot product of a[0, n) and b[0, n) (order differs from the CPU; values only).
 template <typename W>
 __device__ float warp_dot(const float* a, const W* b, int64_t n, int lane) {
   float acc = 0.0f;
   for (int64_t c = lane; c < n; c += kWarp) acc += a[c] * widen(b[c]);
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  return acc;
+}
+
+// The same dot product with b = row `row` of a stored weight matrix (decoded exactly to FP32, so
+// the value equals warp_dot over FP32 weights of the same values).
+template <WeightFormat F>
+__device__ float warp_dot_row(const float* a, const WeightView& w, int64_t row, int64_t n,
+                              int lane) {
+  float acc = 0.0f;
+  for (int64_t c = lane; c < n; c += kWarp) acc += a[c] * weight_at<F>(w, row, c);
   for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   return acc;
 }
@@ -177,13 +188,12 @@ __global__ void moe_forward_kernel(const float* __restrict__ x, const int32_t* _
 // Hidden: one warp per (token, slot, hidden unit); slot k is the shared expert. hidden is
 // [S, k + 1, ld]. Same warp_dot and swiglu_unit as the per-token kernel, so the values are
 // bitwise equal to it.
-template <typename W>
+template <WeightFormat FR, WeightFormat FS>
 __global__ void moe_hidden_kernel(const float* __restrict__ x, const int32_t* __restrict__ idx,
                                   const float* __restrict__ weight, int64_t S, int64_t H, int64_t k,
-                                  int64_t E, int64_t I, const W* __restrict__ w1,
-                                  const W* __restrict__ w3, const W* __restrict__ sw1,
-                                  const W* __restrict__ sw3, int64_t Is, float limit, int64_t ld,
-                                  float* __restrict__ hidden) {
+                                  int64_t E, int64_t I, const WeightView w1, const WeightView w3,
+                                  const WeightView sw1, const WeightView sw3, int64_t Is,
+                                  float limit, int64_t ld, float* __restrict__ hidden) {
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
   const int64_t total = S * (k + 1) * ld;
@@ -195,13 +205,13 @@ __global__ void moe_hidden_kernel(const float* __restrict__ x, const int32_t* __
     if (j < k) {
       const int64_t e = idx[t * k + j];
       if (i >= I || e < 0 || e >= E) continue;  // warp-uniform
-      const float g = warp_dot(xr, w1 + (e * I + i) * H, H, lane);
-      const float u = warp_dot(xr, w3 + (e * I + i) * H, H, lane);
+      const float g = warp_dot_row<FR>(xr, w1, e * I + i, H, lane);
+      const float u = warp_dot_row<FR>(xr, w3, e * I + i, H, lane);
       h = swiglu_unit(g, u, limit, true, weight[t * k + j]);
     } else {
-      if (i >= Is || sw1 == nullptr) continue;
-      const float g = warp_dot(xr, sw1 + i * H, H, lane);
-      const float u = warp_dot(xr, sw3 + i * H, H, lane);
+      if (i >= Is || sw1.data == nullptr) continue;
+      const float g = warp_dot_row<FS>(xr, sw1, i, H, lane);
+      const float u = warp_dot_row<FS>(xr, sw3, i, H, lane);
       h = swiglu_unit(g, u, limit, false, 1.0f);
     }
     if (lane == 0) hidden[(t * (k + 1) + j) * ld + i] = h;
@@ -210,11 +220,11 @@ __global__ void moe_hidden_kernel(const float* __restrict__ x, const int32_t* __
 
 // Down: one warp per (token, output channel): 0, then each routed slot in ascending (expert id,
 // slot) order, then the shared expert, accumulated as the per-token kernel does.
-template <typename W>
+template <WeightFormat FR, WeightFormat FS>
 __global__ void moe_down_kernel(const int32_t* __restrict__ idx, int64_t S, int64_t H, int64_t k,
-                                int64_t E, int64_t I, const W* __restrict__ w2,
-                                const W* __restrict__ sw2, int64_t Is, int64_t ld,
-                                const float* __restrict__ hidden, float* __restrict__ y) {
+                                int64_t E, int64_t I, const WeightView w2, const WeightView sw2,
+                                int64_t Is, int64_t ld, const float* __restrict__ hidden,
+                                float* __restrict__ y) {
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
   for (int64_t w = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp; w < S * H;
@@ -228,11 +238,11 @@ __global__ void moe_down_kernel(const int32_t* __restrict__ idx, int64_t S, int6
       next_slot(it, k, prev_e, prev_j, be, bj);
       prev_e = be, prev_j = bj;
       if (be < 0 || be >= E) continue;
-      const float v = warp_dot(hidden + (t * (k + 1) + bj) * ld, w2 + (be * H + c) * I, I, lane);
+      const float v = warp_dot_row<FR>(hidden + (t * (k + 1) + bj) * ld, w2, be * H + c, I, lane);
       yc = yc + v;
     }
-    if (sw2 != nullptr) {
-      const float v = warp_dot(hidden + (t * (k + 1) + k) * ld, sw2 + c * Is, Is, lane);
+    if (sw2.data != nullptr) {
+      const float v = warp_dot_row<FS>(hidden + (t * (k + 1) + k) * ld, sw2, c, Is, lane);
       yc = yc + v;
     }
     if (lane == 0) y[t * H + c] = yc;
@@ -284,16 +294,25 @@ cudaError_t launch_moe_forward(const float* x, const int32_t* idx, const float* 
   return launch_status();
 }
 
-template <typename W>
 cudaError_t launch_moe_split(const float* x, const int32_t* idx, const float* weight, int64_t S,
-                             int64_t H, int64_t k, int64_t E, int64_t I, const W* w1, const W* w3,
-                             const W* w2, const W* sw1, const W* sw3, const W* sw2, int64_t Is,
-                             float limit, float* y, float* workspace, int64_t workspace_floats,
+                             int64_t H, int64_t k, int64_t E, int64_t I, const WeightView& w1,
+                             const WeightView& w3, const WeightView& w2, const WeightView& sw1,
+                             const WeightView& sw3, const WeightView& sw2, int64_t Is, float limit,
+                             float* y, float* workspace, int64_t workspace_floats,
                              cudaStream_t stream) {
   if (S <= 0) return S == 0 ? cudaSuccess : cudaErrorInvalidValue;
   if (H <= 0 || k < 1 || E <= 0 || I <= 0) return cudaErrorInvalidValue;
-  const bool shared = sw1 != nullptr;
-  if (shared && (!sw3 || !sw2 || Is <= 0)) return cudaErrorInvalidValue;
+  const bool shared = sw1.data != nullptr;
+  if (shared && (!sw3.data || !sw2.data || Is <= 0)) return cudaErrorInvalidValue;
+  // Every matrix must cover the shapes it is read with.
+  const bool routed_ok = w1.data && w3.data && w2.data && w1.format == w3.format &&
+                         w1.format == w2.format && w1.rows == E * I && w1.cols == H &&
+                         w3.rows == E * I && w3.cols == H && w2.rows == E * H && w2.cols == I;
+  const bool shared_ok = !shared || (sw1.format == sw3.format && sw1.format == sw2.format &&
+                                     sw1.rows == Is && sw1.cols == H && sw3.rows == Is &&
+                                     sw3.cols == H && sw2.rows == H && sw2.cols == Is);
+  if (!routed_ok || !shared_ok) return cudaErrorInvalidValue;
+  const WeightView none{};
   const int64_t ld = shared ? std::max(I, Is) : I;
   const int64_t per_token = (k + 1) * ld;
   const int64_t chunk = workspace ? workspace_floats / per_token : 0;
@@ -301,12 +320,16 @@ cudaError_t launch_moe_split(const float* x, const int32_t* idx, const float* we
   for (int64_t t0 = 0; t0 < S; t0 += chunk) {
     const int64_t n = std::min(chunk, S - t0);
     const int64_t hidden_warps = n * per_token, down_warps = n * H;
-    moe_hidden_kernel<W><<<blocks_for(hidden_warps * kWarp), kThreads, 0, stream>>>(
-        x + t0 * H, idx + t0 * k, weight + t0 * k, n, H, k, E, I, w1, w3, shared ? sw1 : nullptr,
-        sw3, shared ? Is : 0, limit, ld, workspace);
-    moe_down_kernel<W><<<blocks_for(down_warps * kWarp), kThreads, 0, stream>>>(
-        idx + t0 * k, n, H, k, E, I, w2, shared ? sw2 : nullptr, shared ? Is : 0, ld, workspace,
-        y + t0 * H);
+    dispatch_format(w1.format, [&]<WeightFormat FR>() {
+      dispatch_format(shared ? sw1.format : WeightFormat::kF32, [&]<WeightFormat FS>() {
+        moe_hidden_kernel<FR, FS><<<blocks_for(hidden_warps * kWarp), kThreads, 0, stream>>>(
+            x + t0 * H, idx + t0 * k, weight + t0 * k, n, H, k, E, I, w1, w3, shared ? sw1 : none,
+            shared ? sw3 : none, shared ? Is : 0, limit, ld, workspace);
+        moe_down_kernel<FR, FS><<<blocks_for(down_warps * kWarp), kThreads, 0, stream>>>(
+            idx + t0 * k, n, H, k, E, I, w2, shared ? sw2 : none, shared ? Is : 0, ld, workspace,
+            y + t0 * H);
+      });
+    });
     const cudaError_t err = launch_status();
     if (err != cudaSuccess) return err;
   }
@@ -319,13 +342,12 @@ int64_t moe_split_workspace_floats(int64_t S, int64_t k, int64_t I, int64_t I_sh
   return S * (k + 1) * std::max(I, I_shared);
 }
 
-cudaError_t moe_forward_split_bf16w(const float* x, const int32_t* idx, const float* weight,
-                                    int64_t S, int64_t H, int64_t k, int64_t E, int64_t I,
-                                    const uint16_t* w1, const uint16_t* w3, const uint16_t* w2,
-                                    const uint16_t* shared_w1, const uint16_t* shared_w3,
-                                    const uint16_t* shared_w2, int64_t I_shared, float limit,
-                                    float* y, float* workspace, int64_t workspace_floats,
-                                    cudaStream_t stream) {
+cudaError_t moe_forward_split(const float* x, const int32_t* idx, const float* weight, int64_t S,
+                              int64_t H, int64_t k, int64_t E, int64_t I, const WeightView& w1,
+                              const WeightView& w3, const WeightView& w2,
+                              const WeightView& shared_w1, const WeightView& shared_w3,
+                              const WeightView& shared_w2, int64_t I_shared, float limit, float* y,
+                              float* workspace, int64_t workspace_floats, cudaStream_t stream) {
   return launch_moe_split(x, idx, weight, S, H, k, E, I, w1, w3, w2, shared_w1, shared_w3,
                           shared_w2, I_shared, limit, y, workspace, workspace_floats, stream);
 }

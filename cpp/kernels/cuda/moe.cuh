@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/export.h"
+#include "kernels/weight_view.h"
 
 namespace dsv41rt::kernels::cuda {
 
@@ -37,11 +38,17 @@ DSV41RT_API cudaError_t moe_forward(const float* x, const int32_t* idx, const fl
 /// when given less, down to one token: S * (k + 1) * max(I, I_shared) is the whole batch).
 DSV41RT_API int64_t moe_split_workspace_floats(int64_t S, int64_t k, int64_t I, int64_t I_shared);
 
-DSV41RT_API cudaError_t moe_forward_split_bf16w(
+/// moe_forward with the weights as stored (kernels/weight_view.h; routed w1/w3 one view of
+/// [E * I, H] rows, w2 of [E * H, I]; the three routed matrices share one format, the three shared
+/// ones another; shared_w1.data == nullptr: no shared expert), many blocks per token, in passes of
+/// workspace_floats / moe_split_workspace_floats(1, ...) tokens. Every format decodes exactly to
+/// FP32, so the result is bitwise moe_forward's over FP32 weights of the same values.
+/// cudaErrorInvalidValue when a view does not cover its shape or the workspace holds no token.
+DSV41RT_API cudaError_t moe_forward_split(
     const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H, int64_t k,
-    int64_t E, int64_t I, const uint16_t* w1, const uint16_t* w3, const uint16_t* w2,
-    const uint16_t* shared_w1, const uint16_t* shared_w3, const uint16_t* shared_w2,
-    int64_t I_shared, float limit, float* y, float* workspace, int64_t workspace_floats,
-    cudaStream_t stream);
+    int64_t E, int64_t I, const kernels::WeightView& w1, const kernels::WeightView& w3,
+    const kernels::WeightView& w2, const kernels::WeightView& shared_w1,
+    const kernels::WeightView& shared_w3, const kernels::WeightView& shared_w2, int64_t I_shared,
+    float limit, float* y, float* workspace, int64_t workspace_floats, cudaStream_t stream);
 
 }  // namespace dsv41rt::kernels::cuda

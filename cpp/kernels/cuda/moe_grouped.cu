@@ -4,6 +4,7 @@
 #include "kernels/cuda/gemm_tc.cuh"
 #include "kernels/cuda/moe_grouped.cuh"
 #include "kernels/cuda/swiglu.cuh"
+#include "kernels/cuda/weight_decode.cuh"
 
 namespace dsv41rt::kernels::cuda {
 namespace {
@@ -146,14 +147,15 @@ MoeGroupedWorkspace moe_grouped_carve(int32_t* ints, float* floats, int64_t S, i
 }
 
 cudaError_t moe_grouped_bf16(const float* x, const int32_t* idx, const float* weight, int64_t S,
-                             int64_t H, int64_t k, int64_t E, int64_t I, const uint16_t* w1,
-                             const uint16_t* w3, const uint16_t* w2, const uint16_t* sw1,
-                             const uint16_t* sw3, const uint16_t* sw2, int64_t Is, float limit,
+                             int64_t H, int64_t k, int64_t E, int64_t I, const WeightView& w1,
+                             const WeightView& w3, const WeightView& w2, const WeightView& sw1,
+                             const WeightView& sw3, const WeightView& sw2, int64_t Is, float limit,
                              float* y, const MoeGroupedWorkspace& ws, cudaStream_t stream) {
   if (S <= 0) return S == 0 ? cudaSuccess : cudaErrorInvalidValue;
   if (H <= 0 || k < 1 || E <= 0 || I <= 0) return cudaErrorInvalidValue;
-  const bool shared = sw1 != nullptr;
-  if (shared && (!sw3 || !sw2 || Is <= 0)) return cudaErrorInvalidValue;
+  const bool shared = sw1.data != nullptr;
+  if (shared && (!sw3.data || !sw2.data || Is <= 0)) return cudaErrorInvalidValue;
+  if (w1.rows != E * I || w3.rows != E * I || w2.rows != E * H) return cudaErrorInvalidValue;
   const int64_t pairs = S * k;
   const int64_t max_tiles = moe_grouped_sizes(S, H, k, E, I, shared ? Is : 0).max_tiles;
   cudaError_t err = cudaMemsetAsync(ws.counts, 0, sizeof(int32_t) * E, stream);
@@ -168,7 +170,7 @@ cudaError_t moe_grouped_bf16(const float* x, const int32_t* idx, const float* we
   // perm), the scaled hidden units, then the down projections, all in grouped positions.
   TcGemm g;
   g.a = x, g.lda = H, g.a_rows = ws.perm, g.a_row_div = k;
-  g.m = pairs, g.k = H, g.n = I, g.ldb = H, g.ldc = I, g.stride_b_group = I * H;
+  g.m = pairs, g.k = H, g.n = I, g.ldc = I, g.b_rows_per_group = I;
   g.tile_group = ws.tiles, g.tile_row0 = ws.tiles + max_tiles;
   g.tile_row_end = ws.tiles + 2 * max_tiles, g.max_tiles = max_tiles;
   g.b = w1, g.c = ws.gate;
@@ -178,20 +180,20 @@ cudaError_t moe_grouped_bf16(const float* x, const int32_t* idx, const float* we
   routed_act_kernel<<<blocks_for(pairs * I), kThreads, 0, stream>>>(ws.gate, ws.up, ws.perm,
                                                                     ws.counts, E, weight, I, limit);
   g.a = ws.gate, g.lda = I, g.a_rows = nullptr, g.a_row_div = 1;
-  g.k = I, g.n = H, g.ldb = I, g.ldc = H, g.stride_b_group = H * I;
+  g.k = I, g.n = H, g.ldc = H, g.b_rows_per_group = H;
   g.b = w2, g.c = ws.out;
   if ((err = gemm_bf16_tc(g, stream)) != cudaSuccess) return err;
 
   if (shared) {
     TcGemm s;
-    s.a = x, s.lda = H, s.m = S, s.k = H, s.n = Is, s.ldb = H, s.ldc = Is;
+    s.a = x, s.lda = H, s.m = S, s.k = H, s.n = Is, s.ldc = Is;
     s.b = sw1, s.c = ws.shared_gate;
     if ((err = gemm_bf16_tc(s, stream)) != cudaSuccess) return err;
     s.b = sw3, s.c = ws.shared_up;
     if ((err = gemm_bf16_tc(s, stream)) != cudaSuccess) return err;
     shared_act_kernel<<<blocks_for(S * Is), kThreads, 0, stream>>>(ws.shared_gate, ws.shared_up,
                                                                    S * Is, limit);
-    s.a = ws.shared_gate, s.lda = Is, s.k = Is, s.n = H, s.ldb = Is, s.ldc = H;
+    s.a = ws.shared_gate, s.lda = Is, s.k = Is, s.n = H, s.ldc = H;
     s.b = sw2, s.c = ws.shared_out;
     if ((err = gemm_bf16_tc(s, stream)) != cudaSuccess) return err;
   }

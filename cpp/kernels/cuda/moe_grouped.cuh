@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "core/export.h"
+#include "kernels/weight_view.h"
 
 namespace dsv41rt::kernels::cuda {
 
@@ -39,14 +40,14 @@ DSV41RT_API MoeGroupedWorkspace moe_grouped_carve(int32_t* ints, float* floats, 
                                                   int64_t H, int64_t k, int64_t E, int64_t I,
                                                   int64_t Is);
 
-/// y[S, H] = routed + shared experts of x[S, H] (idx/weight [S, k] from moe_route). BF16 weights
-/// (w1/w3 [E, I, H], w2 [E, H, I], shared [Is, H] / [H, Is]; shared may be null).
-DSV41RT_API cudaError_t moe_grouped_bf16(const float* x, const int32_t* idx, const float* weight,
-                                         int64_t S, int64_t H, int64_t k, int64_t E, int64_t I,
-                                         const uint16_t* w1, const uint16_t* w3, const uint16_t* w2,
-                                         const uint16_t* shared_w1, const uint16_t* shared_w3,
-                                         const uint16_t* shared_w2, int64_t Is, float limit,
-                                         float* y, const MoeGroupedWorkspace& ws,
-                                         cudaStream_t stream);
+/// y[S, H] = routed + shared experts of x[S, H] (idx/weight [S, k] from moe_route). Weights as
+/// stored, BF16-exact (kernels/weight_view.h; w1/w3 one view of [E * I, H] rows, w2 of [E * H, I],
+/// shared [Is, H] / [H, Is]; shared_w1.data == nullptr: none).
+DSV41RT_API cudaError_t moe_grouped_bf16(
+    const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H, int64_t k,
+    int64_t E, int64_t I, const kernels::WeightView& w1, const kernels::WeightView& w3,
+    const kernels::WeightView& w2, const kernels::WeightView& shared_w1,
+    const kernels::WeightView& shared_w3, const kernels::WeightView& shared_w2, int64_t Is,
+    float limit, float* y, const MoeGroupedWorkspace& ws, cudaStream_t stream);
 
 }  // namespace dsv41rt::kernels::cuda

@@ -7,15 +7,17 @@
 #include <memory>
 #include <vector>
 
+#include "core/status.h"
+#include "kernels/weight_view.h"
+
 namespace dsv41rt::model {
 
-/// Storage of a weight matrix [rows, cols] (row = output channel), chosen by the backend.
-enum class WeightFormat : int {
-  kF32 = 0,   ///< FP32 values
-  kBF16 = 1,  ///< BF16 bits (exact for the checkpoint's FP8 / FP4 / BF16 values)
-};
+/// Storage of a weight matrix (kernels/weight_view.h): FP32, BF16, or the checkpoint's released
+/// FP8-block / MXFP4 codes with their UE8M0 scales, kept as stored (no expansion at load).
+using WeightFormat = kernels::WeightFormat;
 
-/// A weight matrix (or a stack of them, e.g. [E, I, H] experts) on the backend.
+/// A weight matrix (or a stack of them, e.g. [E, I, H] experts, one 2-D view of E * I rows) on
+/// the backend.
 struct Matrix {
   const void *data = nullptr;
   WeightFormat format = WeightFormat::kF32;
@@ -23,7 +25,24 @@ struct Matrix {
   /// precision "bf16" puts such matrices on tensor cores (the CPU emulates it by rounding the
   /// activations); the others stay FP32.
   bool bf16_exact = false;
+  const uint8_t *scale = nullptr;          ///< kFp8Block / kMxfp4 scale codes
+  int32_t block_rows = 0, block_cols = 0;  ///< kFp8Block scale blocks
+  /// Rows and columns of the whole stored 2-D matrix; required for kFp8Block / kMxfp4 (0 for
+  /// kF32 / kBF16 means "as the op's shape").
+  int64_t rows = 0, cols = 0;
   explicit operator bool() const { return data != nullptr; }
+
+  /// This matrix as an op of shape [rows, cols] reads it; throws Error(kInternal) when the
+  /// stored shape differs (a loader bug, never a user input) or a released format lacks scales.
+  kernels::WeightView view(int64_t op_rows, int64_t op_cols) const {
+    const bool released = format == WeightFormat::kFp8Block || format == WeightFormat::kMxfp4;
+    DSV41RT_CHECK_CODE(kInternal,
+                       (rows == 0 && cols == 0 && !released) ||
+                           (rows == op_rows && cols == op_cols && (!released || scale)),
+                       "weight matrix stored as [", rows, ", ", cols, "] read as [", op_rows, ", ",
+                       op_cols, "]");
+    return {data, scale, format, block_rows, block_cols, op_rows, op_cols};
+  }
 };
 
 struct LayerWeights {
@@ -43,6 +62,15 @@ struct LayerWeights {
   int64_t engram_rows = 0;
   const float *engram_wkv = nullptr, *engram_q = nullptr, *engram_k = nullptr;
 };
+
+/// Whether every expert matrix of a layer (routed and shared) is BF16-exact: the MoE op runs on
+/// tensor cores under precision "bf16" only then (one decision for the whole op, on every
+/// backend, so the CPU emulation rounds the same activations the GPU does).
+inline bool moe_bf16_exact(const LayerWeights &w) {
+  const bool shared =
+      !w.shared_w1 || (w.shared_w1.bf16_exact && w.shared_w3.bf16_exact && w.shared_w2.bf16_exact);
+  return w.w1.bf16_exact && w.w3.bf16_exact && w.w2.bf16_exact && shared;
+}
 
 struct BackendWeights {
   const float *embed = nullptr;          ///< [V, H] FP32, or

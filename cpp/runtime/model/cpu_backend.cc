@@ -157,11 +157,14 @@ class CpuBackend final : public Backend {
 
   void linear(const float* x, const Matrix& w, int64_t m, int64_t kk, int64_t n, float* y,
               bool accumulate, Stream) override {
-    k::linear(emulated(x, m * kk, w), f32(w), m, kk, n, y, accumulate);
+    std::vector<float> buf;
+    k::linear(emulated(x, m * kk, w), dense(w, n, kk, buf), m, kk, n, y, accumulate);
   }
   void grouped_linear(const float* x, const Matrix& w, int64_t m, int64_t groups, int64_t kk,
                       int64_t n, float* y, Stream) override {
-    k::grouped_linear(emulated(x, m * groups * kk, w), f32(w), m, groups, kk, n, y);
+    std::vector<float> buf;
+    k::grouped_linear(emulated(x, m * groups * kk, w), dense(w, groups * n, kk, buf), m, groups, kk,
+                      n, y);
   }
   void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y,
                 Stream) override {
@@ -205,13 +208,19 @@ class CpuBackend final : public Backend {
   void moe_experts(const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H,
                    int64_t kk, int64_t E, int64_t I, const LayerWeights& w, float limit, float* y,
                    Scratch, Stream) override {
+    std::vector<float> b1, b3, b2, s1, s3, s2;
+    const float* w1 = dense(w.w1, E * I, H, b1);
+    const float* w3 = dense(w.w3, E * I, H, b3);
+    const float* w2 = dense(w.w2, E * H, I, b2);
     std::vector<kernels::SwigluWeights> experts(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) {
-      experts[e] = {f32(w.w1) + e * I * H, f32(w.w3) + e * I * H, f32(w.w2) + e * H * I};
+    for (int64_t e = 0; e < E; ++e) experts[e] = {w1 + e * I * H, w3 + e * I * H, w2 + e * H * I};
+    kernels::SwigluWeights shared{};
+    if (w.shared_w1) {
+      shared = {dense(w.shared_w1, I, H, s1), dense(w.shared_w3, I, H, s3),
+                dense(w.shared_w2, H, I, s2)};
     }
-    const kernels::SwigluWeights shared{f32(w.shared_w1), f32(w.shared_w3), f32(w.shared_w2)};
     k::moe_forward(x, idx, weight, S, H, kk, E, I, experts.data(), w.shared_w1 ? &shared : nullptr,
-                   I, limit, y, /*bf16_inputs=*/tc_ && w.w1.bf16_exact);
+                   I, limit, y, /*bf16_inputs=*/tc_ && moe_bf16_exact(w));
   }
   void cache_qdq(RowFormat f, float* x, int64_t rows, int64_t dim, Stream) override {
     if (f == RowFormat::kFp8Window) k::fp8_window_qdq(x, rows, dim, x);
@@ -305,7 +314,17 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  static const float* f32(const Matrix& w) { return static_cast<const float*>(w.data); }
+  // FP32 values of a matrix read as [rows, cols]: the weights this backend loads are FP32
+  // already; other stored formats (op tests hand both backends one Matrix) are decoded into buf.
+  static const float* dense(const Matrix& w, int64_t rows, int64_t cols, std::vector<float>& buf) {
+    const kernels::WeightView v = w.view(rows, cols);
+    if (v.format == WeightFormat::kF32) return static_cast<const float*>(v.data);
+    buf.resize(size_t(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) buf[size_t(r * cols + c)] = v.value(r, c);
+    }
+    return buf.data();
+  }
   // The activations a GEMM sees: rounded to BF16 in the emulated tensor-core mode.
   const float* emulated(const float* x, int64_t n, const Matrix& w) {
     if (!tc_ || !w.bf16_exact) return x;

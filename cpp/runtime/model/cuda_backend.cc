@@ -45,7 +45,6 @@ int parse_device(const std::string& d) {
 }
 
 cudaStream_t cs(Stream s) { return static_cast<cudaStream_t>(s.handle); }
-const uint16_t* bf16(const Matrix& m) { return static_cast<const uint16_t*>(m.data); }
 const float* f32(const Matrix& m) { return static_cast<const float*>(m.data); }
 
 class CudaGraph final : public BackendGraph {
@@ -152,31 +151,31 @@ class CudaBackend final : public Backend {
 
   void set_tensor_cores(bool on) override { tc_ = on; }
 
+  // Tensor cores take BF16-exact weights only (precision "bf16"); everything else, and every
+  // matrix under "fp32", runs the FP32 kernel, which decodes any stored format exactly.
   void linear(const float* x, const Matrix& w, int64_t m, int64_t k, int64_t n, float* y,
               bool accumulate, Stream s) override {
-    if (tc_ && w.format == WeightFormat::kBF16) {
+    const kernels::WeightView v = w.view(n, k);
+    if (tc_ && w.bf16_exact && v.format != WeightFormat::kF32) {
       kc::TcGemm g;
-      g.a = x, g.lda = k, g.b = bf16(w), g.ldb = k, g.c = y, g.ldc = n;
+      g.a = x, g.lda = k, g.b = v, g.c = y, g.ldc = n;
       g.m = m, g.n = n, g.k = k, g.accumulate = accumulate;
       DSV41RT_CU(kc::gemm_bf16_tc(g, cs(s)));
-    } else if (w.format == WeightFormat::kBF16) {
-      DSV41RT_CU(kc::linear_bf16w(x, bf16(w), m, k, n, y, accumulate, cs(s)));
     } else {
-      DSV41RT_CU(kc::linear(x, f32(w), m, k, n, y, accumulate, cs(s)));
+      DSV41RT_CU(kc::linear(x, v, m, k, n, y, accumulate, cs(s)));
     }
   }
   void grouped_linear(const float* x, const Matrix& w, int64_t m, int64_t groups, int64_t k,
                       int64_t n, float* y, Stream s) override {
-    if (tc_ && w.format == WeightFormat::kBF16) {
+    const kernels::WeightView v = w.view(groups * n, k);
+    if (tc_ && w.bf16_exact && v.format != WeightFormat::kF32) {
       kc::TcGemm g;
-      g.a = x, g.lda = groups * k, g.b = bf16(w), g.ldb = k;
+      g.a = x, g.lda = groups * k, g.b = v;
       g.c = y, g.ldc = groups * n, g.m = m, g.n = n, g.k = k;
-      g.batch = groups, g.stride_a = k, g.stride_b = n * k, g.stride_c = n;
+      g.batch = groups, g.stride_a = k, g.b_rows_per_batch = n, g.stride_c = n;
       DSV41RT_CU(kc::gemm_bf16_tc(g, cs(s)));
-    } else if (w.format == WeightFormat::kBF16) {
-      DSV41RT_CU(kc::grouped_linear_bf16w(x, bf16(w), m, groups, k, n, y, cs(s)));
     } else {
-      DSV41RT_CU(kc::grouped_linear(x, f32(w), m, groups, k, n, y, cs(s)));
+      DSV41RT_CU(kc::grouped_linear(x, v, m, groups, k, n, y, cs(s)));
     }
   }
   void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y,
@@ -333,25 +332,33 @@ class CudaBackend final : public Backend {
 };
 
 // Routed + shared experts of S tokens: tensor cores (expert-grouped rows) where the precision
-// allows; otherwise the FP32 split kernels in passes over at most kMoeSplitFloats of scratch.
+// allows; FP32 weights on the per-token FP32 kernel; otherwise the FP32 split kernels (any stored
+// format, decoded exactly) in passes over at most kMoeSplitFloats of scratch.
 void CudaBackend::moe_experts(const float* x, const int32_t* idx, const float* weight, int64_t S,
                               int64_t H, int64_t k, int64_t E, int64_t I, const LayerWeights& w,
                               float limit, float* y, Scratch scratch, Stream s) {
-  const bool b16 = w.w1.format == WeightFormat::kBF16;
-  if (tc_ && b16) {
-    const int64_t Is = w.shared_w1 ? I : 0;
+  const bool shared = bool(w.shared_w1);
+  const int64_t Is = shared ? I : 0;
+  const kernels::WeightView w1 = w.w1.view(E * I, H), w3 = w.w3.view(E * I, H);
+  const kernels::WeightView w2 = w.w2.view(E * H, I);
+  kernels::WeightView sw1, sw3, sw2;
+  if (shared) {
+    sw1 = w.shared_w1.view(I, H), sw3 = w.shared_w3.view(I, H), sw2 = w.shared_w2.view(H, I);
+  }
+  if (tc_ && moe_bf16_exact(w)) {
     const kc::MoeGroupedSizes sz = kc::moe_grouped_sizes(S, H, k, E, I, Is);
     const int64_t int_bytes = (sz.ints * 4 + 255) / 256 * 256;
     uint8_t* base = static_cast<uint8_t*>(scratch.get(int_bytes + sz.floats * 4));
     const kc::MoeGroupedWorkspace ws =
         kc::moe_grouped_carve(reinterpret_cast<int32_t*>(base),
                               reinterpret_cast<float*>(base + int_bytes), S, H, k, E, I, Is);
-    DSV41RT_CU(kc::moe_grouped_bf16(x, idx, weight, S, H, k, E, I, bf16(w.w1), bf16(w.w3),
-                                    bf16(w.w2), bf16(w.shared_w1), bf16(w.shared_w3),
-                                    bf16(w.shared_w2), Is, limit, y, ws, cs(s)));
+    DSV41RT_CU(kc::moe_grouped_bf16(x, idx, weight, S, H, k, E, I, w1, w3, w2, sw1, sw3, sw2, Is,
+                                    limit, y, ws, cs(s)));
     return;
   }
-  if (!b16) {
+  const bool all_f32 =
+      w1.format == WeightFormat::kF32 && (!shared || sw1.format == WeightFormat::kF32);
+  if (all_f32) {
     DSV41RT_CU(kc::moe_forward(x, idx, weight, S, H, k, E, I, f32(w.w1), f32(w.w3), f32(w.w2),
                                f32(w.shared_w1), f32(w.shared_w3), f32(w.shared_w2), I, limit, y,
                                cs(s)));
@@ -362,9 +369,8 @@ void CudaBackend::moe_experts(const float* x, const int32_t* idx, const float* w
   const int64_t chunk =
       std::clamp<int64_t>(kMoeSplitFloats / per_token, 1, std::max<int64_t>(S, 1));
   float* work = static_cast<float*>(scratch.get(chunk * per_token * 4));
-  DSV41RT_CU(kc::moe_forward_split_bf16w(
-      x, idx, weight, S, H, k, E, I, bf16(w.w1), bf16(w.w3), bf16(w.w2), bf16(w.shared_w1),
-      bf16(w.shared_w3), bf16(w.shared_w2), I, limit, y, work, chunk * per_token, cs(s)));
+  DSV41RT_CU(kc::moe_forward_split(x, idx, weight, S, H, k, E, I, w1, w3, w2, sw1, sw3, sw2, Is,
+                                   limit, y, work, chunk * per_token, cs(s)));
 }
 
 }  // namespace

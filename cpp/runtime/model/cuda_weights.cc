@@ -1,19 +1,37 @@
 #include "runtime/model/cuda_weights.h"
 
-#include "kernels/cuda/quant.cuh"
 #include "runtime/model/cuda_resources.h"
-#include "runtime/model/device_array.h"
 
 namespace dsv41rt::model {
 
 namespace {
 
-/// Every tensor is loaded without host values and stored in a format BF16 holds exactly.
-bool all_bf16_exact(const std::vector<const Tensor*>& ts) {
-  for (const Tensor* t : ts) {
-    if (!t->data.empty() || !bf16_exact(*t)) return false;
+/// The checkpoint's stored bytes of a tensor loaded without host values (codes, scales).
+struct Stored {
+  const TensorSource* src;
+  int64_t data_bytes, scale_bytes;
+};
+
+Stored stored(const Tensor& t) {
+  const TensorSource& s = t.source;
+  switch (s.dtype) {
+    case DType::kBF16:
+      return {&s, s.rows * s.cols * 2, 0};
+    case DType::kFP8E4M3:
+      return {&s, s.rows * s.cols,
+              ((s.rows + s.block_rows - 1) / s.block_rows) *
+                  ((s.cols + s.block_cols - 1) / s.block_cols)};
+    case DType::kI8:
+      return {&s, s.rows * (s.cols / 2), s.rows * ((s.cols + 31) / 32)};
+    default:
+      return {&s, 0, 0};
   }
-  return true;
+}
+
+WeightFormat released_format(DType d) {
+  if (d == DType::kBF16) return WeightFormat::kBF16;
+  if (d == DType::kFP8E4M3) return WeightFormat::kFp8Block;
+  return WeightFormat::kMxfp4;
 }
 
 class Uploader {
@@ -43,19 +61,53 @@ class Uploader {
   }
   const float* f32(const std::vector<float>& v) { return raw(v.data(), int64_t(v.size())); }
 
-  /// Matrices stacked along a new leading axis, BF16 when every source is BF16-exact and has no
-  /// host values, FP32 otherwise.
+  /// Matrices stacked along a new leading axis (one 2-D view of their rows), kept in the
+  /// checkpoint's released form (BF16, FP8 E4M3 + UE8M0 block scales, MXFP4 + UE8M0 per 32):
+  /// device bytes = checkpoint bytes. FP32 when a source has host values or another dtype.
   Matrix matrices(const std::vector<const Tensor*>& ts) {
     if (ts.empty() || ts[0]->empty()) return {};
-    if (!all_bf16_exact(ts)) return f32_matrices(ts);
-    const int64_t each = ts[0]->numel();
-    uint16_t* d = alloc<uint16_t>(each * int64_t(ts.size()));
-    for (size_t i = 0; i < ts.size(); ++i) to_bf16(*ts[i], d + i * each);
-    DSV41RT_CU(cudaDeviceSynchronize());  // the staging buffer is reused by the next call
-    return {d, WeightFormat::kBF16, true};
+    const TensorSource& s0 = ts[0]->source;
+    bool released =
+        s0.dtype == DType::kBF16 || s0.dtype == DType::kFP8E4M3 || s0.dtype == DType::kI8;
+    for (const Tensor* t : ts) {
+      const TensorSource& s = t->source;
+      released = released && t->data.empty() && s.dtype == s0.dtype && s.rows == s0.rows &&
+                 s.cols == s0.cols && s.block_rows == s0.block_rows &&
+                 s.block_cols == s0.block_cols;
+    }
+    if (!released) return f32_matrices(ts);
+    const int64_t n = int64_t(ts.size());
+    // A stack is one 2-D view, so each FP8 matrix must start on a scale-block row.
+    DSV41RT_CHECK_CODE(
+        kUnsupported, s0.dtype != DType::kFP8E4M3 || n == 1 || s0.rows % s0.block_rows == 0,
+        "a stack of FP8 matrices with ", s0.rows, " rows each (not a multiple of the scale block ",
+        s0.block_rows, ") cannot be kept in its released form");
+    const Stored one = stored(*ts[0]);
+    uint8_t* data = alloc<uint8_t>(one.data_bytes * n);
+    uint8_t* scale = alloc<uint8_t>(one.scale_bytes * n);
+    for (int64_t i = 0; i < n; ++i) {
+      const TensorSource& s = ts[size_t(i)]->source;
+      DSV41RT_CU(cudaMemcpy(data + i * one.data_bytes, s.data, size_t(one.data_bytes),
+                            cudaMemcpyHostToDevice));
+      if (one.scale_bytes > 0) {
+        DSV41RT_CU(cudaMemcpy(scale + i * one.scale_bytes, s.scale, size_t(one.scale_bytes),
+                              cudaMemcpyHostToDevice));
+      }
+    }
+    Matrix m;
+    m.data = data;
+    m.format = released_format(s0.dtype);
+    m.bf16_exact = true;
+    m.scale = scale;
+    m.block_rows = int32_t(s0.block_rows);
+    m.block_cols = int32_t(s0.block_cols);
+    m.rows = s0.rows * n;
+    m.cols = s0.cols;
+    if (m.format == WeightFormat::kBF16) m.scale = nullptr, m.block_rows = m.block_cols = 0;
+    return m;
   }
   Matrix matrix(const Tensor& t) { return matrices({&t}); }
-  /// FP32 stack whatever the sources (to match another matrix's precision).
+  /// FP32 stack whatever the sources.
   Matrix f32_matrices(const std::vector<const Tensor*>& ts) {
     if (ts.empty() || ts[0]->empty()) return {};
     const int64_t each = ts[0]->numel();
@@ -69,37 +121,7 @@ class Uploader {
   }
 
  private:
-  // Raw bytes (and scales) to a device staging area, dequantised there into `out`.
-  void to_bf16(const Tensor& t, uint16_t* out) {
-    const TensorSource& s = t.source;
-    const int64_t n = t.numel();
-    if (s.dtype == DType::kBF16) {
-      DSV41RT_CU(cudaMemcpy(out, s.data, size_t(n) * 2, cudaMemcpyHostToDevice));
-      return;
-    }
-    const bool fp8 = s.dtype == DType::kFP8E4M3;
-    const int64_t data_bytes = fp8 ? n : n / 2;
-    const int64_t scale_bytes = fp8 ? ((s.rows + s.block_rows - 1) / s.block_rows) *
-                                          ((s.cols + s.block_cols - 1) / s.block_cols)
-                                    : s.rows * ((s.cols + 31) / 32);
-    DSV41RT_CU(cudaDeviceSynchronize());  // the previous dequantisation has read the staging
-    uint8_t* stage = staging_.ensure([](int64_t b) { return cudart::device_alloc(b); },
-                                     data_bytes + scale_bytes, staging_generation_);
-    DSV41RT_CU(cudaMemcpy(stage, s.data, size_t(data_bytes), cudaMemcpyHostToDevice));
-    DSV41RT_CU(
-        cudaMemcpy(stage + data_bytes, s.scale, size_t(scale_bytes), cudaMemcpyHostToDevice));
-    if (fp8) {
-      DSV41RT_CU(kernels::cuda::dequant_fp8_blocks_bf16(stage, stage + data_bytes, s.rows, s.cols,
-                                                        s.block_rows, s.block_cols, out, nullptr));
-    } else {
-      DSV41RT_CU(kernels::cuda::dequant_fp4_rows_bf16(stage, stage + data_bytes, s.rows, s.cols,
-                                                      out, nullptr));
-    }
-  }
-
   BackendWeights& out_;
-  DeviceArray<uint8_t> staging_;
-  uint64_t staging_generation_ = 0;
 };
 
 }  // namespace
@@ -147,33 +169,18 @@ BackendWeights upload_weights(const ModelPlan& plan, const ModelWeights& w,
     const MoeWeights& m = b.moe;
     L.gate = up.f32(m.gate);
     L.bias = up.f32(m.bias);
-    // One precision for all six expert matrices (the MoE kernel takes one weight type).
-    std::vector<const Tensor*> all;
-    for (const auto* group : {&m.w1, &m.w3, &m.w2}) {
-      for (const Tensor& t : *group) all.push_back(&t);
-    }
-    for (const Tensor* t : {&m.shared_w1, &m.shared_w3, &m.shared_w2}) all.push_back(t);
-    const bool bf16 = all_bf16_exact(all);
+    // Each matrix as released (routed experts MXFP4, the shared expert FP8 in V4.1).
     auto stack = [&](const std::vector<Tensor>& ts) {
       std::vector<const Tensor*> p;
       for (const Tensor& t : ts) p.push_back(&t);
       return p;
     };
-    if (bf16) {
-      L.w1 = up.matrices(stack(m.w1));
-      L.w3 = up.matrices(stack(m.w3));
-      L.w2 = up.matrices(stack(m.w2));
-      L.shared_w1 = up.matrix(m.shared_w1);
-      L.shared_w3 = up.matrix(m.shared_w3);
-      L.shared_w2 = up.matrix(m.shared_w2);
-    } else {
-      L.w1 = up.f32_matrices(stack(m.w1));
-      L.w3 = up.f32_matrices(stack(m.w3));
-      L.w2 = up.f32_matrices(stack(m.w2));
-      L.shared_w1 = up.f32_matrices({&m.shared_w1});
-      L.shared_w3 = up.f32_matrices({&m.shared_w3});
-      L.shared_w2 = up.f32_matrices({&m.shared_w2});
-    }
+    L.w1 = up.matrices(stack(m.w1));
+    L.w3 = up.matrices(stack(m.w3));
+    L.w2 = up.matrices(stack(m.w2));
+    L.shared_w1 = up.matrix(m.shared_w1);
+    L.shared_w3 = up.matrix(m.shared_w3);
+    L.shared_w2 = up.matrix(m.shared_w2);
     if (b.engram) {
       const EngramWeights& e = *b.engram;
       const int64_t hd = c.engram->head_dim;

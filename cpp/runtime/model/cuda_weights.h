@@ -1,7 +1,9 @@
 // Device copies of the model weights for the CUDA backend: FP32 vectors uploaded from the loaded
-// ModelWeights, matrices kept BF16 on the device when the checkpoint stores them in a format BF16
-// holds exactly (FP8 / FP4 / BF16; FP32 otherwise), routed experts stacked per layer ([E, I, H] /
-// [E, H, I]), Engram tables uploaded raw (FP8 + UE8M0 scales). Built with DSV41RT_WITH_CUDA.
+// ModelWeights; matrices in the checkpoint's released form (BF16, FP8 E4M3 + UE8M0 block scales,
+// MXFP4 + UE8M0 per 32 columns: device bytes = checkpoint bytes; FP32 only for FP32/F16 sources
+// or tensors given with host values), routed experts stacked per layer (one [E * I, H] /
+// [E * H, I] view), Engram tables uploaded raw (FP8 + UE8M0 scales). Built with
+// DSV41RT_WITH_CUDA.
 #pragma once
 
 #include <vector>

@@ -1,0 +1,113 @@
+// Device decoding of weights in their stored formats (kernels/weight_view.h), shared by the GEMM
+// kernels that read WeightViews. Internal to kernels/cuda. Every value equals WeightView::value
+// (the CPU's dequantisation) bit for bit: E4M3 / E2M1 codes times a power of two are exact in
+// FP32, and exact in BF16 while they stay in BF16's normal range (every real checkpoint value).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "kernels/weight_view.h"
+
+namespace dsv41rt::kernels::cuda {
+
+using kernels::WeightFormat;
+using kernels::WeightView;
+
+/// Element (r, c) of `w` in FP32.
+template <WeightFormat F>
+__device__ __forceinline__ float weight_at(const WeightView& w, int64_t r, int64_t c) {
+  if constexpr (F == WeightFormat::kF32) {
+    return static_cast<const float*>(w.data)[r * w.cols + c];
+  } else if constexpr (F == WeightFormat::kBF16) {
+    return bf16_to_f32(static_cast<const uint16_t*>(w.data)[r * w.cols + c]);
+  } else if constexpr (F == WeightFormat::kFp8Block) {
+    const uint8_t code = static_cast<const uint8_t*>(w.data)[r * w.cols + c];
+    const int64_t sc = (w.cols + w.block_cols - 1) / w.block_cols;
+    return __fmul_rn(fp8_e4m3_to_f32(code),
+                     e8m0_to_f32(w.scale[(r / w.block_rows) * sc + c / w.block_cols]));
+  } else {
+    const uint8_t byte = static_cast<const uint8_t*>(w.data)[r * (w.cols / 2) + c / 2];
+    const uint8_t code = (c & 1) ? uint8_t(byte >> 4) : uint8_t(byte & 0xF);
+    const float v = code == 8 ? 0.0f : fp4_e2m1_to_f32(code);
+    const int64_t sc = (w.cols + kMxfp4WeightBlock - 1) / kMxfp4WeightBlock;
+    return __fmul_rn(v, e8m0_to_f32(w.scale[r * sc + c / kMxfp4WeightBlock]));
+  }
+}
+
+/// Whether weight_bf16x8 may read `w` with vector loads: every row and every 8-column group
+/// aligned, and (FP8) 8 columns never straddle a scale block.
+__host__ __device__ inline bool weight_vec8_ok(const WeightView& w) {
+  const auto base = reinterpret_cast<uintptr_t>(w.data);
+  if (w.cols % 8 != 0) return false;
+  switch (w.format) {
+    case WeightFormat::kF32:
+      return base % 16 == 0;
+    case WeightFormat::kBF16:
+      return base % 16 == 0;
+    case WeightFormat::kFp8Block:
+      return base % 8 == 0 && w.block_cols % 8 == 0;
+    case WeightFormat::kMxfp4:
+      return base % 4 == 0;
+  }
+  return false;
+}
+
+/// Weights [r, c .. c + 8) as 8 BF16 codes (c % 8 == 0, c + 8 <= cols, weight_vec8_ok).
+template <WeightFormat F>
+__device__ __forceinline__ uint4 weight_bf16x8(const WeightView& w, int64_t r, int64_t c) {
+  if constexpr (F == WeightFormat::kBF16) {
+    return *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(w.data) + r * w.cols + c);
+  }
+  uint16_t h[8] = {};
+  if constexpr (F == WeightFormat::kF32) {
+    const float* p = static_cast<const float*>(w.data) + r * w.cols + c;
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    const float4 b = *reinterpret_cast<const float4*>(p + 4);
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) h[e] = f32_to_bf16(v[e]);
+  } else if constexpr (F == WeightFormat::kFp8Block) {
+    const uint2 q =
+        *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(w.data) + r * w.cols + c);
+    const int64_t sc = (w.cols + w.block_cols - 1) / w.block_cols;
+    const float s = e8m0_to_f32(w.scale[(r / w.block_rows) * sc + c / w.block_cols]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const uint8_t code = uint8_t(((e < 4 ? q.x : q.y) >> (8 * (e % 4))) & 0xFF);
+      h[e] = f32_to_bf16(__fmul_rn(fp8_e4m3_to_f32(code), s));
+    }
+  } else {
+    const uint32_t q = *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(w.data) +
+                                                          r * (w.cols / 2) + c / 2);
+    const int64_t sc = (w.cols + kMxfp4WeightBlock - 1) / kMxfp4WeightBlock;
+    const float s = e8m0_to_f32(w.scale[r * sc + c / kMxfp4WeightBlock]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const uint8_t code = uint8_t((q >> (4 * e)) & 0xF);
+      h[e] = f32_to_bf16(__fmul_rn(code == 8 ? 0.0f : fp4_e2m1_to_f32(code), s));
+    }
+  }
+  return make_uint4(h[0] | (uint32_t(h[1]) << 16), h[2] | (uint32_t(h[3]) << 16),
+                    h[4] | (uint32_t(h[5]) << 16), h[6] | (uint32_t(h[7]) << 16));
+}
+
+/// Calls f.template operator()<F>() for the runtime format of `w` (one kernel instance each).
+template <typename Fn>
+decltype(auto) dispatch_format(WeightFormat format, Fn&& f) {
+  switch (format) {
+    case WeightFormat::kBF16:
+      return f.template operator()<WeightFormat::kBF16>();
+    case WeightFormat::kFp8Block:
+      return f.template operator()<WeightFormat::kFp8Block>();
+    case WeightFormat::kMxfp4:
+      return f.template operator()<WeightFormat::kMxfp4>();
+    case WeightFormat::kF32:
+      break;
+  }
+  return f.template operator()<WeightFormat::kF32>();
+}
+
+}  // namespace dsv41rt::kernels::cuda
