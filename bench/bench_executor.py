@@ -7,8 +7,12 @@ Times are device times of the executor's forward (CUDA events on the main stream
 forward, `backend_stats()["last_forward_us"]`), median over the repeats. Decode: one prompt of L
 tokens is prefilled and its state copied into B handles (Runtime.fork_handle, bitwise the state B
 prefills would leave), then each timed step decodes one token for all B (Runtime.decode_handles).
-Roofline: a decode step must at least read every weight once and each request's KV state
-(bytes / 4.3 TB/s); a prefill must at least do its FLOPs (2 x active parameters x tokens; attention
+Roofline: a decode step must at least read, in the checkpoint's released formats, every weight it
+uses once (attention, shared expert, head, and only the routed experts the batch touches: the
+expected number of distinct experts for B tokens routed top-k of E at random; not the embedding or
+Engram tables, of which it gathers rows) and each request's KV state, over the copy bandwidth
+measured in the same run (torch device-to-device copy, read + write bytes; 4.3 TB/s if torch is
+missing); a prefill must at least do its FLOPs (2 x active parameters x tokens; attention
 not counted) at 790 TFLOP/s (bf16 dense peak). `--precision bf16` runs the tensor-core GEMM path
 and adds an "fp32 gemm" decode mode (the same state with the FP32 kernels).
 """
@@ -54,6 +58,71 @@ def active_params(cfg) -> float:
     )
     expert = 3 * H * cfg.moe_intermediate_size
     return cfg.num_hidden_layers * (attn + expert * (cfg.num_experts_per_tok + 1)) + 2 * cfg.vocab_size * H
+
+
+def stored_tensor_bytes(checkpoint: str) -> dict[str, int]:
+    """Stored bytes (codes + scales) per tensor class of the checkpoint: 'expert' (one routed
+    expert of one layer, averaged), 'experts_per_layer' (E), 'layers' (MoE layers), 'gathered'
+    (embedding, Engram tables: rows are gathered), 'draft' (mtp.*), 'read' (everything else)."""
+    import glob
+    import re
+    import struct
+
+    out = {"expert": 0, "read": 0, "gathered": 0, "draft": 0}
+    experts, layers = set(), set()
+    for path in glob.glob(os.path.join(checkpoint, "*.safetensors")):
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            size = info["data_offsets"][1] - info["data_offsets"][0]
+            m = re.match(r"layers\.(\d+)\.ffn\.experts\.(\d+)\.", name)
+            if name.startswith("mtp."):
+                out["draft"] += size
+            elif m:
+                out["expert"] += size
+                experts.add(int(m.group(2)))
+                layers.add(int(m.group(1)))
+            elif name.startswith("embed.") or ".engram.embed." in name:
+                out["gathered"] += size
+            else:
+                out["read"] += size
+    out["experts_per_layer"] = len(experts)
+    out["layers"] = len(layers)
+    out["expert"] //= max(1, len(experts) * len(layers))
+    return out
+
+
+def decode_floor_bytes(stored: dict[str, int], batch: int, top_k: int) -> float:
+    """Released-format bytes a decode step of `batch` tokens must read (KV state excluded)."""
+    E = stored["experts_per_layer"]
+    touched = E * (1 - (1 - top_k / E) ** batch) if E else 0.0
+    return stored["read"] + stored["layers"] * touched * stored["expert"]
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth (read + write bytes / s, median of 5), or COPY_BW."""
+    try:
+        import torch
+    except ImportError:
+        return COPY_BW
+    if not torch.cuda.is_available():
+        return COPY_BW
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    times = []
+    for _ in range(6):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * (1 << 30) / statistics.median(times[1:])
 
 
 def timed(rt, fn) -> float:
@@ -172,7 +241,16 @@ def main() -> int:
     t0 = time.perf_counter()
     rt = runtime()
     weight_bytes = rt.backend_stats().get("weight_bytes", 0)
-    print(f"loaded in {time.perf_counter() - t0:.1f} s: {weight_bytes / 2**30:.1f} GiB of weights on {rt.device}")
+    stored = stored_tensor_bytes(ck)
+    loaded = stored["read"] + stored["gathered"] + stored["expert"] * stored["experts_per_layer"] * stored["layers"]
+    print(
+        f"loaded in {time.perf_counter() - t0:.1f} s: {weight_bytes / 2**30:.2f} GiB of weights on {rt.device}; "
+        f"the checkpoint stores the loaded tensors in {loaded / 2**30:.2f} GiB "
+        f"(ratio {weight_bytes / max(loaded, 1):.3f})"
+    )
+    bandwidth = copy_bandwidth() if args.device != "cpu" else COPY_BW
+    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)")
+    result.update({"weight_bytes": weight_bytes, "checkpoint_loaded_bytes": loaded, "copy_bandwidth": bandwidth})
     if args.trace:
         from dequant_trace import trace
 
@@ -218,16 +296,20 @@ def main() -> int:
     state_per_token = rt.stats()["page_bytes"] / rt.stats()["page_size"]
     for L in (int(x) for x in args.contexts.split(",") if x):
         for B in (int(x) for x in args.batches.split(",")):
-            roof_ms = (weight_bytes + B * L * state_per_token) / COPY_BW * 1e3
+            floor = decode_floor_bytes(stored, B, cfg.num_experts_per_tok) + B * L * state_per_token
+            roof_ms = floor / bandwidth * 1e3
             by_mode, prefill_ms = decode(rt, B, L, args.steps, rng, args.device, args.token_budget, modes)
             if L not in prefilled:  # the decode setup's prefill doubles as a (single-run) measurement
                 prefill_row(L, [prefill_ms])
                 prefilled.add(L)
             for mode, r in by_mode.items():
-                r.update({"mode": mode, "batch": B, "context": L, "roofline_ms": roof_ms})
+                r.update({"mode": mode, "batch": B, "context": L, "roofline_ms": roof_ms, "floor_bytes": floor})
                 result["decode"].append(r)
                 step = r["median_ms"]
-                print(f"decode [{mode:15s}] B {B:3d} ctx {L:6d}: {step:8.3f} ms/step  roofline {roof_ms:.4f} ms")
+                print(
+                    f"decode [{mode:15s}] B {B:3d} ctx {L:6d}: {step:8.3f} ms/step  floor {roof_ms:.4f} ms "
+                    f"({floor / 1e9:.2f} GB released-format)"
+                )
             save()
     save()
     return 0
