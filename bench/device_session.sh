@@ -10,7 +10,9 @@
 #   tiny     executor benchmark on tiny-v41 (both precisions)
 #   bench40  generate bench-40 and run the executor benchmark on it (precision bf16)
 #   comm     NCCL communicator and context-parallel tests/timings
-#   profile  per-kernel device time of one bench-40 prefill (after bench40, or generates it)
+#   profile  per-kernel device time of one bench-40 prefill and of eager decode steps (B 1, 8, 64), with
+#            kernels per step (after bench40, or generates it)
+#   kbench   the kernel microbenchmarks carried in .devcarry/bench (bench/kernels/*_bench.cu)
 #   cp2      (2 GPUs) CP 2 over NCCL vs CP 1 on the tiny presets, threads and one process per GPU
 #   bf16diag GPU precision bf16 vs the CPU emulation of it, per position (errors saved for analysis)
 #   cp2bench (2 GPUs) bench-40 prefill, CP 2 one process per GPU vs CP 1 (CP_MODES processes|threads, CP_TOKENS,
@@ -102,7 +104,16 @@ for step in ${STEPS:-tests}; do
     profile)
       echo "== where a bench-40 prefill spends its time"
       [ -d /tmp/bench-40 ] || python3 -m dsv41rt make-checkpoint --preset bench-40 --seed 0 --out /tmp/bench-40 --workers 16 | tail -1
-      timeout 200 python3 -u bench/profile_prefill.py --checkpoint /tmp/bench-40 --tokens "${PROFILE_TOKENS:-4096}" 2>&1 | tail -22
+      timeout 200 python3 -u bench/profile_prefill.py --checkpoint /tmp/bench-40 --tokens "${PROFILE_TOKENS:-4096}" \
+        --decode-batches "${PROFILE_BATCHES:-1,8,64}" 2>&1 | tee "$OUT/profile.log" | tail -80
+      ;;
+    kbench)
+      echo "== kernel microbenchmarks (carried in .devcarry/bench, built on the CPU machine)"
+      for b in .devcarry/bench/*_bench; do
+        [ -x "$b" ] || continue
+        echo "-- $(basename "$b")"
+        LD_LIBRARY_PATH=$PWD/.devcarry/gtest/lib timeout 300 "$b" ${KBENCH_ARGS:-} 2>&1 | tee "$OUT/$(basename "$b").md" | tail -60
+      done
       ;;
     cp2)
       echo "== CP over NCCL on 2 GPUs (nvidia-h200-x2): threads, then one process per GPU"

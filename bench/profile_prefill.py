@@ -1,7 +1,9 @@
-"""Where a GPU prefill spends its time: every CUDA kernel of one prefill forward, summed by kernel
-name (CUPTI through torch.profiler, which records all kernels of the process, ours included).
+"""Where a GPU prefill and a decode step spend their time: every CUDA kernel of one prefill forward,
+then of one eager decode step per batch size, summed by kernel name, with the number of kernels
+the step launches (CUPTI through torch.profiler, which records all kernels of the process, ours
+included).
 
-  python bench/profile_prefill.py --checkpoint DIR [--tokens 4096] [--precision bf16]
+  python bench/profile_prefill.py --checkpoint DIR [--tokens 4096] [--precision bf16] [--decode-batches 1,8]
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--precision", default="bf16")
     ap.add_argument("--top", type=int, default=18)
+    ap.add_argument("--decode-batches", default="8")
     args = ap.parse_args()
     import torch
     from dsv41rt.runtime import Runtime
@@ -41,13 +44,17 @@ def main() -> int:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         rt.forward_tokens(h, prompt, all_logits=False)
     summarize(prof, f"prefill {args.tokens} tokens ({args.precision})", rt, args.top)
-    # One decode step of 8 requests at this context (eager, so every kernel is its own launch).
+    # One decode step of B requests at this context (eager, so every kernel is its own launch).
     rt.set_switch("cuda_graphs", False)
-    hs = [h] + [rt.fork_handle(h) for _ in range(7)]
-    rt.decode_handles(hs, [5] * 8)  # warm-up
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        rt.decode_handles(hs, [7] * 8)
-    summarize(prof, f"decode step, 8 requests at context {args.tokens} ({args.precision}, eager)", rt, args.top)
+    for b in (int(x) for x in args.decode_batches.split(",")):
+        hs = [rt.fork_handle(h) for _ in range(b)]
+        rt.decode_handles(hs, [5] * b)  # warm-up
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            rt.decode_handles(hs, [7] * b)
+        title = f"decode step, {b} requests at context {args.tokens} ({args.precision}, eager)"
+        summarize(prof, title, rt, args.top)
+        for x in hs:
+            rt.release_handle(x)
     return 0
 
 
@@ -63,7 +70,10 @@ def summarize(prof, title: str, rt, top: int) -> None:
             total[name] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
             count[name] += 1
     grand = sum(total.values())
-    print(f"{title}: forward {rt.backend_stats()['last_forward_us'] / 1e3:.1f} ms, kernels {grand / 1e3:.1f} ms")
+    print(
+        f"{title}: forward {rt.backend_stats()['last_forward_us'] / 1e3:.1f} ms, "
+        f"{sum(count.values())} kernels, {grand / 1e3:.1f} ms of kernel time"
+    )
     for name, us in sorted(total.items(), key=lambda kv: -kv[1])[:top]:
         print(f"  {us / 1e3:9.2f} ms {100 * us / grand:5.1f}%  x{count[name]:5d}  {name}")
 
