@@ -1,0 +1,213 @@
+// Bandwidth of the decode GEMM (kernels/cuda/decode_gemv.cuh) at bench-40 shapes, m = 1, 8, 64.
+//
+// Method: the device-to-device copy bandwidth first (cudaMemcpyAsync of 2 GiB, read + write bytes
+// over time, median of 5) as the ceiling; then per shape enough copies of the weights that they
+// exceed 200 MB together (the 50 MB L2 cannot hold them), a CUDA graph of >= 20 launches cycling
+// through the copies, timed with events over whole replays (median of >= 5). Bytes moved per call
+// = weight codes + scales + x (FP32) + y (FP32); split-K partials stay out of the count.
+// Usage: decode_gemv_bench [--quick]     (stdout only: a markdown table)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/decode_gemv.cuh"
+
+namespace {
+
+namespace kc = dsv41rt::kernels::cuda;
+using dsv41rt::kernels::WeightFormat;
+using dsv41rt::kernels::WeightView;
+
+#define CHECK(call)                                                                           \
+  do {                                                                                        \
+    const cudaError_t e_ = (call);                                                            \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::printf("CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, \
+                  #call);                                                                     \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+// Hash bytes: realistic code mixes (E4M3 NaN codes avoided), scales fixed at 2^-7.
+__global__ void fill_codes(uint8_t* p, int64_t n, uint32_t seed, int fmt) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+    uint8_t b = uint8_t(h);
+    if (fmt == 1 && (b & 0x7F) == 0x7F) b = 0x3F;
+    if (fmt == 0 && (i & 1)) b = uint8_t(0x3C | (b & 0x80));  // BF16 high byte: |v| ~ 2^-7
+    p[i] = b;
+  }
+}
+
+__global__ void fill_f32(float* p, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    p[i] = float(int(i % 17) - 8) * 0.125f;
+  }
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Shape {
+  const char* name;
+  WeightFormat fmt;
+  int64_t n, k;
+};
+
+const char* fmt_name(WeightFormat f) {
+  return f == WeightFormat::kBF16 ? "bf16" : (f == WeightFormat::kFp8Block ? "fp8 32x32" : "mxfp4");
+}
+
+double copy_bandwidth(bool quick, cudaStream_t s) {
+  const size_t bytes = quick ? (size_t(512) << 20) : (size_t(2) << 30);
+  void *a = nullptr, *b = nullptr;
+  CHECK(cudaMalloc(&a, bytes));
+  CHECK(cudaMalloc(&b, bytes));
+  CHECK(cudaMemsetAsync(a, 1, bytes, s));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s));  // warm-up
+  std::vector<double> gbs;
+  for (int i = 0; i < 5; ++i) {
+    CHECK(cudaEventRecord(e0, s));
+    CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s));
+    CHECK(cudaEventRecord(e1, s));
+    CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    gbs.push_back(2.0 * double(bytes) / (ms * 1e-3) / 1e9);
+  }
+  CHECK(cudaEventDestroy(e0));
+  CHECK(cudaEventDestroy(e1));
+  CHECK(cudaFree(a));
+  CHECK(cudaFree(b));
+  return median(gbs);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) quick = quick || std::strcmp(argv[i], "--quick") == 0;
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const double copy_gbs = copy_bandwidth(quick, s);
+  std::printf("device: %s (%d SMs, L2 %d MB)\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
+  std::printf("copy bandwidth (read + write): %.0f GB/s\n\n", copy_gbs);
+
+  std::vector<Shape> shapes = {
+      {"wq_a", WeightFormat::kFp8Block, 1280, 5120},
+      {"wkv", WeightFormat::kFp8Block, 512, 5120},
+      {"wq_a+wkv", WeightFormat::kFp8Block, 1792, 5120},
+      {"wq_b", WeightFormat::kFp8Block, 32768, 1280},
+      {"wo_b", WeightFormat::kFp8Block, 5120, 8192},
+      {"shared w1", WeightFormat::kFp8Block, 2304, 5120},
+      {"shared w2", WeightFormat::kFp8Block, 5120, 2304},
+      {"idx_wq_b", WeightFormat::kFp8Block, 4096, 1280},
+      {"expert w1", WeightFormat::kMxfp4, 2304, 5120},
+      {"expert w2", WeightFormat::kMxfp4, 5120, 2304},
+      {"head", WeightFormat::kBF16, 129280, 5120},
+  };
+  if (quick) shapes = {shapes[0], shapes[3], shapes[4], shapes[8], shapes[10]};
+  const std::vector<int64_t> ms = {1, 8, 64};
+  const int reps = quick ? 5 : 9;
+  const int64_t min_total = int64_t(200) << 20;
+
+  std::printf(
+      "| shape | n x k | format | m | splits | us / call | MB moved | GB/s | %% of copy |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  for (const Shape& sh : shapes) {
+    WeightView w;
+    w.format = sh.fmt, w.rows = sh.n, w.cols = sh.k;
+    if (sh.fmt == WeightFormat::kFp8Block) w.block_rows = w.block_cols = 32;
+    const int64_t data_b = w.data_bytes(), scale_b = w.scale_bytes();
+    const int64_t copies = std::max<int64_t>(1, (min_total + data_b - 1) / data_b);
+    std::vector<uint8_t*> data(copies), scale(copies, nullptr);
+    for (int64_t c = 0; c < copies; ++c) {
+      CHECK(cudaMalloc(&data[c], size_t(data_b)));
+      fill_codes<<<1024, 256, 0, s>>>(
+          data[c], data_b, uint32_t(c * 7919 + 1),
+          sh.fmt == WeightFormat::kBF16 ? 0 : (sh.fmt == WeightFormat::kFp8Block ? 1 : 2));
+      if (scale_b > 0) {
+        CHECK(cudaMalloc(&scale[c], size_t(scale_b)));
+        CHECK(cudaMemsetAsync(scale[c], 120, size_t(scale_b), s));
+      }
+    }
+    float *x = nullptr, *y = nullptr, *ws = nullptr;
+    CHECK(cudaMalloc(&x, size_t(64 * sh.k) * 4));
+    CHECK(cudaMalloc(&y, size_t(64 * sh.n) * 4));
+    fill_f32<<<256, 256, 0, s>>>(x, 64 * sh.k);
+    for (const int64_t m : ms) {
+      std::vector<kc::DecodeGemv> calls(copies);
+      for (int64_t c = 0; c < copies; ++c) {
+        kc::DecodeGemv& g = calls[c];
+        g.x = x, g.ldx = sh.k, g.y = y, g.ldy = sh.n, g.m = m, g.n = sh.n, g.k = sh.k;
+        g.w = w, g.w.data = data[c], g.w.scale = scale[c];
+      }
+      const int64_t wsf = kc::decode_gemv_workspace_floats(calls[0]);
+      if (wsf > 0) CHECK(cudaMalloc(&ws, size_t(wsf) * 4));
+      if (!kc::decode_gemv_supported(calls[0])) {
+        std::printf("| %s | unsupported |\n", sh.name);
+        continue;
+      }
+      CHECK(kc::decode_gemv_bf16(calls[0], ws, wsf, s));  // loads the module outside capture
+      const int launches = int(std::max<int64_t>(20, copies));
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      for (int i = 0; i < launches; ++i) CHECK(kc::decode_gemv_bf16(calls[i % copies], ws, wsf, s));
+      CHECK(cudaStreamEndCapture(s, &graph));
+      CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      CHECK(cudaGraphLaunch(exec, s));  // warm-up
+      cudaEvent_t e0, e1;
+      CHECK(cudaEventCreate(&e0));
+      CHECK(cudaEventCreate(&e1));
+      std::vector<double> us;
+      for (int r = 0; r < reps; ++r) {
+        CHECK(cudaEventRecord(e0, s));
+        CHECK(cudaGraphLaunch(exec, s));
+        CHECK(cudaEventRecord(e1, s));
+        CHECK(cudaEventSynchronize(e1));
+        float ms_ = 0;
+        CHECK(cudaEventElapsedTime(&ms_, e0, e1));
+        us.push_back(double(ms_) * 1e3 / launches);
+      }
+      const double t = median(us);
+      const double bytes = double(data_b + scale_b) + double(m) * double(sh.k + sh.n) * 4.0;
+      const double gbs = bytes / (t * 1e-6) / 1e9;
+      std::printf("| %s | %lld x %lld | %s | %lld | %lld | %.2f | %.1f | %.0f | %.0f%% |\n",
+                  sh.name, (long long)sh.n, (long long)sh.k, fmt_name(sh.fmt), (long long)m,
+                  (long long)kc::decode_gemv_splits(calls[0]), t, bytes / 1e6, gbs,
+                  100.0 * gbs / copy_gbs);
+      std::fflush(stdout);
+      CHECK(cudaEventDestroy(e0));
+      CHECK(cudaEventDestroy(e1));
+      CHECK(cudaGraphExecDestroy(exec));
+      CHECK(cudaGraphDestroy(graph));
+      if (ws) CHECK(cudaFree(ws));
+      ws = nullptr;
+    }
+    for (int64_t c = 0; c < copies; ++c) {
+      CHECK(cudaFree(data[c]));
+      if (scale[c]) CHECK(cudaFree(scale[c]));
+    }
+    CHECK(cudaFree(x));
+    CHECK(cudaFree(y));
+  }
+  CHECK(cudaStreamDestroy(s));
+  return 0;
+}
