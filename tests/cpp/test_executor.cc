@@ -104,7 +104,7 @@ TEST(Executor, Bf16EmulationIsDeterministicAndNearFp32) {
   ExecutorOptions bf16;
   bf16.precision = "bf16";
   auto e = load(bf16), ref = load({});
-  const std::vector<int32_t> p = prompt(24);  // > 8 rows: the tensor-core rule applies
+  const std::vector<int32_t> p = prompt(24);
   Held a(*e), b(*e), c(*ref);
   const std::vector<float> x = a.run(p), y = b.run(p), z = c.run(p);
   EXPECT_TRUE(bitwise_equal(x, y));

@@ -99,6 +99,11 @@ class DSV41RT_API Backend {
   /// Precision "bf16" for this forward: BF16-exact matrices multiply on BF16 tensor cores
   /// (activations rounded to BF16, FP32 accumulation); the CPU backend emulates the rounding.
   virtual void set_tensor_cores(bool on) = 0;
+  /// Rows of the current forward as it runs (after graph padding). A backend may choose kernels
+  /// by it (CUDA: skinny decode kernels for <= 64 rows), never by an op's own row count, so the
+  /// choice, and with it each row's result, is one per forward; the threshold must sit on a
+  /// power-of-two boundary so that a decode graph bucket never straddles it. Default: ignored.
+  virtual void set_forward_rows(int64_t rows) { (void)rows; }
 
   // ---- ops (contracts: kernels/*.h)
   // --------------------------------------------------------------

@@ -6,12 +6,14 @@
 #include <map>
 
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/decode_gemv.cuh"
 #include "kernels/cuda/engram.cuh"
 #include "kernels/cuda/gemm_tc.cuh"
 #include "kernels/cuda/indexer.cuh"
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/mhc.cuh"
 #include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/moe_decode.cuh"
 #include "kernels/cuda/moe_grouped.cuh"
 #include "kernels/cuda/paged.cuh"
 #include "kernels/cuda/quant.cuh"
@@ -72,7 +74,9 @@ class CudaBackend final : public Backend {
 
   BackendWeights load_weights(const ModelPlan& plan, ModelWeights& weights,
                               const std::vector<std::vector<float>>& inv_freq) override {
-    return upload_weights(plan, weights, inv_freq);
+    BackendWeights w = upload_weights(plan, weights, inv_freq);
+    size_gemv_workspaces(w);
+    return w;
   }
   std::shared_ptr<void> alloc(int64_t bytes) override { return cudart::device_alloc(bytes); }
   std::shared_ptr<void> alloc_host(int64_t bytes) override {
@@ -150,33 +154,42 @@ class CudaBackend final : public Backend {
   }
 
   void set_tensor_cores(bool on) override { tc_ = on; }
+  void set_forward_rows(int64_t rows) override { decode_forward_ = rows <= kDecodeMaxRows; }
 
-  // Tensor cores take BF16-exact weights only (precision "bf16"); everything else, and every
-  // matrix under "fp32", runs the FP32 kernel, which decodes any stored format exactly.
+  // Tensor cores take BF16-exact weights only (precision "bf16"): the skinny decode kernel in
+  // decode-sized forwards, the tiled tensor-core GEMM otherwise. Everything else, and every matrix
+  // under "fp32", runs the FP32 kernel, which decodes any stored format exactly.
   void linear(const float* x, const Matrix& w, int64_t m, int64_t k, int64_t n, float* y,
               bool accumulate, Stream s) override {
     const kernels::WeightView v = w.view(n, k);
-    if (tc_ && w.bf16_exact && v.format != WeightFormat::kF32) {
-      kc::TcGemm g;
-      g.a = x, g.lda = k, g.b = v, g.c = y, g.ldc = n;
-      g.m = m, g.n = n, g.k = k, g.accumulate = accumulate;
-      DSV41RT_CU(kc::gemm_bf16_tc(g, cs(s)));
-    } else {
+    if (!tc_ || !w.bf16_exact || v.format == WeightFormat::kF32) {
       DSV41RT_CU(kc::linear(x, v, m, k, n, y, accumulate, cs(s)));
+      return;
     }
+    kc::DecodeGemv d;
+    d.x = x, d.ldx = k, d.w = v, d.y = y, d.ldy = n, d.n = n, d.k = k, d.accumulate = accumulate;
+    if (decode_gemv(d, m, s)) return;
+    kc::TcGemm g;
+    g.a = x, g.lda = k, g.b = v, g.c = y, g.ldc = n;
+    g.m = m, g.n = n, g.k = k, g.accumulate = accumulate;
+    DSV41RT_CU(kc::gemm_bf16_tc(g, cs(s)));
   }
   void grouped_linear(const float* x, const Matrix& w, int64_t m, int64_t groups, int64_t k,
                       int64_t n, float* y, Stream s) override {
     const kernels::WeightView v = w.view(groups * n, k);
-    if (tc_ && w.bf16_exact && v.format != WeightFormat::kF32) {
-      kc::TcGemm g;
-      g.a = x, g.lda = groups * k, g.b = v;
-      g.c = y, g.ldc = groups * n, g.m = m, g.n = n, g.k = k;
-      g.batch = groups, g.stride_a = k, g.b_rows_per_batch = n, g.stride_c = n;
-      DSV41RT_CU(kc::gemm_bf16_tc(g, cs(s)));
-    } else {
+    if (!tc_ || !w.bf16_exact || v.format == WeightFormat::kF32) {
       DSV41RT_CU(kc::grouped_linear(x, v, m, groups, k, n, y, cs(s)));
+      return;
     }
+    kc::DecodeGemv d;
+    d.x = x, d.ldx = groups * k, d.w = v, d.y = y, d.ldy = groups * n, d.n = n, d.k = k;
+    d.batch = groups, d.stride_x = k, d.stride_y = n, d.w_rows_per_batch = n;
+    if (decode_gemv(d, m, s)) return;
+    kc::TcGemm g;
+    g.a = x, g.lda = groups * k, g.b = v;
+    g.c = y, g.ldc = groups * n, g.m = m, g.n = n, g.k = k;
+    g.batch = groups, g.stride_a = k, g.b_rows_per_batch = n, g.stride_c = n;
+    DSV41RT_CU(kc::gemm_bf16_tc(g, cs(s)));
   }
   void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y,
                 Stream s) override {
@@ -327,9 +340,77 @@ class CudaBackend final : public Backend {
       streams_;  // main, window store, compressor, indexer
   std::map<int, std::unique_ptr<cudart::Event>> events_;
   std::map<int, std::unique_ptr<cudart::TimingEvent>> timing_;
-  bool tc_ = false;
+  // The skinny decode kernels take forwards of at most this many rows (a power of two: a decode
+  // graph bucket never straddles it).
+  static constexpr int64_t kDecodeMaxRows = kc::kDecodeGemvMaxM;
+  bool decode_gemv(kc::DecodeGemv d, int64_t m, Stream s);
+  void size_gemv_workspaces(const BackendWeights& w);
+  float* gemv_workspace(Stream s, int64_t floats);
+
+  bool tc_ = false, decode_forward_ = false;
+  // Split-K partials of the decode GEMV, one per stream (ops on different streams overlap);
+  // sized at load for every matrix of the model, so they never move under a captured graph.
+  std::array<DeviceArray<float>, 4> gemv_ws_;
+  uint64_t gemv_generation_ = 0;
   int64_t d2h_bytes_ = 0, graph_updates_ = 0;
 };
+
+// y rows [0, m) through the decode GEMV in chunks of at most kDecodeGemvMaxM rows (its summation
+// order does not depend on m, so chunking changes nothing); false when this forward is not
+// decode-sized or the kernel does not take the matrix (then the tiled GEMM runs).
+bool CudaBackend::decode_gemv(kc::DecodeGemv d, int64_t m, Stream s) {
+  d.m = std::min<int64_t>(m, kc::kDecodeGemvMaxM);
+  if (!decode_forward_ || m < 1 || !kc::decode_gemv_supported(d)) return false;
+  float* ws = gemv_workspace(s, kc::decode_gemv_workspace_floats(d));
+  const int64_t ws_floats = kc::decode_gemv_workspace_floats(d);
+  for (int64_t r0 = 0; r0 < m; r0 += kc::kDecodeGemvMaxM) {
+    kc::DecodeGemv c = d;
+    c.m = std::min<int64_t>(m - r0, kc::kDecodeGemvMaxM);
+    c.x = d.x + r0 * d.ldx;
+    c.y = d.y + r0 * d.ldy;
+    DSV41RT_CU(kc::decode_gemv_bf16(c, ws, ws_floats, cs(s)));
+  }
+  return true;
+}
+
+float* CudaBackend::gemv_workspace(Stream s, int64_t floats) {
+  size_t i = 0;
+  while (i < streams_.size() && streams_[i]->get() != cs(s)) ++i;
+  DSV41RT_CHECK_CODE(kInternal, i < streams_.size(), "decode GEMV on a foreign stream");
+  DeviceArray<float>& a = gemv_ws_[i];
+  if (floats > a.capacity()) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    DSV41RT_CU(cudaStreamIsCapturing(cs(s), &st));
+    // Load sizes these for every matrix of the model; only op-level callers grow them, eagerly.
+    DSV41RT_CHECK_CODE(kInternal, st == cudaStreamCaptureStatusNone,
+                       "decode GEMV workspace would grow during graph capture");
+  }
+  return a.ensure([](int64_t b) { return cudart::device_alloc(b); }, std::max<int64_t>(floats, 1),
+                  gemv_generation_);
+}
+
+// The largest split-K workspace any matrix of the model needs at the largest decode chunk.
+void CudaBackend::size_gemv_workspaces(const BackendWeights& w) {
+  int64_t most = 1;
+  auto visit = [&](const Matrix& mat) {
+    if (!mat || mat.rows == 0) return;
+    kc::DecodeGemv d;
+    d.w = mat.view(mat.rows, mat.cols);
+    d.m = kc::kDecodeGemvMaxM, d.n = mat.rows, d.k = mat.cols, d.ldx = mat.cols, d.ldy = mat.rows;
+    most = std::max(most, kc::decode_gemv_workspace_floats(d));
+  };
+  visit(w.head);
+  for (const LayerWeights& L : w.layers) {
+    for (const Matrix* m : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.comp_wkv, &L.comp_wgate,
+                            &L.idx_wq_b, &L.idx_weights_proj, &L.idx_wk, &L.shared_w1,
+                            &L.shared_w3, &L.shared_w2}) {
+      visit(*m);
+    }
+  }
+  for (auto& a : gemv_ws_) {
+    a.ensure([](int64_t b) { return cudart::device_alloc(b); }, most, gemv_generation_);
+  }
+}
 
 // Routed + shared experts of S tokens: tensor cores (expert-grouped rows) where the precision
 // allows; FP32 weights on the per-token FP32 kernel; otherwise the FP32 split kernels (any stored
@@ -344,6 +425,17 @@ void CudaBackend::moe_experts(const float* x, const int32_t* idx, const float* w
   kernels::WeightView sw1, sw3, sw2;
   if (shared) {
     sw1 = w.shared_w1.view(I, H), sw3 = w.shared_w3.view(I, H), sw2 = w.shared_w2.view(H, I);
+  }
+  if (tc_ && moe_bf16_exact(w) && decode_forward_) {
+    kc::MoeDecode p;
+    p.x = x, p.idx = idx, p.weight = weight, p.S = S, p.H = H, p.k = k, p.E = E, p.I = I;
+    p.Is = Is, p.w1 = w1, p.w3 = w3, p.w2 = w2, p.sw1 = sw1, p.sw3 = sw3, p.sw2 = sw2;
+    p.limit = limit, p.y = y;
+    if (kc::moe_decode_supported(p)) {
+      const int64_t bytes = kc::moe_decode_workspace_bytes(p);
+      DSV41RT_CU(kc::moe_decode_bf16(p, scratch.get(bytes), bytes, cs(s)));
+      return;
+    }
   }
   if (tc_ && moe_bf16_exact(w)) {
     const kc::MoeGroupedSizes sz = kc::moe_grouped_sizes(S, H, k, E, I, Is);

@@ -66,10 +66,10 @@ struct ExecutorOptions {
   /// CUDA only: replay captured CUDA graphs for decode batches (off: always eager).
   bool cuda_graphs = true;
   /// GEMM precision. "fp32": every projection and expert in FP32 (the reference's numerics; the
-  /// weights are exact BF16 on the device). "bf16": in forwards of more than 8 rows, projections
-  /// and experts take BF16-rounded inputs with FP32 accumulation - on CUDA the tensor-core serving
-  /// mode, on the CPU its emulation (the reference the GPU path is tested against). Results then
-  /// depend on the batch at BF16 rounding level.
+  /// device weights are the checkpoint's stored bytes, decoded exactly). "bf16": projections and
+  /// experts take BF16-rounded inputs with FP32 accumulation - on CUDA the serving mode (decode
+  /// kernels up to 64 rows, tensor-core GEMMs above), on the CPU its emulation (the reference the
+  /// GPU path is tested against). Results then depend on the batch at BF16 rounding level.
   std::string precision = "fp32";
   /// Context parallelism (docs/design/context-parallel.md): prefill forwards are split
   /// round-robin over this many ranks (virtual ranks over LocalComm in one process); 1 = off.

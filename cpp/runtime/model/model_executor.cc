@@ -9,11 +9,6 @@ namespace dsv41rt::model {
 
 namespace {
 
-// Precision "bf16" puts forwards of more rows than this on tensor cores; smaller ones (decode of a
-// few requests) are weight-bandwidth bound and stay FP32. The threshold sits on a power-of-two
-// boundary, so a decode graph bucket (items padded to a power of two) never straddles it.
-constexpr int64_t kFp32MaxRows = 8;
-
 // Timing markers bracketing a forward (model_runner.cc numbers its own after these).
 constexpr int kForwardStart = 0, kForwardEnd = 1;
 
@@ -106,7 +101,10 @@ void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicat
   const bool graphs =
       options_.cuda_graphs && backend_->supports_graphs() && !runner_->record_decisions && !comm;
   const DecodeBucket bucket = graphs ? decode_bucket(c, batch) : DecodeBucket{};
-  backend_->set_tensor_cores(bf16_gemm_ && f.rows > kFp32MaxRows);
+  // Precision "bf16" runs every forward with BF16 GEMM inputs; the backend picks its kernels by
+  // the forward's rows (decode-sized forwards on the skinny decode kernels).
+  backend_->set_tensor_cores(bf16_gemm_);
+  backend_->set_forward_rows(f.rows);
   const Stream s = runner_->main();
   backend_->record_time(kForwardStart, s);
   if (bucket.items > 0) {
