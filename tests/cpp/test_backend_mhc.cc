@@ -35,8 +35,9 @@ TEST_P(BackendMhc, HyperConnectionMixer) {
                       dscale = upload(b, scale);
         Buffer<float> pre = poisoned<float>(b, S * n), post = poisoned<float>(b, S * n),
                       comb = poisoned<float>(b, S * n * n);
+        ScratchArena scratch(b);
         b.hc_mix(dX.get(), dfn.get(), dbase.get(), dscale.get(), S, n, H, 1e-20f, 1e-6f, iters,
-                 pre.get(), post.get(), comb.get(), b.stream(0));
+                 pre.get(), post.get(), comb.get(), scratch.get(), b.stream(0));
         std::vector<float> all = pre.download(), p = post.download(), cb = comb.download();
         all.insert(all.end(), p.begin(), p.end());
         all.insert(all.end(), cb.begin(), cb.end());
@@ -151,12 +152,44 @@ TEST_P(BackendMhc, HyperConnectionCollapseAndExpandBitwise) {
   }
 }
 
+// A token's mixer outputs do not depend on the other tokens of the batch (the CUDA projection
+// runs in fixed K chunks whatever S is): each row alone is bitwise the row inside the batch.
+TEST_P(BackendMhc, MixerRowsDoNotDependOnTheBatch) {
+  Backend& b = backend();
+  const int64_t S = 5, n = 4, H = 1280, W = (2 + n) * n, K = n * H;
+  const std::vector<float> X = normal(S * K), fn = normal(W * K, 0.02), base = normal(W, 0.5),
+                           scale = uniform(3, 0.5, 2.0);
+  Buffer<float> dfn = upload(b, fn), dbase = upload(b, base), dscale = upload(b, scale);
+  auto run = [&](int64_t s0, int64_t rows) {
+    Buffer<float> dX = upload(b, std::vector<float>(&X[s0 * K], &X[(s0 + rows) * K]));
+    Buffer<float> pre = poisoned<float>(b, rows * n), post = poisoned<float>(b, rows * n),
+                  comb = poisoned<float>(b, rows * n * n);
+    ScratchArena scratch(b);
+    b.hc_mix(dX.get(), dfn.get(), dbase.get(), dscale.get(), rows, n, H, 1e-6f, 1e-6f, 20,
+             pre.get(), post.get(), comb.get(), scratch.get(), b.stream(0));
+    std::vector<float> all = pre.download(), p = post.download(), c = comb.download();
+    all.insert(all.end(), p.begin(), p.end());
+    all.insert(all.end(), c.begin(), c.end());
+    return all;  // [pre | post | comb]
+  };
+  const std::vector<float> batch = run(0, S);
+  for (int64_t s = 0; s < S; ++s) {
+    const std::vector<float> alone = run(s, 1);
+    std::vector<float> inside;
+    for (int64_t i = 0; i < n; ++i) inside.push_back(batch[s * n + i]);
+    for (int64_t i = 0; i < n; ++i) inside.push_back(batch[S * n + s * n + i]);
+    for (int64_t i = 0; i < n * n; ++i) inside.push_back(batch[2 * S * n + s * n * n + i]);
+    EXPECT_TRUE(bitwise_equal(alone, inside)) << "token " << s;
+  }
+}
+
 TEST_P(BackendMhc, RejectsBadSizes) {
   Backend& be = backend();
   Buffer<float> f = upload(be, normal(64));
   const Stream s = be.stream(0);
+  ScratchArena scratch(be);
   EXPECT_THROW(be.hc_mix(f.get(), f.get(), f.get(), f.get(), 1, 2, 4, 0, 0, /*iters=*/0, f.get(),
-                         f.get(), f.get(), s),
+                         f.get(), f.get(), scratch.get(), s),
                Error);
   EXPECT_THROW(be.hc_collapse(f.get(), f.get(), 1, /*n=*/0, 4, f.get(), s), Error);
   EXPECT_THROW(be.hc_expand(f.get(), f.get(), f.get(), f.get(), 1, 2, /*H=*/0, f.get(), s), Error);

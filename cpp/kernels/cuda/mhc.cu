@@ -7,41 +7,64 @@ namespace {
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kMaxMixSmemBytes = 48 * 1024;
 
-// One block per token s (blockDim a multiple of 32, <= 1024). Dynamic shared memory: z [W]
-// (mixer logits, then the Sinkhorn matrix in z[2n:]) and sums [n].
-__global__ void hc_mix_kernel(const float* __restrict__ X, const float* __restrict__ fn,
-                              const float* __restrict__ base, const float* __restrict__ scale,
-                              int64_t n, int64_t H, float rms_eps, float hc_eps, int iters,
-                              float* __restrict__ pre, float* __restrict__ post,
-                              float* __restrict__ comb) {
-  extern __shared__ float smem[];
+// The mixer projection is split over K in fixed chunks of kMixChunk (a constant, so a token's
+// summation order never depends on the batch): one block per (token, chunk) writes the chunk's
+// partial dots and Σ f², then one block per token adds the chunks in order and finishes. At decode
+// batch sizes this spreads the 2 MB fn read of every sublayer over the GPU instead of one SM.
+constexpr int64_t kMixChunk = 512;
+
+// Block (s, c): part[(s * C + c) * W + j] = Σ_{i in chunk} f_i fn[j, i] (one warp per j, lanes
+// strided, FMA, xor-shuffle reduction); sq[s * C + c] = Σ f_i² in double (thread-strided, then the
+// warps in order).
+__global__ void hc_mix_partial_kernel(const float* __restrict__ X, const float* __restrict__ fn,
+                                      int64_t W, int64_t K, int64_t C, float* __restrict__ part,
+                                      double* __restrict__ sq) {
   __shared__ double warp_acc[32];
-  __shared__ float r_shared;
-  const int64_t W = (2 + n) * n, K = n * H;
-  float* z = smem;
-  float* sums = smem + W;
-  const int64_t s = blockIdx.x;
+  const int64_t s = blockIdx.x, c = blockIdx.y;
+  const int64_t i0 = c * kMixChunk, i1 = i0 + kMixChunk < K ? i0 + kMixChunk : K;
   const float* f = X + s * K;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-
-  // Σ f² (each square rounded to FP32, summed in double as the CPU rms_inv).
   double acc = 0.0;
-  for (int64_t i = threadIdx.x; i < K; i += blockDim.x) acc += __fmul_rn(f[i], f[i]);
+  for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) acc += __fmul_rn(f[i], f[i]);
   for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(kFullMask, acc, off);
   if (lane == 0) warp_acc[warp] = acc;
-
-  // mix_j = f · fn[j], one warp per output j (before the RMS scale, as the reference).
   for (int64_t j = warp; j < W; j += nwarps) {
     const float* wj = fn + j * K;
     float d = 0.0f;
-    for (int64_t i = lane; i < K; i += 32) d = __fmaf_rn(f[i], wj[i], d);
+    for (int64_t i = i0 + lane; i < i1; i += 32) d = __fmaf_rn(f[i], wj[i], d);
     for (int off = 16; off > 0; off >>= 1) d += __shfl_xor_sync(kFullMask, d, off);
-    if (lane == 0) z[j] = d;
+    if (lane == 0) part[(s * C + c) * W + j] = d;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
     double total = 0.0;
     for (int w = 0; w < nwarps; ++w) total += warp_acc[w];
+    sq[s * C + c] = total;
+  }
+}
+
+// One block per token s (blockDim a multiple of 32, <= 1024). Dynamic shared memory: z [W]
+// (mixer logits, then the Sinkhorn matrix in z[2n:]) and sums [n].
+__global__ void hc_mix_finish_kernel(const float* __restrict__ part, const double* __restrict__ sq,
+                                     int64_t C, const float* __restrict__ base,
+                                     const float* __restrict__ scale, int64_t n, int64_t H,
+                                     float rms_eps, float hc_eps, int iters,
+                                     float* __restrict__ pre, float* __restrict__ post,
+                                     float* __restrict__ comb) {
+  extern __shared__ float smem[];
+  __shared__ float r_shared;
+  const int64_t W = (2 + n) * n, K = n * H;
+  float* z = smem;
+  float* sums = smem + W;
+  const int64_t s = blockIdx.x;
+  for (int64_t j = threadIdx.x; j < W; j += blockDim.x) {
+    float d = 0.0f;
+    for (int64_t c = 0; c < C; ++c) d = __fadd_rn(d, part[(s * C + c) * W + j]);
+    z[j] = d;
+  }
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int64_t c = 0; c < C; ++c) total += sq[s * C + c];
     const float mean = __fdiv_rn(static_cast<float>(total), static_cast<float>(K));
     r_shared = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, rms_eps)));
   }
@@ -129,15 +152,30 @@ __global__ void hc_expand_kernel(const float* __restrict__ X, const float* __res
 
 }  // namespace
 
+int64_t hc_mix_workspace_bytes(int64_t S, int64_t n, int64_t H) {
+  const int64_t W = (2 + n) * n, C = (n * H + kMixChunk - 1) / kMixChunk;
+  const int64_t parts = S * C;
+  return parts * int64_t(sizeof(double)) + ((parts * W * 4 + 15) / 16) * 16;
+}
+
 cudaError_t hc_mix(const float* X, const float* fn, const float* base, const float* scale,
                    int64_t S, int64_t n, int64_t H, float rms_eps, float hc_eps, int iters,
-                   float* pre, float* post, float* comb, cudaStream_t stream) {
+                   float* pre, float* post, float* comb, void* workspace, int64_t workspace_bytes,
+                   cudaStream_t stream) {
   if (S < 0 || n <= 0 || H <= 0 || iters < 1 || S > 0x7fffffff) return cudaErrorInvalidValue;
   const int64_t smem = ((2 + n) * n + n) * static_cast<int64_t>(sizeof(float));
   if (smem > kMaxMixSmemBytes) return cudaErrorInvalidValue;
   if (S == 0) return cudaSuccess;
-  hc_mix_kernel<<<static_cast<unsigned>(S), kThreads, static_cast<size_t>(smem), stream>>>(
-      X, fn, base, scale, n, H, rms_eps, hc_eps, iters, pre, post, comb);
+  const int64_t W = (2 + n) * n, K = n * H, C = (K + kMixChunk - 1) / kMixChunk;
+  if (C > 65535 || workspace == nullptr || workspace_bytes < hc_mix_workspace_bytes(S, n, H)) {
+    return cudaErrorInvalidValue;
+  }
+  double* sq = static_cast<double*>(workspace);
+  float* part = reinterpret_cast<float*>(sq + S * C);
+  hc_mix_partial_kernel<<<dim3(unsigned(S), unsigned(C)), kThreads, 0, stream>>>(X, fn, W, K, C,
+                                                                                 part, sq);
+  hc_mix_finish_kernel<<<static_cast<unsigned>(S), kThreads, static_cast<size_t>(smem), stream>>>(
+      part, sq, C, base, scale, n, H, rms_eps, hc_eps, iters, pre, post, comb);
   return launch_status();
 }
 

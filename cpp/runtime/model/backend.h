@@ -120,7 +120,7 @@ class DSV41RT_API Backend {
                           Stream s) = 0;
   virtual void hc_mix(const float* X, const float* fn, const float* base, const float* scale,
                       int64_t S, int64_t n, int64_t H, float rms_eps, float hc_eps, int iters,
-                      float* pre, float* post, float* comb, Stream s) = 0;
+                      float* pre, float* post, float* comb, Scratch scratch, Stream s) = 0;
   virtual void hc_collapse(const float* X, const float* w, int64_t S, int64_t n, int64_t H,
                            float* u, Stream s) = 0;
   virtual void hc_expand(const float* X, const float* y, const float* post, const float* comb,

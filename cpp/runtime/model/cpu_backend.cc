@@ -176,7 +176,7 @@ class CpuBackend final : public Backend {
   }
   void hc_mix(const float* X, const float* fn, const float* base, const float* scale, int64_t S,
               int64_t n, int64_t H, float rms_eps, float hc_eps, int iters, float* pre, float* post,
-              float* comb, Stream) override {
+              float* comb, Scratch, Stream) override {
     k::hc_mix(X, fn, base, scale, S, n, H, rms_eps, hc_eps, iters, pre, post, comb);
   }
   void hc_collapse(const float* X, const float* w, int64_t S, int64_t n, int64_t H, float* u,

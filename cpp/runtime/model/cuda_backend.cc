@@ -203,9 +203,10 @@ class CudaBackend final : public Backend {
   }
   void hc_mix(const float* X, const float* fn, const float* base, const float* scale, int64_t S,
               int64_t n, int64_t H, float rms_eps, float hc_eps, int iters, float* pre, float* post,
-              float* comb, Stream s) override {
-    DSV41RT_CU(
-        kc::hc_mix(X, fn, base, scale, S, n, H, rms_eps, hc_eps, iters, pre, post, comb, cs(s)));
+              float* comb, Scratch scratch, Stream s) override {
+    const int64_t bytes = kc::hc_mix_workspace_bytes(S, n, H);
+    DSV41RT_CU(kc::hc_mix(X, fn, base, scale, S, n, H, rms_eps, hc_eps, iters, pre, post, comb,
+                          scratch.get(bytes), bytes, cs(s)));
   }
   void hc_collapse(const float* X, const float* w, int64_t S, int64_t n, int64_t H, float* u,
                    Stream s) override {
@@ -401,9 +402,9 @@ void CudaBackend::size_gemv_workspaces(const BackendWeights& w) {
   };
   visit(w.head);
   for (const LayerWeights& L : w.layers) {
-    for (const Matrix* m : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.comp_wkv, &L.comp_wgate,
-                            &L.idx_wq_b, &L.idx_weights_proj, &L.idx_wk, &L.shared_w1,
-                            &L.shared_w3, &L.shared_w2}) {
+    for (const Matrix* m :
+         {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.comp_wkv, &L.comp_wgate, &L.idx_wq_b,
+          &L.idx_weights_proj, &L.idx_wk, &L.shared_w1, &L.shared_w3, &L.shared_w2}) {
       visit(*m);
     }
   }

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "dsv41rt/runtime.hpp"  // BackendStats, Decisions, Switch
 #include "core/export.h"
+#include "dsv41rt/runtime.hpp"  // BackendStats, Decisions, Switch
 #include "kernels/sampling.h"
 #include "runtime/dequant_workspace.h"
 #include "runtime/model/kv_pool.h"
@@ -55,8 +55,8 @@ struct ExecutorOptions {
   /// Tokens per forward the engine will schedule (sizes the activation scratch in the budget).
   int64_t max_num_batched_tokens = 512;
   /// The longest request (prompt + generated) the engine admits; 0 = the whole pool. Sizes the
-  /// indexer's score scratch (max_num_batched_tokens queries x the entries of one request): charged once
-  /// when set, per page of the pool when not (a request may then hold every page).
+  /// indexer's score scratch (max_num_batched_tokens queries x the entries of one request): charged
+  /// once when set, per page of the pool when not (a request may then hold every page).
   int64_t max_model_len = 0;
   /// "cpu" (the FP32 reference executor) or "cuda" / "cuda:N" (the GPU executor).
   std::string device = "cpu";

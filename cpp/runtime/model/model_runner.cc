@@ -89,7 +89,7 @@ void ModelRunner::embed_and_layers(const ForwardPlan& f) {
     if (layer.engram) ++engram_pos;
     if (rows_here) {
       be_.hc_mix(X, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale, N, hc, H, eps, hc_eps,
-                 c.hc_sinkhorn_iters, a_pre, a_post, a_comb, s);
+                 c.hc_sinkhorn_iters, a_pre, a_post, a_comb, scratch(mix_scratch_), s);
       be_.hc_collapse(X, pre, N, hc, H, u, s);
       be_.rms_norm(u, w.attn_norm, N, H, eps, xn, s);
     }
@@ -97,7 +97,7 @@ void ModelRunner::embed_and_layers(const ForwardPlan& f) {
     if (rows_here) {
       be_.hc_expand(X, yv_.get(), a_post, a_comb, N, hc, H, X1, s);
       be_.hc_mix(X1, w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale, N, hc, H, eps, hc_eps,
-                 c.hc_sinkhorn_iters, f_pre, f_post, f_comb, s);
+                 c.hc_sinkhorn_iters, f_pre, f_post, f_comb, scratch(mix_scratch_), s);
       be_.hc_collapse(X1, a_pre, N, hc, H, u, s);
       be_.rms_norm(u, w.ffn_norm, N, H, eps, xn, s);
       ffn(layer, w, X1, X, f_post, f_comb);

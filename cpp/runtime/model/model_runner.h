@@ -24,12 +24,12 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "dsv41rt/runtime.hpp"  // Decisions
 #include "runtime/dequant_workspace.h"
 #include "runtime/model/backend.h"
 #include "runtime/model/forward_meta.h"
 #include "runtime/model/forward_plan.h"
 #include "runtime/model/state_layout.h"
-#include "dsv41rt/runtime.hpp"  // Decisions
 
 namespace dsv41rt::model {
 
@@ -125,7 +125,7 @@ class ModelRunner {
   DeviceArray<uint8_t> mask_;
   DeviceArray<int32_t> topk_, idx_, moe_idx_;
   DeviceArray<float> moe_w_, emb_, hsel_, logits_;
-  DeviceArray<uint8_t> engram_scratch_, moe_scratch_, sample_scratch_;
+  DeviceArray<uint8_t> engram_scratch_, moe_scratch_, sample_scratch_, mix_scratch_;
   DeviceArray<int32_t> tokens_, top_ids_;
   DeviceArray<float> logprobs_, top_lps_;
 
