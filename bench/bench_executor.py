@@ -258,8 +258,8 @@ def main() -> int:
     flops_per_token = 2 * active_params(cfg)
     modes = dict(MODES)
     if args.precision == "bf16":
-        modes["fp32 gemm"] = {"bf16_gemm": False}
-        DEFAULTS["bf16_gemm"] = True
+        modes["fp32 gemm"] = {"tensor_cores": False}
+        DEFAULTS["tensor_cores"] = True
 
     def save() -> None:
         if args.out:

@@ -26,11 +26,12 @@ def main() -> int:
     import torch
     from dsv41rt.runtime import Runtime
 
+    batches = [int(x) for x in args.decode_batches.split(",")]
     rt = Runtime(
         args.checkpoint,
         "cuda",
         kv_memory=8 << 30,
-        max_num_seqs=8,
+        max_num_seqs=max(batches) + 1,
         max_num_batched_tokens=args.tokens,
         max_model_len=args.tokens + 8,
         precision=args.precision,
@@ -46,7 +47,7 @@ def main() -> int:
     summarize(prof, f"prefill {args.tokens} tokens ({args.precision})", rt, args.top)
     # One decode step of B requests at this context (eager, so every kernel is its own launch).
     rt.set_switch("cuda_graphs", False)
-    for b in (int(x) for x in args.decode_batches.split(",")):
+    for b in batches:
         hs = [rt.fork_handle(h) for _ in range(b)]
         rt.decode_handles(hs, [5] * b)  # warm-up
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
