@@ -1,3 +1,5 @@
+#include <cooperative_groups.h>
+
 #include <cmath>
 
 #include "kernels/cuda/attention.cuh"
@@ -39,38 +41,50 @@ __device__ float block_reduce(float v, float* red, Op op) {
   return r;
 }
 
-// One block per (query, head); blockDim.x is a multiple of 32. Per chunk of keys: the row
+// The key list of each (query, head) is split over a cluster of kKvSplit blocks (a constant, so a
+// row's summation order never depends on the batch): block r takes keys [r * per, (r + 1) * per)
+// with per = ceil(K / kKvSplit), and block 0 combines the partials through distributed shared
+// memory, in rank order. At decode sizes this puts 8x more blocks on the key reads.
+constexpr int kKvSplit = 8;
+
+// Block (query s * H + h, rank r), blockDim.x a multiple of 32. Per chunk of its keys: the row
 // indices are staged in shared memory (invalid ones, -1 or outside [0, T), become -1 and are
-// skipped), one warp per key computes the logit, the block takes the max (including the sink
-// and the previous chunks), turns logits into probabilities in place, and every thread updates
-// its own output channels d = tid, tid + blockDim, ... (read-modify-write of out, owned by this
-// block alone, so no races). Running state: m_run (max so far, starting at the sink) and denom
-// (Σ exp(l - m_run), starting with the sink term exp(sink - m_run) = 1).
+// skipped), one warp per key computes the logit, the block takes the max (including the previous
+// chunks), turns logits into probabilities in place, and every thread updates its own channels
+// d = tid, tid + blockDim, ... of the partial output o_sh [D] (dynamic shared memory). Running
+// state: m_run (max so far, -inf before any valid key) and denom (Σ exp(l - m_run)). Then block
+// 0 takes the sink into the max, m = max(sink, m_0 .. m_7), and writes
+// out = Σ_r o_r · exp(m_r - m) / (exp(sink - m) + Σ_r denom_r · exp(m_r - m)), ranks in order.
 // Keys j < T1 are rows of kv, the rest rows j - T1 of kv2 (T = T1 + rows of kv2).
-__global__ void sparse_attention_kernel(const float* __restrict__ q, const float* __restrict__ kv,
-                                        int64_t T1, const float* __restrict__ kv2,
-                                        const int32_t* __restrict__ indices,
-                                        const float* __restrict__ sink, int64_t H, int64_t D,
-                                        int64_t T, int64_t K, float scale,
-                                        float* __restrict__ out) {
+__global__ void __cluster_dims__(1, kKvSplit, 1)
+    sparse_attention_kernel(const float* __restrict__ q, const float* __restrict__ kv, int64_t T1,
+                            const float* __restrict__ kv2, const int32_t* __restrict__ indices,
+                            const float* __restrict__ sink, int64_t H, int64_t D, int64_t T,
+                            int64_t K, float scale, float* __restrict__ out) {
+  namespace cg = cooperative_groups;
   auto key_row = [&](int32_t j) {
     return int64_t(j) < T1 ? kv + int64_t(j) * D : kv2 + (int64_t(j) - T1) * D;
   };
+  extern __shared__ float o_sh[];  // [D]
   __shared__ float logit[kChunk];
   __shared__ int32_t rows[kChunk];
   __shared__ float red[32];
+  __shared__ float part_m, part_l;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = int(cluster.block_rank());
   const int64_t sh = blockIdx.x;  // s * H + h
   const int64_t s = sh / H, h = sh % H;
   const float* qh = q + sh * D;
   const int32_t* idx = indices + s * K;
-  float* oh = out + sh * D;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+  const int64_t per = (K + kKvSplit - 1) / kKvSplit;
+  const int64_t k0 = rank * per < K ? rank * per : K, k1 = k0 + per < K ? k0 + per : K;
 
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) oh[d] = 0.0f;
-  float m_run = sink[h];
-  float denom = 1.0f;
-  for (int64_t base = 0; base < K; base += kChunk) {
-    const int n = static_cast<int>(K - base < kChunk ? K - base : kChunk);
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) o_sh[d] = 0.0f;
+  float m_run = -INFINITY;
+  float denom = 0.0f;
+  for (int64_t base = k0; base < k1; base += kChunk) {
+    const int n = static_cast<int>(k1 - base < kChunk ? k1 - base : kChunk);
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
       const int32_t j = idx[base + i];
       rows[i] = (j >= 0 && int64_t(j) < T) ? j : -1;
@@ -92,7 +106,8 @@ __global__ void sparse_attention_kernel(const float* __restrict__ q, const float
     }
     cm = block_reduce(cm, red, Max{});
     const float m_new = fmaxf(m_run, cm);
-    // m_new == m_run also covers m_run = m_new = -inf (sink -inf, no valid key yet): keep 1.
+    // m_new == m_run also covers m_run = m_new = -inf (no valid key yet): keep 1. A first valid
+    // key after none gives expf(-inf) = 0 on an all-zero partial.
     const float rescale = m_new == m_run ? 1.0f : expf(m_run - m_new);
     float psum = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -103,19 +118,46 @@ __global__ void sparse_attention_kernel(const float* __restrict__ q, const float
     psum = block_reduce(psum, red, Sum{});  // its barriers also publish the probabilities
     denom = denom * rescale + psum;
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-      float acc = oh[d] * rescale;
+      float acc = o_sh[d] * rescale;
       for (int i = 0; i < n; ++i) {
         const int32_t j = rows[i];
         if (j >= 0) acc += logit[i] * key_row(j)[d];
       }
-      oh[d] = acc;
+      o_sh[d] = acc;
     }
     m_run = m_new;
     __syncthreads();  // the next chunk overwrites rows / logit
   }
-  // No valid key: every accumulator is still 0 and denom is 1, so the output is zero.
-  const float inv = 1.0f / denom;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x) oh[d] *= inv;
+  if (threadIdx.x == 0) part_m = m_run, part_l = denom;
+  cluster.sync();  // every partial is complete and visible to block 0
+  if (rank == 0) {
+    float m = sink[h];
+    float ms[kKvSplit], ls[kKvSplit];
+    const float* os[kKvSplit];
+#pragma unroll
+    for (int r = 0; r < kKvSplit; ++r) {
+      ms[r] = *cluster.map_shared_rank(&part_m, r);
+      ls[r] = *cluster.map_shared_rank(&part_l, r);
+      os[r] = cluster.map_shared_rank(o_sh, r);
+      m = fmaxf(m, ms[r]);
+    }
+    float f[kKvSplit];
+    float total = m == -INFINITY ? 1.0f : expf(sink[h] - m);  // -inf max: no key, zero output
+#pragma unroll
+    for (int r = 0; r < kKvSplit; ++r) {
+      f[r] = ms[r] == -INFINITY ? 0.0f : expf(ms[r] - m);
+      total += ls[r] * f[r];
+    }
+    const float inv = 1.0f / total;
+    float* oh = out + sh * D;
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int r = 0; r < kKvSplit; ++r) acc += os[r][d] * f[r];
+      oh[d] = acc * inv;
+    }
+  }
+  cluster.sync();  // block 0 has read the other blocks' shared memory
 }
 
 }  // namespace
@@ -127,7 +169,10 @@ cudaError_t sparse_attention_split(const float* q, const float* kv_a, int64_t T_
   if (S < 0 || n_heads <= 0 || D <= 0 || T_a < 0 || T_b < 0 || K < 0) return cudaErrorInvalidValue;
   if (S == 0) return cudaSuccess;
   if (S > 0x7fffffff / n_heads) return cudaErrorInvalidValue;
-  sparse_attention_kernel<<<static_cast<unsigned>(S * n_heads), kThreads, 0, stream>>>(
+  const int64_t smem = D * int64_t(sizeof(float));
+  if (smem > 32 * 1024) return cudaErrorInvalidValue;  // D <= 8192 (V4.1: 512)
+  const dim3 grid(static_cast<unsigned>(S * n_heads), kKvSplit);
+  sparse_attention_kernel<<<grid, kThreads, size_t(smem), stream>>>(
       q, kv_a, T_a, kv_b, indices, sink, n_heads, D, T_a + T_b, K, scale, out);
   return launch_status();
 }
