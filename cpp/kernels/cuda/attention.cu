@@ -95,6 +95,7 @@ __global__ void __cluster_dims__(1, kKvSplit, 1)
       if (j < 0) continue;  // warp-uniform
       const float* kr = key_row(j);
       float acc = 0.0f;
+#pragma unroll 4
       for (int64_t d = lane; d < D; d += 32) acc += qh[d] * kr[d];
       acc = warp_sum(acc);
       if (lane == 0) logit[i] = acc * scale;
@@ -119,6 +120,7 @@ __global__ void __cluster_dims__(1, kKvSplit, 1)
     denom = denom * rescale + psum;
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
       float acc = o_sh[d] * rescale;
+#pragma unroll 8  // independent key loads in flight; the adds keep their order
       for (int i = 0; i < n; ++i) {
         const int32_t j = rows[i];
         if (j >= 0) acc += logit[i] * key_row(j)[d];

@@ -56,15 +56,22 @@ __global__ void hc_mix_finish_kernel(const float* __restrict__ part, const doubl
   const int64_t W = (2 + n) * n, K = n * H;
   float* z = smem;
   float* sums = smem + W;
+  // The token's partials, loaded by all threads at once (a thread summing them straight from
+  // global memory waits on each load in turn), then added in chunk order.
+  double* sq_sh = reinterpret_cast<double*>(smem + ((W + n + 1) / 2) * 2);
+  float* part_sh = reinterpret_cast<float*>(sq_sh + C);
   const int64_t s = blockIdx.x;
+  for (int64_t i = threadIdx.x; i < C * W; i += blockDim.x) part_sh[i] = part[s * C * W + i];
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) sq_sh[c] = sq[s * C + c];
+  __syncthreads();
   for (int64_t j = threadIdx.x; j < W; j += blockDim.x) {
     float d = 0.0f;
-    for (int64_t c = 0; c < C; ++c) d = __fadd_rn(d, part[(s * C + c) * W + j]);
+    for (int64_t c = 0; c < C; ++c) d = __fadd_rn(d, part_sh[c * W + j]);
     z[j] = d;
   }
   if (threadIdx.x == 0) {
     double total = 0.0;
-    for (int64_t c = 0; c < C; ++c) total += sq[s * C + c];
+    for (int64_t c = 0; c < C; ++c) total += sq_sh[c];
     const float mean = __fdiv_rn(static_cast<float>(total), static_cast<float>(K));
     r_shared = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, rms_eps)));
   }
@@ -163,10 +170,11 @@ cudaError_t hc_mix(const float* X, const float* fn, const float* base, const flo
                    float* pre, float* post, float* comb, void* workspace, int64_t workspace_bytes,
                    cudaStream_t stream) {
   if (S < 0 || n <= 0 || H <= 0 || iters < 1 || S > 0x7fffffff) return cudaErrorInvalidValue;
-  const int64_t smem = ((2 + n) * n + n) * static_cast<int64_t>(sizeof(float));
+  const int64_t W = (2 + n) * n, K = n * H, C = (K + kMixChunk - 1) / kMixChunk;
+  // z, sums (rounded up to a double boundary), then the partials: C doubles, C * W floats.
+  const int64_t smem = ((W + n + 1) / 2) * 8 + C * 8 + C * W * 4;
   if (smem > kMaxMixSmemBytes) return cudaErrorInvalidValue;
   if (S == 0) return cudaSuccess;
-  const int64_t W = (2 + n) * n, K = n * H, C = (K + kMixChunk - 1) / kMixChunk;
   if (C > 65535 || workspace == nullptr || workspace_bytes < hc_mix_workspace_bytes(S, n, H)) {
     return cudaErrorInvalidValue;
   }

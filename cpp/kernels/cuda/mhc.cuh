@@ -5,7 +5,8 @@
 //   then one block per token adds the chunks in order (a different summation order than the CPU's
 //   8-lane dot: ~1e-6 relative; independent of the batch) and follows the CPU's FP32 operation
 //   order exactly for everything after (scale/base, sigmoids, Sinkhorn; no FMA contraction), with
-//   device expf (<= 2 ulp). Needs (2 + n) · n + n floats of shared memory (n <= ~100) and
+//   device expf (<= 2 ulp). Needs ~(2 + n)·n·(1 + n·H/512) floats of shared memory (<= 48 KB:
+//   n·H up to ~65k at n = 4) and
 //   hc_mix_workspace_bytes of device workspace (cudaErrorInvalidValue when smaller).
 // hc_collapse / hc_expand: one thread per output element, the CPU's summation order and
 //   roundings (i ascending, products rounded before the add): bitwise equal to the CPU reference.

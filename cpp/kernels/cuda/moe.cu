@@ -63,6 +63,9 @@ __global__ void moe_route_kernel(const float* __restrict__ x, const float* __res
     for (int64_t e = group; e < E; e += groups) {
       const float* wr = gate_w + e * H;
       float acc = 0.0f;
+      // Unrolled so the loads of many chunks are in flight (they do not depend on acc); the adds
+      // stay in the CPU's order.
+#pragma unroll 16
       for (int64_t i = 0; i < nfull; i += 8) acc = __fadd_rn(acc, __fmul_rn(xr[i + j], wr[i + j]));
       float a[8];
 #pragma unroll
