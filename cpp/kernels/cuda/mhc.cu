@@ -28,10 +28,29 @@ __global__ void hc_mix_partial_kernel(const float* __restrict__ X, const float* 
   for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) acc += __fmul_rn(f[i], f[i]);
   for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(kFullMask, acc, off);
   if (lane == 0) warp_acc[warp] = acc;
+  // The chunk's inputs of this lane, loaded once (kMixChunk / 32 = 16 per lane).
+  constexpr int kPerLane = int(kMixChunk / 32);
+  float fv[kPerLane];
+#pragma unroll
+  for (int u = 0; u < kPerLane; ++u) {
+    const int64_t i = i0 + lane + 32 * u;
+    fv[u] = i < i1 ? f[i] : 0.0f;
+  }
   for (int64_t j = warp; j < W; j += nwarps) {
     const float* wj = fn + j * K;
+    // All of this lane's weights in flight at once (a plain loop waits on each load in turn),
+    // then the FMAs in index order.
+    float wv[kPerLane];
+#pragma unroll
+    for (int u = 0; u < kPerLane; ++u) {
+      const int64_t i = i0 + lane + 32 * u;
+      wv[u] = i < i1 ? wj[i] : 0.0f;
+    }
     float d = 0.0f;
-    for (int64_t i = i0 + lane; i < i1; i += 32) d = __fmaf_rn(f[i], wj[i], d);
+#pragma unroll
+    for (int u = 0; u < kPerLane; ++u) {
+      if (i0 + lane + 32 * u < i1) d = __fmaf_rn(fv[u], wv[u], d);
+    }
     for (int off = 16; off > 0; off >>= 1) d += __shfl_xor_sync(kFullMask, d, off);
     if (lane == 0) part[(s * C + c) * W + j] = d;
   }

@@ -63,10 +63,22 @@ __global__ void moe_route_kernel(const float* __restrict__ x, const float* __res
     for (int64_t e = group; e < E; e += groups) {
       const float* wr = gate_w + e * H;
       float acc = 0.0f;
-      // Unrolled so the loads of many chunks are in flight (they do not depend on acc); the adds
-      // stay in the CPU's order.
-#pragma unroll 16
-      for (int64_t i = 0; i < nfull; i += 8) acc = __fadd_rn(acc, __fmul_rn(xr[i + j], wr[i + j]));
+      // The loads of kBatch chunks are issued together (they do not depend on acc; a plain loop
+      // waited on each pair in turn: 66 us per token at H 5120), then added in the CPU's order.
+      constexpr int kBatch = 16;
+      for (int64_t i0 = 0; i0 < nfull; i0 += 8 * kBatch) {
+        float xv[kBatch], wv[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int64_t i = i0 + 8 * u;
+          xv[u] = i < nfull ? xr[i + j] : 0.0f;
+          wv[u] = i < nfull ? wr[i + j] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          if (i0 + 8 * u < nfull) acc = __fadd_rn(acc, __fmul_rn(xv[u], wv[u]));
+        }
+      }
       float a[8];
 #pragma unroll
       for (int m = 0; m < 8; ++m) a[m] = __shfl_sync(gmask, acc, m, 8);

@@ -10,8 +10,21 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
                                 int64_t dim, float eps, float* __restrict__ y) {
   const float* xr = x + blockIdx.x * dim;
   float* yr = y + blockIdx.x * dim;
+  // Loads in batches of kBatch per thread (a plain loop waits on each in turn), adds in order.
+  constexpr int kBatch = 8;
   float acc = 0.0f;
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) acc += xr[i] * xr[i];
+  for (int64_t i0 = threadIdx.x; i0 < dim; i0 += int64_t(blockDim.x) * kBatch) {
+    float v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t i = i0 + int64_t(blockDim.x) * u;
+      v[u] = i < dim ? xr[i] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (i0 + int64_t(blockDim.x) * u < dim) acc += v[u] * v[u];
+    }
+  }
   for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   __shared__ float warp_sums[32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
