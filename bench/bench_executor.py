@@ -163,19 +163,22 @@ def decode(
     src, prefill_ms = prefill_handle(rt, context, budget, rng)
     handles = [src] + [rt.fork_handle(src) for _ in range(batch - 1)]
     out = {}
+
+    def applies(name: str) -> bool:  # graphs and streams are CUDA switches; the CPU takes the rest
+        return name != "reuse" and (device != "cpu" or name == "tensor_cores")
+
     for mode, switched in modes.items():
         opts = dict(DEFAULTS, **switched)
-        if device != "cpu":
-            for name, on in opts.items():
-                if name != "reuse":
-                    rt.set_switch(name, on)
+        for name, on in opts.items():
+            if applies(name):
+                rt.set_switch(name, on)
         rt.set_dequant_reuse(opts["reuse"])
         tokens = rng.integers(3, 129000, (steps + 2, batch)).tolist()
         ms = [timed(rt, functools.partial(rt.decode_handles, handles, t)) for t in tokens]
         ms = ms[2:]  # warm-up (graph capture)
         out[mode] = {"median_ms": statistics.median(ms), "min_ms": min(ms), "steps": len(ms)}
     for name, on in DEFAULTS.items():
-        if device != "cpu" and name != "reuse":
+        if applies(name):
             rt.set_switch(name, on)
     rt.set_dequant_reuse(True)
     for h in handles:
