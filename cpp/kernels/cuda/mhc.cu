@@ -62,6 +62,32 @@ __global__ void hc_mix_partial_kernel(const float* __restrict__ X, const float* 
   }
 }
 
+// Sinkhorn of one n x n matrix (n * n <= 32) by warp 0 (all 32 lanes call it): lane l < n * n
+// holds element (l / n, l % n). Same operations in the same order as the per-row loop below.
+__device__ void sinkhorn_warp(const float* c, int n, float hc_eps, int iters, float* out) {
+  const int lane = threadIdx.x & 31;
+  const bool live = lane < n * n;
+  const int i = live ? lane / n : 0, o = live ? lane % n : 0;
+  const float v0 = live ? c[lane] : 0.0f;
+  float mx = __shfl_sync(kFullMask, v0, i * n);
+  for (int q = 1; q < n; ++q) mx = fmaxf(mx, __shfl_sync(kFullMask, v0, i * n + q));
+  const float e = expf(__fsub_rn(v0, mx));
+  float sum = 0.0f;
+  for (int q = 0; q < n; ++q) sum = __fadd_rn(sum, __shfl_sync(kFullMask, e, i * n + q));
+  float v = __fadd_rn(__fmul_rn(e, __fdiv_rn(1.0f, sum)), hc_eps);
+  for (int t = 0; t < iters; ++t) {
+    if (t > 0) {  // row normalisation (skipped before the first column normalisation)
+      float rs = 0.0f;
+      for (int q = 0; q < n; ++q) rs = __fadd_rn(rs, __shfl_sync(kFullMask, v, i * n + q));
+      v = __fdiv_rn(v, __fadd_rn(rs, hc_eps));
+    }
+    float cs = 0.0f;
+    for (int q = 0; q < n; ++q) cs = __fadd_rn(cs, __shfl_sync(kFullMask, v, q * n + o));
+    v = __fdiv_rn(v, __fadd_rn(cs, hc_eps));
+  }
+  if (live) out[lane] = v;
+}
+
 // One block per token s (blockDim a multiple of 32, <= 1024). Dynamic shared memory: z [W]
 // (mixer logits, then the Sinkhorn matrix in z[2n:]) and sums [n].
 __global__ void hc_mix_finish_kernel(const float* __restrict__ part, const double* __restrict__ sq,
@@ -108,10 +134,16 @@ __global__ void hc_mix_finish_kernel(const float* __restrict__ part, const doubl
     post[s * n + i] = __fmul_rn(2.0f, __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-z[n + i]))));
   }
 
-  // Sinkhorn on c = z[2n:] viewed [n, n] (row i = input stream, column o = output stream): one
-  // thread per row for the softmax / row sums and one per column for the column sums, each in the
-  // CPU's sequential order, so the results differ from the CPU only through expf.
+  // Sinkhorn on c = z[2n:] viewed [n, n] (row i = input stream, column o = output stream), every
+  // sum in the CPU's sequential order, so the results differ from the CPU only through expf.
   float* c = z + 2 * n;
+  if (n * n <= 32) {
+    // One warp, one lane per element: each lane gathers its row's (column's) values by shuffles
+    // and adds them in order itself, so the n divisions of a pass run side by side instead of
+    // one after another in a thread per row (this serial chain was most of the kernel's time).
+    if (threadIdx.x < 32) sinkhorn_warp(c, int(n), hc_eps, iters, comb + s * n * n);
+    return;
+  }
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     float* row = c + i * n;
     float mx = row[0];
