@@ -30,6 +30,36 @@ enum class WeightFormat : int32_t {
 
 inline constexpr int64_t kMxfp4WeightBlock = 32;
 
+/// 2^p as a float, for p in [-126, 127] (built from its exponent bits: no rounding, no branch).
+DSV41RT_HOST_DEVICE inline float pow2_normal(int p) {
+  return f32_from_bits(static_cast<uint32_t>(p + 127) << 23);
+}
+
+// Fast exact decodes for GEMM staging: code times 2^(e - 127) as integer magnitude times a power
+// of two (one int-to-float, one multiply, no branches), equal to WeightView::value() bitwise for
+// every code of the format (FP8: but the NaN codes 0x7F / 0xFF) whenever the scale code e lies in
+// the stated range (results are normal floats or zero; at the very top both overflow to inf
+// alike); outside it, use value(). Checked exhaustively in tests/cpp/test_weight_view.cc.
+inline constexpr int kFp8FastScaleMin = 10, kFp8FastScaleMax = 249;
+inline constexpr int kFp4FastScaleMin = 2, kFp4FastScaleMax = 250;
+
+/// E4M3 code c: magnitude M * 2^(max(exp, 1) - 10) with M = 8 + mantissa (normal) or mantissa.
+DSV41RT_HOST_DEVICE inline float fp8_scaled_value(uint8_t c, int e) {
+  const int ex = (c >> 3) & 0xF, m = c & 7;
+  const int mag = ex ? 8 + m : m;
+  const float v = static_cast<float>(mag) * pow2_normal((ex ? ex : 1) - 10 + e - 127);
+  return (c & 0x80) ? -v : v;
+}
+
+/// E2M1 nibble n: magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6} = {0, 1, 2, 3, 4, 6, 8, 12} / 2; code 8
+/// (-0) gives +0 as NeMo's table.
+DSV41RT_HOST_DEVICE inline float fp4_scaled_value(uint8_t n, int e) {
+  const int k = n & 7;
+  const int mag = k < 4 ? k : (k == 7 ? 12 : 4 + 2 * (k - 4));  // 0 1 2 3 4 6 8 12
+  const float v = static_cast<float>(mag) * pow2_normal(e - 128);
+  return (n & 8) && mag ? -v : v;
+}
+
 struct WeightView {
   const void* data = nullptr;
   const uint8_t* scale = nullptr;  ///< kFp8Block / kMxfp4 only

@@ -4,6 +4,7 @@
 // FP32, and exact in BF16 while they stay in BF16's normal range (every real checkpoint value).
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -26,14 +27,19 @@ __device__ __forceinline__ float weight_at(const WeightView& w, int64_t r, int64
   } else if constexpr (F == WeightFormat::kFp8Block) {
     const uint8_t code = static_cast<const uint8_t*>(w.data)[r * w.cols + c];
     const int64_t sc = (w.cols + w.block_cols - 1) / w.block_cols;
-    return __fmul_rn(fp8_e4m3_to_f32(code),
-                     e8m0_to_f32(w.scale[(r / w.block_rows) * sc + c / w.block_cols]));
+    const uint8_t e = w.scale[(r / w.block_rows) * sc + c / w.block_cols];
+    if (e >= kFp8FastScaleMin && e <= kFp8FastScaleMax && (code & 0x7F) != 0x7F) {
+      return fp8_scaled_value(code, e);
+    }
+    return __fmul_rn(fp8_e4m3_to_f32(code), e8m0_to_f32(e));
   } else {
     const uint8_t byte = static_cast<const uint8_t*>(w.data)[r * (w.cols / 2) + c / 2];
     const uint8_t code = (c & 1) ? uint8_t(byte >> 4) : uint8_t(byte & 0xF);
-    const float v = code == 8 ? 0.0f : fp4_e2m1_to_f32(code);
     const int64_t sc = (w.cols + kMxfp4WeightBlock - 1) / kMxfp4WeightBlock;
-    return __fmul_rn(v, e8m0_to_f32(w.scale[r * sc + c / kMxfp4WeightBlock]));
+    const uint8_t e = w.scale[r * sc + c / kMxfp4WeightBlock];
+    if (e >= kFp4FastScaleMin && e <= kFp4FastScaleMax) return fp4_scaled_value(code, e);
+    const float v = code == 8 ? 0.0f : fp4_e2m1_to_f32(code);
+    return __fmul_rn(v, e8m0_to_f32(e));
   }
 }
 
@@ -73,21 +79,33 @@ __device__ __forceinline__ uint4 weight_bf16x8(const WeightView& w, int64_t r, i
     const uint2 q =
         *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(w.data) + r * w.cols + c);
     const int64_t sc = (w.cols + w.block_cols - 1) / w.block_cols;
-    const float s = e8m0_to_f32(w.scale[(r / w.block_rows) * sc + c / w.block_cols]);
+    const uint8_t se = w.scale[(r / w.block_rows) * sc + c / w.block_cols];
+    // The fast exact decode and the hardware BF16 conversion (exact here) for every real scale;
+    // the general (branchy) path only for the rest and for NaN codes.
+    const bool fast = se >= kFp8FastScaleMin && se <= kFp8FastScaleMax;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const uint8_t code = uint8_t(((e < 4 ? q.x : q.y) >> (8 * (e % 4))) & 0xFF);
-      h[e] = f32_to_bf16(__fmul_rn(fp8_e4m3_to_f32(code), s));
+      if (fast && (code & 0x7F) != 0x7F) {
+        h[e] = __bfloat16_as_ushort(__float2bfloat16_rn(fp8_scaled_value(code, se)));
+      } else {
+        h[e] = f32_to_bf16(__fmul_rn(fp8_e4m3_to_f32(code), e8m0_to_f32(se)));
+      }
     }
   } else {
     const uint32_t q = *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(w.data) +
                                                           r * (w.cols / 2) + c / 2);
     const int64_t sc = (w.cols + kMxfp4WeightBlock - 1) / kMxfp4WeightBlock;
-    const float s = e8m0_to_f32(w.scale[r * sc + c / kMxfp4WeightBlock]);
+    const uint8_t se = w.scale[r * sc + c / kMxfp4WeightBlock];
+    const bool fast = se >= kFp4FastScaleMin && se <= kFp4FastScaleMax;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const uint8_t code = uint8_t((q >> (4 * e)) & 0xF);
-      h[e] = f32_to_bf16(__fmul_rn(code == 8 ? 0.0f : fp4_e2m1_to_f32(code), s));
+      if (fast) {
+        h[e] = __bfloat16_as_ushort(__float2bfloat16_rn(fp4_scaled_value(code, se)));
+      } else {
+        h[e] = f32_to_bf16(__fmul_rn(code == 8 ? 0.0f : fp4_e2m1_to_f32(code), e8m0_to_f32(se)));
+      }
     }
   }
   return make_uint4(h[0] | (uint32_t(h[1]) << 16), h[2] | (uint32_t(h[3]) << 16),
