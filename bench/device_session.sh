@@ -96,7 +96,7 @@ for step in ${STEPS:-tests}; do
       echo "generated in $(($(date +%s) - start)) s"
       echo "== executor benchmark (bench-40, precision bf16)"
       DSV41RT_COMMIT=$commit timeout "${BENCH_TIMEOUT:-420}" python3 -u bench/bench_executor.py --checkpoint /tmp/bench-40 \
-        --precision bf16 --prefill "${PREFILL:-1024,8192}" --contexts "${CONTEXTS:-4096,32768}" --batches "${BATCHES:-1,8,64}" \
+        --precision bf16 --prefill "${PREFILL-1024,8192}" --contexts "${CONTEXTS:-4096,32768}" --batches "${BATCHES:-1,8,64}" \
         --steps "${DECODE_STEPS:-5}" --repeats 3 --kv-memory $((22 << 30)) --token-budget 8192 --max-context 33000 \
         --out "$OUT/bench40.json" 2>&1 | tail -40
       nvidia-smi --query-gpu=memory.used --format=csv,noheader
