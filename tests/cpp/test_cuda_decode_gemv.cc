@@ -53,7 +53,7 @@ const char* name(WeightFormat f) {
   return f == WeightFormat::kBF16 ? "bf16" : (f == WeightFormat::kFp8Block ? "fp8" : "mxfp4");
 }
 
-class DecodeGemvTest : public CudaKernelTest {
+class BackendCudaDecodeGemv : public CudaKernelTest {
  protected:
   cudaStream_t stream() { return static_cast<cudaStream_t>(cuda().stream(0).handle); }
 
@@ -180,20 +180,20 @@ class DecodeGemvTest : public CudaKernelTest {
   }
 };
 
-TEST_F(DecodeGemvTest, Bf16) { format_suite(WeightFormat::kBF16, 0, 0); }
-TEST_F(DecodeGemvTest, Fp8Blocks32) { format_suite(WeightFormat::kFp8Block, 32, 32); }
-TEST_F(DecodeGemvTest, Fp8Blocks128) { format_suite(WeightFormat::kFp8Block, 128, 128); }
-TEST_F(DecodeGemvTest, Mxfp4) { format_suite(WeightFormat::kMxfp4, 0, 0); }
+TEST_F(BackendCudaDecodeGemv, Bf16) { format_suite(WeightFormat::kBF16, 0, 0); }
+TEST_F(BackendCudaDecodeGemv, Fp8Blocks32) { format_suite(WeightFormat::kFp8Block, 32, 32); }
+TEST_F(BackendCudaDecodeGemv, Fp8Blocks128) { format_suite(WeightFormat::kFp8Block, 128, 128); }
+TEST_F(BackendCudaDecodeGemv, Mxfp4) { format_suite(WeightFormat::kMxfp4, 0, 0); }
 
 // Scales far from real checkpoints' (2^-2 .. 2^23): the kernel's two-multiply decode path.
-TEST_F(DecodeGemvTest, LargeScales) {
+TEST_F(BackendCudaDecodeGemv, LargeScales) {
   run_and_check(Shape{3, 100, 256},
                 make_weights(WeightFormat::kFp8Block, 100, 256, 32, 32, 125, 150));
   run_and_check(Shape{3, 100, 256}, make_weights(WeightFormat::kMxfp4, 100, 256, 0, 0, 125, 150));
 }
 
 // Bitwise: eager twice, graph replay, and a token's row at m = 1 vs the same row inside m = 64.
-TEST_F(DecodeGemvTest, DeterministicAndIndependentOfM) {
+TEST_F(BackendCudaDecodeGemv, DeterministicAndIndependentOfM) {
   for (const WeightFormat f :
        {WeightFormat::kFp8Block, WeightFormat::kMxfp4, WeightFormat::kBF16}) {
     SCOPED_TRACE(name(f));
@@ -213,7 +213,7 @@ TEST_F(DecodeGemvTest, DeterministicAndIndependentOfM) {
   }
 }
 
-TEST_F(DecodeGemvTest, ScaleNanPropagates) {
+TEST_F(BackendCudaDecodeGemv, ScaleNanPropagates) {
   HostWeights hw = make_weights(WeightFormat::kFp8Block, 64, 64, 32, 32);
   hw.scale[2] = 255;  // block (1, 0): rows 32..63, columns 0..31
   const Shape s{2, 64, 64};
@@ -224,7 +224,7 @@ TEST_F(DecodeGemvTest, ScaleNanPropagates) {
   }
 }
 
-TEST_F(DecodeGemvTest, RejectsUnsupported) {
+TEST_F(BackendCudaDecodeGemv, RejectsUnsupported) {
   const HostWeights hw = make_weights(WeightFormat::kFp8Block, 64, 64, 32, 32);
   Buffer<float> x = upload(cuda(), normal(65 * 64));
   Buffer<uint8_t> w = upload(cuda(), hw.data), sc = upload(cuda(), hw.scale);

@@ -64,7 +64,7 @@ float up_f(double v) {
   return double(f) < v ? std::nextafter(f, INFINITY) : f;
 }
 
-class CudaMoeDecode : public CudaKernelTest {
+class BackendCudaMoeDecode : public CudaKernelTest {
  protected:
   cudaStream_t stream() { return static_cast<cudaStream_t>(cuda().stream(0).handle); }
 
@@ -316,7 +316,7 @@ std::string name(const Problem& p) {
          " limit=" + std::to_string(p.limit);
 }
 
-TEST_F(CudaMoeDecode, RoutedMxfp4SharedFp8) {
+TEST_F(BackendCudaMoeDecode, RoutedMxfp4SharedFp8) {
   DSV41RT_SKIP_WITHOUT_CUDA();
   for (const Shape sh : {Shape{8, 2, 64, 32}, Shape{32, 6, 256, 96}, Shape{32, 6, 5120, 2304}}) {
     for (const int64_t S : {1, 2, 8, 33, 64}) {
@@ -332,7 +332,7 @@ TEST_F(CudaMoeDecode, RoutedMxfp4SharedFp8) {
   }
 }
 
-TEST_F(CudaMoeDecode, RoutedBf16SharedBf16) {
+TEST_F(BackendCudaMoeDecode, RoutedBf16SharedBf16) {
   DSV41RT_SKIP_WITHOUT_CUDA();
   for (const Shape sh : {Shape{8, 2, 64, 32}, Shape{32, 6, 256, 96}}) {
     for (const int64_t S : {1, 2, 8, 33, 64}) {
@@ -346,7 +346,7 @@ TEST_F(CudaMoeDecode, RoutedBf16SharedBf16) {
 
 // The two-multiply decode path: scales whose 2^(e-1) (E2M1) / 2^(e-7) (E4M3) is no BF16, plus a
 // shared expert with I_shared != I, in FP8 routed + MXFP4 shared (formats swapped).
-TEST_F(CudaMoeDecode, LargeScalesAndSwappedFormats) {
+TEST_F(BackendCudaMoeDecode, LargeScalesAndSwappedFormats) {
   DSV41RT_SKIP_WITHOUT_CUDA();
   for (const int64_t S : {1, 8, 64}) {
     Problem q = problem(S, 8, 2, 64, 64, 0, WeightFormat::kFp8Block, WeightFormat::kMxfp4, 10);
@@ -364,7 +364,7 @@ TEST_F(CudaMoeDecode, LargeScalesAndSwappedFormats) {
   }
 }
 
-TEST_F(CudaMoeDecode, NoSharedExpertAndSkippedIds) {
+TEST_F(BackendCudaMoeDecode, NoSharedExpertAndSkippedIds) {
   DSV41RT_SKIP_WITHOUT_CUDA();
   for (const int64_t S : {1, 2, 8, 33, 64}) {
     Problem p = problem(S, 32, 6, 256, 96, 0, WeightFormat::kMxfp4, WeightFormat::kMxfp4, 10);
@@ -379,7 +379,7 @@ TEST_F(CudaMoeDecode, NoSharedExpertAndSkippedIds) {
   }
 }
 
-TEST_F(CudaMoeDecode, RepeatedExperts) {
+TEST_F(BackendCudaMoeDecode, RepeatedExperts) {
   DSV41RT_SKIP_WITHOUT_CUDA();
   for (const int64_t S : {1, 8, 33, 64}) {
     // All tokens on expert 5, every slot (S * k pairs on one expert, within tokens too).
@@ -397,7 +397,7 @@ TEST_F(CudaMoeDecode, RepeatedExperts) {
   }
 }
 
-TEST_F(CudaMoeDecode, DeterministicAndGraphSafe) {
+TEST_F(BackendCudaMoeDecode, DeterministicAndGraphSafe) {
   DSV41RT_SKIP_WITHOUT_CUDA();
   const Problem p =
       problem(64, 32, 6, 256, 96, 96, WeightFormat::kMxfp4, WeightFormat::kFp8Block, 10);
@@ -419,7 +419,7 @@ TEST_F(CudaMoeDecode, DeterministicAndGraphSafe) {
   }
 }
 
-TEST_F(CudaMoeDecode, RejectsUnsupported) {
+TEST_F(BackendCudaMoeDecode, RejectsUnsupported) {
   DSV41RT_SKIP_WITHOUT_CUDA();
   const Problem p = problem(4, 8, 2, 64, 32, 32, WeightFormat::kMxfp4, WeightFormat::kFp8Block, 0);
   kc::MoeDecode d = setup(p);
