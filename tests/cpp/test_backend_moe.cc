@@ -32,9 +32,11 @@ TEST_P(BackendMoe, RouteTopKOfSqrtSoftplusPlusBias) {
   struct Case {
     int64_t S, H, E, k;
   };
-  // The last case is the release's router: 384 experts, 6 per token.
-  for (const Case c :
-       {Case{64, 96, 16, 4}, Case{7, 32, 8, 1}, Case{33, 64, 32, 6}, Case{5, 4096, 384, 6}}) {
+  // bench-40's router (32 experts over H 5120), H with a tail past the last chunk of 8 (and not a
+  // multiple of 4: the CUDA kernel's scalar staging), and the release's router: 384 experts, 6 per
+  // token (the CUDA kernel stages those rows in several column chunks).
+  for (const Case c : {Case{64, 96, 16, 4}, Case{7, 32, 8, 1}, Case{33, 64, 32, 6},
+                       Case{2, 5120, 32, 6}, Case{3, 1029, 40, 5}, Case{5, 4096, 384, 6}}) {
     const int64_t S = c.S, H = c.H, E = c.E, k = c.k, tie = E / 2;
     std::vector<float> x = normal(S * H), gate = normal(E * H, H < 1000 ? 0.2 : 0.02),
                        bias = normal(E, 0.2);
@@ -112,6 +114,35 @@ TEST_P(BackendMoe, RouteTopKOfSqrtSoftplusPlusBias) {
       }
     }
   }
+}
+
+// NaN choices follow the CPU's scan literally (best = first untaken, replaced only by a strictly
+// greater choice): a NaN first untaken expert is taken, a NaN later one never displaces a number,
+// and a token whose choices are all NaN takes experts 0, 1, ... in order.
+TEST_P(BackendMoe, RouteNaNChoicesFollowTheScan) {
+  const int64_t S = 3, H = 64, E = 32, k = 6;
+  std::vector<float> x = normal(S * H), gate = normal(E * H, 0.2);
+  std::fill_n(&gate[0], H, NAN);      // expert 0: NaN for every token, and first in the scan
+  std::fill_n(&gate[9 * H], H, NAN);  // expert 9: NaN, never first while 0..8 are untaken
+  x[2 * H + 5] = NAN;                 // token 2: every choice NaN
+  auto run = [&](Backend& b) {
+    Buffer<float> dx = upload(b, x), dg = upload(b, gate);
+    Buffer<int32_t> idx = poisoned<int32_t>(b, S * k, kIndexPoison);
+    Buffer<float> weight = poisoned<float>(b, S * k);
+    b.moe_route(dx.get(), dg.get(), nullptr, S, H, E, k, 1.0f, true, idx.get(), weight.get(),
+                b.stream(0));
+    return idx.download();
+  };
+  const std::vector<int32_t> idx = run(backend());
+  if (on_cuda()) {
+    EXPECT_TRUE(bitwise_equal(idx, run(cpu())));
+    return;
+  }
+  for (int64_t t = 0; t < 2; ++t) {
+    EXPECT_EQ(idx[t * k], 0) << "token " << t;
+    for (int64_t j = 1; j < k; ++j) EXPECT_NE(idx[t * k + j], 9) << "token " << t;
+  }
+  for (int64_t j = 0; j < k; ++j) EXPECT_EQ(idx[2 * k + j], j);
 }
 
 TEST_P(BackendMoe, ExpertsOnEveryWeightPath) {

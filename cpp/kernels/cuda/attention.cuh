@@ -3,9 +3,11 @@
 //   out [S, n_heads, D] (device pointers; out must not alias the inputs).
 // Indices outside [-1, T) are device data the launcher cannot check: the kernel skips them like
 // -1 (never reads out of bounds); the CPU reference rejects them instead. A query with no valid
-// index gets a zero output. Each (query, head) splits its K keys over a cluster of 8 blocks
-// (fixed, so a row's result does not depend on the batch) whose partial softmax sums are combined
-// in rank order: FP32 sums in another order than the CPU's, ~1e-6 relative. D <= 8192.
+// index gets a zero output. A block serves 8 heads of a query (each key row is read once for all
+// of them) and each query's K keys are split over a cluster of 8 blocks (fixed, so a row's result
+// does not depend on the batch) whose partial softmax sums are combined in rank order: FP32 sums
+// in another order than the CPU's, ~1e-6 relative. Requires D <= 512 and D % 4 == 0
+// (cudaErrorInvalidValue otherwise; V4 and V4.1 have D = 512).
 #pragma once
 
 #include <cuda_runtime_api.h>

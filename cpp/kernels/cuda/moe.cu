@@ -11,14 +11,6 @@ namespace {
 
 constexpr int kWarp = 32;
 
-// torch softplus(threshold 20) as the CPU computes it (log1pf(expf(x))): each step goes through
-// FP64 and is rounded to FP32, which reproduces correctly rounded expf / log1pf.
-__device__ float softplus_ref(float x) {
-  if (x > 20.0f) return x;
-  const float e = static_cast<float>(exp(static_cast<double>(x)));
-  return static_cast<float>(log1p(static_cast<double>(e)));
-}
-
 __device__ __forceinline__ float widen(float v) { return v; }
 
 // Warp-wide FP32 dot product of a[0, n) and b[0, n) (order differs from the CPU; values only).
@@ -39,86 +31,6 @@ __device__ float warp_dot_row(const float* a, const WeightView& w, int64_t row, 
   for (int64_t c = lane; c < n; c += kWarp) acc += a[c] * weight_at<F>(w, row, c);
   for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   return acc;
-}
-
-// One block per token (grid-stride). Groups of 8 lanes compute one expert's logit with the CPU's
-// exact summation (kernels/cpu/linear.cc `dot`: lane j accumulates elements i + j of every full
-// chunk of 8, then ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)) + tail), all with explicit _rn intrinsics so
-// nvcc cannot contract into FMAs (the CPU build has no FMA). Thread 0 then does the CPU's k-pass
-// strict-greater scan and the weights.
-__global__ void moe_route_kernel(const float* __restrict__ x, const float* __restrict__ gate_w,
-                                 const float* __restrict__ bias, int64_t S, int64_t H, int64_t E,
-                                 int64_t k, float scale, bool normalize, int32_t* __restrict__ idx,
-                                 float* __restrict__ weight) {
-  extern __shared__ float smem[];
-  float* s_sh = smem;                                                     // [E] unbiased scores
-  float* choice_sh = smem + E;                                            // [E] s + bias
-  unsigned char* taken = reinterpret_cast<unsigned char*>(smem + 2 * E);  // [E]
-  const int group = threadIdx.x / 8, j = threadIdx.x % 8;
-  const int groups = blockDim.x / 8;
-  const unsigned gmask = 0xFFu << ((threadIdx.x % kWarp) & ~7);
-  const int64_t nfull = H / 8 * 8;
-  for (int64_t t = blockIdx.x; t < S; t += gridDim.x) {
-    const float* xr = x + t * H;
-    for (int64_t e = group; e < E; e += groups) {
-      const float* wr = gate_w + e * H;
-      float acc = 0.0f;
-      // The loads of kBatch chunks are issued together (they do not depend on acc; a plain loop
-      // waited on each pair in turn: 66 us per token at H 5120), then added in the CPU's order.
-      constexpr int kBatch = 16;
-      for (int64_t i0 = 0; i0 < nfull; i0 += 8 * kBatch) {
-        float xv[kBatch], wv[kBatch];
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int64_t i = i0 + 8 * u;
-          xv[u] = i < nfull ? xr[i + j] : 0.0f;
-          wv[u] = i < nfull ? wr[i + j] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          if (i0 + 8 * u < nfull) acc = __fadd_rn(acc, __fmul_rn(xv[u], wv[u]));
-        }
-      }
-      float a[8];
-#pragma unroll
-      for (int m = 0; m < 8; ++m) a[m] = __shfl_sync(gmask, acc, m, 8);
-      if (j == 0) {
-        float tail = 0.0f;
-        for (int64_t i = nfull; i < H; ++i) tail = __fadd_rn(tail, __fmul_rn(xr[i], wr[i]));
-        const float logit =
-            __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(a[0], a[1]), __fadd_rn(a[2], a[3])),
-                                __fadd_rn(__fadd_rn(a[4], a[5]), __fadd_rn(a[6], a[7]))),
-                      tail);
-        const float s = __fsqrt_rn(softplus_ref(logit));
-        s_sh[e] = s;
-        choice_sh[e] = bias ? __fadd_rn(s, bias[e]) : s;
-        taken[e] = 0;
-      }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int32_t* it = idx + t * k;
-      float* wt = weight + t * k;
-      for (int64_t jj = 0; jj < k; ++jj) {
-        int64_t best = -1;
-        for (int64_t e = 0; e < E; ++e) {
-          if (taken[e]) continue;
-          if (best < 0 || choice_sh[e] > choice_sh[best]) best = e;
-        }
-        taken[best] = 1;
-        it[jj] = static_cast<int32_t>(best);
-        wt[jj] = s_sh[best];
-      }
-      if (normalize && k > 1) {
-        float sum = 0.0f;
-        for (int64_t jj = 0; jj < k; ++jj) sum = __fadd_rn(sum, wt[jj]);
-        const float denom = __fadd_rn(sum, 1e-20f);
-        for (int64_t jj = 0; jj < k; ++jj) wt[jj] = __fdiv_rn(wt[jj], denom);
-      }
-      for (int64_t jj = 0; jj < k; ++jj) wt[jj] = __fmul_rn(wt[jj], scale);
-    }
-    __syncthreads();  // shared scores are rewritten by the next token
-  }
 }
 
 // The next routed slot of a token in ascending (expert id, slot) order after (prev_e, prev_j);
@@ -267,22 +179,6 @@ __global__ void moe_down_kernel(const int32_t* __restrict__ idx, int64_t S, int6
 int grid_for_rows(int64_t rows) { return static_cast<int>(rows < kMaxBlocks ? rows : kMaxBlocks); }
 
 }  // namespace
-
-cudaError_t moe_route(const float* x, const float* gate_w, const float* bias, int64_t S, int64_t H,
-                      int64_t E, int64_t k, float routed_scaling_factor, bool normalize,
-                      int32_t* idx, float* weight, cudaStream_t stream) {
-  if (S <= 0) return S == 0 ? cudaSuccess : cudaErrorInvalidValue;
-  if (H <= 0 || E <= 0 || k < 1 || k > E) return cudaErrorInvalidValue;
-  const size_t smem = size_t(E) * (2 * sizeof(float) + 1);
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        moe_route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-  }
-  moe_route_kernel<<<grid_for_rows(S), kThreads, smem, stream>>>(
-      x, gate_w, bias, S, H, E, k, routed_scaling_factor, normalize, idx, weight);
-  return launch_status();
-}
 
 namespace {
 

@@ -17,7 +17,9 @@ namespace dsv41rt::kernels::cuda {
 /// Score routing exactly as kernels::cpu::moe_route: the logits are the CPU's 8-lane FP32 dot
 /// products (same summation order, no FMA contraction), so expert selection matches the CPU
 /// bit for bit up to the last-ulp differences of exp / log1p (rounded through FP64 here).
-/// Requires 1 <= k <= E. One block per token; dynamic shared memory 9 * E bytes.
+/// Requires 1 <= k <= E <= 1024 (cudaErrorInvalidValue otherwise). A cluster of 8 blocks per
+/// token, each staging its experts' gate rows in up to 200 KB of dynamic shared memory
+/// (kernels/cuda/moe_route.cu says why).
 DSV41RT_API cudaError_t moe_route(const float* x, const float* gate_w, const float* bias, int64_t S,
                                   int64_t H, int64_t E, int64_t k, float routed_scaling_factor,
                                   bool normalize, int32_t* idx, float* weight, cudaStream_t stream);

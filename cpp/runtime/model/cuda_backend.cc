@@ -47,6 +47,18 @@ int parse_device(const std::string& d) {
 }
 
 cudaStream_t cs(Stream s) { return static_cast<cudaStream_t>(s.handle); }
+
+// Shapes the CUDA kernels do not take (kernels/cuda/attention.cuh, moe.cuh), refused at load
+// rather than at the first forward.
+void check_kernel_shapes(const ModelConfig& c) {
+  DSV41RT_CHECK_CODE(kUnsupported, c.head_dim <= 512 && c.head_dim % 4 == 0, c.source,
+                     ": head_dim ", c.head_dim,
+                     " is not supported on CUDA (sparse attention needs <= 512, a multiple of 4)");
+  int experts = c.n_routed_experts;
+  if (c.dspark) experts = std::max(experts, c.dspark->n_routed_experts);
+  DSV41RT_CHECK_CODE(kUnsupported, experts <= 1024, c.source, ": ", experts,
+                     " routed experts are not supported on CUDA (the router takes <= 1024)");
+}
 const float* f32(const Matrix& m) { return static_cast<const float*>(m.data); }
 
 class CudaGraph final : public BackendGraph {
@@ -74,6 +86,7 @@ class CudaBackend final : public Backend {
 
   BackendWeights load_weights(const ModelPlan& plan, ModelWeights& weights,
                               const std::vector<std::vector<float>>& inv_freq) override {
+    check_kernel_shapes(plan.config);
     BackendWeights w = upload_weights(plan, weights, inv_freq);
     size_gemv_workspaces(w);
     return w;
