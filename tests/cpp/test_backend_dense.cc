@@ -145,6 +145,29 @@ TEST_P(BackendDense, RmsNorm) {
   }
 }
 
+// A row's bits do not depend on how many rows there are (the CUDA backend takes a split kernel for
+// up to 64 rows and one block per row past that; both promise the same arithmetic).
+TEST_P(BackendDense, RmsNormRowsDoNotDependOnTheBatch) {
+  for (const int64_t dim : {int64_t(20480), int64_t(300), int64_t(5)}) {
+    const int64_t rows = 70;
+    const std::vector<float> x = normal(rows * dim), weight = normal(dim);
+    auto run = [&](const float* xs, int64_t n) {
+      Buffer<float> dx = upload(backend(), std::vector<float>(xs, xs + n * dim));
+      Buffer<float> dw = upload(backend(), weight);
+      Buffer<float> y = poisoned<float>(backend(), n * dim);
+      backend().rms_norm(dx.get(), dw.get(), n, dim, 1e-6f, y.get(), backend().stream(0));
+      return y.download();
+    };
+    const std::vector<float> all = run(x.data(), rows);
+    for (const int64_t r : {int64_t(0), int64_t(41), rows - 1}) {
+      const std::vector<float> alone = run(&x[r * dim], 1);
+      EXPECT_TRUE(bitwise_equal(
+          alone, std::vector<float>(all.begin() + r * dim, all.begin() + (r + 1) * dim)))
+          << "dim " << dim << " row " << r;
+    }
+  }
+}
+
 TEST_P(BackendDense, ApplyRopeForwardAndInverse) {
   struct Case {
     int64_t rows, heads, head_dim, rope_dim;

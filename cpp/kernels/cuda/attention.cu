@@ -1,4 +1,5 @@
 #include <cooperative_groups.h>
+#include <cuda_pipeline.h>
 
 #include <cmath>
 
@@ -13,12 +14,16 @@ namespace cg = cooperative_groups;
 // All heads of a query read the same key rows (one shared KV latent), so a block takes a group of
 // kHeadsPerBlock heads and reads each key once for all of them: the first version (one block per
 // head) read every key row 64 times at V4.1's 64 heads (72 us per layer at B 1, 4k context;
-// 346 us at B 8; 53% of a 4k prefill).
+// 346 us at B 8; 53% of a 4k prefill). The arithmetic is that version's, operation for operation
+// (same dot-product order, block reductions, FMA contractions), so each head's output is bitwise
+// what it gave while a rank has at most kSuperKeys keys (K <= 4096); past that the online
+// softmax rescales every kSuperKeys keys instead of every 1024.
 constexpr int kHeadsPerBlock = 8;  // = warps per block
 constexpr int kThreadsPerBlock = 32 * kHeadsPerBlock;
-constexpr int kChunkKeys = 32;  // keys staged per pass (one per lane in the softmax)
-constexpr int kMaxD = 512;      // 2 channels per thread in P·V, 4 float4 per lane in Q·K
-constexpr int kQuads = kMaxD / 128;
+constexpr int kChunkKeys = 32;   // key rows staged in shared memory at a time
+constexpr int kSuperKeys = 512;  // keys whose logits are held at once (one softmax pass)
+constexpr int kMaxD = 512;       // 2 channels per thread in P·V, 16 per lane in Q·K
+constexpr int kLaneD = kMaxD / 32;
 // A query's key list is split over a cluster of kKvSplit blocks (a constant, so a row's
 // summation order never depends on the batch): rank r takes keys [r * per, (r + 1) * per),
 // per = ceil(K / kKvSplit), and rank 0 combines the partials through distributed shared memory in
@@ -40,160 +45,189 @@ struct AttnShape {
   bool vec_stage;  // key arrays 16-byte aligned: float4 staging loads
 };
 
-// Copies the chunk's valid key rows into keys_sh [kChunkKeys][D] (invalid rows are not read and
-// not used); D % 4 == 0.
+// Copies key rows rows[0, n) (the valid ones) into keys_sh [kChunkKeys][D]; D % 4 == 0. Aligned
+// arrays go through cp.async (every 16-byte piece in flight at once, no registers); the caller's
+// __syncthreads() after it publishes the rows.
 __device__ void stage_keys(const float* kv, const float* kv2, const AttnShape& sh,
                            const int32_t* rows, int n, float* keys_sh) {
   const int q = int(sh.D / 4), total = n * q;  // <= 32 * 128
   auto src = [&](int32_t j) {
     return int64_t(j) < sh.T1 ? kv + int64_t(j) * sh.D : kv2 + (int64_t(j) - sh.T1) * sh.D;
   };
-  constexpr int kBatch = 4;
-  for (int base = threadIdx.x; base < total; base += blockDim.x * kBatch) {
-    float4 v[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int i = base + u * int(blockDim.x);
-      const int32_t j = i < total ? rows[i / q] : -1;
-      if (j < 0) continue;
-      const float* r = src(j) + 4 * (i % q);
-      v[u] =
-          sh.vec_stage ? *reinterpret_cast<const float4*>(r) : make_float4(r[0], r[1], r[2], r[3]);
+  if (sh.vec_stage) {
+    for (int i = threadIdx.x; i < total; i += blockDim.x) {
+      const int32_t j = rows[i / q];
+      if (j >= 0) __pipeline_memcpy_async(keys_sh + 4 * i, src(j) + 4 * (i % q), 16);
     }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int i = base + u * int(blockDim.x);
-      if (i < total && rows[i / q] >= 0) reinterpret_cast<float4*>(keys_sh)[i] = v[u];
-    }
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    return;
+  }
+  for (int i = threadIdx.x; i < total; i += blockDim.x) {
+    const int32_t j = rows[i / q];
+    if (j < 0) continue;
+    const float* r = src(j) + 4 * (i % q);
+    reinterpret_cast<float4*>(keys_sh)[i] = make_float4(r[0], r[1], r[2], r[3]);
   }
 }
 
-// Block (query s, head group g; rank r). Per chunk of its keys: the row indices are staged
-// (invalid ones, -1 or outside [0, T), become -1 and are skipped) and the valid rows copied to
-// shared memory; warp w computes the logits of heads 4(w & 1) .. +3 for keys i ≡ w >> 1 (mod 4)
-// (lane-strided float4 products, then a butterfly sum); warp w then runs the online softmax of
-// head w over the chunk (lane = key; running max m_run, -inf before any valid key, and denom =
-// Σ exp(l - m_run)); thread t adds the chunk to channels 2t, 2t + 1 of all the group's heads.
+// Block (query s, head group g; rank r). Per super-chunk of up to kSuperKeys of its keys:
+//  1. the row indices are staged (invalid ones, -1 or outside [0, T), become -1 and are skipped);
+//  2. Q·K, 32 key rows at a time through shared memory: warp w computes the logits of heads
+//     4(w & 1) .. +3 for keys i ≡ w >> 1 (mod 4), lane-strided (lane d, d + 32, ...) and a
+//     butterfly sum;
+//  3. per head, the max m_new (with the previous super-chunks'), probabilities in place, and
+//     their sum (thread-strided partials, warp butterflies, warps in order); running state m_run
+//     (-inf before any valid key) and denom = Σ exp(l - m_run);
+//  4. P·V, the key rows staged again: thread t adds keys in order to channels 2t, 2t + 1 of every
+//     head (after rescaling them to m_new).
 // Rank 0 then takes the sink into the max, m = max(sink, m_0 .. m_7), and writes
 // out = Σ_r o_r · exp(m_r - m) / (exp(sink - m) + Σ_r denom_r · exp(m_r - m)), ranks in order.
 __global__ void __cluster_dims__(1, kKvSplit, 1) __launch_bounds__(kThreadsPerBlock, 2)
     sparse_attention_kernel(const float* __restrict__ q, const float* __restrict__ kv,
                             const float* __restrict__ kv2, const int32_t* __restrict__ indices,
                             const float* __restrict__ sink, AttnShape sh, float* __restrict__ out) {
-  extern __shared__ float4 keys4[];  // [kChunkKeys][D / 4], then o_sh
-  float* keys_sh = reinterpret_cast<float*>(keys4);
-  // The partial outputs [kHeadsPerBlock][D] live in shared memory between chunks (in registers
-  // they would stay live across Q·K and push the kernel past 128 registers).
-  float2* o_sh = reinterpret_cast<float2*>(keys_sh + kChunkKeys * sh.D);
-  __shared__ float prob[kHeadsPerBlock][kChunkKeys];  // logits, then probabilities
-  __shared__ int32_t rows[kChunkKeys];
-  __shared__ float rescale_sh[kHeadsPerBlock];
-  __shared__ float part_m[kHeadsPerBlock], part_l[kHeadsPerBlock];
+  extern __shared__ float smem[];
+  const int D = int(sh.D);
+  float* keys_sh = smem;                                            // [kChunkKeys][D]
+  float2* o_sh = reinterpret_cast<float2*>(smem + kChunkKeys * D);  // [heads][D / 2] partials
+  float* prob = smem + (kChunkKeys + kHeadsPerBlock) * D;           // [heads][kSuperKeys]
+  __shared__ int32_t rows[kSuperKeys];
+  __shared__ float red[kHeadsPerBlock][kHeadsPerBlock];  // [head][warp] partial sums
+  __shared__ float m_sh[kHeadsPerBlock], rescale_sh[kHeadsPerBlock], denom_sh[kHeadsPerBlock];
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = int(cluster.block_rank());
   const int64_t groups = (sh.H + kHeadsPerBlock - 1) / kHeadsPerBlock;
   const int64_t s = blockIdx.x / groups, h0 = (blockIdx.x % groups) * kHeadsPerBlock;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int quad = warp & 1, key_lane = warp >> 1;  // Q·K role
-  const int D = int(sh.D), dq = D / 4;
   const int32_t* idx = indices + s * sh.K;
   const int64_t per = (sh.K + kKvSplit - 1) / kKvSplit;
   const int64_t k0 = rank * per < sh.K ? rank * per : sh.K, k1 = k0 + per < sh.K ? k0 + per : sh.K;
-
-  // This warp's four heads' query channels 4 lane + 128 m .. + 3 (zero past D or H).
-  float4 qr[4][kQuads];
-#pragma unroll
-  for (int hh = 0; hh < 4; ++hh) {
-    const int64_t h = h0 + 4 * quad + hh;
-#pragma unroll
-    for (int m = 0; m < kQuads; ++m) {
-      const int c = lane + 32 * m;
-      qr[hh][m] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (h < sh.H && c < dq) {
-        const float* p = q + (s * sh.H + h) * D + 4 * c;
-        qr[hh][m] = make_float4(p[0], p[1], p[2], p[3]);
-      }
-    }
-  }
   const bool owns = 2 * int(threadIdx.x) < D;  // channels 2t, 2t + 1
+
   if (owns) {
-#pragma unroll
     for (int h = 0; h < kHeadsPerBlock; ++h)
       o_sh[h * (D / 2) + threadIdx.x] = make_float2(0.0f, 0.0f);
   }
-  float m_run = -INFINITY, denom = 0.0f;  // softmax state of head h0 + warp
+  if (threadIdx.x < kHeadsPerBlock) m_sh[threadIdx.x] = -INFINITY, denom_sh[threadIdx.x] = 0.0f;
 
-  for (int64_t base = k0; base < k1; base += kChunkKeys) {
-    const int n = static_cast<int>(k1 - base < kChunkKeys ? k1 - base : kChunkKeys);
-    if (threadIdx.x < kChunkKeys) {
-      const int32_t j = threadIdx.x < n ? idx[base + threadIdx.x] : -1;
-      rows[threadIdx.x] = (j >= 0 && int64_t(j) < sh.T) ? j : -1;
+  for (int64_t sbase = k0; sbase < k1; sbase += kSuperKeys) {
+    const int ns = static_cast<int>(k1 - sbase < kSuperKeys ? k1 - sbase : kSuperKeys);
+    for (int i = threadIdx.x; i < ns; i += blockDim.x) {
+      const int32_t j = idx[sbase + i];
+      rows[i] = (j >= 0 && int64_t(j) < sh.T) ? j : -1;
     }
-    __syncthreads();
-    stage_keys(kv, kv2, sh, rows, n, keys_sh);
-    __syncthreads();
-    for (int i = key_lane; i < n; i += 4) {
-      if (rows[i] < 0) continue;  // warp-uniform
-      float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    // Q·K. This warp's four heads' query channels lane + 32 t (zero past D or H).
+    float qr[4][kLaneD];
 #pragma unroll
-      for (int m = 0; m < kQuads; ++m) {
-        const int c = lane + 32 * m;
-        if (c >= dq) break;
-        const float4 k = keys4[i * dq + c];
+    for (int hh = 0; hh < 4; ++hh) {
+      const int64_t h = h0 + 4 * quad + hh;
+#pragma unroll
+      for (int t = 0; t < kLaneD; ++t) {
+        const int d = lane + 32 * t;
+        qr[hh][t] = h < sh.H && d < D ? q[(s * sh.H + h) * D + d] : 0.0f;
+      }
+    }
+    for (int c0 = 0; c0 < ns; c0 += kChunkKeys) {
+      const int n = ns - c0 < kChunkKeys ? ns - c0 : kChunkKeys;
+      __syncthreads();  // rows are published; the previous chunk's keys are consumed
+      stage_keys(kv, kv2, sh, rows + c0, n, keys_sh);
+      __syncthreads();
+      for (int i = key_lane; i < n; i += 4) {
+        if (rows[c0 + i] < 0) continue;  // warp-uniform
+        const float* kr = keys_sh + i * D;
+        float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int t = 0; t < kLaneD; ++t) {
+          const int d = lane + 32 * t;
+          if (d >= D) break;
+          const float k = kr[d];
+#pragma unroll
+          for (int hh = 0; hh < 4; ++hh) a[hh] += qr[hh][t] * k;
+        }
 #pragma unroll
         for (int hh = 0; hh < 4; ++hh) {
-          a[hh] += qr[hh][m].x * k.x;
-          a[hh] += qr[hh][m].y * k.y;
-          a[hh] += qr[hh][m].z * k.z;
-          a[hh] += qr[hh][m].w * k.w;
+          const float l = warp_sum(a[hh]);
+          if (lane == 0) prob[(4 * quad + hh) * kSuperKeys + c0 + i] = l * sh.scale;
         }
       }
-#pragma unroll
-      for (int hh = 0; hh < 4; ++hh) {
-        const float l = warp_sum(a[hh]);
-        if (lane == 0) prob[4 * quad + hh][i] = l * sh.scale;
+    }
+    __syncthreads();
+    // Softmax state per head: the max (exact in any order), then probabilities and their sum.
+    {
+      float cm = -INFINITY;
+      for (int i = lane; i < ns; i += 32) {
+        if (rows[i] >= 0) cm = fmaxf(cm, prob[warp * kSuperKeys + i]);
+      }
+      cm = warp_max(cm);
+      if (lane == 0) {
+        const float m_run = m_sh[warp], m_new = fmaxf(m_run, cm);
+        // m_new == m_run also covers m_run = m_new = -inf (no valid key yet): keep 1. A first
+        // valid key after none gives expf(-inf) = 0 on an all-zero partial.
+        rescale_sh[warp] = m_new == m_run ? 1.0f : expf(m_run - m_new);
+        m_sh[warp] = m_new;
       }
     }
     __syncthreads();
     {
-      const bool valid = lane < n && rows[lane] >= 0;
-      const float l = valid ? prob[warp][lane] : -INFINITY;
-      const float m_new = fmaxf(m_run, warp_max(l));
-      // m_new == m_run also covers m_run = m_new = -inf (no valid key yet): keep 1. A first valid
-      // key after none gives expf(-inf) = 0 on an all-zero partial.
-      const float rescale = m_new == m_run ? 1.0f : expf(m_run - m_new);
-      const float p = valid ? expf(l - m_new) : 0.0f;
-      denom = denom * rescale + warp_sum(p);
-      m_run = m_new;
-      prob[warp][lane] = p;
-      if (lane == 0) rescale_sh[warp] = rescale;
-    }
-    __syncthreads();
-    if (owns) {
-      float2 acc[kHeadsPerBlock];
+      float psum[kHeadsPerBlock];
 #pragma unroll
       for (int h = 0; h < kHeadsPerBlock; ++h) {
-        acc[h] = o_sh[h * (D / 2) + threadIdx.x];
-        acc[h].x *= rescale_sh[h];
-        acc[h].y *= rescale_sh[h];
+        psum[h] = 0.0f;
+        const float m_new = m_sh[h];
+        for (int i = threadIdx.x; i < ns; i += blockDim.x) {
+          const float p = rows[i] >= 0 ? expf(prob[h * kSuperKeys + i] - m_new) : 0.0f;
+          prob[h * kSuperKeys + i] = p;
+          psum[h] += p;
+        }
+        psum[h] = warp_sum(psum[h]);
       }
+      if (lane == 0) {
+#pragma unroll
+        for (int h = 0; h < kHeadsPerBlock; ++h) red[h][warp] = psum[h];
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < kHeadsPerBlock) {
+      const int h = threadIdx.x;
+      float r = red[h][0];
+      for (int w = 1; w < kHeadsPerBlock; ++w) r = r + red[h][w];
+      denom_sh[h] = denom_sh[h] * rescale_sh[h] + r;
+    }
+    // P·V over the same keys, staged again.
+    float2 acc[kHeadsPerBlock];
+    if (owns) {
+#pragma unroll
+      for (int h = 0; h < kHeadsPerBlock; ++h) {
+        const float2 o = o_sh[h * (D / 2) + threadIdx.x];
+        acc[h] = make_float2(o.x * rescale_sh[h], o.y * rescale_sh[h]);
+      }
+    }
+    for (int c0 = 0; c0 < ns; c0 += kChunkKeys) {
+      const int n = ns - c0 < kChunkKeys ? ns - c0 : kChunkKeys;
+      __syncthreads();  // the previous chunk's keys are consumed
+      stage_keys(kv, kv2, sh, rows + c0, n, keys_sh);
+      __syncthreads();
+      if (!owns) continue;
       const float2* keys2 = reinterpret_cast<const float2*>(keys_sh);
       for (int i = 0; i < n; ++i) {
-        if (rows[i] < 0) continue;  // block-uniform
+        if (rows[c0 + i] < 0) continue;  // block-uniform
         const float2 v = keys2[i * (D / 2) + threadIdx.x];
 #pragma unroll
         for (int h = 0; h < kHeadsPerBlock; ++h) {
-          const float p = prob[h][i];
+          const float p = prob[h * kSuperKeys + c0 + i];
           acc[h].x += p * v.x;
           acc[h].y += p * v.y;
         }
       }
+    }
+    if (owns) {
 #pragma unroll
       for (int h = 0; h < kHeadsPerBlock; ++h) o_sh[h * (D / 2) + threadIdx.x] = acc[h];
     }
-    __syncthreads();  // the next chunk overwrites rows, keys and probabilities
+    __syncthreads();  // the next super-chunk overwrites rows and probabilities
   }
-  if (lane == 0) part_m[warp] = m_run, part_l[warp] = denom;
   cluster.sync();  // every partial is complete and visible to rank 0
   if (rank == 0) {
     for (int hh = 0; hh < kHeadsPerBlock && h0 + hh < sh.H; ++hh) {
@@ -202,14 +236,14 @@ __global__ void __cluster_dims__(1, kKvSplit, 1) __launch_bounds__(kThreadsPerBl
       float m = sink[h];
 #pragma unroll
       for (int r = 0; r < kKvSplit; ++r) {
-        ms[r] = *cluster.map_shared_rank(&part_m[hh], r);
+        ms[r] = *cluster.map_shared_rank(&m_sh[hh], r);
         m = fmaxf(m, ms[r]);
       }
       float total = m == -INFINITY ? 1.0f : expf(sink[h] - m);  // -inf max: no key, zero output
 #pragma unroll
       for (int r = 0; r < kKvSplit; ++r) {
         f[r] = ms[r] == -INFINITY ? 0.0f : expf(ms[r] - m);
-        total += *cluster.map_shared_rank(&part_l[hh], r) * f[r];
+        total += *cluster.map_shared_rank(&denom_sh[hh], r) * f[r];
       }
       const float inv = 1.0f / total;
       if (owns) {
@@ -243,7 +277,9 @@ cudaError_t sparse_attention_split(const float* q, const float* kv_a, int64_t T_
   const bool vec =
       reinterpret_cast<uintptr_t>(kv_a) % 16 == 0 && reinterpret_cast<uintptr_t>(kv_b) % 16 == 0;
   const AttnShape sh{n_heads, D, T_a, T_a + T_b, K, scale, vec};
-  const size_t smem = size_t(kChunkKeys + kHeadsPerBlock) * size_t(D) * sizeof(float);
+  const size_t smem =
+      (size_t(kChunkKeys + kHeadsPerBlock) * size_t(D) + size_t(kHeadsPerBlock) * kSuperKeys) *
+      sizeof(float);
   const cudaError_t attr = cudaFuncSetAttribute(
       sparse_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr != cudaSuccess) return attr;
