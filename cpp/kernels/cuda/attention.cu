@@ -26,7 +26,7 @@ constexpr int kMaxD = 512;       // 2 channels per thread in P·V, 16 per lane i
 constexpr int kLaneD = kMaxD / 32;
 // A query's key list is split over a cluster of kKvSplit blocks (a constant, so a row's
 // summation order never depends on the batch): rank r takes keys [r * per, (r + 1) * per),
-// per = ceil(K / kKvSplit), and rank 0 combines the partials through distributed shared memory in
+// per = ceil(K / kKvSplit), and the partials are combined through distributed shared memory in
 // rank order.
 constexpr int kKvSplit = 8;
 
@@ -81,7 +81,7 @@ __device__ void stage_keys(const float* kv, const float* kv2, const AttnShape& s
 //     (-inf before any valid key) and denom = Σ exp(l - m_run);
 //  4. P·V, the key rows staged again: thread t adds keys in order to channels 2t, 2t + 1 of every
 //     head (after rescaling them to m_new).
-// Rank 0 then takes the sink into the max, m = max(sink, m_0 .. m_7), and writes
+// Rank r then combines head h0 + r: the sink joins the max, m = max(sink, m_0 .. m_7), and writes
 // out = Σ_r o_r · exp(m_r - m) / (exp(sink - m) + Σ_r denom_r · exp(m_r - m)), ranks in order.
 __global__ void __cluster_dims__(1, kKvSplit, 1) __launch_bounds__(kThreadsPerBlock, 2)
     sparse_attention_kernel(const float* __restrict__ q, const float* __restrict__ kv,
@@ -228,9 +228,13 @@ __global__ void __cluster_dims__(1, kKvSplit, 1) __launch_bounds__(kThreadsPerBl
     }
     __syncthreads();  // the next super-chunk overwrites rows and probabilities
   }
-  cluster.sync();  // every partial is complete and visible to rank 0
-  if (rank == 0) {
-    for (int hh = 0; hh < kHeadsPerBlock && h0 + hh < sh.H; ++hh) {
+  cluster.sync();  // every partial is complete and visible to the cluster
+  // Rank r combines head h0 + r (one head per rank: the chain of remote reads runs on all ranks at
+  // once instead of eight times over on rank 0).
+  static_assert(kKvSplit == kHeadsPerBlock, "one head per rank in the combine");
+  {
+    const int hh = rank;
+    if (h0 + hh < sh.H) {
       const int64_t h = h0 + hh;
       float ms[kKvSplit], f[kKvSplit];
       float m = sink[h];
@@ -260,7 +264,7 @@ __global__ void __cluster_dims__(1, kKvSplit, 1) __launch_bounds__(kThreadsPerBl
       }
     }
   }
-  cluster.sync();  // rank 0 has read the other blocks' shared memory
+  cluster.sync();  // every rank has read the others' shared memory
 }
 
 }  // namespace

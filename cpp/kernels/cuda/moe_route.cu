@@ -6,10 +6,11 @@
 // to stream the whole gate matrix with a short run of loads in flight each: 69 us per token at
 // bench-40's E 32, H 5120 (0.66 MB), 2.8 ms of a 18 ms decode step. Here each token is a cluster of
 // kRouteSplit blocks; block r stages the rows of its experts [r * per, (r + 1) * per) chunk by
-// chunk into shared memory with wide coalesced loads (many bytes in flight), the lanes then walk
+// chunk into shared memory with cp.async (every piece in flight at once), the lanes then walk
 // shared memory in the CPU's order, and block 0 gathers every score through distributed shared
 // memory and runs the CPU's k-pass selection with one warp.
 #include <cooperative_groups.h>
+#include <cuda_pipeline.h>
 
 #include <climits>
 #include <cstdint>
@@ -25,7 +26,6 @@ namespace cg = cooperative_groups;
 constexpr int kRouteSplit = 8;            // blocks per token (a portable cluster size)
 constexpr int kMaxExpertsPerBlock = 128;  // 8 lanes each: 1024 threads
 constexpr int kRowPad = 8;                // floats of padding per staged row (bank spread)
-constexpr int kStageBatch = 8;            // float4 loads each thread issues before storing
 constexpr size_t kRouteSmemBudget = 200 * 1024;
 
 // torch softplus(threshold 20) as the CPU computes it (log1pf(expf(x))): each step goes through
@@ -50,21 +50,12 @@ __device__ void stage_chunk(const float* xr, const float* gate_w, const RouteSha
   auto src_row = [&](int64_t r) { return r == 0 ? xr : gate_w + (e0 + r - 1) * sh.H; };
   auto dst_row = [&](int64_t r) { return r == 0 ? xs : ws + (r - 1) * ld; };
   const int64_t total_rows = rows + 1;
-  if (sh.vec4) {
+  if (sh.vec4) {  // cp.async: every 16-byte piece in flight at once, no registers
     const int64_t q = n / 4, total = total_rows * q;
-    for (int64_t base = threadIdx.x; base < total; base += int64_t(blockDim.x) * kStageBatch) {
-      float4 v[kStageBatch];
-#pragma unroll
-      for (int u = 0; u < kStageBatch; ++u) {
-        const int64_t i = base + int64_t(u) * blockDim.x;
-        if (i < total) v[u] = reinterpret_cast<const float4*>(src_row(i / q) + c0)[i % q];
-      }
-#pragma unroll
-      for (int u = 0; u < kStageBatch; ++u) {
-        const int64_t i = base + int64_t(u) * blockDim.x;
-        if (i < total) reinterpret_cast<float4*>(dst_row(i / q))[i % q] = v[u];
-      }
-    }
+    for (int64_t i = threadIdx.x; i < total; i += blockDim.x)
+      __pipeline_memcpy_async(dst_row(i / q) + 4 * (i % q), src_row(i / q) + c0 + 4 * (i % q), 16);
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
   } else {
     const int64_t total = total_rows * n;
     for (int64_t i = threadIdx.x; i < total; i += blockDim.x)
@@ -107,7 +98,18 @@ __global__ void __cluster_dims__(kRouteSplit, 1, 1)
       __syncthreads();
       if (g < rows) {
         const float* wr = ws + g * ld;
-        for (int64_t u = 0; u < n; u += 8) acc = __fadd_rn(acc, __fmul_rn(xs[u + j], wr[u + j]));
+        // kBatch products at a time (their shared-memory reads in flight together), then added in
+        // order: the same arithmetic as one product and add per step.
+        constexpr int kBatch = 16;
+        int64_t u = 0;
+        for (; u + 8 * kBatch <= n; u += 8 * kBatch) {
+          float p[kBatch];
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b) p[b] = __fmul_rn(xs[u + 8 * b + j], wr[u + 8 * b + j]);
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b) acc = __fadd_rn(acc, p[b]);
+        }
+        for (; u < n; u += 8) acc = __fadd_rn(acc, __fmul_rn(xs[u + j], wr[u + j]));
       }
     }
     if (g < rows) {  // whole groups of 8 lanes, aligned in their warp

@@ -76,9 +76,15 @@ __global__ void __cluster_dims__(kSplit, 1, 1)
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     float acc = 0.0f;
-    for (int64_t u = 0; u < passes; ++u) {
-      const float v = staged[u * 32 + lane];
-      if (u * kThreads + 32 * r + lane < dim) acc += v * v;
+    constexpr int kBatch = 8;  // reads in flight together, added in order
+    for (int64_t u0 = 0; u0 < passes; u0 += kBatch) {
+      float v[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) v[b] = u0 + b < passes ? staged[(u0 + b) * 32 + lane] : 0.0f;
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        if (u0 + b < passes && (u0 + b) * kThreads + 32 * r + lane < dim) acc += v[b] * v[b];
+      }
     }
     for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
     if (lane == 0) part = acc;
