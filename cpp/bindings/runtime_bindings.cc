@@ -91,7 +91,8 @@ void register_options(nb::module_& m) {
       .def_rw("max_num_seqs", &PoolOptions::max_num_seqs)
       .def_rw("max_num_batched_tokens", &PoolOptions::max_num_batched_tokens)
       .def_rw("max_model_len", &PoolOptions::max_model_len)
-      .def_rw("page_size", &PoolOptions::page_size);
+      .def_rw("page_size", &PoolOptions::page_size)
+      .def_rw("max_prefill_tokens_while_decoding", &PoolOptions::max_prefill_tokens_while_decoding);
   nb::class_<NumericsOptions>(m, "NumericsOptions")
       .def(nb::init<>())
       .def_rw("precision", &NumericsOptions::precision)

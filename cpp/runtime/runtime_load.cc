@@ -24,6 +24,9 @@ void check_options(const RuntimeOptions& o) {
   DSV41RT_CHECK(p.max_model_len >= 0, "max_model_len must be >= 0 (0: what the pool holds), got ",
                 p.max_model_len);
   DSV41RT_CHECK(p.page_size >= 1, "page_size must be >= 1, got ", p.page_size);
+  DSV41RT_CHECK(p.max_prefill_tokens_while_decoding >= 0,
+                "max_prefill_tokens_while_decoding must be >= 0 (0: no cap), got ",
+                p.max_prefill_tokens_while_decoding);
   const ParallelOptions& c = o.parallel;
   DSV41RT_CHECK(c.context_parallel_size >= 1 && c.context_parallel_size <= 64,
                 "context_parallel_size ", c.context_parallel_size, " must be in [1, 64]");
@@ -82,6 +85,7 @@ LoadedModel load_model(const RuntimeOptions& o) {
   m.engine.max_num_seqs = o.pool.max_num_seqs;
   m.engine.max_num_batched_tokens = o.pool.max_num_batched_tokens;
   m.engine.max_model_len = o.pool.max_model_len;
+  m.engine.max_prefill_tokens_while_decoding = o.pool.max_prefill_tokens_while_decoding;
   m.executor = model::make_executor(std::move(plan), std::move(weights), std::move(tables),
                                     executor_options(o));
   return m;

@@ -37,6 +37,7 @@ class RuntimeOptions:
     max_num_batched_tokens: int = 512
     max_model_len: int = 0
     page_size: int = 64
+    max_prefill_tokens_while_decoding: int = 0
     enforce_eager: bool = False
     multistream: bool = True
     context_parallel_size: int = 1
@@ -59,6 +60,11 @@ class RuntimeOptions:
         need(self.max_num_seqs >= 1, "max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
         need(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be >= 1")
         need(self.page_size >= 1, "page_size", f"must be >= 1, got {self.page_size}")
+        need(
+            self.max_prefill_tokens_while_decoding >= 0,
+            "max_prefill_tokens_while_decoding",
+            f"must be >= 0 (0: no cap), got {self.max_prefill_tokens_while_decoding}",
+        )
         need(1 <= self.context_parallel_size <= 64, "context_parallel_size", "must be in [1, 64]")
         need(
             self.context_parallel_backend != "nccl" or self.device != "cpu",
@@ -168,6 +174,12 @@ _ROWS = (
     ),
     Option("max_model_len", parse_size, "max_model_len", "prompt + output tokens per request; 0 = what the pool holds"),
     Option("page_size", parse_int, "page_size", "positions per KV page (a multiple of every compression ratio)"),
+    Option(
+        "max_prefill_tokens_while_decoding",
+        parse_int,
+        "",
+        "prefill tokens an engine step may carry while requests decode (bounds inter-token latency); 0 = no cap",
+    ),
     Option("enforce_eager", parse_bool, "enforce_eager", "CUDA: no decode CUDA graphs"),
     Option("multistream", parse_bool, "", "CUDA: window store, compressor and indexer on side streams"),
     Option("context_parallel_size", parse_int, "", "prefill split over this many ranks"),

@@ -79,6 +79,7 @@ def core_options(
     c.pool.max_num_batched_tokens = o.max_num_batched_tokens
     c.pool.max_model_len = o.max_model_len
     c.pool.page_size = o.page_size
+    c.pool.max_prefill_tokens_while_decoding = o.max_prefill_tokens_while_decoding
     c.numerics.precision = _core.Precision.__members__[o.precision]
     c.numerics.kv_cache_dtype = _core.KvCacheDtype.__members__[o.kv_cache_dtype]
     c.device.device = o.device

@@ -196,6 +196,49 @@ TEST(Scheduler, TokenBudgetSplitsDecodesAndChunkedPrefill) {
   expect_chunk(p.chunks[2], c, 20, 1, true);
 }
 
+// max_prefill_tokens_while_decoding caps the prefill tokens (running chunks and admissions
+// together) of a step that has decodes, and only such a step.
+TEST(Scheduler, PrefillCapWhileDecoding) {
+  KvPool pool(model::PoolGeometry{4, 0, 0}, 64, 8);
+  const SchedulerConfig config{
+      .max_num_seqs = 8, .max_num_batched_tokens = 64, .max_prefill_tokens_while_decoding = 5};
+  {
+    Scheduler alone(config, pool);  // nothing decodes: the step budget alone applies
+    const int64_t r = alone.submit(make_prompt(30, 1), 2);
+    StepPlan p = alone.schedule();
+    ASSERT_EQ(p.chunks.size(), 1u);
+    expect_chunk(p.chunks[0], r, 0, 30, true);
+    alone.abort(r);
+  }
+  Scheduler s(config, pool);
+  const int64_t a = s.submit(make_prompt(3, 1), 20);
+  StepPlan p = s.schedule();
+  ASSERT_EQ(p.chunks.size(), 1u);
+  s.complete(p);
+  s.append_token(a, 100);
+  const int64_t b = s.submit(make_prompt(20, 1), 4);
+  const int64_t c = s.submit(make_prompt(4, 1), 4);
+  for (int step = 0; step < 4; ++step) {  // b's prompt in chunks of 5 beside a's decodes; c waits
+    p = s.schedule();
+    ASSERT_EQ(p.chunks.size(), 2u) << "step " << step;
+    expect_chunk(p.chunks[0], a, 3 + step, 1, true);
+    expect_chunk(p.chunks[1], b, 5 * step, 5, step == 3);
+    EXPECT_FALSE(s.request(c).running);
+    s.complete(p);
+    s.append_token(a, 101 + step);
+    s.check_invariants();
+  }
+  s.append_token(b, 200);
+  p = s.schedule();  // two decodes, then c admitted within the cap
+  ASSERT_EQ(p.chunks.size(), 3u);
+  expect_chunk(p.chunks[0], a, 7, 1, true);
+  expect_chunk(p.chunks[1], b, 20, 1, true);
+  expect_chunk(p.chunks[2], c, 0, 4, true);
+  s.complete(p);
+  s.check_invariants();
+  EXPECT_THROW(Scheduler({.max_prefill_tokens_while_decoding = -1}, pool), Error);
+}
+
 TEST(Scheduler, LongPrefillIsChunkedAcrossSteps) {
   KvPool pool(model::PoolGeometry{16, 0, 0}, 64, 2);
   Scheduler s({.max_num_seqs = 2, .max_num_batched_tokens = 50}, pool);

@@ -71,6 +71,25 @@ def test_batch_invariance_with_staggered_arrival(tiny_v41_dir: str, alone: Runti
     assert s["finished"] == 16 and s["pages_used"] == 0 and s["slots_used"] == 0
 
 
+def test_prefill_cap_while_decoding_keeps_every_request_bitwise(tiny_v41_dir: str, alone: Runtime) -> None:
+    # Prompts arriving while others decode go in chunks of at most 8 tokens per step (the
+    # scheduler test pins the chunks); the tokens and logprobs must not notice.
+    prompts = [prompt(n, seed=300 + i) for i, n in enumerate((5, 90, 41, 17))]
+    rt = Runtime(tiny_v41_dir, max_num_batched_tokens=96, max_num_seqs=4, max_prefill_tokens_while_decoding=8)
+    ids = [rt.add_request(prompts[0], 12, ignore_eos=True)]
+    out: dict[int, list] = {}
+    for p in prompts[1:]:
+        for _ in range(2):
+            for o in rt.step():
+                out.setdefault(o.request_id, []).extend(zip(o.new_tokens, o.logprobs, strict=True))
+        ids.append(rt.add_request(p, 12, ignore_eos=True))
+    for i, pairs in run_with_logprobs(rt, ids).items():
+        out.setdefault(i, []).extend(pairs)
+    assert [out[i] for i in ids] == solo_with_logprobs(alone, prompts, 12)
+    with pytest.raises(Dsv41rtError, match="max-prefill-tokens-while-decoding: must be >= 0"):
+        Runtime(tiny_v41_dir, max_prefill_tokens_while_decoding=-1)
+
+
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded-sampling"])
 def test_exhausted_pool_queues_and_preempts_and_stays_correct(tiny_v41_dir: str, alone: Runtime, sampled: bool) -> None:
     probe = Runtime(tiny_v41_dir, page_size=16, max_num_seqs=8)

@@ -41,6 +41,8 @@ struct PoolOptions {
   int64_t max_num_batched_tokens = 512;    ///< tokens per engine step (prefill chunks + decodes)
   int64_t max_model_len = 0;               ///< prompt + output tokens per request; 0 = the pool
   int64_t page_size = 64;                  ///< positions per KV page (a multiple of every ratio)
+  /// prefill tokens an engine step may carry while requests decode; 0 = no cap
+  int64_t max_prefill_tokens_while_decoding = 0;
 };
 
 struct NumericsOptions {

@@ -14,7 +14,8 @@ class Engine::Impl {
       : exec_(std::move(executor)),
         config_(config),
         scheduler_(SchedulerConfig{std::min(config.max_num_seqs, exec_->pool().usage().slots_total),
-                                   config.max_num_batched_tokens, config.max_model_len},
+                                   config.max_num_batched_tokens, config.max_model_len,
+                                   config.max_prefill_tokens_while_decoding},
                    exec_->pool()) {}
 
   void check(const std::vector<int32_t>& prompt, const GenerationParams& params) const {

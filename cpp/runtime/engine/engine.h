@@ -23,6 +23,7 @@ struct EngineConfig {
   int64_t max_num_seqs = 64;             ///< requests running at once (also the pool's slot count)
   int64_t max_num_batched_tokens = 512;  ///< tokens per step
   int64_t max_model_len = 0;             ///< 0 = what the pool holds
+  int64_t max_prefill_tokens_while_decoding = 0;  ///< scheduler.h; 0 = no cap
 };
 
 struct GenerationParams {

@@ -28,6 +28,9 @@ Scheduler::Scheduler(SchedulerConfig config, KvPool& pool) : config_(config), po
                 config_.max_num_batched_tokens);
   DSV41RT_CHECK(config_.max_model_len >= 0, "scheduler: max_model_len must be >= 0, got ",
                 config_.max_model_len);
+  DSV41RT_CHECK(config_.max_prefill_tokens_while_decoding >= 0,
+                "scheduler: max_prefill_tokens_while_decoding must be >= 0, got ",
+                config_.max_prefill_tokens_while_decoding);
   const PoolUsage u = pool_.usage();
   DSV41RT_CHECK(u.pages_total >= 1 && u.slots_total >= 1,
                 "scheduler: the KV pool needs at least one page and one slot (has ", u.pages_total,
@@ -104,6 +107,15 @@ StepPlan Scheduler::schedule() {
   stats_.max_waiting_seen = std::max(stats_.max_waiting_seen, int64_t(waiting_.size()));
   int64_t budget = config_.max_num_batched_tokens;
 
+  // Prefill tokens this step may still take (steps 2 and 3): the step budget, capped once a decode
+  // is scheduled when max_prefill_tokens_while_decoding is set.
+  int64_t prefill_cap = -1;  // -1: no cap
+  int64_t prefill_used = 0;
+  std::vector<int64_t> decoding;  // requests with a decode chunk in this plan
+  auto prefill_room = [&] {
+    return prefill_cap < 0 ? budget : std::min(budget, prefill_cap - prefill_used);
+  };
+
   // Gets pages for tokens [0, end) of running request `r`, preempting others as needed. A victim
   // that already has a chunk in this plan loses it (and its budget comes back).
   auto secure_pages = [&](SchedRequest& r, int64_t end) {
@@ -114,6 +126,9 @@ StepPlan Scheduler::schedule() {
       for (auto it = plan.chunks.begin(); it != plan.chunks.end();) {
         if (it->request_id == victim) {
           budget += it->count;
+          if (std::find(decoding.begin(), decoding.end(), victim) == decoding.end()) {
+            prefill_used -= it->count;
+          }
           it = plan.chunks.erase(it);
         } else {
           ++it;
@@ -122,10 +137,15 @@ StepPlan Scheduler::schedule() {
     }
     return true;
   };
-  auto add_chunk = [&](const SchedRequest& r, int64_t count) {
+  auto add_chunk = [&](const SchedRequest& r, int64_t count, bool decode) {
     const int64_t known = static_cast<int64_t>(r.tokens.size());
     plan.chunks.push_back({r.id, r.computed, count, r.computed + count == known});
     budget -= count;
+    if (decode) {
+      decoding.push_back(r.id);
+    } else {
+      prefill_used += count;
+    }
   };
 
   // 1. Decodes (one token each), admission order. running_ may shrink under us: iterate a copy.
@@ -135,27 +155,30 @@ StepPlan Scheduler::schedule() {
     SchedRequest& r = requests_.at(id);
     if (!r.running) continue;  // preempted earlier in this step
     if (int64_t(r.tokens.size()) - r.computed != 1) continue;
-    if (secure_pages(r, r.computed + 1)) add_chunk(r, 1);
+    if (secure_pages(r, r.computed + 1)) add_chunk(r, 1, /*decode=*/true);
+  }
+  if (!decoding.empty() && config_.max_prefill_tokens_while_decoding > 0) {
+    prefill_cap = config_.max_prefill_tokens_while_decoding;
   }
   // 2. Prefill chunks of running requests, admission order.
   for (int64_t id : order) {
-    if (budget < 1) break;
+    if (prefill_room() < 1) break;
     SchedRequest& r = requests_.at(id);
     if (!r.running) continue;
     const int64_t remaining = int64_t(r.tokens.size()) - r.computed;
     if (remaining <= 1) continue;
-    const int64_t count = std::min(budget, remaining);
-    if (secure_pages(r, r.computed + count)) add_chunk(r, count);
+    const int64_t count = std::min(prefill_room(), remaining);
+    if (secure_pages(r, r.computed + count)) add_chunk(r, count, /*decode=*/false);
   }
   // 3. Admissions, strictly FIFO, without preempting anyone.
   const int64_t max_num_seqs = std::min(config_.max_num_seqs, pool_.usage().slots_total);
-  while (budget >= 1 && !waiting_.empty() && int64_t(running_.size()) < max_num_seqs) {
+  while (prefill_room() >= 1 && !waiting_.empty() && int64_t(running_.size()) < max_num_seqs) {
     const int64_t id = waiting_.front();
     if (std::find(plan.preempted.begin(), plan.preempted.end(), id) != plan.preempted.end()) {
       break;  // preempted in this very step: wait for the next one
     }
     SchedRequest& r = requests_.at(id);
-    const int64_t count = std::min(budget, int64_t(r.tokens.size()) - r.computed);
+    const int64_t count = std::min(prefill_room(), int64_t(r.tokens.size()) - r.computed);
     if (pool_.free_slot_count() < 1) break;
     if (!pool_.ensure_pages(r.pages, r.computed + count)) break;
     r.slot = pool_.alloc_slot();
@@ -164,7 +187,7 @@ StepPlan Scheduler::schedule() {
     waiting_.pop_front();
     running_.push_back(id);
     ++stats_.admitted;
-    add_chunk(r, count);
+    add_chunk(r, count, /*decode=*/false);
   }
   return plan;
 }

@@ -7,6 +7,10 @@
 //   2. Running requests still prefilling continue in chunks (admission order) while budget remains.
 //   3. Waiting requests are admitted FIFO while budget, a free slot and the pages for their next
 //      chunk are available; a request is never admitted out of FIFO order.
+//   When step 1 scheduled any decode, steps 2 and 3 together take at most
+//   max_prefill_tokens_while_decoding tokens (0 = no cap beyond the step budget): a prefill chunk
+//   lengthens the step every decoding request waits on, so this bounds inter-token latency while
+//   prompts arrive, at the cost of their time to first token.
 //   Each scheduled chunk's pages are allocated before the step. If a running request cannot get a
 //   page, the most recently admitted running request is preempted (its slot and pages freed, its
 //   computed tokens dropped; it returns to the FRONT of the queue and later recomputes prompt +
@@ -36,6 +40,7 @@ struct SchedulerConfig {
   int64_t max_num_seqs = 64;             ///< running requests at once (<= pool slots)
   int64_t max_num_batched_tokens = 512;  ///< tokens per step (prefill chunks + decodes)
   int64_t max_model_len = 0;  ///< max prompt + generated tokens per request (0 = pool capacity)
+  int64_t max_prefill_tokens_while_decoding = 0;  ///< prefill tokens per step with decodes; 0 = off
 };
 
 enum class FinishReason { kNone, kLength, kStop, kAborted };
