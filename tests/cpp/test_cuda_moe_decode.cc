@@ -8,7 +8,7 @@
 //   - gate/up: g = Σ_c bf16(x_c) w1_c exactly (products of BF16 and decoded weights are exact in
 //     FP32); the GPU's FP32 sum (tensor-core mma: we allow 1 ulp, i.e. 2u, per addition, since
 //     Hopper's accumulation may truncate) lies within γ_{2(n+8)} Σ|terms| (Higham 3.1, u = 2^-24,
-//     n = H terms, +8 for padding and any partial sums a kernel layout may add);
+//     n = H terms, +8 for the 4 warp partials and padding);
 //   - h = silu(min(g, L)) clamp(u, ±L) (× routing weight) is evaluated over those g/u intervals,
 //     widened by 16u relative (expf, add, divide, multiplies in FP32) + 1e-40, and both ends are
 //     rounded to BF16 (RNE is monotone, so the GPU's BF16 h lies between them);

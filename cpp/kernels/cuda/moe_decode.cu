@@ -5,13 +5,11 @@
 //      experts in ascending id, each with its pairs in ascending token-major order, the CPU's
 //      bucket order) and writes each token's positions in (expert id, slot) order for the combine;
 //      the other CTAs round x to BF16 into a lane-permuted layout (below).
-//   2. gate/up: grid (CTAs of 64 rows of I) x (shared + routed slots; the shared slot first, as
-//      it streams the most bytes). A CTA whose slot is empty exits at once; otherwise each of its
-//      4 warps owns 16 rows and streams them over all of K (= H): each lane copies its own 16-byte
-//      pieces of w1 and w3 into a private shared-memory ring (cp.async, several chunks in flight,
-//      no barriers), decodes them to BF16 in registers and runs swap-AB mma.sync m16n8k16
-//      (weights in M, tokens in N); then clamped SwiGLU x routing weight, rounded to BF16 into
-//      `hid`, straight from the accumulators.
+//   2. gate/up: grid (row tiles of 16 of I) x (routed slots + shared). A CTA whose slot is empty
+//      exits at once; otherwise its 4 warps split K (= H), each streams its 16 rows of w1 and w3
+//      with 128-bit loads (one chunk prefetched), decodes to BF16 in registers and runs swap-AB
+//      mma.sync m16n8k16 (weights in M, tokens in N); the 4 partials are summed in a fixed order,
+//      then clamped SwiGLU x routing weight, rounded to BF16 into `hid`.
 //   3. down: the same kernel with w2 (K = I) writing each pair's FP32 output row.
 //   4. combine: y[t] = 0 + the token's pair rows in (expert id, slot) order + the shared row.
 // So each touched expert's weights are read from HBM once per call, however many tokens chose it.
@@ -29,7 +27,6 @@
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/moe_decode.cuh"
 #include "kernels/cuda/swiglu.cuh"
 
@@ -194,7 +191,7 @@ __global__ void __launch_bounds__(kRouteThreads) prep_kernel(const PrepParams p)
 
 // ---- 2./3. expert GEMMs -----------------------------------------------------------------------
 
-__host__ __device__ constexpr int quads_of(WeightFormat f) {
+constexpr int quads_of(WeightFormat f) {
   return f == WeightFormat::kMxfp4 ? 1 : (f == WeightFormat::kFp8Block ? 2 : 4);
 }
 
@@ -299,90 +296,40 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// The per-lane ring of a warp's weight chunks: each lane copies (cp.async) exactly the 16-byte
-// pieces it later multiplies, so no lane waits for another and no barrier is needed. Layout
-// [stage][piece][lane] (a warp's read of one piece is 512 contiguous bytes: no bank conflicts).
-// Depth: about 12 KB per warp, 2..8 chunks, so a warp keeps Depth - 1 chunks in flight.
-template <WeightFormat F, int NMAT>
-struct Ring {
-  static constexpr int kPieces = NMAT * 2 * quads_of(F);  // per lane and chunk (rows g, g + 8)
-  static constexpr int kStageBytes = kPieces * 32 * 16;
-  static constexpr int kRaw = 8192 / kStageBytes;
-  static constexpr int kDepth = kRaw < 2 ? 2 : (kRaw > 8 ? 8 : kRaw);
-  static constexpr int kWarpBytes = kDepth * kStageBytes;
-};
-
-// acc[m][nt] += rows [row0, row0 + 16) of w[m] times the activation rows bp[nt] over all K
-// (chunk order). Lanes past K copy zeros and multiply zeros. `ring`: this warp's ring.
+// acc[m][nt] += rows [row0, row0 + 16) of w[m] times the activation rows bp[nt] over this
+// warp's chunks (warp, warp + 4, ...). Lanes past K load nothing and multiply zeros.
 template <WeightFormat F, int NMAT, int NT>
 __device__ __forceinline__ void mainloop(const WeightView (&w)[NMAT], int64_t row0, int64_t K,
                                          const uint16_t* const (&bp)[NT], int nt_active,
-                                         uint4* ring, float (&acc)[NMAT][NT][4]) {
-  using R = Ring<F, NMAT>;
-  constexpr int Q = quads_of(F), D = R::kDepth;
-  const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+                                         float (&acc)[NMAT][NT][4]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
   const int nchunks = int((K + kChunk - 1) / kChunk);
-  uint32_t codes[D];  // chunk's scale codes, byte m * 2 + h (scales are tiny: plain loads)
-  // Starts chunk c's copies into stage `st` (nothing past the last chunk).
-  auto issue = [&](int c, auto stc) {
-    constexpr int st = decltype(stc)::value;
-    if (c >= nchunks) return;
+  RowRaw<F> cur[NMAT][2], nxt[NMAT][2];  // nxt: MXFP4 only (dead otherwise)
+  auto load = [&](RowRaw<F>(&r)[NMAT][2], int c) {
     const int64_t col0 = int64_t(c) * kChunk + t4 * 32;
-    const bool ok = col0 < K;
-    uint32_t packed = 0;
 #pragma unroll
     for (int m = 0; m < NMAT; ++m) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int64_t row = row0 + g + 8 * h;
-        const WeightView& v = w[m];
-        const uint8_t* src = static_cast<const uint8_t*>(v.data);
-        uint32_t e = 127;  // 2^0 for zero-filled columns
-        if constexpr (F == WeightFormat::kMxfp4) {
-          src += row * (v.cols / 2) + col0 / 2;
-          if (ok) e = __ldg(v.scale + row * (v.cols / 32) + col0 / 32);
-        } else if constexpr (F == WeightFormat::kFp8Block) {
-          src += row * v.cols + col0;
-          const int64_t sc = (v.cols + v.block_cols - 1) / v.block_cols;
-          if (ok) e = __ldg(v.scale + (row / v.block_rows) * sc + col0 / v.block_cols);
+        if (col0 < K) {
+          load_row<F>(w[m], row0 + g + 8 * h, col0, r[m][h]);
         } else {
-          src += (row * v.cols + col0) * 2;
-        }
-        packed |= e << (8 * (m * 2 + h));
-#pragma unroll
-        for (int q = 0; q < Q; ++q) {
-          cp_async16(ring + (st * R::kPieces + (m * 2 + h) * Q + q) * 32 + lane,
-                     ok ? src + 16 * q : v.data, ok);
+          for (auto& q : r[m][h].d) q = make_uint4(0, 0, 0, 0);
+          r[m][h].m1 = 0, r[m][h].m2 = kBf16x2One;
         }
       }
     }
-    codes[st] = packed;
   };
-  [&]<int... S>(std::integer_sequence<int, S...>) {
-    ((issue(S, std::integral_constant<int, S>{}), cp_async_commit()), ...);
-  }
-  (std::make_integer_sequence<int, D - 1>{});
-
-  auto chunk = [&](int j0, auto stc) {
-    constexpr int st = decltype(stc)::value, next = (st + D - 1) % D;
-    const int c = j0 + st;
-    if (c >= nchunks) return;
-    cp_async_wait<D - 2>();  // chunk c (this lane's own copies) has landed
-    RowRaw<F> cur[NMAT][2];
-#pragma unroll
-    for (int m = 0; m < NMAT; ++m) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int q = 0; q < Q; ++q)
-          cur[m][h].d[q] = ring[(st * R::kPieces + (m * 2 + h) * Q + q) * 32 + lane];
-        if constexpr (F != WeightFormat::kBF16) {
-          scale_mults<F>((codes[st] >> (8 * (m * 2 + h))) & 0xFF, cur[m][h].m1, cur[m][h].m2);
-        }
-      }
+  // MXFP4 rows are 16 bytes a lane: keep the next chunk in flight too. FP8 / BF16 rows are 32 /
+  // 64 bytes, as many loads in flight without it (and fewer registers).
+  constexpr bool kPrefetch = F == WeightFormat::kMxfp4;
+  if (kPrefetch && warp < nchunks) load(cur, warp);
+  for (int c = warp; c < nchunks; c += kWarps) {
+    if (!kPrefetch) {
+      load(cur, c);
+    } else if (c + kWarps < nchunks) {
+      load(nxt, c + kWarps);  // next chunk in flight during this one
     }
-    issue(c + D - 1, std::integral_constant<int, next>{});  // reuses chunk c - 1's stage
-    cp_async_commit();
     const bool valid = int64_t(c) * kChunk + t4 * 32 < K;
     // Scales needing two multiplies (never in real checkpoints) take a separate, warp-uniform
     // copy of the loop body, so the common one has no per-value branch.
@@ -428,14 +375,11 @@ __device__ __forceinline__ void mainloop(const WeightView (&w)[NMAT], int64_t ro
     } else {
       body(std::false_type{});
     }
-  };
-  for (int j0 = 0; j0 < nchunks; j0 += D) {
-    [&]<int... S>(std::integer_sequence<int, S...>) {
-      (chunk(j0, std::integral_constant<int, S>{}), ...);
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int m = 0; m < NMAT; ++m) cur[m][0] = nxt[m][0], cur[m][1] = nxt[m][1];
     }
-    (std::make_integer_sequence<int, D>{});
   }
-  cp_async_wait<0>();  // no copy outlives the loop (the ring is reused by the next token tile)
 }
 
 struct Side {
@@ -458,29 +402,17 @@ struct ExpertParams {
   int64_t out_stride;
 };
 
-template <WeightFormat FR, WeightFormat FS, int NMAT>
-__host__ __device__ constexpr int expert_smem_bytes() {
-  const int r = Ring<FR, NMAT>::kWarpBytes, s = Ring<FS, NMAT>::kWarpBytes;
-  return kWarps * (r > s ? r : s);
-}
-
 // NMAT = 2: gate/up (w1, w3) + SwiGLU into hid; NMAT = 1: down (w2) into out. Routed slots read
 // format FR, the shared slot FS (one launch for both: a separate launch for the shared expert
-// alone would leave most SMs idle). A CTA covers 64 rows of one slot, a warp 16 of them over all
-// of K (its chunks stream through the warp's ring). Slot of blockIdx.y: slot0 + y, except that
-// with shared_first the shared slot (nslots) comes first: y = 0 is shared, y is slot y - 1 —
-// it streams the most bytes per row tile, so it should start first, not trail the routed ones.
+// alone would leave most SMs idle); slot = slot0 + blockIdx.y. 128 registers: 4 CTAs / SM.
 template <WeightFormat FR, WeightFormat FS, int NMAT, int NT>
-__global__ void __launch_bounds__(kCtaThreads, 3)
-    expert_kernel(const ExpertParams p, int slot0, bool shared_first) {
-  extern __shared__ __align__(16) uint4 ring_smem[];
-  const int y = int(blockIdx.y);
-  const int slot = shared_first ? (y == 0 ? p.nslots : y - 1) : slot0 + y;
+__global__ void __launch_bounds__(kCtaThreads, 4) expert_kernel(const ExpertParams p, int slot0) {
+  __shared__ float red[kWarps][NMAT][16][NT * 8];
+  const int slot = slot0 + int(blockIdx.y);
   const bool shared = slot >= p.nslots;
   const Side& side = shared ? p.shared : p.routed;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
-  const int64_t tile = int64_t(blockIdx.x) * (16 * kWarps) + warp * 16;
-  if (tile >= side.M) return;  // warps are independent: no barrier below
+  const int64_t tile = int64_t(blockIdx.x) * 16;
+  if (tile >= side.M) return;
   int cnt = p.S, start = p.P;
   int64_t rowbase = 0;
   if (!shared) {
@@ -489,7 +421,7 @@ __global__ void __launch_bounds__(kCtaThreads, 3)
     start = p.slot_start[slot];
     rowbase = int64_t(p.slot_expert[slot]) * side.M;
   }
-  uint4* ring = ring_smem + warp * (expert_smem_bytes<FR, FS, NMAT>() / kWarps / 16);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
   WeightView w[NMAT];
   w[0] = side.a;
   if constexpr (NMAT == 2) w[1] = side.b;
@@ -505,28 +437,38 @@ __global__ void __launch_bounds__(kCtaThreads, 3)
     }
     float acc[NMAT][NT][4] = {};
     if (FR == FS || !shared) {
-      mainloop<FR, NMAT, NT>(w, rowbase + tile, side.K, bp, nt_active, ring, acc);
+      mainloop<FR, NMAT, NT>(w, rowbase + tile, side.K, bp, nt_active, acc);
     } else if constexpr (FR != FS) {
-      mainloop<FS, NMAT, NT>(w, rowbase + tile, side.K, bp, nt_active, ring, acc);
+      mainloop<FS, NMAT, NT>(w, rowbase + tile, side.K, bp, nt_active, acc);
     }
-    // acc[m][nt]: c0, c1 = (row g, pairs 2 t4, 2 t4 + 1 of the tile), c2, c3 = (row g + 8, same).
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
+    for (int m = 0; m < NMAT; ++m) {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int tok = nt * 8 + 2 * t4 + (q & 1), r = g + (q >= 2 ? 8 : 0);
-        if (tok >= n) continue;
-        const int pos = start + c0 + tok;
-        if constexpr (NMAT == 2) {
-          const float h = swiglu_unit(acc[0][nt][q], acc[1][nt][q], p.limit, !shared,
-                                      shared ? 1.0f : p.pos_weight[pos]);
-          p.hid[pos * p.hid_stride + perm_col(tile + r)] =
-              __bfloat16_as_ushort(__float2bfloat16_rn(h));
-        } else {
-          p.out[pos * p.out_stride + tile + r] = acc[0][nt][q];
-        }
+      for (int nt = 0; nt < NT; ++nt) {
+        red[warp][m][g][nt * 8 + 2 * t4] = acc[m][nt][0];
+        red[warp][m][g][nt * 8 + 2 * t4 + 1] = acc[m][nt][1];
+        red[warp][m][g + 8][nt * 8 + 2 * t4] = acc[m][nt][2];
+        red[warp][m][g + 8][nt * 8 + 2 * t4 + 1] = acc[m][nt][3];
       }
     }
+    __syncthreads();
+    for (int e = threadIdx.x; e < 16 * n; e += kCtaThreads) {
+      const int tok = e >> 4, r = e & 15, pos = start + c0 + tok;
+      float v[NMAT];
+#pragma unroll
+      for (int m = 0; m < NMAT; ++m) {  // fixed order: deterministic
+        v[m] = ((red[0][m][r][tok] + red[1][m][r][tok]) + red[2][m][r][tok]) + red[3][m][r][tok];
+      }
+      if constexpr (NMAT == 2) {
+        const float h =
+            swiglu_unit(v[0], v[1], p.limit, !shared, shared ? 1.0f : p.pos_weight[pos]);
+        p.hid[pos * p.hid_stride + perm_col(tile + r)] =
+            __bfloat16_as_ushort(__float2bfloat16_rn(h));
+      } else {
+        p.out[pos * p.out_stride + tile + r] = v[0];
+      }
+    }
+    __syncthreads();
   }
 }
 
@@ -573,64 +515,49 @@ bool view_ok(const WeightView& w, int64_t rows, int64_t cols) {
   return false;
 }
 
-template <WeightFormat FR, WeightFormat FS, int NMAT, int NT>
-cudaError_t launch_nt(const ExpertParams& ep, dim3 grid, int slot0, bool shared_first,
-                      cudaStream_t s) {
-  constexpr int bytes = expert_smem_bytes<FR, FS, NMAT>();
-  if (const cudaError_t e = allow_dynamic_smem<expert_kernel<FR, FS, NMAT, NT>>(bytes);
-      e != cudaSuccess) {
-    return e;
-  }
-  expert_kernel<FR, FS, NMAT, NT><<<grid, kCtaThreads, bytes, s>>>(ep, slot0, shared_first);
-  return launch_status();
-}
-
 template <WeightFormat FR, WeightFormat FS, int NMAT>
-cudaError_t launch_tiles(const ExpertParams& ep, dim3 grid, int slot0, bool shared_first, int64_t S,
-                         cudaStream_t s) {
+void launch_tiles(const ExpertParams& ep, dim3 grid, int slot0, int64_t S, cudaStream_t s) {
   // Token tiles of 8 (S <= 8) or 16: wider tiles (32, 64 tokens) cost registers, occupancy and
   // instruction cache and ran slower on an H200 at S = 64; an expert with more tokens than a tile
   // (the shared expert, popular experts) loops over tiles, re-reading its rows from L2.
-  if (S <= 8) return launch_nt<FR, FS, NMAT, 1>(ep, grid, slot0, shared_first, s);
-  return launch_nt<FR, FS, NMAT, 2>(ep, grid, slot0, shared_first, s);
+  if (S <= 8) {
+    expert_kernel<FR, FS, NMAT, 1><<<grid, kCtaThreads, 0, s>>>(ep, slot0);
+  } else {
+    expert_kernel<FR, FS, NMAT, 2><<<grid, kCtaThreads, 0, s>>>(ep, slot0);
+  }
 }
 
 template <int NMAT>
-cudaError_t launch_format(WeightFormat f, const ExpertParams& ep, dim3 grid, int slot0,
-                          bool shared_first, int64_t S, cudaStream_t s) {
+void launch_format(WeightFormat f, const ExpertParams& ep, dim3 grid, int slot0, int64_t S,
+                   cudaStream_t s) {
   switch (f) {
     case WeightFormat::kMxfp4:
-      return launch_tiles<WeightFormat::kMxfp4, WeightFormat::kMxfp4, NMAT>(ep, grid, slot0,
-                                                                            shared_first, S, s);
+      return launch_tiles<WeightFormat::kMxfp4, WeightFormat::kMxfp4, NMAT>(ep, grid, slot0, S, s);
     case WeightFormat::kFp8Block:
-      return launch_tiles<WeightFormat::kFp8Block, WeightFormat::kFp8Block, NMAT>(
-          ep, grid, slot0, shared_first, S, s);
+      return launch_tiles<WeightFormat::kFp8Block, WeightFormat::kFp8Block, NMAT>(ep, grid, slot0,
+                                                                                  S, s);
     default:
-      return launch_tiles<WeightFormat::kBF16, WeightFormat::kBF16, NMAT>(ep, grid, slot0,
-                                                                          shared_first, S, s);
+      return launch_tiles<WeightFormat::kBF16, WeightFormat::kBF16, NMAT>(ep, grid, slot0, S, s);
   }
 }
 
 // One launch when the formats agree or are the release's (MXFP4 routed, FP8 shared), else two.
-// `rows`: the longest row extent (CTAs of 16 * kWarps rows).
 template <int NMAT>
-cudaError_t launch_experts(const ExpertParams& ep, int64_t rows, bool has_shared, int64_t S,
+cudaError_t launch_experts(const ExpertParams& ep, unsigned tiles, bool has_shared, int64_t S,
                            cudaStream_t s) {
-  const unsigned tiles = unsigned((rows + 16 * kWarps - 1) / (16 * kWarps));
   const WeightFormat fr = ep.routed.a.format, fs = ep.shared.a.format;
   const unsigned all = unsigned(ep.nslots + (has_shared ? 1 : 0));
   if (!has_shared || fs == fr) {
-    return launch_format<NMAT>(fr, ep, dim3(tiles, all), 0, has_shared, S, s);
+    launch_format<NMAT>(fr, ep, dim3(tiles, all), 0, S, s);
+  } else if (fr == WeightFormat::kMxfp4 && fs == WeightFormat::kFp8Block) {
+    launch_tiles<WeightFormat::kMxfp4, WeightFormat::kFp8Block, NMAT>(ep, dim3(tiles, all), 0, S,
+                                                                      s);
+  } else {
+    launch_format<NMAT>(fr, ep, dim3(tiles, unsigned(ep.nslots)), 0, S, s);
+    if (const cudaError_t e = launch_status(); e != cudaSuccess) return e;
+    launch_format<NMAT>(fs, ep, dim3(tiles, 1), ep.nslots, S, s);
   }
-  if (fr == WeightFormat::kMxfp4 && fs == WeightFormat::kFp8Block) {
-    return launch_tiles<WeightFormat::kMxfp4, WeightFormat::kFp8Block, NMAT>(ep, dim3(tiles, all),
-                                                                             0, true, S, s);
-  }
-  if (const cudaError_t e = launch_format<NMAT>(fs, ep, dim3(tiles, 1), ep.nslots, false, S, s);
-      e != cudaSuccess) {
-    return e;
-  }
-  return launch_format<NMAT>(fr, ep, dim3(tiles, unsigned(ep.nslots)), 0, false, S, s);
+  return launch_status();
 }
 
 }  // namespace
@@ -688,14 +615,16 @@ cudaError_t moe_decode_bf16(const MoeDecode& p, void* workspace, int64_t workspa
   ep.shared = has_shared ? Side{p.sw1, p.sw3, p.Is, p.H} : Side{p.w1, p.w3, 0, p.H};
   ep.act = L.xb, ep.act_stride = L.Hp, ep.act_by_token = true;
   const int64_t gu_rows = std::max(p.I, p.Is);
-  if (const cudaError_t e = launch_experts<2>(ep, gu_rows, has_shared, p.S, s); e != cudaSuccess) {
+  if (const cudaError_t e = launch_experts<2>(ep, unsigned(gu_rows / 16), has_shared, p.S, s);
+      e != cudaSuccess) {
     return e;
   }
   // down: K = I / Is, rows H; activations = hidden units, by grouped position.
   ep.routed = Side{p.w2, WeightView{}, p.H, p.I};
   ep.shared = has_shared ? Side{p.sw2, WeightView{}, p.H, p.Is} : Side{p.w2, WeightView{}, 0, p.I};
   ep.act = L.hid, ep.act_stride = L.Ip, ep.act_by_token = false;
-  if (const cudaError_t e = launch_experts<1>(ep, p.H, has_shared, p.S, s); e != cudaSuccess) {
+  if (const cudaError_t e = launch_experts<1>(ep, unsigned(p.H / 16), has_shared, p.S, s);
+      e != cudaSuccess) {
     return e;
   }
   combine_kernel<<<blocks_for(p.S * p.H / 4), kThreads, 0, s>>>(
