@@ -4,8 +4,7 @@
 // over time, median of 5) as the ceiling; then per shape enough copies of the weights that they
 // exceed 200 MB together (the 50 MB L2 cannot hold them), a CUDA graph of >= 20 launches cycling
 // through the copies, timed with events over whole replays (median of >= 5). Bytes moved per call
-// = weight codes + scales + x (FP32) + y (FP32); split-K partials stay out of the count. A call is
-// one kernel (the split-K reduce runs in its last CTAs).
+// = weight codes + scales + x (FP32) + y (FP32); split-K partials stay out of the count.
 // Usage: decode_gemv_bench [--quick]     (stdout only: a markdown table)
 #include <cuda_runtime.h>
 
@@ -160,10 +159,7 @@ int main(int argc, char** argv) {
         g.w = w, g.w.data = data[c], g.w.scale = scale[c];
       }
       const int64_t wsf = kc::decode_gemv_workspace_floats(calls[0]);
-      if (wsf > 0) {
-        CHECK(cudaMalloc(&ws, size_t(wsf) * 4));
-        CHECK(cudaMemsetAsync(ws, 0, size_t(wsf) * 4, s));  // split-K counters start at zero
-      }
+      if (wsf > 0) CHECK(cudaMalloc(&ws, size_t(wsf) * 4));
       if (!kc::decode_gemv_supported(calls[0])) {
         std::printf("| %s | unsupported |\n", sh.name);
         continue;

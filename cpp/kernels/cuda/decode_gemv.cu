@@ -2,28 +2,23 @@
 //   - swap-AB mma.sync m16n8k16 (BF16 in, FP32 accumulate): 16 weight rows fill the MMA's M slot,
 //     8 tokens its N slot; a warp owns 2 row tiles (32 rows) so each activation fragment read
 //     from shared memory feeds two MMAs; a CTA of 8 warps owns 256 rows.
-//   - K is walked in "pieces" of KP columns (KP * bytes-per-value = 128 bytes of every row). The
-//     CTA's 256 x 128-byte piece goes global -> shared memory through cp.async in a ring of
-//     kStages pieces, kStages - 1 of them in flight while one is multiplied (a one-CTA-per-SM
-//     design: ~96 KB in flight per SM, enough to cover HBM latency at full bandwidth without
-//     registers). Each thread then reads 16 contiguous weight bytes per row per "super-step"
-//     (4 MMA k-steps) from shared memory: rows g and g + 8 of each row tile, 2 super-steps per
-//     piece. The scale codes of a piece are loaded into registers when its copies are issued.
+//   - K is walked in "pieces" of KP columns (KP * bytes-per-value = 128 bytes of every row). Each
+//     thread loads 16 contiguous weight bytes per row per "super-step" (4 MMA k-steps): rows g and
+//     g + 8 of each row tile, 2 super-steps per piece: 8 x 16-byte ld.global.nc per piece. The next
+//     piece's weights are loaded (register double buffer) while the current one is multiplied.
 //   - The MMA's logical k order is a permutation of the physical columns chosen so that each
 //     thread's 16 bytes are contiguous; the activations are staged (FP32 -> BF16 RNE) into shared
 //     memory in the same permuted order, once per CTA and piece.
 //   - Dequant by bit placement (E4M3 -> BF16 = value * 2^-120, E2M1 -> BF16 = value * 2^-126),
 //     then one bf16x2 multiply by 2^(scale - 127 + bias) carries the block scale (exact).
 //   - Split-K over pieces (S splits, a function of n * batch, k and the format only) so that small
-//     matrices still spread over the GPU; partials go to the workspace and the last CTA of each
-//     row block to arrive (an integer arrival counter) adds them in split order: deterministic,
-//     and no second kernel.
+//     matrices still spread over the GPU; partials go to the workspace and a second kernel adds
+//     them in split order (deterministic, no atomics).
 #include <cuda_bf16.h>
 
 #include <utility>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/decode_gemv.cuh"
 
 namespace dsv41rt::kernels::cuda {
@@ -35,12 +30,7 @@ constexpr int kWarps = 8, kBlockThreads = 32 * kWarps;
 constexpr int kRT = 2;                  // 16-row tiles per warp
 constexpr int kBM = kWarps * kRT * 16;  // rows per CTA
 constexpr int kU = 2;                   // super-steps per piece
-constexpr int kStages = 4;              // pieces in the shared-memory ring (3 in flight)
-constexpr int kResidentCtas = 132;      // one wave at one CTA per SM on an H200 (132 SMs)
-// Split-K arrival counters at the start of the workspace: one per (group, row block) of a split
-// launch, which has fewer than kResidentCtas CTAs per split.
-constexpr int64_t kCounterWords = kDecodeGemvCounterWords;
-static_assert(kCounterWords >= kResidentCtas);
+constexpr int kResidentCtas = 2 * 132;  // one wave at 2 CTAs per SM on an H200 (132 SMs)
 constexpr int kPad = 4;  // BF16 elements of row padding in shared memory (bank spread for FP8)
 
 template <int F>
@@ -68,13 +58,20 @@ struct Params {
   int block_rows, log2_block_cols;
   float* y;
   int64_t ldy, stride_y;
-  float* ws;           // split partials [batch][splits][m][n]
-  unsigned* counters;  // [batch][row blocks] arrivals, zero between calls
+  float* ws;
   int m, n;
   int64_t k;
   int splits, pieces;
   bool accumulate;
 };
+
+__device__ __forceinline__ uint4 ld_stream(const uint8_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
 
 __device__ __forceinline__ uint32_t bmul(uint32_t a, uint32_t c) {
   uint32_t d;
@@ -149,16 +146,11 @@ __device__ __forceinline__ void decode_step(const uint4& raw, const Scale<F>& sc
   }
 }
 
-// A stage of the weight ring: kBM rows x 128 bytes (one piece). The 16-byte chunk c of row r sits
-// at chunk c ^ 4 (r & 1): in a quarter warp (rows g, g + 1 of a tile, lanes t = 0..3 reading
-// chunks 4u + t) the two rows then hit disjoint banks, and a copying warp's 8 lanes per row too.
-constexpr int kStageBytes = kBM * 128;
-
-__device__ __forceinline__ int chunk_slot(int row, int c) { return c ^ ((row & 1) << 2); }
-
-__device__ __forceinline__ uint4 lds128(const uint8_t* p) {
-  return *reinterpret_cast<const uint4*>(p);
-}
+template <int F>
+struct Buf {
+  uint4 raw[kU][kRT][2];
+  uint32_t e[kU];  // the 4 scale codes of super-step u, byte rt * 2 + h
+};
 
 template <int F, int NT>
 struct Kernel {
@@ -169,8 +161,6 @@ struct Kernel {
   static constexpr int kXPer = (kGroups + kBlockThreads - 1) / kBlockThreads;
   // Prefetch the next piece's activations in registers only while that stays small.
   static constexpr bool kPrefetchX = kXPer * (T::G / 4) <= 4;
-  static constexpr int kXsBytes = 2 * kTok * kLd * 2;  // double-buffered BF16 activations
-  static constexpr int kSmemBytes = kStages * kStageBytes + kXsBytes;
 
   struct XRegs {
     float4 v[kXPer][T::G / 4];
@@ -212,62 +202,41 @@ struct Kernel {
     }
   }
 
-  // Starts the copies of piece pc (columns from k0) into ring stage `stage`: thread i copies
-  // chunk i % 8 of rows i / 8 + 32 j (j < 8), so a warp reads 4 whole 128-byte row pieces.
-  __device__ static void issue_w(const Params& p, int64_t cta_row0, int64_t k0, uint8_t* stage) {
-    const int c = threadIdx.x % 8, r0 = threadIdx.x / 8;
-    const int64_t col = k0 + int64_t(c) * T::V;  // k % V == 0: a chunk is all in or all out
-    const int64_t byte = F == kBf16 ? col * 2 : (F == kFp8 ? col : col / 2);
-#pragma unroll
-    for (int j = 0; j < kBM / 32; ++j) {
-      const int r = r0 + 32 * j;
-      const int64_t row = cta_row0 + r;
-      const bool ok = row < p.n && col < p.k;
-      const uint8_t* src =
-          ok ? p.w + (int64_t(blockIdx.z) * p.w_rows_per_batch + row) * p.w_row_bytes + byte : p.w;
-      cp_async16(stage + r * 128 + chunk_slot(r, c) * 16, src, ok);
-    }
-  }
-
-  // The scale codes of piece k0 for this thread's rows: byte rt * 2 + h of e[u] (127, i.e. 2^0,
-  // where the chunk is out of range: its weights are zero-filled).
-  __device__ static void load_scales(const Params& p, const uint8_t* const (&srow)[kRT][2],
-                                     int64_t k0, uint32_t (&e)[kU]) {
-    if constexpr (F != kBf16) {
-      const int t = threadIdx.x % 4;
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int64_t col = k0 + u * T::KS + T::V * t;
-        const int64_t sc = F == kFp8 ? (col >> p.log2_block_cols) : (col >> 5);
-        uint32_t packed = 0;
-#pragma unroll
-        for (int rt = 0; rt < kRT; ++rt) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const bool ok = srow[rt][h] != nullptr && col < p.k;
-            const uint32_t code = ok ? __ldg(srow[rt][h] + sc) : 127u;
-            packed |= code << (8 * (rt * 2 + h));
-          }
-        }
-        e[u] = packed;
-      }
-    }
-  }
-
-  __device__ static void compute(const uint8_t* stage, const uint32_t (&e)[kU],
-                                 const uint16_t (*xs)[kLd], float (&acc)[kRT][NT][4]) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  // Issues the weight (and scale) loads of the piece starting at column k0.
+  __device__ static void load_w(const Params& p, const uint8_t* const (&wrow)[kRT][2],
+                                const uint8_t* const (&srow)[kRT][2], int64_t k0, Buf<F>& b) {
+    const int t = threadIdx.x % 4;
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      Scale<F> sc[kRT][2];
-      uint4 raw[kRT][2];
+      const int64_t col = k0 + u * T::KS + T::V * t;
+      const int64_t off = F == kBf16 ? col * 2 : (F == kFp8 ? col : col / 2);
 #pragma unroll
       for (int rt = 0; rt < kRT; ++rt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int r = warp * (kRT * 16) + rt * 16 + g + 8 * h;
-          raw[rt][h] = lds128(stage + r * 128 + chunk_slot(r, 4 * u + t) * 16);
-          if constexpr (F != kBf16) sc[rt][h].set((e[u] >> (8 * (rt * 2 + h))) & 0xFF);
+          const bool ok = wrow[rt][h] != nullptr && col < p.k;
+          b.raw[u][rt][h] = ok ? ld_stream(wrow[rt][h] + off) : make_uint4(0, 0, 0, 0);
+          if constexpr (F != kBf16) {
+            const int64_t sc = F == kFp8 ? (col >> p.log2_block_cols) : (col >> 5);
+            const uint32_t code = ok ? __ldg(srow[rt][h] + sc) : 127u;
+            b.e[u] = (rt == 0 && h == 0) ? code : (b.e[u] | code << (8 * (rt * 2 + h)));
+          }
+        }
+      }
+    }
+  }
+
+  __device__ static void compute(const Buf<F>& b, const uint16_t (*xs)[kLd],
+                                 float (&acc)[kRT][NT][4]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      Scale<F> sc[kRT][2];
+      if constexpr (F != kBf16) {
+#pragma unroll
+        for (int rt = 0; rt < kRT; ++rt) {
+          sc[rt][0].set((b.e[u] >> (16 * rt)) & 0xFF);
+          sc[rt][1].set((b.e[u] >> (16 * rt + 8)) & 0xFF);
         }
       }
       const uint16_t* xb = &xs[g][u * T::KS + T::V * t];
@@ -276,8 +245,8 @@ struct Kernel {
         uint32_t a[kRT][4];
 #pragma unroll
         for (int rt = 0; rt < kRT; ++rt) {
-          decode_step<F, s>(raw[rt][0], sc[rt][0], a[rt][0], a[rt][2]);
-          decode_step<F, s>(raw[rt][1], sc[rt][1], a[rt][1], a[rt][3]);
+          decode_step<F, s>(b.raw[u][rt][0], sc[rt][0], a[rt][0], a[rt][2]);
+          decode_step<F, s>(b.raw[u][rt][1], sc[rt][1], a[rt][1], a[rt][3]);
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
@@ -296,12 +265,12 @@ struct Kernel {
   }
 
   __device__ static void run(const Params& p) {
-    extern __shared__ __align__(128) uint8_t smem[];
-    auto xs = reinterpret_cast<uint16_t(*)[kTok][kLd]>(smem + kStages * kStageBytes);
+    __shared__ __align__(16) uint16_t xs[kTok][kLd];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int64_t bz = blockIdx.z, split = blockIdx.y;
     const float* x = p.x + bz * p.stride_x;
-    const int64_t cta_row0 = int64_t(blockIdx.x) * kBM, row0 = cta_row0 + warp * (kRT * 16);
+    const int64_t row0 = int64_t(blockIdx.x) * kBM + warp * (kRT * 16);
+    const uint8_t* wrow[kRT][2];
     const uint8_t* srow[kRT][2];
 #pragma unroll
     for (int rt = 0; rt < kRT; ++rt) {
@@ -309,13 +278,13 @@ struct Kernel {
       for (int h = 0; h < 2; ++h) {
         const int64_t r = row0 + rt * 16 + g + 8 * h;
         const int64_t wr = bz * p.w_rows_per_batch + r;
+        wrow[rt][h] = r < p.n ? p.w + wr * p.w_row_bytes : nullptr;
         srow[rt][h] = nullptr;
         if (F == kFp8 && r < p.n) srow[rt][h] = p.scale + (wr / p.block_rows) * p.scale_cols;
         if (F == kFp4 && r < p.n) srow[rt][h] = p.scale + wr * p.scale_cols;
       }
     }
     const int64_t pc0 = split * p.pieces / p.splits, pc1 = (split + 1) * p.pieces / p.splits;
-    const int64_t npc = pc1 - pc0;
 
     float acc[kRT][NT][4];
 #pragma unroll
@@ -324,47 +293,25 @@ struct Kernel {
       for (int nt = 0; nt < NT; ++nt)
         acc[rt][nt][0] = acc[rt][nt][1] = acc[rt][nt][2] = acc[rt][nt][3] = 0.f;
 
-    // Ring of kStages pieces: kStages - 1 in flight while one is multiplied. Piece i (from pc0)
-    // lives in stage i % kStages, its scale codes in e[i % kStages], its activations in
-    // xs[i % 2]. One barrier per piece: it publishes piece i's copies and activations and
-    // retires piece i - 1's stage, which the copies issued right after it reuse.
-    uint32_t e[kStages][kU];
-#pragma unroll
-    for (int st = 0; st < kStages - 1; ++st) {
-      if (st < npc) {
-        issue_w(p, cta_row0, (pc0 + st) * T::KP, smem + st * kStageBytes);
-        load_scales(p, srow, (pc0 + st) * T::KP, e[st]);
-      }
-      cp_async_commit();
-    }
+    Buf<F> buf[2];
     XRegs xr;
+    load_w(p, wrow, srow, pc0 * T::KP, buf[0]);
     if constexpr (kPrefetchX) load_x(p, x, pc0 * T::KP, xr);
-    // One ring turn per outer iteration; the stage index is a compile-time constant (register
-    // arrays e[] and the stage offsets stay static).
-    auto piece = [&](int64_t i0, auto stage) {
-      constexpr int st = decltype(stage)::value, next = (st + kStages - 1) % kStages;
-      const int64_t i = i0 + st;
-      if (i >= npc) return;
-      cp_async_wait<kStages - 2>();
-      if constexpr (!kPrefetchX) load_x(p, x, (pc0 + i) * T::KP, xr);
-      store_x(xr, xs[st % 2]);
+    // Two pieces per iteration so the register double buffer needs no copies.
+    auto piece = [&](int64_t pc, Buf<F>& cur, Buf<F>& next) {
+      if constexpr (!kPrefetchX) load_x(p, x, pc * T::KP, xr);
+      store_x(xr, xs);
       __syncthreads();
-      if (i + kStages - 1 < npc) {
-        const int64_t k0 = (pc0 + i + kStages - 1) * T::KP;
-        issue_w(p, cta_row0, k0, smem + next * kStageBytes);
-        load_scales(p, srow, k0, e[next]);
+      if (pc + 1 < pc1) {
+        load_w(p, wrow, srow, (pc + 1) * T::KP, next);  // in flight during the MMAs below
+        if constexpr (kPrefetchX) load_x(p, x, (pc + 1) * T::KP, xr);
       }
-      cp_async_commit();
-      if constexpr (kPrefetchX) {
-        if (i + 1 < npc) load_x(p, x, (pc0 + i + 1) * T::KP, xr);
-      }
-      compute(smem + st * kStageBytes, e[st], xs[st % 2], acc);
+      compute(cur, xs, acc);
+      __syncthreads();
     };
-    for (int64_t i0 = 0; i0 < npc; i0 += kStages) {
-      [&]<int... S>(std::integer_sequence<int, S...>) {
-        (piece(i0, std::integral_constant<int, S>{}), ...);
-      }
-      (std::make_integer_sequence<int, kStages>{});
+    for (int64_t pc = pc0; pc < pc1; pc += 2) {
+      piece(pc, buf[0], buf[1]);
+      if (pc + 1 < pc1) piece(pc + 1, buf[1], buf[0]);
     }
 
     // acc[rt][nt]: c0, c1 = (row g, tokens 2t, 2t+1), c2, c3 = (row g + 8, same tokens).
@@ -377,72 +324,54 @@ struct Kernel {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int64_t r = row0 + rt * 16 + g + (q >= 2 ? 8 : 0);
-          const int tok = nt * 8 + 2 * t + (q & 1);
+        for (int e = 0; e < 4; ++e) {
+          const int64_t r = row0 + rt * 16 + g + (e >= 2 ? 8 : 0);
+          const int tok = nt * 8 + 2 * t + (e & 1);
           if (r < p.n && tok < p.m) {
             float* o = out + tok * ld + r;
-            *o = acc_y ? *o + acc[rt][nt][q] : acc[rt][nt][q];
+            *o = acc_y ? *o + acc[rt][nt][e] : acc[rt][nt][e];
           }
         }
       }
     }
-    if (p.splits > 1) reduce_if_last(p, cta_row0);
-  }
-
-  // The last CTA of a row block to finish adds the block's split partials in split order:
-  // y = ((0 + p_0) + p_1) + ..., whichever CTA that is, so the sum is deterministic. The
-  // counter is left at zero for the next call.
-  __device__ static void reduce_if_last(const Params& p, int64_t cta_row0) {
-    __shared__ bool last;
-    const int64_t bz = blockIdx.z;
-    unsigned* counter = p.counters + bz * gridDim.x + blockIdx.x;
-    __threadfence();  // this CTA's partials are visible before its arrival is counted
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == unsigned(p.splits - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();  // the other CTAs' partials, counted before our arrival, are read after it
-    const int64_t mn = int64_t(p.m) * p.n;
-    const float* parts = p.ws + bz * p.splits * mn;
-    for (int idx = threadIdx.x; idx < kBM * p.m; idx += kBlockThreads) {
-      const int tok = idx / kBM;
-      const int64_t r = cta_row0 + idx % kBM;
-      if (r >= p.n) continue;
-      float sum = 0.f;
-      for (int s = 0; s < p.splits; ++s) sum += __ldcg(parts + s * mn + tok * p.n + r);
-      float* o = p.y + bz * p.stride_y + tok * p.ldy + r;
-      *o = p.accumulate ? *o + sum : sum;
-    }
-    if (threadIdx.x == 0) *counter = 0;
   }
 };
 
 template <int F, int NT>
-__global__ void __launch_bounds__(kBlockThreads, 1) decode_gemv_kernel(const Params p) {
+__global__ void __launch_bounds__(kBlockThreads, NT == 1 ? 2 : 1)
+    decode_gemv_kernel(const Params p) {
   Kernel<F, NT>::run(p);
 }
 
-template <int F, int NT>
-cudaError_t launch_nt(const Params& p, dim3 grid, cudaStream_t s) {
-  constexpr int bytes = Kernel<F, NT>::kSmemBytes;
-  const cudaError_t attr = allow_dynamic_smem<decode_gemv_kernel<F, NT>>(bytes);
-  if (attr != cudaSuccess) return attr;
-  decode_gemv_kernel<F, NT><<<grid, kBlockThreads, bytes, s>>>(p);
-  return launch_status();
+// y (+)= sum of the split partials, added in split order.
+__global__ void __launch_bounds__(kThreads) reduce_splits(const Params p, int64_t batch) {
+  const int64_t mn = int64_t(p.m) * p.n, total = batch * mn;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t b = e / mn, rem = e % mn, tok = rem / p.n, r = rem % p.n;
+    const float* src = p.ws + b * p.splits * mn + rem;
+    float sum = 0.f;
+    for (int s = 0; s < p.splits; ++s) sum += src[s * mn];
+    float* o = p.y + b * p.stride_y + tok * p.ldy + r;
+    *o = p.accumulate ? *o + sum : sum;
+  }
 }
 
 template <int F>
-cudaError_t launch(const Params& p, int nt, dim3 grid, cudaStream_t s) {
+void launch(const Params& p, int nt, dim3 grid, cudaStream_t s) {
   switch (nt) {
     case 1:
-      return launch_nt<F, 1>(p, grid, s);
+      decode_gemv_kernel<F, 1><<<grid, kBlockThreads, 0, s>>>(p);
+      break;
     case 2:
-      return launch_nt<F, 2>(p, grid, s);
+      decode_gemv_kernel<F, 2><<<grid, kBlockThreads, 0, s>>>(p);
+      break;
     case 4:
-      return launch_nt<F, 4>(p, grid, s);
+      decode_gemv_kernel<F, 4><<<grid, kBlockThreads, 0, s>>>(p);
+      break;
     default:
-      return launch_nt<F, 8>(p, grid, s);
+      decode_gemv_kernel<F, 8><<<grid, kBlockThreads, 0, s>>>(p);
+      break;
   }
 }
 
@@ -489,7 +418,7 @@ int64_t decode_gemv_splits(const DecodeGemv& g) {
 
 int64_t decode_gemv_workspace_floats(const DecodeGemv& g) {
   const int64_t s = decode_gemv_splits(g);
-  return s > 1 ? kCounterWords + g.batch * s * g.m * g.n : 0;
+  return s > 1 ? g.batch * s * g.m * g.n : 0;
 }
 
 cudaError_t decode_gemv_bf16(const DecodeGemv& g, float* workspace, int64_t workspace_floats,
@@ -506,17 +435,21 @@ cudaError_t decode_gemv_bf16(const DecodeGemv& g, float* workspace, int64_t work
   p.block_rows = g.w.block_rows > 0 ? g.w.block_rows : 1;
   p.log2_block_cols = 0;
   while (fmt == kFp8 && (1 << p.log2_block_cols) < g.w.block_cols) ++p.log2_block_cols;
-  p.y = g.y, p.ldy = g.ldy, p.stride_y = g.stride_y;
-  p.counters = reinterpret_cast<unsigned*>(workspace);
-  p.ws = workspace ? workspace + kCounterWords : nullptr;
+  p.y = g.y, p.ldy = g.ldy, p.stride_y = g.stride_y, p.ws = workspace;
   p.m = int(g.m), p.n = int(g.n), p.k = g.k;
   p.splits = int(splits), p.pieces = int((g.k + piece_cols(fmt) - 1) / piece_cols(fmt));
   p.accumulate = g.accumulate;
   const int nt = g.m <= 8 ? 1 : (g.m <= 16 ? 2 : (g.m <= 32 ? 4 : 8));
   const dim3 grid(unsigned((g.n + kBM - 1) / kBM), unsigned(splits), unsigned(g.batch));
-  if (fmt == kBf16) return launch<kBf16>(p, nt, grid, stream);
-  if (fmt == kFp8) return launch<kFp8>(p, nt, grid, stream);
-  return launch<kFp4>(p, nt, grid, stream);
+  if (fmt == kBf16) launch<kBf16>(p, nt, grid, stream);
+  if (fmt == kFp8) launch<kFp8>(p, nt, grid, stream);
+  if (fmt == kFp4) launch<kFp4>(p, nt, grid, stream);
+  if (splits > 1) {
+    const cudaError_t e = launch_status();
+    if (e != cudaSuccess) return e;
+    reduce_splits<<<blocks_for(g.batch * g.m * g.n), kThreads, 0, stream>>>(p, g.batch);
+  }
+  return launch_status();
 }
 
 }  // namespace dsv41rt::kernels::cuda

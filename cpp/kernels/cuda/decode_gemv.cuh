@@ -18,11 +18,9 @@
 // Summation order of every output element depends only on k and on the split count S, which is
 // a function of (n * batch, k, format) alone (decode_gemv_splits): NOT on m, on the row's position
 // or on the token's position in the batch, so a token's result does not depend on the other
-// tokens of the batch. With S > 1 the S partial sums (each over a fixed, contiguous k range) go to
-// the workspace and the last CTA of a row block to finish adds them in split order:
-// sum = ((0 + p_0) + p_1) + ...; then y = sum or y + sum.
-// Deterministic: the only atomics count arrivals (integers); same inputs give bitwise the same y,
-// eager or graph-replayed.
+// tokens of the batch. With S > 1 the S partial sums (each over a fixed, contiguous k range) are
+// added in split order by a second kernel: sum = ((0 + p_0) + p_1) + ...; then y = sum or y + sum.
+// Deterministic: no atomics; same inputs give bitwise the same y, eager or graph-replayed.
 // Graph-capturable: no allocation, no host synchronisation, static shared memory (< 48 KB).
 //
 // Batching (grouped projections, e.g. wo_a: x [m, g, k], W [g * n, k], y [m, g, n]): group b reads
@@ -34,10 +32,7 @@
 // of two >= 16 and block_rows >= 1; x, w.data 16-byte aligned, ldx, stride_x multiples of 4;
 // ldx >= k and ldy >= n when m > 1; the weight rows used lie inside w.rows. y must not alias x,
 // the weights or the workspace. The workspace (decode_gemv_workspace_floats, 0 when S == 1) holds
-// kDecodeGemvCounterWords arrival counters, then the split partials; it may be nullptr when 0
-// floats are needed. Its counter words must be zero before the first call (zero-fill a new
-// workspace once); every call leaves them zero. Calls sharing a workspace must not overlap in time
-// (e.g. one workspace per stream).
+// the split partials; it may be nullptr when 0 floats are needed.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -63,12 +58,10 @@ struct DecodeGemv {
 };
 
 constexpr int64_t kDecodeGemvMaxM = 64;
-/// 32-bit words of split-K arrival counters at the start of a (non-empty) workspace.
-constexpr int64_t kDecodeGemvCounterWords = 256;
 
 /// The split-K count S for g's shape (a function of n * batch, k and the format only).
 DSV41RT_API int64_t decode_gemv_splits(const DecodeGemv& g);
-/// Workspace floats the launch needs: kDecodeGemvCounterWords + batch * S * m * n (0 when S == 1).
+/// FP32 floats of split-K partials the launch needs (batch * S * m * n; 0 when S == 1).
 DSV41RT_API int64_t decode_gemv_workspace_floats(const DecodeGemv& g);
 /// Whether this kernel takes g's shapes, formats and alignments (else: fall back).
 DSV41RT_API bool decode_gemv_supported(const DecodeGemv& g);

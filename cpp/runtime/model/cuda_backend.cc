@@ -399,14 +399,8 @@ float* CudaBackend::gemv_workspace(Stream s, int64_t floats) {
     DSV41RT_CHECK_CODE(kInternal, st == cudaStreamCaptureStatusNone,
                        "decode GEMV workspace would grow during graph capture");
   }
-  const uint64_t before = gemv_generation_;
-  float* ws = a.ensure([](int64_t b) { return cudart::device_alloc(b); },
-                       std::max<int64_t>(floats, 1), gemv_generation_);
-  // The kernel's split-K arrival counters must start at zero; each call leaves them zero.
-  if (gemv_generation_ != before) {
-    DSV41RT_CU(cudaMemsetAsync(ws, 0, size_t(a.capacity()) * sizeof(float), cs(s)));
-  }
-  return ws;
+  return a.ensure([](int64_t b) { return cudart::device_alloc(b); }, std::max<int64_t>(floats, 1),
+                  gemv_generation_);
 }
 
 // The largest split-K workspace any matrix of the model needs at the largest decode chunk.
@@ -428,11 +422,7 @@ void CudaBackend::size_gemv_workspaces(const BackendWeights& w) {
     }
   }
   for (auto& a : gemv_ws_) {
-    const uint64_t before = gemv_generation_;
-    float* ws = a.ensure([](int64_t b) { return cudart::device_alloc(b); }, most, gemv_generation_);
-    if (gemv_generation_ != before) {  // split-K counters start at zero (see gemv_workspace)
-      DSV41RT_CU(cudaMemset(ws, 0, size_t(a.capacity()) * sizeof(float)));
-    }
+    a.ensure([](int64_t b) { return cudart::device_alloc(b); }, most, gemv_generation_);
   }
 }
 
