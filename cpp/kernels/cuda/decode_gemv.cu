@@ -107,10 +107,15 @@ struct Scale {
     two = e + kBias > 254;
     c1 = ((two ? 254 : e + kBias) << 7) * 0x10001u;
   }
+  // Two = false: the warp has no scale needing a second multiply (every real checkpoint), so
+  // the common path is one multiply per word with no per-value predicate.
+  template <bool Two>
   __device__ __forceinline__ uint32_t apply(uint32_t d) const {
     constexpr uint32_t kBias = F == kFp8 ? 120 : 126;
     uint32_t r = bmul(d, c1);
-    if (two) r = bmul(r, e == 255 ? 0x7FC07FC0u : ((e + kBias - 127) << 7) * 0x10001u);
+    if constexpr (Two) {
+      if (two) r = bmul(r, e == 255 ? 0x7FC07FC0u : ((e + kBias - 127) << 7) * 0x10001u);
+    }
     return r;
   }
 };
@@ -120,7 +125,7 @@ struct Scale {
 //   FP8:  raw word s = codes c0..c3 -> (c0, c2), (c1, c3);
 //   FP4:  raw word s/2 = nibbles n0..n7 -> (n0, n4), (n1, n5) for even s, (n2, n6), (n3, n7) odd.
 // stage_x writes the activations in the matching order.
-template <int F, int s>
+template <int F, int s, bool Two>
 __device__ __forceinline__ void decode_step(const uint4& raw, const Scale<F>& sc, uint32_t& lo,
                                             uint32_t& hi) {
   const uint32_t r[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -130,18 +135,18 @@ __device__ __forceinline__ void decode_step(const uint4& raw, const Scale<F>& sc
     const uint32_t w = r[s], w8 = w << 8;
     // Sign to bit 15 of each half, the 7 magnitude bits to bits 4..10 (E4M3 exponent -> the low
     // bits of the BF16 exponent): BF16 value = E4M3 value * 2^-120, subnormals included.
-    lo = sc.apply((w8 & 0x80008000u) | ((w8 & 0x7F007F00u) >> 4));
-    hi = sc.apply((w & 0x80008000u) | ((w & 0x7F007F00u) >> 4));
+    lo = sc.template apply<Two>((w8 & 0x80008000u) | ((w8 & 0x7F007F00u) >> 4));
+    hi = sc.template apply<Two>((w & 0x80008000u) | ((w & 0x7F007F00u) >> 4));
   } else {
     const uint32_t w = r[s / 2];
     // Nibble bits 0..2 (m, e0, e1) to BF16 bits 6..8, nibble bit 3 (sign) to bit 15:
     // BF16 value = E2M1 value * 2^-126.
     if constexpr (s % 2 == 0) {
-      lo = sc.apply(((w << 6) & 0x01C001C0u) | ((w << 12) & 0x80008000u));
-      hi = sc.apply(((w << 2) & 0x01C001C0u) | ((w << 8) & 0x80008000u));
+      lo = sc.template apply<Two>(((w << 6) & 0x01C001C0u) | ((w << 12) & 0x80008000u));
+      hi = sc.template apply<Two>(((w << 2) & 0x01C001C0u) | ((w << 8) & 0x80008000u));
     } else {
-      lo = sc.apply(((w >> 2) & 0x01C001C0u) | ((w << 4) & 0x80008000u));
-      hi = sc.apply(((w >> 6) & 0x01C001C0u) | (w & 0x80008000u));
+      lo = sc.template apply<Two>(((w >> 2) & 0x01C001C0u) | ((w << 4) & 0x80008000u));
+      hi = sc.template apply<Two>(((w >> 6) & 0x01C001C0u) | (w & 0x80008000u));
     }
   }
 }
@@ -240,13 +245,14 @@ struct Kernel {
         }
       }
       const uint16_t* xb = &xs[g][u * T::KS + T::V * t];
-      auto step = [&](auto sconst) {
+      auto step = [&](auto sconst, auto two) {
         constexpr int s = decltype(sconst)::value;
+        constexpr bool kTwo = decltype(two)::value;
         uint32_t a[kRT][4];
 #pragma unroll
         for (int rt = 0; rt < kRT; ++rt) {
-          decode_step<F, s>(b.raw[u][rt][0], sc[rt][0], a[rt][0], a[rt][2]);
-          decode_step<F, s>(b.raw[u][rt][1], sc[rt][1], a[rt][1], a[rt][3]);
+          decode_step<F, s, kTwo>(b.raw[u][rt][0], sc[rt][0], a[rt][0], a[rt][2]);
+          decode_step<F, s, kTwo>(b.raw[u][rt][1], sc[rt][1], a[rt][1], a[rt][3]);
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
@@ -257,10 +263,23 @@ struct Kernel {
           }
         }
       };
-      [&]<int... S>(std::integer_sequence<int, S...>) {
-        (step(std::integral_constant<int, S>{}), ...);
+      auto steps = [&](auto two) {
+        [&]<int... S>(std::integer_sequence<int, S...>) {
+          (step(std::integral_constant<int, S>{}, two), ...);
+        }
+        (std::make_integer_sequence<int, T::V / 4>{});
+      };
+      bool two = false;
+      if constexpr (F != kBf16) {
+        two = sc[0][0].two || sc[0][1].two || sc[1][0].two || sc[1][1].two;
       }
-      (std::make_integer_sequence<int, T::V / 4>{});
+      // Warp-uniform: scales needing a second multiply (never in real checkpoints) take their
+      // own copy of the super-step.
+      if (__any_sync(0xffffffffu, two)) {
+        steps(std::true_type{});
+      } else {
+        steps(std::false_type{});
+      }
     }
   }
 
