@@ -5,7 +5,8 @@
 // exceed 200 MB together (the 50 MB L2 cannot hold them), a CUDA graph of >= 20 launches cycling
 // through the copies, timed with events over whole replays (median of >= 5). Bytes moved per call
 // = weight codes + scales + x (FP32) + y (FP32); split-K partials stay out of the count.
-// Usage: decode_gemv_bench [--quick]     (stdout only: a markdown table)
+// Usage: decode_gemv_bench [--quick] [--only NAME]   (stdout only: a markdown table; --only keeps
+// the shape of that name, e.g. for a profiler run)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "kernels/cuda/decode_gemv.cuh"
+#include "kernels/cuda/decode_gemv_a8.cuh"
 
 namespace {
 
@@ -68,6 +70,38 @@ const char* fmt_name(WeightFormat f) {
   return f == WeightFormat::kBF16 ? "bf16" : (f == WeightFormat::kFp8Block ? "fp8 32x32" : "mxfp4");
 }
 
+// Median microseconds per call of `launch(i)` (i = 0 .. launches - 1), captured in one CUDA graph
+// of `launches` calls and replayed `reps` times.
+template <class F>
+double time_graph(cudaStream_t s, int launches, int reps, const F& launch) {
+  launch(0);  // loads the module outside capture
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < launches; ++i) launch(i);
+  CHECK(cudaStreamEndCapture(s, &graph));
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK(cudaGraphLaunch(exec, s));  // warm-up
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  std::vector<double> us;
+  for (int r = 0; r < reps; ++r) {
+    CHECK(cudaEventRecord(e0, s));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaEventRecord(e1, s));
+    CHECK(cudaEventSynchronize(e1));
+    float ms_ = 0;
+    CHECK(cudaEventElapsedTime(&ms_, e0, e1));
+    us.push_back(double(ms_) * 1e3 / launches);
+  }
+  CHECK(cudaEventDestroy(e0));
+  CHECK(cudaEventDestroy(e1));
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  return median(us);
+}
+
 double copy_bandwidth(bool quick, cudaStream_t s) {
   const size_t bytes = quick ? (size_t(512) << 20) : (size_t(2) << 30);
   void *a = nullptr, *b = nullptr;
@@ -99,7 +133,11 @@ double copy_bandwidth(bool quick, cudaStream_t s) {
 
 int main(int argc, char** argv) {
   bool quick = false;
-  for (int i = 1; i < argc; ++i) quick = quick || std::strcmp(argv[i], "--quick") == 0;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    quick = quick || std::strcmp(argv[i], "--quick") == 0;
+    if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
+  }
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
   cudaStream_t s;
@@ -123,6 +161,15 @@ int main(int argc, char** argv) {
       {"head", WeightFormat::kBF16, 129280, 5120},
   };
   if (quick) shapes = {shapes[0], shapes[3], shapes[4], shapes[8], shapes[10]};
+  if (!only.empty()) {
+    shapes.erase(std::remove_if(shapes.begin(), shapes.end(),
+                                [&](const Shape& sh) { return only != sh.name; }),
+                 shapes.end());
+    if (shapes.empty()) {
+      std::printf("no shape named %s\n", only.c_str());
+      return 2;
+    }
+  }
   const std::vector<int64_t> ms = {1, 8, 64};
   const int reps = quick ? 5 : 9;
   const int64_t min_total = int64_t(200) << 20;
@@ -164,40 +211,51 @@ int main(int argc, char** argv) {
         std::printf("| %s | unsupported |\n", sh.name);
         continue;
       }
-      CHECK(kc::decode_gemv_bf16(calls[0], ws, wsf, s));  // loads the module outside capture
       const int launches = int(std::max<int64_t>(20, copies));
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-      for (int i = 0; i < launches; ++i) CHECK(kc::decode_gemv_bf16(calls[i % copies], ws, wsf, s));
-      CHECK(cudaStreamEndCapture(s, &graph));
-      CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      CHECK(cudaGraphLaunch(exec, s));  // warm-up
-      cudaEvent_t e0, e1;
-      CHECK(cudaEventCreate(&e0));
-      CHECK(cudaEventCreate(&e1));
-      std::vector<double> us;
-      for (int r = 0; r < reps; ++r) {
-        CHECK(cudaEventRecord(e0, s));
-        CHECK(cudaGraphLaunch(exec, s));
-        CHECK(cudaEventRecord(e1, s));
-        CHECK(cudaEventSynchronize(e1));
-        float ms_ = 0;
-        CHECK(cudaEventElapsedTime(&ms_, e0, e1));
-        us.push_back(double(ms_) * 1e3 / launches);
-      }
-      const double t = median(us);
+      const double t = time_graph(s, launches, reps, [&](int i) {
+        CHECK(kc::decode_gemv_bf16(calls[i % copies], ws, wsf, s));
+      });
       const double bytes = double(data_b + scale_b) + double(m) * double(sh.k + sh.n) * 4.0;
       const double gbs = bytes / (t * 1e-6) / 1e9;
-      std::printf("| %s | %lld x %lld | %s | %lld | %lld | %.2f | %.1f | %.0f | %.0f%% |\n",
+      std::printf("| %s | %lld x %lld | %s A16 | %lld | %lld | %.2f | %.1f | %.0f | %.0f%% |\n",
                   sh.name, (long long)sh.n, (long long)sh.k, fmt_name(sh.fmt), (long long)m,
                   (long long)kc::decode_gemv_splits(calls[0]), t, bytes / 1e6, gbs,
                   100.0 * gbs / copy_gbs);
       std::fflush(stdout);
-      CHECK(cudaEventDestroy(e0));
-      CHECK(cudaEventDestroy(e1));
-      CHECK(cudaGraphExecDestroy(exec));
-      CHECK(cudaGraphDestroy(graph));
+      if (sh.fmt == WeightFormat::kFp8Block) {  // the A8 kernel on the same weights
+        const int64_t ldq = (kc::act_fp8_row_bytes(sh.k) + 15) / 16 * 16;
+        uint8_t* xq = nullptr;
+        CHECK(cudaMalloc(&xq, size_t(64 * ldq)));
+        CHECK(kc::quantize_act_fp8(x, m, sh.k, sh.k, xq, ldq, s));
+        std::vector<kc::DecodeGemvA8> a8(copies);
+        for (int64_t c = 0; c < copies; ++c) {
+          kc::DecodeGemvA8& g = a8[c];
+          g.xq = xq, g.ldq = ldq, g.w = calls[c].w, g.y = y, g.ldy = sh.n;
+          g.m = m, g.n = sh.n, g.k = sh.k;
+        }
+        if (kc::decode_gemv_a8_supported(a8[0])) {
+          const int64_t wsf8 = kc::decode_gemv_a8_workspace_floats(a8[0]);
+          float* ws8 = nullptr;
+          if (wsf8 > 0) CHECK(cudaMalloc(&ws8, size_t(wsf8) * 4));
+          const double t8 = time_graph(s, launches, reps, [&](int i) {
+            CHECK(kc::decode_gemv_a8(a8[i % copies], ws8, wsf8, s));
+          });
+          const double tq = time_graph(s, launches, reps, [&](int) {
+            CHECK(kc::quantize_act_fp8(x, m, sh.k, sh.k, xq, ldq, s));
+          });
+          const double b8 = double(data_b + scale_b) + double(m) * double(ldq + sh.n * 4);
+          const double g8 = b8 / (t8 * 1e-6) / 1e9;
+          std::printf(
+              "| %s | %lld x %lld | %s A8 (+ %.2f us quantise) | %lld | %lld | %.2f | %.1f | %.0f "
+              "| "
+              "%.0f%% |\n",
+              sh.name, (long long)sh.n, (long long)sh.k, fmt_name(sh.fmt), tq, (long long)m,
+              (long long)kc::decode_gemv_a8_splits(a8[0]), t8, b8 / 1e6, g8, 100.0 * g8 / copy_gbs);
+          std::fflush(stdout);
+          if (ws8) CHECK(cudaFree(ws8));
+        }
+        CHECK(cudaFree(xq));
+      }
       if (ws) CHECK(cudaFree(ws));
       ws = nullptr;
     }
