@@ -2,17 +2,22 @@
 # Serving latency under a prefill cap: starts `dsv41rt serve` with max_prefill_tokens_while_decoding
 # = CAP, runs `dsv41rt bench` at concurrency 16 (random prompts of INPUT_LEN tokens, OUTPUT_LEN out),
 # stops the server. Usage (repo root): bash bench/serve_itl_cap.sh CAP PORT [CHECKPOINT]
-# Env: PYTHON (default python3), DEVICE (default: the server's), INPUT_LEN (512), OUTPUT_LEN (32),
-# NUM_PROMPTS (32), OUT (result JSON directory, default /tmp).
+# Env: PYTHON (default python3), DEVICE (default: the server's), PRECISION (default: the server's),
+# INPUT_LEN (512), OUTPUT_LEN (32), NUM_PROMPTS (32), CONCURRENCY (16), OUT (result JSON
+# directory, default /tmp).
 set -u
 CAP=$1 PORT=$2 CKPT=${3:-build/tiny-v41-seed0}
 PY=${PYTHON:-python3}
 $PY -m dsv41rt serve "$CKPT" --port "$PORT" --max-num-batched-tokens 512 --max-num-seqs 16 \
-  --max-prefill-tokens-while-decoding "$CAP" ${DEVICE:+--device "$DEVICE"} >"${OUT:-/tmp}/serve_cap$CAP.log" 2>&1 &
+  --max-prefill-tokens-while-decoding "$CAP" ${DEVICE:+--device "$DEVICE"} ${PRECISION:+--precision "$PRECISION"} \
+  >"${OUT:-/tmp}/serve_cap$CAP.log" 2>&1 &
 server=$!
-for _ in $(seq 120); do curl -s "localhost:$PORT/v1/models" >/dev/null && break; sleep 1; done
+for _ in $(seq 300); do
+  $PY -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$PORT/v1/models')" 2>/dev/null && break
+  sleep 1
+done
 timeout 1800 $PY -m dsv41rt bench --base-url "http://127.0.0.1:$PORT" --input-len "${INPUT_LEN:-512}" \
-  --output-len "${OUTPUT_LEN:-32}" --num-prompts "${NUM_PROMPTS:-32}" --max-concurrency 16 --seed 1 \
-  --out "${OUT:-/tmp}/itl_cap$CAP.json" --no-plot 2>&1 | grep -E "duration|ttft|tpot|itl|failed"
+  --output-len "${OUTPUT_LEN:-32}" --num-prompts "${NUM_PROMPTS:-32}" --max-concurrency "${CONCURRENCY:-16}" --seed 1 \
+  --out "${OUT:-/tmp}/itl_cap${CAP}_c${CONCURRENCY:-16}.json" --no-plot 2>&1 | grep -E "duration|ttft|tpot|itl|failed"
 kill "$server"
 wait "$server" 2>/dev/null

@@ -94,36 +94,70 @@ struct Kernel {
     }
   }
 
+  // UE8M0 code -> 2^(code - 127). Fast: the bits alone, right for codes 1..254 (every real
+  // scale); exact: e8m0_to_f32 (code 0 is an FP32 subnormal, 255 NaN).
+  template <bool Exact>
+  __device__ static float scale_of(uint32_t code) {
+    if constexpr (Exact) return e8m0_to_f32(uint8_t(code));
+    return __uint_as_float(code << 23);
+  }
+
+  // Any byte of v equal to 0x00 or 0xFF.
+  __device__ static bool has_edge_byte(uint32_t v) {
+    const uint32_t n = ~v;
+    return (((v - 0x01010101u) & n) | ((n - 0x01010101u) & v)) & 0x80808080u;
+  }
+
   __device__ static void compute(const Params& p, int64_t pc, const Buf& b,
                                  float (&acc)[kRT][NT][4]) {
-    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int lane = threadIdx.x % 32, t = lane % 4;
     // B operand: token nt * 8 + g; C columns: tokens nt * 8 + 2t, + 1 (tokens past m repeat the
     // last one: computed, never stored). sx: the piece's 4 scale codes of each C token.
     uint32_t sx[NT][2];
+    bool edge = has_edge_byte(b.sw[0]) || has_edge_byte(b.sw[1]);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int tok = min(nt * 8 + 2 * t + j, p.m - 1);
         sx[nt][j] = __ldg(reinterpret_cast<const uint32_t*>(p.xq + tok * p.ldq + p.k) + pc);
+        edge = edge || has_edge_byte(sx[nt][j]);
       }
+    }
+    // Warp-uniform: scale codes 0 / 255 (never in real weights; NaN activations) take the exact
+    // conversion in their own copy of the loop.
+    if (__any_sync(0xffffffffu, edge)) {
+      multiply<true>(p, pc, b, sx, acc);
+    } else {
+      multiply<false>(p, pc, b, sx, acc);
+    }
+  }
+
+  template <bool Exact>
+  __device__ static void multiply(const Params& p, int64_t pc, const Buf& b,
+                                  const uint32_t (&sx)[NT][2], float (&acc)[kRT][NT][4]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const uint8_t* xb[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      xb[nt] = p.xq + min(nt * 8 + g, p.m - 1) * p.ldq + pc * kPieceCols + 8 * t;
     }
 #pragma unroll
     for (int blk = 0; blk < kBlocks; ++blk) {
+      float sw[kRT];
+#pragma unroll
+      for (int rt = 0; rt < kRT; ++rt) sw[rt] = scale_of<Exact>((b.sw[rt] >> (8 * blk)) & 0xFF);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const int tb = min(nt * 8 + g, p.m - 1);
-        const uint2 bx = __ldg(
-            reinterpret_cast<const uint2*>(p.xq + tb * p.ldq + pc * kPieceCols + blk * 32 + 8 * t));
-        const float s0x = e8m0_to_f32(uint8_t(sx[nt][0] >> (8 * blk)));
-        const float s1x = e8m0_to_f32(uint8_t(sx[nt][1] >> (8 * blk)));
+        const uint2 bx = __ldg(reinterpret_cast<const uint2*>(xb[nt] + blk * 32));
+        const float s0x = scale_of<Exact>((sx[nt][0] >> (8 * blk)) & 0xFF);
+        const float s1x = scale_of<Exact>((sx[nt][1] >> (8 * blk)) & 0xFF);
 #pragma unroll
         for (int rt = 0; rt < kRT; ++rt) {
           float d[4];
           mma_fp8(d, b.w[blk][rt][0].x, b.w[blk][rt][1].x, b.w[blk][rt][0].y, b.w[blk][rt][1].y,
                   bx.x, bx.y);
-          const float sw = e8m0_to_f32(uint8_t(b.sw[rt] >> (8 * blk)));
-          const float s0 = sw * s0x, s1 = sw * s1x;  // powers of two: exact
+          const float s0 = sw[rt] * s0x, s1 = sw[rt] * s1x;  // powers of two: exact
           acc[rt][nt][0] = fmaf(d[0], s0, acc[rt][nt][0]);
           acc[rt][nt][1] = fmaf(d[1], s1, acc[rt][nt][1]);
           acc[rt][nt][2] = fmaf(d[2], s0, acc[rt][nt][2]);
