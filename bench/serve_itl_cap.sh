@@ -12,10 +12,21 @@ $PY -m dsv41rt serve "$CKPT" --port "$PORT" --max-num-batched-tokens 512 --max-n
   --max-prefill-tokens-while-decoding "$CAP" ${DEVICE:+--device "$DEVICE"} ${PRECISION:+--precision "$PRECISION"} \
   >"${OUT:-/tmp}/serve_cap$CAP.log" 2>&1 &
 server=$!
+ready=0
 for _ in $(seq 300); do
-  $PY -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$PORT/v1/models')" 2>/dev/null && break
+  if ! kill -0 "$server" 2>/dev/null; then  # the server exited: say why instead of waiting
+    echo "serve_itl_cap: the server exited during start-up:" >&2
+    tail -5 "${OUT:-/tmp}/serve_cap$CAP.log" >&2
+    exit 1
+  fi
+  $PY -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$PORT/v1/models')" 2>/dev/null && ready=1 && break
   sleep 1
 done
+if [ "$ready" != 1 ]; then
+  echo "serve_itl_cap: the server did not answer within 300 s" >&2
+  kill "$server"
+  exit 1
+fi
 timeout 1800 $PY -m dsv41rt bench --base-url "http://127.0.0.1:$PORT" --input-len "${INPUT_LEN:-512}" \
   --output-len "${OUTPUT_LEN:-32}" --num-prompts "${NUM_PROMPTS:-32}" --max-concurrency "${CONCURRENCY:-16}" --seed 1 \
   --out "${OUT:-/tmp}/itl_cap${CAP}_c${CONCURRENCY:-16}.json" --no-plot 2>&1 | grep -E "duration|ttft|tpot|itl|failed"
