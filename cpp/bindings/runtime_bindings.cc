@@ -139,6 +139,7 @@ void register_options(nb::module_& m) {
     d["max_model_len"] = p.max_model_len;
     d["page_size"] = p.page_size;
     d["enforce_eager"] = p.enforce_eager != 0;
+    d["max_prefill_tokens_while_decoding"] = p.max_prefill_tokens_while_decoding;
     return d;
   });
 }

@@ -4,6 +4,8 @@
 // survive misuse (NULL, destroyed, destroyed while other threads wait on them). Every entry point
 // catches everything: no exception crosses the C boundary.
 #include <condition_variable>
+#include <cstddef>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -128,6 +130,7 @@ dsv41rt::RuntimeOptions options_from(const dsv41rt_runtime_params& p) {
   o.pool.max_num_batched_tokens = p.max_num_batched_tokens;
   o.pool.max_model_len = p.max_model_len;
   o.pool.page_size = p.page_size;
+  o.pool.max_prefill_tokens_while_decoding = p.max_prefill_tokens_while_decoding;
   return o;
 }
 
@@ -260,6 +263,7 @@ void dsv41rt_runtime_default_params(dsv41rt_runtime_params* p) {
   p->max_model_len = d.pool.max_model_len;
   p->page_size = d.pool.page_size;
   p->enforce_eager = d.device.enforce_eager ? 1 : 0;
+  p->max_prefill_tokens_while_decoding = d.pool.max_prefill_tokens_while_decoding;
 }
 
 void dsv41rt_sampling_default_params(dsv41rt_sampling_params* p) {
@@ -301,16 +305,25 @@ dsv41rt_status dsv41rt_runtime_create(uint32_t abi_version, const dsv41rt_runtim
                     ", this library is version " + std::to_string(DSV41RT_ABI_VERSION));
   }
   if (!params) return fail(nullptr, DSV41RT_E_INVALID_ARGUMENT, "params is NULL");
-  if (dsv41rt_status s =
-          check_size(params->struct_size, sizeof(*params), "dsv41rt_runtime_params")) {
+  // The 0.1.0 layout ended before max_prefill_tokens_while_decoding: read only the bytes the
+  // caller has, the rest keeps this library's defaults.
+  constexpr size_t kSize010 = offsetof(dsv41rt_runtime_params, max_prefill_tokens_while_decoding);
+  dsv41rt_runtime_params p;
+  dsv41rt_runtime_default_params(&p);
+  if (params->struct_size == kSize010) {
+    std::memcpy(&p, params, kSize010);
+  } else if (dsv41rt_status s =
+                 check_size(params->struct_size, sizeof(*params), "dsv41rt_runtime_params")) {
     return s;
+  } else {
+    p = *params;
   }
-  if (!params->checkpoint_dir || !*params->checkpoint_dir) {
+  if (!p.checkpoint_dir || !*p.checkpoint_dir) {
     return fail(nullptr, DSV41RT_E_INVALID_ARGUMENT, "params.checkpoint_dir is NULL or empty");
   }
   return catching(nullptr, [&]() -> dsv41rt_status {
     auto rt = std::make_unique<dsv41rt_runtime>();
-    rt->runtime = std::make_unique<dsv41rt::Runtime>(options_from(*params));
+    rt->runtime = std::make_unique<dsv41rt::Runtime>(options_from(p));
     std::lock_guard<std::mutex> g(g_live_mu);
     g_live[rt.get()] = true;
     *out = rt.release();

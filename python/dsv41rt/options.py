@@ -177,7 +177,7 @@ _ROWS = (
     Option(
         "max_prefill_tokens_while_decoding",
         parse_int,
-        "",
+        "max_prefill_tokens_while_decoding",
         "prefill tokens an engine step may carry while requests decode (bounds inter-token latency); 0 = no cap",
     ),
     Option("enforce_eager", parse_bool, "enforce_eager", "CUDA: no decode CUDA graphs"),

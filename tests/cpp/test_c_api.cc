@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -79,9 +80,12 @@ TEST(CApi, CreateRejectsBadArguments) {
   EXPECT_NE(std::string(dsv41rt_last_error(nullptr)).find("ABI version"), std::string::npos);
   EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, nullptr, &rt), DSV41RT_E_INVALID_ARGUMENT);
   dsv41rt_runtime_params wrong = p;
-  wrong.struct_size = sizeof(p) - 8;
-  EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &wrong, &rt), DSV41RT_E_ABI_MISMATCH);
-  EXPECT_NE(std::string(dsv41rt_last_error(nullptr)).find("struct_size"), std::string::npos);
+  for (const uint32_t size : {uint32_t(sizeof(p) + 8), uint32_t(sizeof(p) - 4), uint32_t(4)}) {
+    wrong.struct_size = size;  // a newer host's struct, or no layout this library ever had
+    EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &wrong, &rt), DSV41RT_E_ABI_MISMATCH)
+        << size;
+    EXPECT_NE(std::string(dsv41rt_last_error(nullptr)).find("struct_size"), std::string::npos);
+  }
   EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt),
             DSV41RT_E_INVALID_ARGUMENT);  // no dir
   p.checkpoint_dir = "/nonexistent/dsv41rt/checkpoint";
@@ -92,6 +96,52 @@ TEST(CApi, CreateRejectsBadArguments) {
   p.checkpoint_dir = "x";
   p.max_num_seqs = 0;
   EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt), DSV41RT_E_INVALID_ARGUMENT);
+}
+
+// max_prefill_tokens_while_decoding came after 0.1.0: a negative value is refused by name, and a
+// host built against the 0.1.0 header (struct_size ending before the field) still runs, with the
+// field at its default whatever lies in memory after its struct.
+TEST(CApi, PrefillCapAndThe010ParamsLayout) {
+  dsv41rt_runtime_params p;
+  dsv41rt_runtime_default_params(&p);
+  EXPECT_EQ(p.max_prefill_tokens_while_decoding, 0);
+  dsv41rt_runtime* rt = nullptr;
+  p.checkpoint_dir = "x";
+  p.max_prefill_tokens_while_decoding = -1;
+  EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt), DSV41RT_E_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(dsv41rt_last_error(nullptr)).find("max_prefill_tokens_while_decoding"),
+            std::string::npos)
+      << dsv41rt_last_error(nullptr);
+  EXPECT_EQ(rt, nullptr);
+  NEED_CHECKPOINT();
+  p.checkpoint_dir = checkpoint();
+  dsv41rt_runtime_params old = p;  // -1 stays in the bytes a 0.1.0 host does not have
+  old.struct_size = offsetof(dsv41rt_runtime_params, max_prefill_tokens_while_decoding);
+  ASSERT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &old, &rt), DSV41RT_OK)
+      << dsv41rt_last_error(nullptr);
+  EXPECT_EQ(dsv41rt_runtime_destroy(rt), DSV41RT_OK);
+  rt = nullptr;
+  p.max_prefill_tokens_while_decoding = 8;  // a cap: requests still complete
+  ASSERT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt), DSV41RT_OK)
+      << dsv41rt_last_error(nullptr);
+  dsv41rt_request_params rp;
+  dsv41rt_request_default_params(&rp);
+  rp.max_new_tokens = 3;
+  int64_t a = 0, b = 0;
+  ASSERT_EQ(dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), &rp, &a), DSV41RT_OK);
+  ASSERT_EQ(dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), &rp, &b), DSV41RT_OK);
+  for (const int64_t id : {a, b}) {
+    int32_t buf[8];
+    size_t n = 0, total = 0;
+    int fin = 0;
+    while (!fin) {
+      ASSERT_EQ(dsv41rt_wait(rt, id, 60000, buf, 8, &n, &fin), DSV41RT_OK)
+          << dsv41rt_last_error(rt);
+      total += n;
+    }
+    EXPECT_EQ(total, 3u) << "request " << id;
+  }
+  EXPECT_EQ(dsv41rt_runtime_destroy(rt), DSV41RT_OK);
 }
 
 TEST(CApi, UnknownDeviceIsAClearError) {

@@ -86,6 +86,10 @@ typedef struct dsv41rt_runtime_params {
   int64_t max_model_len;          /* prompt + output tokens per request; 0 = what the pool holds */
   int64_t page_size;              /* positions per KV page (default 64) */
   int32_t enforce_eager;          /* CUDA: nonzero = no decode graphs */
+  /* Prefill tokens an engine step may carry while requests decode (bounds inter-token latency);
+   * 0 = no cap (default). Added after 0.1.0: a struct_size ending before this field (a host built
+   * against the older header) is accepted and the field takes its default. */
+  int64_t max_prefill_tokens_while_decoding;
 } dsv41rt_runtime_params;
 
 typedef struct dsv41rt_sampling_params {
