@@ -15,6 +15,8 @@
 #   kbench   the kernel microbenchmarks carried in .devcarry/bench (bench/kernels/*_bench.cu)
 #   cp2      (2 GPUs) CP 2 over NCCL vs CP 1 on the tiny presets, threads and one process per GPU
 #   bf16diag GPU precision bf16 vs the CPU emulation of it, per position (errors saved for analysis)
+#   serve    `dsv41rt serve` on bench-40 (precision bf16) + `dsv41rt bench`: concurrency 1, then 16 with each
+#            prefill cap in SERVE_CAPS (default "0 32"); needs the serve extras carried as wheels in .whl
 #   cp2bench (2 GPUs) bench-40 prefill, CP 2 one process per GPU vs CP 1 (CP_MODES processes|threads, CP_TOKENS,
 #            CP1_TOKENS, REPEATS)
 # Usage (device machine, repo root):  STEPS="tests tiny" K="fork" bash bench/device_session.sh
@@ -132,6 +134,17 @@ for step in ${STEPS:-tests}; do
           --cp-size 2 $([ "$mode" = processes ] && echo --processes) --tokens "${CP_TOKENS-8192,32768}" \
           --cp1-tokens "${CP1_TOKENS-8192}" --repeats "${REPEATS:-3}" --out "$OUT/cp_prefill_$mode.json" 2>&1 |
           grep -v Warning | tail -6
+      done
+      ;;
+    serve)
+      echo "== serving bench-40 (bf16, ${SERVE_IN:-1024} in / ${SERVE_OUT:-128} out)"
+      [ -d /tmp/bench-40 ] || python3 -m dsv41rt make-checkpoint --preset bench-40 --seed 0 --out /tmp/bench-40 --workers 16 | tail -1
+      export DEVICE=cuda PRECISION=bf16 INPUT_LEN=${SERVE_IN:-1024} OUTPUT_LEN=${SERVE_OUT:-128} PYTHON=python3
+      echo "-- concurrency 1"
+      CONCURRENCY=1 NUM_PROMPTS=${SERVE_C1_PROMPTS:-4} timeout 300 bash bench/serve_itl_cap.sh 0 8100 /tmp/bench-40
+      for cap in ${SERVE_CAPS:-0 32}; do
+        echo "-- concurrency 16, prefill cap $cap"
+        CONCURRENCY=16 NUM_PROMPTS=16 timeout 400 bash bench/serve_itl_cap.sh "$cap" $((8101 + cap)) /tmp/bench-40
       done
       ;;
     bf16diag)

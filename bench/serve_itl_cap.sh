@@ -12,6 +12,7 @@ $PY -m dsv41rt serve "$CKPT" --port "$PORT" --max-num-batched-tokens 512 --max-n
   --max-prefill-tokens-while-decoding "$CAP" ${DEVICE:+--device "$DEVICE"} ${PRECISION:+--precision "$PRECISION"} \
   >"${OUT:-/tmp}/serve_cap$CAP.log" 2>&1 &
 server=$!
+trap 'kill "$server" 2>/dev/null' EXIT  # never leave the server (and its GPU memory) behind
 ready=0
 for _ in $(seq 300); do
   if ! kill -0 "$server" 2>/dev/null; then  # the server exited: say why instead of waiting
