@@ -20,6 +20,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/decode_gemv.cuh"
+#include "kernels/cuda/split_k.cuh"
 
 namespace dsv41rt::kernels::cuda {
 namespace {
@@ -30,7 +31,6 @@ constexpr int kWarps = 8, kBlockThreads = 32 * kWarps;
 constexpr int kRT = 2;                  // 16-row tiles per warp
 constexpr int kBM = kWarps * kRT * 16;  // rows per CTA
 constexpr int kU = 2;                   // super-steps per piece
-constexpr int kResidentCtas = 2 * 132;  // one wave at 2 CTAs per SM on an H200 (132 SMs)
 constexpr int kPad = 4;  // BF16 elements of row padding in shared memory (bank spread for FP8)
 
 template <int F>
@@ -285,7 +285,7 @@ struct Kernel {
 
   __device__ static void run(const Params& p) {
     __shared__ __align__(16) uint16_t xs[kTok][kLd];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
     const int64_t bz = blockIdx.z, split = blockIdx.y;
     const float* x = p.x + bz * p.stride_x;
     const int64_t row0 = int64_t(blockIdx.x) * kBM + warp * (kRT * 16);
@@ -337,22 +337,7 @@ struct Kernel {
     float* out =
         p.splits == 1 ? p.y + bz * p.stride_y : p.ws + (bz * p.splits + split) * int64_t(p.m) * p.n;
     const int64_t ld = p.splits == 1 ? p.ldy : p.n;
-    const bool acc_y = p.splits == 1 && p.accumulate;
-#pragma unroll
-    for (int rt = 0; rt < kRT; ++rt) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t r = row0 + rt * 16 + g + (e >= 2 ? 8 : 0);
-          const int tok = nt * 8 + 2 * t + (e & 1);
-          if (r < p.n && tok < p.m) {
-            float* o = out + tok * ld + r;
-            *o = acc_y ? *o + acc[rt][nt][e] : acc[rt][nt][e];
-          }
-        }
-      }
-    }
+    store_mma_tiles<kRT, NT>(acc, out, ld, p.splits == 1 && p.accumulate, row0, p.n, p.m);
   }
 };
 
@@ -360,20 +345,6 @@ template <int F, int NT>
 __global__ void __launch_bounds__(kBlockThreads, NT == 1 ? 2 : 1)
     decode_gemv_kernel(const Params p) {
   Kernel<F, NT>::run(p);
-}
-
-// y (+)= sum of the split partials, added in split order.
-__global__ void __launch_bounds__(kThreads) reduce_splits(const Params p, int64_t batch) {
-  const int64_t mn = int64_t(p.m) * p.n, total = batch * mn;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t b = e / mn, rem = e % mn, tok = rem / p.n, r = rem % p.n;
-    const float* src = p.ws + b * p.splits * mn + rem;
-    float sum = 0.f;
-    for (int s = 0; s < p.splits; ++s) sum += src[s * mn];
-    float* o = p.y + b * p.stride_y + tok * p.ldy + r;
-    *o = p.accumulate ? *o + sum : sum;
-  }
 }
 
 template <int F>
@@ -425,14 +396,7 @@ int64_t decode_gemv_splits(const DecodeGemv& g) {
   if (g.n < 1 || g.k < 1 || g.batch < 1) return 1;
   const int fmt = fmt_of(g.w.format);
   const int64_t pieces = (g.k + piece_cols(fmt) - 1) / piece_cols(fmt);
-  const int64_t ctas = (g.n + kBM - 1) / kBM * g.batch;
-  // As many splits as fit one wave of resident CTAs (measured on the H200: more, shorter CTAs
-  // pay the pipeline fill again and lose; fewer leave SMs idle), but at least two pieces (256
-  // weight bytes of a row) per split so the partials stay small next to the weights at m = 64.
-  int64_t s = kResidentCtas / ctas;
-  const int64_t cap = pieces / 2 > 1 ? pieces / 2 : 1;
-  s = s < cap ? s : cap;
-  return s < 1 ? 1 : (s > 65535 ? 65535 : s);
+  return split_k_count((g.n + kBM - 1) / kBM * g.batch, pieces);
 }
 
 int64_t decode_gemv_workspace_floats(const DecodeGemv& g) {
@@ -466,7 +430,9 @@ cudaError_t decode_gemv_bf16(const DecodeGemv& g, float* workspace, int64_t work
   if (splits > 1) {
     const cudaError_t e = launch_status();
     if (e != cudaSuccess) return e;
-    reduce_splits<<<blocks_for(g.batch * g.m * g.n), kThreads, 0, stream>>>(p, g.batch);
+    return reduce_splits(
+        SplitPartials{workspace, splits, g.m, g.n, g.batch, g.y, g.ldy, g.stride_y, g.accumulate},
+        stream);
   }
   return launch_status();
 }

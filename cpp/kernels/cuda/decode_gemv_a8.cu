@@ -8,14 +8,15 @@
 //   - A warp owns 2 row tiles (32 rows), a CTA 8 warps (256 rows). K is walked in pieces of 4
 //     blocks (128 columns); the next piece's weights and scales are loaded (register double
 //     buffer) while the current one is multiplied. Activations (a few KB) come through L1.
-//   - Split-K over pieces for small matrices; partials to the workspace, added in split order by
-//     a second kernel (deterministic, no atomics).
+//   - Split-K over pieces for small matrices (split_k.cuh); partials to the workspace, added in
+//     split order by a second kernel (deterministic, no atomics).
 #include <utility>
 
 #include "core/dtype.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/decode_gemv_a8.cuh"
 #include "kernels/cuda/quant_device.cuh"
+#include "kernels/cuda/split_k.cuh"
 
 namespace dsv41rt::kernels::cuda {
 namespace {
@@ -25,7 +26,6 @@ constexpr int kRT = 2;                  // 16-row tiles per warp
 constexpr int kBM = kWarps * kRT * 16;  // rows per CTA
 constexpr int kBlocks = 4;              // 32-column blocks per piece
 constexpr int kPieceCols = 32 * kBlocks;
-constexpr int kResidentCtas = 2 * 132;  // one wave at 2 CTAs per SM on an H200 (132 SMs)
 
 struct Params {
   const uint8_t* xq;
@@ -168,7 +168,7 @@ struct Kernel {
   }
 
   __device__ static void run(const Params& p) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
     const int64_t split = blockIdx.y;
     const int64_t row0 = int64_t(blockIdx.x) * kBM + warp * (kRT * 16);
     const uint8_t* wrow[kRT][2];
@@ -207,41 +207,13 @@ struct Kernel {
     // acc[rt][nt]: c0, c1 = (row g, tokens 2t, 2t+1), c2, c3 = (row g + 8, same tokens).
     float* out = p.splits == 1 ? p.y : p.ws + split * int64_t(p.m) * p.n;
     const int64_t ld = p.splits == 1 ? p.ldy : p.n;
-    const bool acc_y = p.splits == 1 && p.accumulate;
-#pragma unroll
-    for (int rt = 0; rt < kRT; ++rt) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int64_t r = row0 + rt * 16 + g + (q >= 2 ? 8 : 0);
-          const int tok = nt * 8 + 2 * t + (q & 1);
-          if (r < p.n && tok < p.m) {
-            float* o = out + tok * ld + r;
-            *o = acc_y ? *o + acc[rt][nt][q] : acc[rt][nt][q];
-          }
-        }
-      }
-    }
+    store_mma_tiles<kRT, NT>(acc, out, ld, p.splits == 1 && p.accumulate, row0, p.n, p.m);
   }
 };
 
 template <int NT>
 __global__ void __launch_bounds__(kBlockThreads, NT == 1 ? 2 : 1) a8_kernel(const Params p) {
   Kernel<NT>::run(p);
-}
-
-// y (+)= sum of the split partials, added in split order.
-__global__ void __launch_bounds__(kThreads) a8_reduce_splits(const Params p) {
-  const int64_t mn = int64_t(p.m) * p.n;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < mn;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t tok = e / p.n, r = e % p.n;
-    float sum = 0.f;
-    for (int s = 0; s < p.splits; ++s) sum += p.ws[s * mn + e];
-    float* o = p.y + tok * p.ldy + r;
-    *o = p.accumulate ? *o + sum : sum;
-  }
 }
 
 // One warp per (row, 32-column block): the fp8 window cache codec, bitwise the CPU's.
@@ -286,12 +258,7 @@ bool decode_gemv_a8_supported(const DecodeGemvA8& g) {
 
 int64_t decode_gemv_a8_splits(const DecodeGemvA8& g) {
   if (g.n < 1 || g.k < kPieceCols) return 1;
-  const int64_t pieces = g.k / kPieceCols, ctas = (g.n + kBM - 1) / kBM;
-  // One wave of resident CTAs, at least two pieces per split (as the A16 kernel).
-  int64_t s = kResidentCtas / ctas;
-  const int64_t cap = pieces / 2 > 1 ? pieces / 2 : 1;
-  s = s < cap ? s : cap;
-  return s < 1 ? 1 : (s > 65535 ? 65535 : s);
+  return split_k_count((g.n + kBM - 1) / kBM, g.k / kPieceCols);
 }
 
 int64_t decode_gemv_a8_workspace_floats(const DecodeGemvA8& g) {
@@ -325,7 +292,8 @@ cudaError_t decode_gemv_a8(const DecodeGemvA8& g, float* workspace, int64_t work
   }
   if (splits > 1) {
     if (const cudaError_t e = launch_status(); e != cudaSuccess) return e;
-    a8_reduce_splits<<<blocks_for(g.m * g.n), kThreads, 0, stream>>>(p);
+    return reduce_splits(SplitPartials{workspace, splits, g.m, g.n, 1, g.y, g.ldy, 0, g.accumulate},
+                         stream);
   }
   return launch_status();
 }
