@@ -13,10 +13,11 @@ class Engine::Impl {
   Impl(std::shared_ptr<model::Executor> executor, EngineConfig config)
       : exec_(std::move(executor)),
         config_(config),
-        scheduler_(SchedulerConfig{std::min(config.max_num_seqs, exec_->pool().usage().slots_total),
-                                   config.max_num_batched_tokens, config.max_model_len,
-                                   config.max_prefill_tokens_while_decoding},
-                   exec_->pool()) {}
+        scheduler_(
+            SchedulerConfig{std::min(config.max_num_seqs, exec_->pool().usage().slots_total),
+                            config.max_num_batched_tokens, config.max_model_len,
+                            config.max_prefill_tokens_while_decoding, config.enable_prefix_caching},
+            exec_->pool(), [this](int32_t from, int32_t to) { copy_slot(from, to); }) {}
 
   void check(const std::vector<int32_t>& prompt, const GenerationParams& params) const {
     const ModelConfig& c = exec_->plan().config;
@@ -94,6 +95,10 @@ class Engine::Impl {
         out.top_ids.push_back(s.top_ids);
         out.top_logprobs.push_back(s.top_logprobs);
       }
+      if (!m.reported_cached) {
+        out.cached_tokens = scheduler_.request(ch.request_id).cached;
+        m.reported_cached = true;
+      }
       scheduler_.append_token(ch.request_id, s.token);
       ++tokens_generated_;
       const int64_t generated = scheduler_.request(ch.request_id).generated();
@@ -130,17 +135,26 @@ class Engine::Impl {
     s.steps = steps_;
     s.tokens_computed = tokens_computed_;
     s.tokens_generated = tokens_generated_;
+    if (const PrefixCache* cache = scheduler_.prefix_cache()) s.prefix_cache = cache->stats();
     return s;
   }
 
   void check_invariants() const { scheduler_.check_invariants(); }
+  void reset_prefix_cache() { scheduler_.reset_prefix_cache(); }
   model::Executor& executor() { return *exec_; }
 
  private:
   struct Meta {
     GenerationParams params;
     std::unordered_set<int32_t> stops;
+    bool reported_cached = false;
   };
+
+  // A snapshot's state into a request's slot or back: the slot and the Engram history, no pages.
+  void copy_slot(int32_t from, int32_t to) {
+    KvPool& pool = exec_->pool();
+    exec_->copy_state({pool.slot_data(from), nullptr, 0, 0}, {pool.slot_data(to), nullptr, 0, 0});
+  }
 
   static RequestOutput finished_output(int64_t id, FinishReason reason) {
     RequestOutput out;
@@ -178,6 +192,7 @@ bool Engine::has_request(int64_t id) const { return impl_->has_request(id); }
 bool Engine::idle() const { return impl_->idle(); }
 EngineStats Engine::stats() const { return impl_->stats(); }
 void Engine::check_invariants() const { impl_->check_invariants(); }
+void Engine::reset_prefix_cache() { impl_->reset_prefix_cache(); }
 model::Executor& Engine::executor() { return impl_->executor(); }
 
 }  // namespace dsv41rt::engine

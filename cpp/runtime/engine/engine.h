@@ -24,6 +24,7 @@ struct EngineConfig {
   int64_t max_num_batched_tokens = 512;  ///< tokens per step
   int64_t max_model_len = 0;             ///< 0 = what the pool holds
   int64_t max_prefill_tokens_while_decoding = 0;  ///< scheduler.h; 0 = no cap
+  bool enable_prefix_caching = false;             ///< share cached prefixes (prefix_cache.h)
 };
 
 struct GenerationParams {
@@ -41,6 +42,8 @@ struct RequestOutput {
   std::vector<std::vector<float>> top_logprobs;  ///< per new token
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
+  /// Prompt tokens served by the prefix cache (set on a request's first output; -1 elsewhere).
+  int64_t cached_tokens = -1;
 };
 
 struct EngineStats {
@@ -50,6 +53,7 @@ struct EngineStats {
   int64_t steps = 0;
   int64_t tokens_computed = 0;  ///< positions run through the model (recomputation included)
   int64_t tokens_generated = 0;
+  PrefixCacheStats prefix_cache;  ///< zeros when prefix caching is off
 };
 
 class DSV41RT_API Engine {
@@ -72,8 +76,10 @@ class DSV41RT_API Engine {
   bool has_request(int64_t id) const;
   bool idle() const;
   EngineStats stats() const;
-  /// Pool invariants over the live requests; throws Error on a violation.
+  /// Pool invariants over the live requests and the prefix cache; throws Error on a violation.
   void check_invariants() const;
+  /// Forgets every cached prefix (scheduler.h); pages of running requests stay with them.
+  void reset_prefix_cache();
   model::Executor& executor();
 
  private:

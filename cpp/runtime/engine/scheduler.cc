@@ -12,6 +12,10 @@
 //   - complete() ignores chunks of requests that were finished or aborted after schedule().
 //   - max_new_tokens must be >= 1; an engine wanting "0 new tokens" handles that without the
 //     scheduler.
+//   - Prefix cache: a hit leaves at least one token to compute (the one the next token is sampled
+//     after); the prefix-cache counters count each request once, at its first admission (a
+//     re-admission after preemption looks the cache up again but is not counted); a publish that
+//     finds no free slot even after evicting a snapshot indexes the pages alone.
 #include "runtime/engine/scheduler.h"
 
 #include <algorithm>
@@ -20,7 +24,8 @@
 
 namespace dsv41rt::engine {
 
-Scheduler::Scheduler(SchedulerConfig config, KvPool& pool) : config_(config), pool_(pool) {
+Scheduler::Scheduler(SchedulerConfig config, KvPool& pool, SlotCopier copier)
+    : config_(config), pool_(pool), copier_(std::move(copier)) {
   DSV41RT_CHECK(config_.max_num_seqs >= 1, "scheduler: max_num_seqs must be >= 1, got ",
                 config_.max_num_seqs);
   DSV41RT_CHECK(config_.max_num_batched_tokens >= 1,
@@ -37,7 +42,14 @@ Scheduler::Scheduler(SchedulerConfig config, KvPool& pool) : config_(config), po
                 " pages, ", u.slots_total, " slots)");
   if (config_.max_model_len == 0)
     config_.max_model_len = u.pages_total * pool_.geometry().page_tokens;
+  if (config_.enable_prefix_caching) {
+    DSV41RT_CHECK(static_cast<bool>(copier_),
+                  "scheduler: enable_prefix_caching needs a slot copier");
+    cache_ = std::make_unique<PrefixCache>(pool_);
+  }
 }
+
+Scheduler::~Scheduler() = default;
 
 void Scheduler::check(int64_t prompt_len, int64_t max_new_tokens) const {
   DSV41RT_CHECK(prompt_len >= 1, "scheduler: empty prompt");
@@ -89,6 +101,7 @@ bool Scheduler::preempt_one(int64_t protect_id) {
 }
 
 void Scheduler::release(SchedRequest& r) {
+  r.snapshot_at = -1;
   if (r.slot >= 0) {
     pool_.free_slot(r.slot);
     r.slot = -1;
@@ -120,6 +133,7 @@ StepPlan Scheduler::schedule() {
   // that already has a chunk in this plan loses it (and its budget comes back).
   auto secure_pages = [&](SchedRequest& r, int64_t end) {
     while (!pool_.ensure_pages(r.pages, end)) {
+      if (cache_ && cache_->evict_page()) continue;  // cached pages go before running requests
       if (!preempt_one(r.id)) return false;
       const int64_t victim = waiting_.front();
       plan.preempted.push_back(victim);
@@ -167,7 +181,7 @@ StepPlan Scheduler::schedule() {
     if (!r.running) continue;
     const int64_t remaining = int64_t(r.tokens.size()) - r.computed;
     if (remaining <= 1) continue;
-    const int64_t count = std::min(prefill_room(), remaining);
+    const int64_t count = chunk_limit(r, std::min(prefill_room(), remaining));
     if (secure_pages(r, r.computed + count)) add_chunk(r, count, /*decode=*/false);
   }
   // 3. Admissions, strictly FIFO, without preempting anyone.
@@ -178,10 +192,25 @@ StepPlan Scheduler::schedule() {
       break;  // preempted in this very step: wait for the next one
     }
     SchedRequest& r = requests_.at(id);
-    const int64_t count = std::min(prefill_room(), int64_t(r.tokens.size()) - r.computed);
-    if (pool_.free_slot_count() < 1) break;
-    if (!pool_.ensure_pages(r.pages, r.computed + count)) break;
+    // A snapshot gives its slot back before an admission waits for one.
+    if (pool_.free_slot_count() < 1 && !(cache_ && cache_->evict_snapshot())) break;
+    const PrefixHit hit = cache_ ? admit_lookup(r) : PrefixHit{};
+    const int64_t count =
+        chunk_limit(r, std::min(prefill_room(), int64_t(r.tokens.size()) - r.computed));
+    bool paged = false;
+    while (!(paged = pool_.ensure_pages(r.pages, r.computed + count)) && cache_ &&
+           cache_->evict_page()) {
+    }
+    if (!paged) {  // wait; the shared pages go back until the next try
+      pool_.free_pages(r.pages);
+      r.computed = 0;
+      r.snapshot_at = -1;
+      break;
+    }
     r.slot = pool_.alloc_slot();
+    if (hit.snapshot_slot >= 0) restore_snapshot(r, hit);
+    if (cache_ && r.cached < 0) cache_->record_query(int64_t(r.tokens.size()), hit.tokens);
+    if (r.cached < 0) r.cached = hit.tokens;
     r.running = true;
     r.admit_seq = next_admit_++;
     waiting_.pop_front();
@@ -190,6 +219,65 @@ StepPlan Scheduler::schedule() {
     add_chunk(r, count, /*decode=*/false);
   }
   return plan;
+}
+
+int64_t Scheduler::chunk_limit(const SchedRequest& r, int64_t count) const {
+  // A prefill chunk stops at the snapshot boundary: the slot holds the state there only between
+  // that step and the next.
+  if (r.snapshot_at > r.computed) return std::min(count, r.snapshot_at - r.computed);
+  return count;
+}
+
+// Shares the pages of the request's longest cached prefix and sets where it will publish. The
+// caller restores the snapshot once the request has its slot.
+PrefixHit Scheduler::admit_lookup(SchedRequest& r) {
+  const int64_t known = int64_t(r.tokens.size());
+  const PrefixHit hit = cache_->lookup(r.tokens, known - 1);
+  pool_.retain_pages(hit.pages);
+  r.pages = hit.pages;
+  r.computed = hit.tokens;
+  const int64_t P = pool_.geometry().page_tokens;
+  const int64_t boundary = (known - 1) / P * P;  // the last one before the last known token
+  r.snapshot_at = boundary > r.computed ? boundary : -1;
+  return hit;
+}
+
+void Scheduler::restore_snapshot(SchedRequest& r, const PrefixHit& hit) {
+  try {
+    copier_(hit.snapshot_slot, r.slot);
+  } catch (...) {  // the request goes back to waiting, holding nothing
+    pool_.free_slot(r.slot);
+    r.slot = -1;
+    pool_.free_pages(r.pages);
+    r.computed = 0;
+    r.snapshot_at = -1;
+    throw;
+  }
+}
+
+// Indexes the request's full pages up to its snapshot boundary and copies its slot (the state at
+// that boundary, as the step that reached it left it) into a snapshot slot.
+void Scheduler::publish(SchedRequest& r) {
+  const int64_t boundary = r.snapshot_at;
+  r.snapshot_at = -1;
+  int32_t snapshot = -1;
+  if (!cache_->has_snapshot(r.tokens, boundary)) {
+    if (pool_.free_slot_count() < 1) cache_->evict_snapshot();
+    snapshot = pool_.alloc_slot();  // -1: the pages are indexed without a snapshot
+  }
+  try {
+    if (snapshot >= 0) copier_(r.slot, snapshot);
+    if (!cache_->insert(r.tokens, boundary, r.pages, snapshot) && snapshot >= 0) {
+      pool_.free_slot(snapshot);
+    }
+  } catch (...) {
+    if (snapshot >= 0) pool_.free_slot(snapshot);
+    throw;
+  }
+}
+
+void Scheduler::reset_prefix_cache() {
+  if (cache_) cache_->reset();
 }
 
 void Scheduler::complete(const StepPlan& plan) {
@@ -203,6 +291,7 @@ void Scheduler::complete(const StepPlan& plan) {
         "scheduler: chunk [", c.start, ", ", c.start + c.count, ") of request ", r.id,
         " does not follow its computed prefix (", r.computed, " of ", r.tokens.size(), " tokens)");
     r.computed += c.count;
+    if (cache_ && r.snapshot_at == r.computed) publish(r);
   }
 }
 
@@ -264,6 +353,12 @@ void Scheduler::check_invariants() const {
                        " computed ", r.computed, " of ", known, " tokens");
     DSV41RT_CHECK_CODE(kInternal, known <= r.prompt_len + r.max_new_tokens, "scheduler: request ",
                        id, " holds ", known, " tokens, over its limit");
+    DSV41RT_CHECK_CODE(kInternal,
+                       r.snapshot_at < 0 || (cache_ && r.running && r.snapshot_at > r.computed &&
+                                             r.snapshot_at < known &&
+                                             r.snapshot_at % pool_.geometry().page_tokens == 0),
+                       "scheduler: request ", id, " would publish at ", r.snapshot_at,
+                       " (computed ", r.computed, " of ", known, ")");
     if (r.running) {
       DSV41RT_CHECK_CODE(kInternal, r.slot >= 0 && r.admit_seq >= 0, "scheduler: running request ",
                          id, " has no slot/admission");
@@ -293,6 +388,9 @@ void Scheduler::check_invariants() const {
     DSV41RT_CHECK_CODE(kInternal, it != requests_.end() && !it->second.running,
                        "scheduler: queue holds ", id, ", which is not waiting");
   }
+  std::vector<std::vector<int32_t>> cached_pages;
+  if (cache_) cache_->owners(cached_pages, slots);
+  for (const std::vector<int32_t>& t : cached_pages) tables.push_back(&t);
   pool_.check_invariants(tables, slots);
 }
 

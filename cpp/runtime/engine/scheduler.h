@@ -19,16 +19,29 @@
 // A request whose prompt + max_new_tokens exceed max_model_len, or could never fit in the whole
 // pool, is rejected at submit with an Error naming the limit.
 //
+// With enable_prefix_caching (prefix_cache.h, docs/design/prefix-cache.md), admission first
+// looks the request's tokens up: the pages of the longest cached prefix that ends at a snapshot
+// are shared (one more reference each), the snapshot is copied into the request's new slot
+// (through the slot copier the engine installs), and only the rest is computed. A request
+// publishes its state at its snapshot boundary, the last page boundary before its last known
+// token: its prefill chunk stops there, and after that step its full pages are indexed and its
+// slot copied into a snapshot slot. Under pool pressure the cache gives back unreferenced pages
+// (least recently used first) before anyone is preempted, and snapshot slots before an admission
+// waits for a slot.
+//
 // Thread-safety: none; owned by the engine thread.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/export.h"
+#include "runtime/engine/prefix_cache.h"
 #include "runtime/model/kv_pool.h"
 
 namespace dsv41rt::engine {
@@ -41,6 +54,7 @@ struct SchedulerConfig {
   int64_t max_num_batched_tokens = 512;  ///< tokens per step (prefill chunks + decodes)
   int64_t max_model_len = 0;  ///< max prompt + generated tokens per request (0 = pool capacity)
   int64_t max_prefill_tokens_while_decoding = 0;  ///< prefill tokens per step with decodes; 0 = off
+  bool enable_prefix_caching = false;  ///< share cached prefixes across requests (needs a copier)
 };
 
 enum class FinishReason { kNone, kLength, kStop, kAborted };
@@ -56,6 +70,8 @@ struct SchedRequest {
   int64_t admit_seq = -1;  ///< order of (latest) admission; -1 while waiting
   int64_t preemptions = 0;
   bool running = false;
+  int64_t cached = -1;  ///< tokens served by the prefix cache at the first admission (-1 before)
+  int64_t snapshot_at = -1;  ///< boundary where this request publishes to the prefix cache, or -1
 
   int64_t generated() const { return int64_t(tokens.size()) - prompt_len; }
 };
@@ -86,7 +102,13 @@ struct SchedulerStats {
 
 class DSV41RT_API Scheduler {
  public:
-  Scheduler(SchedulerConfig config, KvPool& pool);
+  /// Copies the state of the slot `from` into the slot `to` (the executor's copy_state with no
+  /// pages): how a snapshot is taken and how it is restored into a request.
+  using SlotCopier = std::function<void(int32_t from, int32_t to)>;
+
+  /// `copier` is required when config.enable_prefix_caching is set.
+  Scheduler(SchedulerConfig config, KvPool& pool, SlotCopier copier = {});
+  ~Scheduler();
 
   /// Throws Error (kInvalidArgument / kOutOfRange) naming the problem for an empty prompt,
   /// max_new_tokens < 1, or a request that cannot fit. Reads only what never changes (limits,
@@ -114,15 +136,28 @@ class DSV41RT_API Scheduler {
   SchedulerStats stats() const;
   const SchedulerConfig& config() const { return config_; }
 
-  /// Pool invariants over the live requests (KvPool::check_invariants); throws Error.
+  /// Pool invariants over the live requests and the prefix cache (KvPool::check_invariants);
+  /// throws Error.
   void check_invariants() const;
+
+  /// The prefix cache, or null when prefix caching is off.
+  const PrefixCache* prefix_cache() const { return cache_.get(); }
+  /// Forgets every cached prefix (its pages and snapshot slots go back to the pool; pages running
+  /// requests share stay with them). No-op when prefix caching is off.
+  void reset_prefix_cache();
 
  private:
   void release(SchedRequest& r);
   bool preempt_one(int64_t protect_id);
+  int64_t chunk_limit(const SchedRequest& r, int64_t count) const;
+  PrefixHit admit_lookup(SchedRequest& r);
+  void restore_snapshot(SchedRequest& r, const PrefixHit& hit);
+  void publish(SchedRequest& r);
 
   SchedulerConfig config_;
   KvPool& pool_;
+  SlotCopier copier_;
+  std::unique_ptr<PrefixCache> cache_;
   std::map<int64_t, SchedRequest> requests_;
   std::deque<int64_t> waiting_;
   std::vector<int64_t> running_;  // admission order

@@ -61,7 +61,7 @@ KvPool::KvPool(PoolGeometry geometry, int64_t num_pages, int64_t num_slots, Allo
   slots_ = allocate(allocator, slot_total, "request slots");
   free_pages_ = full_stack(num_pages);
   free_slots_ = full_stack(num_slots);
-  page_used_.assign(static_cast<size_t>(num_pages), 0);
+  page_refs_.assign(static_cast<size_t>(num_pages), 0);
   slot_used_.assign(static_cast<size_t>(num_slots), 0);
 }
 
@@ -116,31 +116,56 @@ bool KvPool::ensure_pages(std::vector<int32_t>& table, int64_t tokens) {
   for (int64_t i = 0; i < need; ++i) {
     const int32_t p = free_pages_.back();
     free_pages_.pop_back();
-    page_used_[static_cast<size_t>(p)] = 1;
+    page_refs_[static_cast<size_t>(p)] = 1;
     table.push_back(p);
   }
   return true;
 }
 
-void KvPool::free_pages(std::vector<int32_t>& table) {
-  // Validate everything first so a bad table leaves the pool untouched.
+namespace {
+
+// Throws unless every page of `table` is in range, allocated and listed once.
+void check_table(const std::vector<int32_t>& table, const std::vector<int32_t>& refs,
+                 const char* what) {
   std::vector<int32_t> sorted(table);
   std::sort(sorted.begin(), sorted.end());
   for (size_t i = 0; i < sorted.size(); ++i) {
     const int32_t p = sorted[i];
-    DSV41RT_CHECK(p >= 0 && size_t(p) < page_used_.size(), "KV pool: page ", p,
-                  " out of range [0, ", page_used_.size(), ")");
+    DSV41RT_CHECK(p >= 0 && size_t(p) < refs.size(), "KV pool: ", what, " of page ", p,
+                  ", out of range [0, ", refs.size(), ")");
     DSV41RT_CHECK(i == 0 || sorted[i - 1] != p, "KV pool: page ", p,
                   " appears twice in one page table");
-    DSV41RT_CHECK(page_used_[static_cast<size_t>(p)] != 0, "KV pool: page ", p,
-                  " is not allocated (double free?)");
+    DSV41RT_CHECK(refs[static_cast<size_t>(p)] != 0, "KV pool: ", what, " of page ", p,
+                  ", which is not allocated (double free?)");
   }
+}
+
+}  // namespace
+
+void KvPool::free_pages(std::vector<int32_t>& table) {
+  // Validate everything first so a bad table leaves the pool untouched.
+  check_table(table, page_refs_, "free");
   // Push in reverse so the table's first page is the next one handed out (LIFO).
   for (auto it = table.rbegin(); it != table.rend(); ++it) {
-    page_used_[static_cast<size_t>(*it)] = 0;
-    free_pages_.push_back(*it);
+    if (--page_refs_[static_cast<size_t>(*it)] == 0) free_pages_.push_back(*it);
   }
   table.clear();
+}
+
+void KvPool::retain_pages(const std::vector<int32_t>& pages) {
+  check_table(pages, page_refs_, "retain");
+  for (int32_t p : pages) {
+    int32_t& refs = page_refs_[static_cast<size_t>(p)];
+    DSV41RT_CHECK_CODE(kOutOfRange, refs < std::numeric_limits<int32_t>::max(), "KV pool: page ", p,
+                       " has too many references");
+    ++refs;
+  }
+}
+
+int32_t KvPool::page_refs(int32_t page) const {
+  DSV41RT_CHECK_CODE(kOutOfRange, page >= 0 && size_t(page) < page_refs_.size(), "KV pool: page ",
+                     page, " out of range [0, ", page_refs_.size(), ")");
+  return page_refs_[static_cast<size_t>(page)];
 }
 
 uint8_t* KvPool::page_data(int32_t page) {
@@ -152,8 +177,8 @@ uint8_t* KvPool::slot_data(int32_t slot) {
 }
 
 const uint8_t* KvPool::page_data(int32_t page) const {
-  DSV41RT_CHECK_CODE(kOutOfRange, page >= 0 && size_t(page) < page_used_.size(), "KV pool: page ",
-                     page, " out of range [0, ", page_used_.size(), ")");
+  DSV41RT_CHECK_CODE(kOutOfRange, page >= 0 && size_t(page) < page_refs_.size(), "KV pool: page ",
+                     page, " out of range [0, ", page_refs_.size(), ")");
   return pages_.get() + static_cast<int64_t>(page) * geometry_.page_bytes;
 }
 
@@ -169,7 +194,7 @@ int64_t KvPool::free_slot_count() const { return static_cast<int64_t>(free_slots
 
 PoolUsage KvPool::usage() const {
   PoolUsage u;
-  u.pages_total = static_cast<int64_t>(page_used_.size());
+  u.pages_total = static_cast<int64_t>(page_refs_.size());
   u.pages_used = u.pages_total - free_page_count();
   u.slots_total = static_cast<int64_t>(slot_used_.size());
   u.slots_used = u.slots_total - free_slot_count();
@@ -198,22 +223,35 @@ void KvPool::check_invariants(const std::vector<const std::vector<int32_t>*>& pa
                        "KV pool: ", used_count, " used + ", stack.size(), " free ", kind,
                        "s != ", used.size(), " total");
   };
-  check_stack(free_pages_, page_used_, "page");
+  std::vector<uint8_t> page_used(page_refs_.size(), 0);
+  for (size_t p = 0; p < page_refs_.size(); ++p) {
+    DSV41RT_CHECK_CODE(kInternal, page_refs_[p] >= 0, "KV pool: page ", p,
+                       " has a negative reference count");
+    page_used[p] = page_refs_[p] > 0 ? 1 : 0;
+  }
+  check_stack(free_pages_, page_used, "page");
   check_stack(free_slots_, slot_used_, "slot");
 
-  std::vector<int32_t> page_owner(page_used_.size(), -1);
-  int64_t owned_pages = 0;
+  // Every table holding a page holds one of its references: holders == references.
+  std::vector<int32_t> holders(page_refs_.size(), 0), first_holder(page_refs_.size(), -1);
+  int64_t owned_pages = 0;  // distinct pages held by some table
   for (size_t t = 0; t < page_tables.size(); ++t) {
     DSV41RT_CHECK(page_tables[t] != nullptr, "KV pool: page table ", t, " is null");
     for (int32_t p : *page_tables[t]) {
-      DSV41RT_CHECK_CODE(kInternal, p >= 0 && size_t(p) < page_used_.size(), "KV pool: table ", t,
-                         " holds page ", p, ", out of range [0, ", page_used_.size(), ")");
-      DSV41RT_CHECK_CODE(kInternal, page_used_[size_t(p)] != 0, "KV pool: table ", t,
-                         " holds page ", p, ", which is not allocated");
-      DSV41RT_CHECK_CODE(kInternal, page_owner[size_t(p)] < 0, "KV pool: page ", p,
-                         " is owned twice (tables ", page_owner[size_t(p)], " and ", t, ")");
-      page_owner[size_t(p)] = static_cast<int32_t>(t);
-      ++owned_pages;
+      DSV41RT_CHECK_CODE(kInternal, p >= 0 && size_t(p) < page_refs_.size(), "KV pool: table ", t,
+                         " holds page ", p, ", out of range [0, ", page_refs_.size(), ")");
+      const size_t i = size_t(p);
+      DSV41RT_CHECK_CODE(kInternal, page_refs_[i] != 0, "KV pool: table ", t, " holds page ", p,
+                         ", which is not allocated");
+      DSV41RT_CHECK_CODE(kInternal, first_holder[i] != int32_t(t), "KV pool: table ", t,
+                         " lists page ", p, " twice");
+      DSV41RT_CHECK_CODE(kInternal, holders[i] < page_refs_[i], "KV pool: page ", p,
+                         " is owned twice (tables ", first_holder[i], " and ", t, ") but has ",
+                         page_refs_[i], " reference(s)");
+      if (holders[i]++ == 0) {
+        first_holder[i] = static_cast<int32_t>(t);
+        ++owned_pages;
+      }
     }
   }
   std::vector<uint8_t> slot_owned(slot_used_.size(), 0);
@@ -226,14 +264,13 @@ void KvPool::check_invariants(const std::vector<const std::vector<int32_t>*>& pa
     slot_owned[size_t(s)] = 1;
   }
   const PoolUsage u = usage();
-  if (u.pages_used != owned_pages) {
-    int32_t leaked = -1;
-    for (size_t p = 0; p < page_used_.size() && leaked < 0; ++p) {
-      if (page_used_[p] && page_owner[p] < 0) leaked = static_cast<int32_t>(p);
-    }
-    DSV41RT_THROW_CODE(kInternal, "KV pool: ", u.pages_used, " pages used but the owners hold ",
-                       owned_pages, " (page ", leaked, " is allocated and owned by no one: leak)");
+  for (size_t p = 0; p < page_refs_.size(); ++p) {
+    // A reference no table accounts for is a leak: the page can never be freed.
+    DSV41RT_CHECK_CODE(kInternal, holders[p] == page_refs_[p], "KV pool: page ", p, " has ",
+                       page_refs_[p], " reference(s) but ", holders[p], " table(s) hold it (leak)");
   }
+  DSV41RT_CHECK_CODE(kInternal, u.pages_used == owned_pages, "KV pool: ", u.pages_used,
+                     " pages used but the owners hold ", owned_pages);
   if (u.slots_used != static_cast<int64_t>(slots.size())) {
     int32_t leaked = -1;
     for (size_t s = 0; s < slot_used_.size() && leaked < 0; ++s) {

@@ -9,6 +9,9 @@
 //     ratio, so a page boundary never splits a compression group).
 // A request owns one slot and a page table (page ids in position order). The pool only hands out
 // and takes back storage; what lives inside a slot or page is the executor's layout.
+// Pages are reference counted: a full page whose contents no longer change (a cached prefix,
+// engine/prefix_cache.h) may sit in several page tables at once, and goes back to the free list
+// when the last table holding it frees it.
 //
 // Thread-safety: none; the engine thread owns the pool.
 #pragma once
@@ -59,8 +62,15 @@ class DSV41RT_API KvPool {
   /// Grows `table` so it covers `tokens` positions. All or nothing: returns false and leaves
   /// `table` unchanged when too few pages are free.
   bool ensure_pages(std::vector<int32_t>& table, int64_t tokens);
-  /// Returns every page of `table` and clears it; throws Error on a page that is not allocated.
+  /// Drops one reference to every page of `table` (a page is free once none is left) and clears
+  /// it; throws Error, leaving the pool untouched, on a page that is not allocated or that the
+  /// table lists twice.
   void free_pages(std::vector<int32_t>& table);
+  /// Adds one reference to each of `pages` (allocated, each listed once): the caller's table now
+  /// holds them too and must free them like its own. Throws Error, changing nothing, otherwise.
+  void retain_pages(const std::vector<int32_t>& pages);
+  /// References held on `page` (0 = free); throws Error when out of range.
+  int32_t page_refs(int32_t page) const;
 
   uint8_t* page_data(int32_t page);
   uint8_t* slot_data(int32_t slot);
@@ -68,14 +78,15 @@ class DSV41RT_API KvPool {
   const uint8_t* slot_data(int32_t slot) const;
 
   /// Pages and slots of the pool (fixed at construction; safe to read from any thread).
-  int64_t page_count() const { return int64_t(page_used_.size()); }
+  int64_t page_count() const { return int64_t(page_refs_.size()); }
   int64_t slot_count() const { return int64_t(slot_used_.size()); }
   int64_t free_page_count() const;
   int64_t free_slot_count() const;
   PoolUsage usage() const;
 
-  /// Verifies the pool against the live owners: every page of every table and every listed slot
-  /// is allocated and owned exactly once, and the used counts equal the sums over the owners.
+  /// Verifies the pool against the live owners: every page of every table is allocated and held
+  /// by exactly as many tables as it has references, every listed slot is allocated and owned
+  /// once, and the used counts equal the sums over the owners.
   /// Throws Error describing the first violation.
   void check_invariants(const std::vector<const std::vector<int32_t>*>& page_tables,
                         const std::vector<int32_t>& slots) const;
@@ -87,7 +98,8 @@ class DSV41RT_API KvPool {
   PoolGeometry geometry_;
   std::shared_ptr<uint8_t> pages_, slots_;
   std::vector<int32_t> free_pages_, free_slots_;  // stacks of free ids
-  std::vector<uint8_t> page_used_, slot_used_;
+  std::vector<int32_t> page_refs_;                // 0 = free
+  std::vector<uint8_t> slot_used_;
 };
 
 }  // namespace dsv41rt::model

@@ -1,0 +1,206 @@
+// Prefix cache (see prefix_cache.h). Eviction scans the tree for its least recently used
+// candidate: linear in the cached pages, which is small next to a forward over them.
+#include "runtime/engine/prefix_cache.h"
+
+#include <algorithm>
+#include <functional>
+#include <limits>
+#include <utility>
+
+#include "core/status.h"
+
+namespace dsv41rt::engine {
+
+struct PrefixCache::Node {
+  Node* parent = nullptr;
+  std::vector<int32_t> key;  // the block's tokens (empty at the root)
+  std::map<std::vector<int32_t>, std::unique_ptr<Node>> children;
+  int32_t page = -1;      // the cache's reference (-1 at the root)
+  int32_t snapshot = -1;  // slot holding the state at the end of this block, or -1
+  uint64_t last_use = 0;
+};
+
+PrefixCache::PrefixCache(model::KvPool& pool)
+    : pool_(pool), page_tokens_(pool.geometry().page_tokens), root_(std::make_unique<Node>()) {}
+
+PrefixCache::~PrefixCache() {
+  try {
+    reset();
+  } catch (...) {  // destructors never throw; the pool is going away with the engine anyway
+  }
+}
+
+PrefixCache::Node* PrefixCache::child(const Node& parent, const int32_t* block) const {
+  auto it = parent.children.find(std::vector<int32_t>(block, block + page_tokens_));
+  return it == parent.children.end() ? nullptr : it->second.get();
+}
+
+void PrefixCache::touch(Node& n) { n.last_use = ++clock_; }
+
+PrefixHit PrefixCache::lookup(const std::vector<int32_t>& tokens, int64_t max_tokens) {
+  PrefixHit hit;
+  const int64_t limit = std::min<int64_t>(max_tokens, int64_t(tokens.size()));
+  std::vector<Node*> path;
+  Node* n = root_.get();
+  for (int64_t end = page_tokens_; end <= limit; end += page_tokens_) {
+    n = child(*n, tokens.data() + end - page_tokens_);
+    if (!n) break;
+    path.push_back(n);
+    if (n->snapshot >= 0) {
+      hit.tokens = end;
+      hit.snapshot_slot = n->snapshot;
+    }
+  }
+  // The nodes up to the hit are used; deeper ones matched but are not (no snapshot past them).
+  const size_t used = size_t(hit.tokens / page_tokens_);
+  for (size_t k = 0; k < used; ++k) {
+    touch(*path[k]);
+    hit.pages.push_back(path[k]->page);
+  }
+  return hit;
+}
+
+void PrefixCache::record_query(int64_t queried, int64_t hit) {
+  stats_.queries += queried;
+  stats_.hits += hit;
+}
+
+bool PrefixCache::has_snapshot(const std::vector<int32_t>& tokens, int64_t boundary) const {
+  DSV41RT_CHECK(boundary >= 0 && boundary % page_tokens_ == 0 && boundary <= int64_t(tokens.size()),
+                "prefix cache: boundary ", boundary, " is not a page boundary within ",
+                tokens.size(), " tokens");
+  const Node* n = root_.get();
+  for (int64_t end = page_tokens_; end <= boundary && n; end += page_tokens_) {
+    n = child(*n, tokens.data() + end - page_tokens_);
+  }
+  return n && n != root_.get() && n->snapshot >= 0;
+}
+
+bool PrefixCache::insert(const std::vector<int32_t>& tokens, int64_t boundary,
+                         std::vector<int32_t>& pages, int32_t snapshot_slot) {
+  DSV41RT_CHECK(boundary > 0 && boundary % page_tokens_ == 0 && boundary <= int64_t(tokens.size()),
+                "prefix cache: boundary ", boundary, " is not a positive page boundary within ",
+                tokens.size(), " tokens");
+  const int64_t blocks = boundary / page_tokens_;
+  DSV41RT_CHECK(int64_t(pages.size()) >= blocks, "prefix cache: ", boundary, " positions need ",
+                blocks, " pages, got ", pages.size());
+  Node* n = root_.get();
+  for (int64_t k = 0; k < blocks; ++k) {
+    const int32_t* block = tokens.data() + k * page_tokens_;
+    Node* next = child(*n, block);
+    if (!next) {
+      pool_.retain_pages({pages[size_t(k)]});  // throws, changing nothing, on a bad page
+      auto node = std::make_unique<Node>();
+      node->parent = n;
+      node->key.assign(block, block + page_tokens_);
+      node->page = pages[size_t(k)];
+      next = node.get();
+      n->children.emplace(node->key, std::move(node));
+      ++stats_.pages;
+    }
+    if (next->page != pages[size_t(k)]) {
+      // Another request published this block from its own page. Its bytes equal ours (a pure
+      // function of the same prefix), so the table switches to the cached page and frees its
+      // own: a request holding a node's page then holds every ancestor's too, which is what
+      // lets eviction take leaves only.
+      pool_.retain_pages({next->page});
+      std::vector<int32_t> own{pages[size_t(k)]};
+      pool_.free_pages(own);
+      pages[size_t(k)] = next->page;
+    }
+    touch(*next);
+    n = next;
+  }
+  if (snapshot_slot < 0 || n->snapshot >= 0) return false;
+  n->snapshot = snapshot_slot;
+  ++stats_.snapshots;
+  return true;
+}
+
+void PrefixCache::erase_leaf(Node* n) {
+  DSV41RT_CHECK_CODE(kInternal, n != root_.get() && n->children.empty(),
+                     "prefix cache: erasing a node that is not a leaf");
+  std::vector<int32_t> table{n->page};
+  pool_.free_pages(table);
+  --stats_.pages;
+  if (n->snapshot >= 0) {
+    pool_.free_slot(n->snapshot);
+    --stats_.snapshots;
+  }
+  Node* parent = n->parent;
+  parent->children.erase(n->key);  // destroys n
+}
+
+bool PrefixCache::evict_page() {
+  Node* victim = nullptr;
+  std::function<void(Node&)> scan = [&](Node& n) {
+    for (auto& [key, c] : n.children) scan(*c);
+    // Only the cache holds the page of a leaf with one reference (requests hold whole prefixes,
+    // so a held node's ancestors are held too).
+    if (&n != root_.get() && n.children.empty() && pool_.page_refs(n.page) == 1 &&
+        (!victim || n.last_use < victim->last_use)) {
+      victim = &n;
+    }
+  };
+  scan(*root_);
+  if (!victim) return false;
+  if (victim->snapshot >= 0) ++stats_.evicted_snapshots;
+  erase_leaf(victim);
+  ++stats_.evicted_pages;
+  return true;
+}
+
+bool PrefixCache::evict_snapshot() {
+  Node* victim = nullptr;
+  std::function<void(Node&)> scan = [&](Node& n) {
+    for (auto& [key, c] : n.children) scan(*c);
+    if (n.snapshot >= 0 && (!victim || n.last_use < victim->last_use)) victim = &n;
+  };
+  scan(*root_);
+  if (!victim) return false;
+  pool_.free_slot(victim->snapshot);
+  victim->snapshot = -1;
+  --stats_.snapshots;
+  ++stats_.evicted_snapshots;
+  return true;
+}
+
+void PrefixCache::reset() {
+  // Leaves first, so every erase sees a leaf.
+  std::function<void(Node&)> drop = [&](Node& n) {
+    while (!n.children.empty()) {
+      Node& c = *n.children.begin()->second;
+      drop(c);
+      erase_leaf(&c);
+    }
+  };
+  drop(*root_);
+}
+
+PrefixCacheStats PrefixCache::stats() const { return stats_; }
+
+void PrefixCache::owners(std::vector<std::vector<int32_t>>& page_tables,
+                         std::vector<int32_t>& slots) const {
+  int64_t pages = 0, snapshots = 0;
+  std::function<void(const Node&)> walk = [&](const Node& n) {
+    for (const auto& [key, c] : n.children) {
+      DSV41RT_CHECK_CODE(
+          kInternal,
+          c->parent == &n && c->key == key && int64_t(key.size()) == page_tokens_ && c->page >= 0,
+          "prefix cache: malformed node (page ", c->page, ")");
+      page_tables.push_back({c->page});
+      ++pages;
+      if (c->snapshot >= 0) {
+        slots.push_back(c->snapshot);
+        ++snapshots;
+      }
+      walk(*c);
+    }
+  };
+  walk(*root_);
+  DSV41RT_CHECK_CODE(kInternal, pages == stats_.pages && snapshots == stats_.snapshots,
+                     "prefix cache: counts ", stats_.pages, " pages / ", stats_.snapshots,
+                     " snapshots, the tree holds ", pages, " / ", snapshots);
+}
+
+}  // namespace dsv41rt::engine

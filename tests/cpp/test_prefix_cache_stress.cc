@@ -1,0 +1,206 @@
+// The scheduler with prefix caching against a mock model that keeps real state in the pool's ids:
+// each slot holds the token sequence its request has computed (standing in for the window ring
+// and Engram history) and each page the positions written into it (standing in for compressed
+// entries). So a wrong snapshot, a shared page written again, or a page freed while a request
+// still reads it shows up as wrong state, and a next token that is a hash of the slot's whole
+// sequence shows up as a wrong output. Randomised: requests share random prefixes, re-send
+// earlier conversations with more tokens, abort (also between schedule and complete), and the
+// small pool forces eviction and preemption; invariants are checked after every operation.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "runtime/engine/scheduler.h"
+#include "runtime/model/kv_pool.h"
+
+namespace dsv41rt::engine {
+namespace {
+
+constexpr int64_t kPage = 4;
+
+int32_t next_token(const std::vector<int32_t>& seq) {
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t t : seq) {
+    h ^= uint32_t(t);
+    h *= 1099511628211ull;
+  }
+  return int32_t((h >> 17) % 50);  // a small vocabulary: generated text shares prefixes too
+}
+
+// What a page holds: per position, the whole prefix up to it (so equal bytes <=> equal prefix).
+using PageRows = std::map<int64_t, std::vector<int32_t>>;
+
+struct StatefulMock {
+  const KvPool& pool;
+  std::map<int32_t, std::vector<int32_t>> slots;  // slot id -> sequence computed in it
+  std::map<int32_t, PageRows> pages;              // page id -> rows written
+
+  void copy(int32_t from, int32_t to) { slots[to] = slots[from]; }
+
+  std::vector<std::pair<int64_t, int32_t>> run(const Scheduler& s, const StepPlan& plan) {
+    std::vector<std::pair<int64_t, int32_t>> out;
+    for (const ScheduledChunk& c : plan.chunks) {
+      const SchedRequest& r = s.request(c.request_id);
+      std::vector<int32_t>& state = slots[r.slot];
+      if (c.start == 0) state.clear();  // a fresh request reads nothing of the slot
+      const std::vector<int32_t> prefix(r.tokens.begin(), r.tokens.begin() + c.start);
+      EXPECT_EQ(state, prefix) << "request " << r.id << ": slot state is not its prefix";
+      // Every earlier position's page row holds this request's prefix up to that position.
+      for (int64_t pos = 0; pos < c.start; ++pos) {
+        const PageRows& rows = pages[r.pages[size_t(pos / kPage)]];
+        auto it = rows.find(pos % kPage);
+        if (it == rows.end()) {
+          ADD_FAILURE() << "request " << r.id << " reads an unwritten row " << pos;
+          continue;
+        }
+        EXPECT_TRUE(std::equal(it->second.begin(), it->second.end(), r.tokens.begin()) &&
+                    int64_t(it->second.size()) == pos + 1)
+            << "request " << r.id << ": page row " << pos << " holds another prefix";
+      }
+      for (int64_t pos = c.start; pos < c.start + c.count; ++pos) {
+        const int32_t page = r.pages[size_t(pos / kPage)];
+        EXPECT_EQ(pool.page_refs(page), 1) << "request " << r.id << " writes shared page " << page;
+        pages[page][pos % kPage].assign(r.tokens.begin(), r.tokens.begin() + pos + 1);
+        state.push_back(r.tokens[size_t(pos)]);
+      }
+      if (c.samples) out.emplace_back(c.request_id, next_token(state));
+    }
+    return out;
+  }
+};
+
+std::vector<int32_t> reference_output(std::vector<int32_t> seq, int64_t max_new) {
+  for (int64_t i = 0; i < max_new; ++i) seq.push_back(next_token(seq));
+  return seq;
+}
+
+TEST(PrefixCacheStress, RandomSharedPrefixesStayExactAndTheAccountsBalance) {
+  const unsigned seed = std::random_device{}();
+  std::printf("Prefix cache stress seed: %u\n", seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  auto uniform = [&](int64_t lo, int64_t hi) {
+    return lo + int64_t(rng() % uint64_t(hi - lo + 1));
+  };
+
+  KvPool pool(model::PoolGeometry{kPage, 0, 0}, 32, 6);  // 128 tokens, 6 slots
+  StatefulMock mock{pool, {}, {}};
+  Scheduler s({.max_num_seqs = 4, .max_num_batched_tokens = 20, .enable_prefix_caching = true},
+              pool, [&](int32_t from, int32_t to) { mock.copy(from, to); });
+  std::vector<std::vector<int32_t>> stems, finished_seqs;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int32_t> stem(size_t(uniform(4, 60)));
+    for (int32_t& t : stem) t = int32_t(uniform(0, 3));  // few distinct tokens: shared blocks
+    stems.push_back(stem);
+  }
+  std::map<int64_t, std::vector<int32_t>> expected;
+  int64_t finished = 0, aborts = 0;
+  auto forget = [&](int64_t id) { expected.erase(id); };
+
+  auto new_prompt = [&] {
+    std::vector<int32_t> p;
+    if (!finished_seqs.empty() && uniform(0, 3) == 0) {  // the next turn of a conversation
+      p = finished_seqs[size_t(uniform(0, int64_t(finished_seqs.size()) - 1))];
+    } else {
+      const std::vector<int32_t>& stem = stems[size_t(uniform(0, 3))];
+      p.assign(stem.begin(), stem.begin() + uniform(1, int64_t(stem.size())));
+    }
+    for (int64_t extra = uniform(0, 9); extra > 0; --extra) p.push_back(int32_t(uniform(0, 3)));
+    if (p.size() > 100) p.resize(100);
+    return p;
+  };
+  auto step = [&](bool abort_in_flight) {
+    StepPlan plan = s.schedule();
+    if (!s.idle()) {
+      EXPECT_FALSE(plan.chunks.empty()) << "stalled with live requests";
+    }
+    s.check_invariants();
+    auto sampled = mock.run(s, plan);
+    if (abort_in_flight && !plan.chunks.empty()) {
+      const int64_t id =
+          plan.chunks[size_t(uniform(0, int64_t(plan.chunks.size()) - 1))].request_id;
+      s.abort(id);
+      forget(id);
+      ++aborts;
+      s.check_invariants();
+    }
+    s.complete(plan);
+    s.check_invariants();
+    for (auto [id, tok] : sampled) {
+      if (!s.has_request(id)) continue;
+      s.append_token(id, tok);
+      const SchedRequest& r = s.request(id);
+      if (r.generated() == r.max_new_tokens) {
+        EXPECT_EQ(r.tokens, expected[id]) << "request " << id;
+        if (r.tokens.size() < 90) finished_seqs.push_back(r.tokens);
+        s.finish(id, FinishReason::kLength);
+        forget(id);
+        ++finished;
+      }
+    }
+  };
+
+  for (int64_t op = 0; op < 6000; ++op) {
+    const int64_t dice = uniform(0, 99);
+    if (dice < 20) {
+      std::vector<int32_t> prompt = new_prompt();
+      const int64_t max_new = uniform(1, 30);
+      if (int64_t(prompt.size()) + max_new <= s.config().max_model_len) {
+        const int64_t id = s.submit(prompt, max_new);
+        expected[id] = reference_output(prompt, max_new);
+      }
+    } else if (dice < 93) {
+      step(uniform(0, 99) < 2);
+    } else if (dice < 96 && !expected.empty()) {
+      auto it = expected.begin();
+      std::advance(it, uniform(0, int64_t(expected.size()) - 1));
+      s.abort(it->first);
+      forget(it->first);
+      ++aborts;
+    } else {
+      s.reset_prefix_cache();
+    }
+    s.check_invariants();
+    ASSERT_FALSE(::testing::Test::HasFailure()) << "after op " << op;
+  }
+  for (int64_t n = 0; !s.idle(); ++n) {
+    ASSERT_LT(n, 100000);
+    step(false);
+    ASSERT_FALSE(::testing::Test::HasFailure());
+  }
+  const PrefixCacheStats cs = s.prefix_cache()->stats();
+  const SchedulerStats st = s.stats();
+  std::printf(
+      "prefix stress: %lld finished, %lld aborts, %lld preemptions, %lld/%lld tokens hit, "
+      "%lld pages + %lld snapshots evicted\n",
+      (long long)finished, (long long)aborts, (long long)st.preemptions, (long long)cs.hits,
+      (long long)cs.queries, (long long)cs.evicted_pages, (long long)cs.evicted_snapshots);
+  // The run exercised what it is about.
+  EXPECT_GT(finished, 100);
+  EXPECT_GT(cs.hits, 0);
+  EXPECT_GT(cs.evicted_pages, 0);
+  EXPECT_GT(cs.evicted_snapshots, 0);
+  EXPECT_GT(st.preemptions, 0);
+  // Idle: only the cache holds anything, and after a reset nothing does.
+  EXPECT_EQ(pool.usage().pages_used, cs.pages);
+  EXPECT_EQ(pool.usage().slots_used, cs.snapshots);
+  s.reset_prefix_cache();
+  s.check_invariants();
+  EXPECT_EQ(pool.usage().pages_used, 0);
+  EXPECT_EQ(pool.usage().slots_used, 0);
+}
+
+TEST(PrefixCacheStress, SchedulerNeedsACopierForPrefixCaching) {
+  KvPool pool(model::PoolGeometry{kPage, 0, 0}, 8, 2);
+  EXPECT_THROW(Scheduler({.enable_prefix_caching = true}, pool), Error);
+}
+
+}  // namespace
+}  // namespace dsv41rt::engine
