@@ -139,7 +139,7 @@ for step in ${STEPS:-tests}; do
     serve)
       echo "== serving bench-40 (bf16, ${SERVE_IN:-1024} in / ${SERVE_OUT:-128} out)"
       [ -d /tmp/bench-40 ] || python3 -m dsv41rt make-checkpoint --preset bench-40 --seed 0 --out /tmp/bench-40 --workers 16 | tail -1
-      export DEVICE=cuda PRECISION=bf16 INPUT_LEN=${SERVE_IN:-1024} OUTPUT_LEN=${SERVE_OUT:-128} PYTHON=python3
+      export DEVICE=cuda PRECISION=bf16 KV_MEMORY=${SERVE_KV_MEMORY:-8G} INPUT_LEN=${SERVE_IN:-1024} OUTPUT_LEN=${SERVE_OUT:-128} PYTHON=python3
       echo "-- concurrency 1"
       CONCURRENCY=1 NUM_PROMPTS=${SERVE_C1_PROMPTS:-4} timeout 300 bash bench/serve_itl_cap.sh 0 8100 /tmp/bench-40
       for cap in ${SERVE_CAPS:-0 32}; do

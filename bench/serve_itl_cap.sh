@@ -3,13 +3,13 @@
 # = CAP, runs `dsv41rt bench` at concurrency 16 (random prompts of INPUT_LEN tokens, OUTPUT_LEN out),
 # stops the server. Usage (repo root): bash bench/serve_itl_cap.sh CAP PORT [CHECKPOINT]
 # Env: PYTHON (default python3), DEVICE (default: the server's), PRECISION (default: the server's),
-# INPUT_LEN (512), OUTPUT_LEN (32), NUM_PROMPTS (32), CONCURRENCY (16), OUT (result JSON
-# directory, default /tmp).
+# INPUT_LEN (512), OUTPUT_LEN (32), NUM_PROMPTS (32), CONCURRENCY (16), KV_MEMORY (default: the server's),
+# OUT (result JSON directory, default /tmp).
 set -u
 CAP=$1 PORT=$2 CKPT=${3:-build/tiny-v41-seed0}
 PY=${PYTHON:-python3}
 $PY -m dsv41rt serve "$CKPT" --port "$PORT" --max-num-batched-tokens 512 --max-num-seqs 16 \
-  --max-prefill-tokens-while-decoding "$CAP" ${DEVICE:+--device "$DEVICE"} ${PRECISION:+--precision "$PRECISION"} \
+  --max-prefill-tokens-while-decoding "$CAP" ${DEVICE:+--device "$DEVICE"} ${PRECISION:+--precision "$PRECISION"} ${KV_MEMORY:+--kv-memory "$KV_MEMORY"} \
   >"${OUT:-/tmp}/serve_cap$CAP.log" 2>&1 &
 server=$!
 trap 'kill "$server" 2>/dev/null' EXIT  # never leave the server (and its GPU memory) behind
