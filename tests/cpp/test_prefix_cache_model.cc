@@ -1,0 +1,225 @@
+// Prefix caching on the tiny checkpoint (DSV41RT_TEST_CHECKPOINT), CPU backend, bitwise:
+//   - the mechanism: a slot snapshot taken at a page boundary plus the shared pages before it,
+//     continued with another suffix, gives the logits of a fresh request over the whole sequence,
+//     at boundaries inside the first window, at it, past it, before and after the Engram n-gram
+//     span, short and long, and at the prompt's last token but one;
+//   - the engine: tokens and logprobs with prefix caching equal those without (hits after the
+//     first request finished, a re-sent prompt, the next turn of a conversation, two requests
+//     sharing a prefix at once, two computing the same prefix at once), with the dequant
+//     workspace's reuse on and off.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/safetensors.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/engram_tables.h"
+#include "runtime/model/executor.h"
+#include "runtime/model/layer_plan.h"
+#include "runtime/model/model_config.h"
+
+namespace dsv41rt::model {
+namespace {
+
+const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
+
+#define NEED_CHECKPOINT() \
+  if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint"
+
+std::shared_ptr<Executor> load(int64_t page_tokens, int64_t kv_memory = 64ll << 20) {
+  const std::string dir = checkpoint();
+  ModelPlan plan = build_model_plan(load_model_config(dir));
+  EngramTables tables = load_engram_tables(dir, plan.config);
+  ModelWeights weights = load_weights(std::make_shared<Checkpoint>(dir), plan);
+  ExecutorOptions options;
+  options.kv_memory = kv_memory;
+  options.max_num_seqs = 8;  // slots: 4 running requests (the engine's limit) + 4 snapshots
+  options.page_tokens = page_tokens;
+  options.max_num_batched_tokens = 64;
+  return make_executor(std::move(plan), std::move(weights), std::move(tables), options);
+}
+
+std::vector<int32_t> tokens(int64_t n, int64_t salt) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    p[size_t(i)] = int32_t((i * 7919 + salt * 104729 + 13) % 120000 + 3);
+  return p;
+}
+
+std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// A request held directly: its slot, its page table (pages may be shared) and its length.
+struct Held {
+  Executor& e;
+  int32_t slot;
+  std::vector<int32_t> pages;
+  int64_t length = 0;
+  explicit Held(Executor& ex) : e(ex), slot(ex.pool().alloc_slot()) { EXPECT_GE(slot, 0); }
+  ~Held() {
+    e.pool().free_pages(pages);
+    e.pool().free_slot(slot);
+  }
+  RequestView view() {
+    return {e.pool().slot_data(slot), pages.data(), int64_t(pages.size()), length};
+  }
+  std::vector<float> run(const std::vector<int32_t>& t) {  // logits of every new position
+    EXPECT_TRUE(e.pool().ensure_pages(pages, length + int64_t(t.size())));
+    std::vector<float> logits(t.size() * size_t(e.plan().config.vocab_size));
+    std::vector<BatchItem> batch(1);
+    batch[0].request = view();
+    batch[0].tokens = t.data();
+    batch[0].n = int64_t(t.size());
+    batch[0].logits = logits.data();
+    e.forward(batch);
+    length += int64_t(t.size());
+    return logits;
+  }
+};
+
+TEST(PrefixCacheModel, SnapshotAndSharedPagesContinueBitwise) {
+  NEED_CHECKPOINT();
+  // Pages of 2 positions (the largest compression ratio), so every boundary kind is a page
+  // boundary: the window is 8 positions and the Engram history 3 ids on tiny-v41.
+  auto e = load(/*page_tokens=*/2);
+  ASSERT_EQ(e->plan().config.sliding_window, 8);
+  const int64_t V = e->plan().config.vocab_size;
+  const std::vector<int32_t> first = tokens(40, 1);
+  for (int64_t c : {2, 4, 6, 8, 10, 16, 32}) {
+    SCOPED_TRACE("boundary " + std::to_string(c));
+    const std::vector<int32_t> prefix(first.begin(), first.begin() + c);
+    const std::vector<int32_t> suffix = tokens(33 - c, 2 + c);  // the new request: 33 tokens
+    const std::vector<float> expected = Held(*e).run(concat(prefix, suffix));
+
+    Held a(*e);
+    a.run(prefix);
+    const int32_t snapshot = e->pool().alloc_slot();
+    ASSERT_GE(snapshot, 0);
+    e->copy_state({a.view().slot, nullptr, 0, 0}, {e->pool().slot_data(snapshot), nullptr, 0, 0});
+    a.run(std::vector<int32_t>(first.begin() + c, first.end()));  // a moves on past the boundary
+
+    Held b(*e);
+    b.pages.assign(a.pages.begin(), a.pages.begin() + c / 2);
+    e->pool().retain_pages(b.pages);
+    e->copy_state({e->pool().slot_data(snapshot), nullptr, 0, 0}, {b.view().slot, nullptr, 0, 0});
+    e->pool().free_slot(snapshot);
+    b.length = c;
+    const std::vector<float> got = b.run(suffix);
+    ASSERT_EQ(got.size() + size_t(c * V), expected.size());
+    EXPECT_EQ(std::memcmp(got.data(), expected.data() + c * V, got.size() * sizeof(float)), 0);
+  }
+  EXPECT_EQ(e->pool().usage().pages_used, 0);
+}
+
+}  // namespace
+}  // namespace dsv41rt::model
+
+namespace dsv41rt::engine {
+namespace {
+
+using model::checkpoint;
+using model::concat;
+using model::load;
+using model::tokens;
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<std::vector<float>> top_logprobs;
+  int64_t cached = -1;
+};
+
+// Runs the engine until idle, checking the pool after every step.
+void drain(Engine& engine, std::map<int64_t, Outcome>& out) {
+  while (!engine.idle()) {
+    for (const RequestOutput& o : engine.step()) {
+      Outcome& r = out[o.id];
+      r.tokens.insert(r.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
+      r.logprobs.insert(r.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+      r.top_logprobs.insert(r.top_logprobs.end(), o.top_logprobs.begin(), o.top_logprobs.end());
+      if (o.cached_tokens >= 0) r.cached = o.cached_tokens;
+    }
+    engine.check_invariants();
+  }
+}
+
+GenerationParams params(int64_t max_new, uint64_t seed) {
+  GenerationParams g;
+  g.max_new_tokens = max_new;
+  g.ignore_eos = true;
+  g.sampling.temperature = seed == 0 ? 0.0f : 0.8f;
+  g.sampling.seed = seed;
+  g.sampling.top_logprobs = 4;
+  return g;
+}
+
+// The scenario of the test below; returns every request's outcome by submission order.
+std::vector<Outcome> run_scenario(bool caching, bool workspace_reuse) {
+  Engine engine(
+      load(/*page_tokens=*/4),
+      {.max_num_seqs = 4, .max_num_batched_tokens = 16, .enable_prefix_caching = caching});
+  engine.executor().workspaces().set_reuse(workspace_reuse);
+  std::map<int64_t, Outcome> out;
+  std::vector<int64_t> ids;
+  auto submit = [&](std::vector<int32_t> p, int64_t max_new, uint64_t seed) {
+    ids.push_back(engine.submit(std::move(p), params(max_new, seed)));
+  };
+  const std::vector<int32_t> a = tokens(37, 1);  // publishes at 36
+  submit(a, 6, 0);
+  drain(engine, out);
+  submit(a, 5, 7);  // re-sent: cached up to the last prompt token but one
+  drain(engine, out);
+  submit(concat(concat(a, out[ids[0]].tokens), tokens(3, 9)), 4, 0);  // the next turn
+  submit(tokens(5, 2), 3, 0);                                         // publishes at 4
+  drain(engine, out);
+  submit(concat(tokens(5, 2), tokens(4, 3)), 3, 5);  // a short cached prefix
+  submit(concat(a, tokens(9, 4)), 4, 0);             // two at once on one cached prefix
+  submit(concat(a, tokens(2, 5)), 4, 3);
+  drain(engine, out);
+  submit(tokens(23, 6), 3, 0);  // two at once computing the same new prefix
+  submit(tokens(23, 6), 3, 0);
+  drain(engine, out);
+  submit(concat(tokens(23, 6), tokens(6, 7)), 3, 0);
+  drain(engine, out);
+  engine.check_invariants();
+  const EngineStats s = engine.stats();
+  EXPECT_EQ(s.pool.pages_used, s.prefix_cache.pages);
+  EXPECT_EQ(s.pool.slots_used, s.prefix_cache.snapshots);
+  engine.reset_prefix_cache();
+  EXPECT_EQ(engine.stats().pool.pages_used, 0);
+  EXPECT_EQ(engine.stats().pool.slots_used, 0);
+  std::vector<Outcome> by_order;
+  for (int64_t id : ids) by_order.push_back(out[id]);
+  return by_order;
+}
+
+TEST(PrefixCacheModel, EngineTokensWithHitsEqualThoseWithout) {
+  NEED_CHECKPOINT();
+  const std::vector<Outcome> off = run_scenario(false, true);
+  const std::vector<Outcome> on = run_scenario(true, true);
+  const std::vector<Outcome> on_no_reuse = run_scenario(true, false);
+  ASSERT_EQ(off.size(), on.size());
+  for (size_t i = 0; i < off.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    EXPECT_EQ(off[i].cached, 0);
+    EXPECT_EQ(off[i].tokens, on[i].tokens);
+    EXPECT_EQ(off[i].logprobs, on[i].logprobs);  // float ==: bitwise for finite values
+    EXPECT_EQ(off[i].top_logprobs, on[i].top_logprobs);
+    EXPECT_EQ(on[i].tokens, on_no_reuse[i].tokens);
+    EXPECT_EQ(on[i].logprobs, on_no_reuse[i].logprobs);
+    EXPECT_EQ(on[i].cached, on_no_reuse[i].cached);
+  }
+  // What each request found: see the comments in run_scenario (page_tokens 4).
+  const std::vector<int64_t> cached = {0, 36, 36, 0, 4, 36, 36, 0, 0, 20};
+  for (size_t i = 0; i < on.size(); ++i) EXPECT_EQ(on[i].cached, cached[i]) << "request " << i;
+}
+
+}  // namespace
+}  // namespace dsv41rt::engine
