@@ -92,7 +92,8 @@ void register_options(nb::module_& m) {
       .def_rw("max_num_batched_tokens", &PoolOptions::max_num_batched_tokens)
       .def_rw("max_model_len", &PoolOptions::max_model_len)
       .def_rw("page_size", &PoolOptions::page_size)
-      .def_rw("max_prefill_tokens_while_decoding", &PoolOptions::max_prefill_tokens_while_decoding);
+      .def_rw("max_prefill_tokens_while_decoding", &PoolOptions::max_prefill_tokens_while_decoding)
+      .def_rw("enable_prefix_caching", &PoolOptions::enable_prefix_caching);
   nb::class_<NumericsOptions>(m, "NumericsOptions")
       .def(nb::init<>())
       .def_rw("precision", &NumericsOptions::precision)
@@ -140,6 +141,7 @@ void register_options(nb::module_& m) {
     d["page_size"] = p.page_size;
     d["enforce_eager"] = p.enforce_eager != 0;
     d["max_prefill_tokens_while_decoding"] = p.max_prefill_tokens_while_decoding;
+    d["enable_prefix_caching"] = p.enable_prefix_caching != 0;
     return d;
   });
 }
@@ -154,7 +156,8 @@ void register_results(nb::module_& m) {
       .def_ro("finished", &RequestOutput::finished)
       .def_ro("reason", &RequestOutput::reason)
       .def_ro("error", &RequestOutput::error)
-      .def_ro("first_scheduled_ns", &RequestOutput::first_scheduled_ns);
+      .def_ro("first_scheduled_ns", &RequestOutput::first_scheduled_ns)
+      .def_ro("cached_tokens", &RequestOutput::cached_tokens);
 
 #define DSV41RT_RO(Cls, field) .def_ro(#field, &Cls::field)
   nb::class_<PoolStats>(m, "PoolStats") DSV41RT_RO(PoolStats, pages_total)
@@ -162,7 +165,11 @@ void register_results(nb::module_& m) {
           DSV41RT_RO(PoolStats, slots_used) DSV41RT_RO(PoolStats, bytes_total)
               DSV41RT_RO(PoolStats, page_size) DSV41RT_RO(PoolStats, page_bytes)
                   DSV41RT_RO(PoolStats, slot_bytes) DSV41RT_RO(PoolStats, workspace_bytes_per_page)
-                      DSV41RT_RO(PoolStats, scratch_bytes);
+                      DSV41RT_RO(PoolStats, scratch_bytes) DSV41RT_RO(PoolStats, pages_cached)
+                          DSV41RT_RO(PoolStats, slots_cached);
+  nb::class_<PrefixCacheStats>(m, "PrefixCacheStats") DSV41RT_RO(PrefixCacheStats, queries)
+      DSV41RT_RO(PrefixCacheStats, hits) DSV41RT_RO(PrefixCacheStats, evicted_pages)
+          DSV41RT_RO(PrefixCacheStats, evicted_snapshots);
   nb::class_<SchedulerStats>(m, "SchedulerStats") DSV41RT_RO(SchedulerStats, waiting)
       DSV41RT_RO(SchedulerStats, running) DSV41RT_RO(SchedulerStats, preemptions)
           DSV41RT_RO(SchedulerStats, admitted) DSV41RT_RO(SchedulerStats, finished)
@@ -184,7 +191,8 @@ void register_results(nb::module_& m) {
                                               DSV41RT_RO(BackendStats, cp_overlap_us);
   nb::class_<Stats>(m, "Stats") DSV41RT_RO(Stats, pool) DSV41RT_RO(Stats, scheduler)
       DSV41RT_RO(Stats, dequant) DSV41RT_RO(Stats, backend) DSV41RT_RO(Stats, steps)
-          DSV41RT_RO(Stats, tokens_computed) DSV41RT_RO(Stats, tokens_generated);
+          DSV41RT_RO(Stats, tokens_computed) DSV41RT_RO(Stats, tokens_generated)
+              DSV41RT_RO(Stats, prefix_cache);
 #undef DSV41RT_RO
   nb::class_<ModelInfo>(m, "ModelInfo")
       .def_ro("vocab_size", &ModelInfo::vocab_size)
@@ -255,6 +263,7 @@ void register_runtime(nb::module_& m) {
       .def("set_switch", &Runtime::set_switch, nb::arg("which"), nb::arg("on"))
       .def("set_dequant_reuse", &Runtime::set_dequant_reuse, nb::arg("on"))
       .def("reset_dequant_counters", &Runtime::reset_dequant_counters)
+      .def("reset_prefix_cache", &Runtime::reset_prefix_cache)
       .def("run_cp_worker", &Runtime::run_cp_worker, nb::call_guard<nb::gil_scoped_release>())
       .def("open_sequence", &Runtime::open_sequence)
       .def(

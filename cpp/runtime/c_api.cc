@@ -131,6 +131,7 @@ dsv41rt::RuntimeOptions options_from(const dsv41rt_runtime_params& p) {
   o.pool.max_model_len = p.max_model_len;
   o.pool.page_size = p.page_size;
   o.pool.max_prefill_tokens_while_decoding = p.max_prefill_tokens_while_decoding;
+  o.pool.enable_prefix_caching = p.enable_prefix_caching != 0;
   return o;
 }
 
@@ -264,6 +265,7 @@ void dsv41rt_runtime_default_params(dsv41rt_runtime_params* p) {
   p->page_size = d.pool.page_size;
   p->enforce_eager = d.device.enforce_eager ? 1 : 0;
   p->max_prefill_tokens_while_decoding = d.pool.max_prefill_tokens_while_decoding;
+  p->enable_prefix_caching = d.pool.enable_prefix_caching ? 1 : 0;
 }
 
 void dsv41rt_sampling_default_params(dsv41rt_sampling_params* p) {
@@ -305,13 +307,16 @@ dsv41rt_status dsv41rt_runtime_create(uint32_t abi_version, const dsv41rt_runtim
                     ", this library is version " + std::to_string(DSV41RT_ABI_VERSION));
   }
   if (!params) return fail(nullptr, DSV41RT_E_INVALID_ARGUMENT, "params is NULL");
-  // The 0.1.0 layout ended before max_prefill_tokens_while_decoding: read only the bytes the
-  // caller has, the rest keeps this library's defaults.
+  // Older layouts end before a field added since (0.1.0 before max_prefill_tokens_while_decoding,
+  // the next before enable_prefix_caching): read only the bytes the caller has, the rest keeps
+  // this library's defaults.
   constexpr size_t kSize010 = offsetof(dsv41rt_runtime_params, max_prefill_tokens_while_decoding);
+  constexpr size_t kSizePrefill = offsetof(dsv41rt_runtime_params, enable_prefix_caching);
   dsv41rt_runtime_params p;
   dsv41rt_runtime_default_params(&p);
-  if (params->struct_size == kSize010) {
-    std::memcpy(&p, params, kSize010);
+  if (params->struct_size == kSize010 || params->struct_size == kSizePrefill) {
+    std::memcpy(&p, params, params->struct_size);
+    p.struct_size = sizeof(p);
   } else if (dsv41rt_status s =
                  check_size(params->struct_size, sizeof(*params), "dsv41rt_runtime_params")) {
     return s;
@@ -413,7 +418,9 @@ dsv41rt_status dsv41rt_cancel(dsv41rt_runtime* rt, int64_t id) {
 dsv41rt_status dsv41rt_get_stats(dsv41rt_runtime* rt, dsv41rt_stats* out) {
   return guarded(rt, [&]() -> dsv41rt_status {
     if (!out) return fail(rt, DSV41RT_E_INVALID_ARGUMENT, "out is NULL");
-    if (out->struct_size != sizeof(*out)) {
+    // The 0.1.0 layout ended before the prefix cache counters: those are then not written.
+    constexpr size_t kSize010 = offsetof(dsv41rt_stats, prefix_cache_queries);
+    if (out->struct_size != sizeof(*out) && out->struct_size != kSize010) {
       return fail(rt, DSV41RT_E_ABI_MISMATCH,
                   "dsv41rt_stats.struct_size is not this library's (dsv41rt_stats_init)");
     }
@@ -427,6 +434,10 @@ dsv41rt_status dsv41rt_get_stats(dsv41rt_runtime* rt, dsv41rt_stats* out) {
     out->page_size = s.pool.page_size;
     out->tokens_generated = s.tokens_generated;
     out->steps = s.steps;
+    if (out->struct_size == sizeof(*out)) {
+      out->prefix_cache_queries = s.prefix_cache.queries;
+      out->prefix_cache_hits = s.prefix_cache.hits;
+    }
     return DSV41RT_OK;
   });
 }

@@ -67,6 +67,7 @@ void gather(RequestOutput& into, RequestOutput&& more) {
   into.finished = more.finished;
   into.reason = more.reason;
   into.error = std::move(more.error);
+  if (more.cached_tokens >= 0) into.cached_tokens = more.cached_tokens;  // on one output only
 }
 
 // A failpoint for the tests of engine failure (the C API's E_ENGINE_FAILED, the server's error
@@ -85,7 +86,11 @@ class Runtime::Impl {
     LoadedModel m = load_model(options_);
     exec_ = m.executor;
     engine_ = std::make_unique<engine::Engine>(exec_, m.engine);
-    sequences_ = std::make_unique<Sequences>(*exec_);
+    // Direct sequences share the engine's pool: the prefix cache gives storage back to them.
+    engine::Engine* en = engine_.get();
+    sequences_ = std::make_unique<Sequences>(
+        *exec_, Sequences::Reclaim{[en] { return en->evict_cached_page(); },
+                                   [en] { return en->evict_cached_slot(); }});
     snapshot();
     if (options_.engine_thread) thread_ = std::thread([this] { run(); });
   }
@@ -348,6 +353,7 @@ class Runtime::Impl {
       r.top_logprobs = std::move(o.top_logprobs);
       r.finished = o.finished;
       r.reason = reason_of(o.reason);
+      r.cached_tokens = o.cached_tokens;
       outs.push_back(std::move(r));
     }
     return outs;
@@ -441,6 +447,13 @@ Stats Runtime::Impl::to_stats(const engine::Engine& en) const {
                e.dequant.reallocations};
   s.backend = x.backend_stats();
   s.steps = e.steps, s.tokens_computed = e.tokens_computed, s.tokens_generated = e.tokens_generated;
+  // Pages and slots only the prefix cache holds are given back on demand: reported apart.
+  s.pool.pages_cached = e.prefix_cache.reclaimable_pages;
+  s.pool.slots_cached = e.prefix_cache.snapshots;
+  s.pool.pages_used -= s.pool.pages_cached;
+  s.pool.slots_used -= s.pool.slots_cached;
+  const engine::PrefixCacheStats& c = e.prefix_cache;
+  s.prefix_cache = {c.queries, c.hits, c.evicted_pages, c.evicted_snapshots};
   return s;
 }
 
@@ -512,6 +525,10 @@ void Runtime::set_dequant_reuse(bool on) {
 }
 void Runtime::reset_dequant_counters() {
   impl_->with_engine([](auto&, model::Executor& x, auto&) { x.workspaces().reset_counters(); });
+  impl_->refresh();
+}
+void Runtime::reset_prefix_cache() {
+  impl_->with_engine([](engine::Engine& en, auto&, auto&) { en.reset_prefix_cache(); });
   impl_->refresh();
 }
 void Runtime::run_cp_worker() {

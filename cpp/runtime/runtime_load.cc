@@ -86,6 +86,7 @@ LoadedModel load_model(const RuntimeOptions& o) {
   m.engine.max_num_batched_tokens = o.pool.max_num_batched_tokens;
   m.engine.max_model_len = o.pool.max_model_len;
   m.engine.max_prefill_tokens_while_decoding = o.pool.max_prefill_tokens_while_decoding;
+  m.engine.enable_prefix_caching = o.pool.enable_prefix_caching;
   m.executor = model::make_executor(std::move(plan), std::move(weights), std::move(tables),
                                     executor_options(o));
   return m;

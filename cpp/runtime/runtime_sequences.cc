@@ -11,6 +11,7 @@ Sequences::~Sequences() {
 int64_t Sequences::open() {
   Sequence s;
   s.slot = exec_.pool().alloc_slot();
+  while (s.slot < 0 && reclaim_.slot && reclaim_.slot()) s.slot = exec_.pool().alloc_slot();
   DSV41RT_CHECK_CODE(kOutOfRange, s.slot >= 0, "no free request slot: ", exec_.pool().describe(),
                      "; close a sequence or finish requests first");
   seqs_.emplace(next_, std::move(s));
@@ -93,9 +94,12 @@ void Sequences::free(Sequence& s) {
 }
 
 void Sequences::reserve(Sequence& s, int64_t positions, int64_t seq) {
-  DSV41RT_CHECK_CODE(kOutOfRange, exec_.pool().ensure_pages(s.pages, positions),
-                     "KV pool exhausted: sequence ", seq, " needs ", positions, " positions; ",
-                     exec_.pool().describe());
+  bool reserved = false;
+  while (!(reserved = exec_.pool().ensure_pages(s.pages, positions)) && reclaim_.page &&
+         reclaim_.page()) {
+  }
+  DSV41RT_CHECK_CODE(kOutOfRange, reserved, "KV pool exhausted: sequence ", seq, " needs ",
+                     positions, " positions; ", exec_.pool().describe());
 }
 
 }  // namespace dsv41rt

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -14,7 +15,14 @@ namespace dsv41rt {
 
 class Sequences {
  public:
-  explicit Sequences(model::Executor& exec) : exec_(exec) {}
+  /// Asks the pool's other user (the engine's prefix cache) for one page / one slot back; false
+  /// when it has none to give.
+  struct Reclaim {
+    std::function<bool()> page, slot;
+  };
+
+  explicit Sequences(model::Executor& exec, Reclaim reclaim = {})
+      : exec_(exec), reclaim_(std::move(reclaim)) {}
   ~Sequences();
   Sequences(const Sequences&) = delete;
   Sequences& operator=(const Sequences&) = delete;
@@ -42,6 +50,7 @@ class Sequences {
   void reserve(Sequence& s, int64_t positions, int64_t seq);
 
   model::Executor& exec_;
+  Reclaim reclaim_;
   std::map<int64_t, Sequence> seqs_;
   int64_t next_ = 1;
 };

@@ -90,6 +90,10 @@ typedef struct dsv41rt_runtime_params {
    * 0 = no cap (default). Added after 0.1.0: a struct_size ending before this field (a host built
    * against the older header) is accepted and the field takes its default. */
   int64_t max_prefill_tokens_while_decoding;
+  /* Nonzero (default): reuse the state of prompt prefixes earlier requests computed
+   * (docs/design/prefix-cache.md). Added after max_prefill_tokens_while_decoding: a struct_size
+   * ending before this field is accepted and the field takes its default. */
+  int32_t enable_prefix_caching;
 } dsv41rt_runtime_params;
 
 typedef struct dsv41rt_sampling_params {
@@ -123,6 +127,9 @@ typedef struct dsv41rt_stats {
   int64_t requests_running, requests_waiting, requests_finished, preemptions;
   int64_t pages_total, pages_used, page_size;
   int64_t tokens_generated, steps;
+  /* Prefix cache, in prompt tokens (each request counted once): looked up, and found cached.
+   * Added after 0.1.0: a struct_size ending before them is accepted and they are not written. */
+  int64_t prefix_cache_queries, prefix_cache_hits;
 } dsv41rt_stats;
 
 DSV41RT_C_API uint32_t dsv41rt_abi_version(void);

@@ -43,6 +43,8 @@ struct PoolOptions {
   int64_t page_size = 64;                  ///< positions per KV page (a multiple of every ratio)
   /// prefill tokens an engine step may carry while requests decode; 0 = no cap
   int64_t max_prefill_tokens_while_decoding = 0;
+  /// reuse the state of prompt prefixes earlier requests computed (docs/design/prefix-cache.md)
+  bool enable_prefix_caching = true;
 };
 
 struct NumericsOptions {
@@ -113,6 +115,9 @@ struct RequestOutput {
   FinishReason reason = FinishReason::kNone;
   std::string error;               ///< reason kError: why the request could not go on
   int64_t first_scheduled_ns = 0;  ///< steady clock: when the first step running it began
+  /// prompt tokens served by the prefix cache: set (>= 0) on the output that carries the
+  /// request's first token, -1 on the others
+  int64_t cached_tokens = -1;
 };
 
 // ---- introspection ----------------------------------------------------------------------------
@@ -121,6 +126,8 @@ struct PoolStats {
   int64_t pages_total = 0, pages_used = 0, slots_total = 0, slots_used = 0, bytes_total = 0;
   int64_t page_size = 0, page_bytes = 0, slot_bytes = 0;
   int64_t workspace_bytes_per_page = 0, scratch_bytes = 0;
+  /// held only by the prefix cache (given back on demand, so not in pages_used / slots_used)
+  int64_t pages_cached = 0, slots_cached = 0;
 };
 
 struct SchedulerStats {
@@ -141,6 +148,11 @@ struct BackendStats {
   int64_t cp_layers_timed = 0, cp_q_projection_us = 0, cp_all_gather_us = 0, cp_overlap_us = 0;
 };
 
+/// Prefix cache counters, in tokens as vLLM counts them (each request once, at its admission).
+struct PrefixCacheStats {
+  int64_t queries = 0, hits = 0;
+  int64_t evicted_pages = 0, evicted_snapshots = 0;
+};
 struct DequantStats {
   int64_t dequant_calls = 0, reuse_hits = 0, rows_dequantised = 0, reallocations = 0;
 };
@@ -151,6 +163,7 @@ struct Stats {
   DequantStats dequant;
   BackendStats backend;
   int64_t steps = 0, tokens_computed = 0, tokens_generated = 0;
+  PrefixCacheStats prefix_cache;
 };
 
 /// Discrete decisions of the last forward (record_decisions): per layer, rows x k (each row
@@ -224,6 +237,9 @@ class DSV41RT_API Runtime {
   void set_switch(Switch which, bool on);
   void set_dequant_reuse(bool on);
   void reset_dequant_counters();
+  /// Forgets every cached prefix: its pages and snapshot slots go back to the pool (pages that
+  /// running requests share stay with them). A no-op when prefix caching is off.
+  void reset_prefix_cache();
   /// Context-parallel rank > 0 in its own process: replays rank 0's calls until it shuts down.
   void run_cp_worker();
 

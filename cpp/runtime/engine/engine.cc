@@ -141,6 +141,8 @@ class Engine::Impl {
 
   void check_invariants() const { scheduler_.check_invariants(); }
   void reset_prefix_cache() { scheduler_.reset_prefix_cache(); }
+  bool evict_cached_page() { return scheduler_.evict_cached_page(); }
+  bool evict_cached_slot() { return scheduler_.evict_cached_slot(); }
   model::Executor& executor() { return *exec_; }
 
  private:
@@ -193,6 +195,8 @@ bool Engine::idle() const { return impl_->idle(); }
 EngineStats Engine::stats() const { return impl_->stats(); }
 void Engine::check_invariants() const { impl_->check_invariants(); }
 void Engine::reset_prefix_cache() { impl_->reset_prefix_cache(); }
+bool Engine::evict_cached_page() { return impl_->evict_cached_page(); }
+bool Engine::evict_cached_slot() { return impl_->evict_cached_slot(); }
 model::Executor& Engine::executor() { return impl_->executor(); }
 
 }  // namespace dsv41rt::engine

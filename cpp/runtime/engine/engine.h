@@ -80,6 +80,10 @@ class DSV41RT_API Engine {
   void check_invariants() const;
   /// Forgets every cached prefix (scheduler.h); pages of running requests stay with them.
   void reset_prefix_cache();
+  /// One unreferenced cached page / one snapshot slot back to the pool, for users of the pool
+  /// outside the engine (direct sequences); false when the cache has none.
+  bool evict_cached_page();
+  bool evict_cached_slot();
   model::Executor& executor();
 
  private:

@@ -177,7 +177,18 @@ void PrefixCache::reset() {
   drop(*root_);
 }
 
-PrefixCacheStats PrefixCache::stats() const { return stats_; }
+PrefixCacheStats PrefixCache::stats() const {
+  PrefixCacheStats s = stats_;
+  // A request holding a node holds its ancestors, so every unreferenced node can be evicted.
+  std::function<void(const Node&)> walk = [&](const Node& n) {
+    for (const auto& [key, c] : n.children) {
+      s.reclaimable_pages += pool_.page_refs(c->page) == 1 ? 1 : 0;
+      walk(*c);
+    }
+  };
+  walk(*root_);
+  return s;
+}
 
 void PrefixCache::owners(std::vector<std::vector<int32_t>>& page_tables,
                          std::vector<int32_t>& slots) const {

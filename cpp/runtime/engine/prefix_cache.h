@@ -35,10 +35,11 @@ struct PrefixHit {
 };
 
 struct PrefixCacheStats {
-  int64_t queries = 0;    ///< prompt tokens looked up (vLLM's prefix_cache_queries)
-  int64_t hits = 0;       ///< of them, tokens served from the cache (prefix_cache_hits)
-  int64_t pages = 0;      ///< pages the cache holds a reference on
-  int64_t snapshots = 0;  ///< slots holding snapshots
+  int64_t queries = 0;            ///< prompt tokens looked up (vLLM's prefix_cache_queries)
+  int64_t hits = 0;               ///< of them, tokens served from the cache (prefix_cache_hits)
+  int64_t pages = 0;              ///< pages the cache holds a reference on
+  int64_t reclaimable_pages = 0;  ///< of them, held by no request (evictable, leaf by leaf)
+  int64_t snapshots = 0;          ///< slots holding snapshots
   int64_t evicted_pages = 0, evicted_snapshots = 0;
 };
 

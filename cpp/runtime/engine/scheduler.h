@@ -142,6 +142,10 @@ class DSV41RT_API Scheduler {
 
   /// The prefix cache, or null when prefix caching is off.
   const PrefixCache* prefix_cache() const { return cache_.get(); }
+  /// Storage the prefix cache gives back for users of the pool outside the scheduler (direct
+  /// sequences): one unreferenced page, or one snapshot slot. False when it has none.
+  bool evict_cached_page() { return cache_ && cache_->evict_page(); }
+  bool evict_cached_slot() { return cache_ && cache_->evict_snapshot(); }
   /// Forgets every cached prefix (its pages and snapshot slots go back to the pool; pages running
   /// requests share stay with them). No-op when prefix caching is off.
   void reset_prefix_cache();

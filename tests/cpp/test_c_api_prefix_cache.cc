@@ -1,0 +1,92 @@
+// Prefix caching through the C API: on by default, off on request, and a host built against the
+// header before enable_prefix_caching (struct_size ending before it) still runs with the default.
+// The same prompt twice gives the same tokens either way (the cache is exact).
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dsv41rt/dsv41rt.h"
+
+namespace {
+
+const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
+
+// Runs `prompt` to completion `times` times in turn; the tokens of each run. `counters`: the
+// prefix cache's queries and hits at the end.
+std::vector<std::vector<int32_t>> run(const dsv41rt_runtime_params& p,
+                                      const std::vector<int32_t>& prompt, int times,
+                                      std::pair<int64_t, int64_t>& counters) {
+  dsv41rt_runtime* rt = nullptr;
+  EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt), DSV41RT_OK)
+      << dsv41rt_last_error(nullptr);
+  std::vector<std::vector<int32_t>> out;
+  if (!rt) return out;
+  dsv41rt_request_params rp;
+  dsv41rt_request_default_params(&rp);
+  rp.max_new_tokens = 4;
+  rp.ignore_eos = 1;
+  for (int i = 0; i < times; ++i) {
+    int64_t id = 0;
+    EXPECT_EQ(dsv41rt_submit(rt, prompt.data(), prompt.size(), &rp, &id), DSV41RT_OK);
+    std::vector<int32_t> tokens;
+    int done = 0;
+    while (!done) {
+      int32_t buf[8];
+      size_t n = 0;
+      EXPECT_EQ(dsv41rt_wait(rt, id, -1, buf, 8, &n, &done), DSV41RT_OK);
+      tokens.insert(tokens.end(), buf, buf + n);
+    }
+    out.push_back(tokens);
+  }
+  dsv41rt_stats st;
+  dsv41rt_stats_init(&st);
+  EXPECT_EQ(dsv41rt_get_stats(rt, &st), DSV41RT_OK);
+  EXPECT_EQ(st.pages_used, 0);  // pages only the cache holds are not in use
+  counters = {st.prefix_cache_queries, st.prefix_cache_hits};
+  // A host built against the 0.1.0 header: its shorter stats struct is filled up to its end.
+  dsv41rt_stats old;
+  dsv41rt_stats_init(&old);
+  old.struct_size = offsetof(dsv41rt_stats, prefix_cache_queries);
+  old.prefix_cache_queries = -7;
+  EXPECT_EQ(dsv41rt_get_stats(rt, &old), DSV41RT_OK);
+  EXPECT_EQ(old.steps, st.steps);
+  EXPECT_EQ(old.prefix_cache_queries, -7);
+  EXPECT_EQ(dsv41rt_runtime_destroy(rt), DSV41RT_OK);
+  return out;
+}
+
+TEST(CApiPrefixCache, OnByDefaultOffOnRequestAndTheOlderLayout) {
+  dsv41rt_runtime_params p;
+  dsv41rt_runtime_default_params(&p);
+  EXPECT_EQ(p.enable_prefix_caching, 1);
+  if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint";
+  p.checkpoint_dir = checkpoint();
+  p.max_num_seqs = 4;
+  p.kv_memory = 64ll << 20;
+  p.page_size = 4;
+  std::vector<int32_t> prompt(23);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(3 + 7919 * i % 100000);
+  std::pair<int64_t, int64_t> counters_on, counters_off, counters_old;
+  const auto on = run(p, prompt, 2, counters_on);
+  dsv41rt_runtime_params off = p;
+  off.enable_prefix_caching = 0;
+  const auto without = run(off, prompt, 2, counters_off);
+  dsv41rt_runtime_params older = off;  // 0 stays in the bytes an older host does not have
+  older.struct_size = offsetof(dsv41rt_runtime_params, enable_prefix_caching);
+  const auto old_layout = run(older, prompt, 2, counters_old);
+  // Two runs of 23 tokens queried; the second found 20 cached (5 pages of 4 positions).
+  EXPECT_EQ(counters_on, std::make_pair(int64_t(46), int64_t(20)));
+  EXPECT_EQ(counters_off, std::make_pair(int64_t(0), int64_t(0)));  // nothing looked up
+  EXPECT_EQ(counters_old, counters_on);
+  ASSERT_EQ(on.size(), 2u);
+  EXPECT_EQ(on[0].size(), 4u);
+  EXPECT_EQ(on[0], on[1]);
+  EXPECT_EQ(on, without);
+  EXPECT_EQ(on, old_layout);
+}
+
+}  // namespace
