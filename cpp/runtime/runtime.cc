@@ -480,7 +480,9 @@ void Runtime::shutdown() { impl_->shutdown(); }
 Stats Runtime::stats() const { return impl_->stats(); }
 
 int64_t Runtime::open_sequence() {
-  return impl_->with_engine([](auto&, auto&, Sequences& s) { return s.open(); });
+  const int64_t id = impl_->with_engine([](auto&, auto&, Sequences& s) { return s.open(); });
+  impl_->refresh();  // it may have taken a slot back from the prefix cache
+  return id;
 }
 void Runtime::forward(int64_t seq, const int32_t* tokens, int64_t n, bool all_logits,
                       float* logits) {
@@ -489,7 +491,9 @@ void Runtime::forward(int64_t seq, const int32_t* tokens, int64_t n, bool all_lo
   impl_->refresh();
 }
 int64_t Runtime::fork(int64_t seq) {
-  return impl_->with_engine([&](auto&, auto&, Sequences& s) { return s.fork(seq); });
+  const int64_t id = impl_->with_engine([&](auto&, auto&, Sequences& s) { return s.fork(seq); });
+  impl_->refresh();
+  return id;
 }
 void Runtime::decode(const std::vector<int64_t>& seqs, const int32_t* tokens, float* logits) {
   impl_->with_engine([&](auto&, auto&, Sequences& s) { s.decode(seqs, tokens, logits); });

@@ -117,6 +117,20 @@ bool PrefixCache::insert(const std::vector<int32_t>& tokens, int64_t boundary,
   return true;
 }
 
+void PrefixCache::drop_snapshot(const std::vector<int32_t>& tokens, int64_t boundary) {
+  DSV41RT_CHECK(boundary > 0 && boundary % page_tokens_ == 0 && boundary <= int64_t(tokens.size()),
+                "prefix cache: boundary ", boundary, " is not a positive page boundary within ",
+                tokens.size(), " tokens");
+  Node* n = root_.get();
+  for (int64_t end = page_tokens_; end <= boundary && n; end += page_tokens_) {
+    n = child(*n, tokens.data() + end - page_tokens_);
+  }
+  if (!n || n->snapshot < 0) return;
+  pool_.free_slot(n->snapshot);
+  n->snapshot = -1;
+  --stats_.snapshots;
+}
+
 void PrefixCache::erase_leaf(Node* n) {
   DSV41RT_CHECK_CODE(kInternal, n != root_.get() && n->children.empty(),
                      "prefix cache: erasing a node that is not a leaf");

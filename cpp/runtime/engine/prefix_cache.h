@@ -72,6 +72,10 @@ class DSV41RT_API PrefixCache {
   bool insert(const std::vector<int32_t>& tokens, int64_t boundary, std::vector<int32_t>& pages,
               int32_t snapshot_slot);
 
+  /// Frees the snapshot at `boundary` along `tokens`, if there is one (a request replacing the
+  /// snapshot it took while decoding with a later one).
+  void drop_snapshot(const std::vector<int32_t>& tokens, int64_t boundary);
+
   /// Frees the page of the least recently used leaf no request holds (and its snapshot).
   /// False when there is none.
   bool evict_page();

@@ -102,6 +102,7 @@ bool Scheduler::preempt_one(int64_t protect_id) {
 
 void Scheduler::release(SchedRequest& r) {
   r.snapshot_at = -1;
+  r.decoded_snapshot = -1;
   if (r.slot >= 0) {
     pool_.free_slot(r.slot);
     r.slot = -1;
@@ -256,13 +257,14 @@ void Scheduler::restore_snapshot(SchedRequest& r, const PrefixHit& hit) {
 }
 
 // Indexes the request's full pages up to its snapshot boundary and copies its slot (the state at
-// that boundary, as the step that reached it left it) into a snapshot slot.
-void Scheduler::publish(SchedRequest& r) {
+// that boundary, as the step that reached it left it) into a snapshot slot: a free one, or, when
+// `may_evict`, the least recently used snapshot's.
+void Scheduler::publish(SchedRequest& r, bool may_evict) {
   const int64_t boundary = r.snapshot_at;
   r.snapshot_at = -1;
   int32_t snapshot = -1;
   if (!cache_->has_snapshot(r.tokens, boundary)) {
-    if (pool_.free_slot_count() < 1) cache_->evict_snapshot();
+    if (pool_.free_slot_count() < 1 && may_evict) cache_->evict_snapshot();
     snapshot = pool_.alloc_slot();  // -1: the pages are indexed without a snapshot
   }
   try {
@@ -274,6 +276,17 @@ void Scheduler::publish(SchedRequest& r) {
     if (snapshot >= 0) pool_.free_slot(snapshot);
     throw;
   }
+}
+
+// A decode step reached a page boundary: the slot holds the state there until the next step.
+void Scheduler::publish_decoded(SchedRequest& r) {
+  const int64_t previous = r.decoded_snapshot;
+  r.snapshot_at = r.computed;
+  publish(r, /*may_evict=*/false);  // opportunistic: never at another snapshot's expense
+  r.decoded_snapshot = r.computed;
+  // One decode-time snapshot per request: the later one serves every prompt the earlier one did
+  // that continues this conversation.
+  if (previous > 0) cache_->drop_snapshot(r.tokens, previous);
 }
 
 void Scheduler::reset_prefix_cache() {
@@ -291,7 +304,13 @@ void Scheduler::complete(const StepPlan& plan) {
         "scheduler: chunk [", c.start, ", ", c.start + c.count, ") of request ", r.id,
         " does not follow its computed prefix (", r.computed, " of ", r.tokens.size(), " tokens)");
     r.computed += c.count;
-    if (cache_ && r.snapshot_at == r.computed) publish(r);
+    if (!cache_) continue;
+    if (r.snapshot_at == r.computed) {
+      publish(r, /*may_evict=*/true);
+    } else if (c.count == 1 && r.computed >= r.prompt_len &&
+               r.computed % pool_.geometry().page_tokens == 0) {
+      publish_decoded(r);
+    }
   }
 }
 

@@ -25,9 +25,11 @@
 // (through the slot copier the engine installs), and only the rest is computed. A request
 // publishes its state at its snapshot boundary, the last page boundary before its last known
 // token: its prefill chunk stops there, and after that step its full pages are indexed and its
-// slot copied into a snapshot slot. Under pool pressure the cache gives back unreferenced pages
-// (least recently used first) before anyone is preempted, and snapshot slots before an admission
-// waits for a slot.
+// slot copied into a snapshot slot. While decoding it publishes again at each page boundary it
+// reaches, replacing its previous decode-time snapshot (the next turn of a conversation then hits
+// through the answer, not only the prompt). Under pool pressure the cache gives back unreferenced
+// pages (least recently used first) before anyone is preempted, and snapshot slots before an
+// admission waits for a slot.
 //
 // Thread-safety: none; owned by the engine thread.
 #pragma once
@@ -72,6 +74,7 @@ struct SchedRequest {
   bool running = false;
   int64_t cached = -1;  ///< tokens served by the prefix cache at the first admission (-1 before)
   int64_t snapshot_at = -1;  ///< boundary where this request publishes to the prefix cache, or -1
+  int64_t decoded_snapshot = -1;  ///< boundary of its latest snapshot taken while decoding, or -1
 
   int64_t generated() const { return int64_t(tokens.size()) - prompt_len; }
 };
@@ -156,7 +159,8 @@ class DSV41RT_API Scheduler {
   int64_t chunk_limit(const SchedRequest& r, int64_t count) const;
   PrefixHit admit_lookup(SchedRequest& r);
   void restore_snapshot(SchedRequest& r, const PrefixHit& hit);
-  void publish(SchedRequest& r);
+  void publish(SchedRequest& r, bool may_evict);
+  void publish_decoded(SchedRequest& r);
 
   SchedulerConfig config_;
   KvPool& pool_;
