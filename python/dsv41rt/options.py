@@ -38,6 +38,7 @@ class RuntimeOptions:
     max_model_len: int = 0
     page_size: int = 64
     max_prefill_tokens_while_decoding: int = 0
+    enable_prefix_caching: bool = True
     enforce_eager: bool = False
     multistream: bool = True
     context_parallel_size: int = 1
@@ -179,6 +180,12 @@ _ROWS = (
         parse_int,
         "max_prefill_tokens_while_decoding",
         "prefill tokens an engine step may carry while requests decode (bounds inter-token latency); 0 = no cap",
+    ),
+    Option(
+        "enable_prefix_caching",
+        parse_bool,
+        "enable_prefix_caching",
+        "reuse the state of prompt prefixes earlier requests computed (exact; docs/design/prefix-cache.md)",
     ),
     Option("enforce_eager", parse_bool, "enforce_eager", "CUDA: no decode CUDA graphs"),
     Option("multistream", parse_bool, "", "CUDA: window store, compressor and indexer on side streams"),

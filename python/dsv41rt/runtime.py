@@ -35,6 +35,7 @@ class StepOutput(NamedTuple):
     top_logprobs: list[dict[int, float]]  # per new token, when requested
     error: str = ""  # finish_reason "error": why the request could not go on
     first_scheduled: float = 0.0  # time.monotonic() when the first step running it began
+    cached_tokens: int = -1  # prompt tokens served by the prefix cache (on the first token's output)
 
 
 def _step_output(o: Any) -> StepOutput:
@@ -42,7 +43,15 @@ def _step_output(o: Any) -> StepOutput:
     reason = None if o.reason == _core.FinishReason.none else o.reason.name
     # steady_clock is CLOCK_MONOTONIC, the clock of time.monotonic().
     return StepOutput(
-        o.id, list(o.tokens), o.finished, reason, list(o.logprobs), tops, o.error, o.first_scheduled_ns * 1e-9
+        o.id,
+        list(o.tokens),
+        o.finished,
+        reason,
+        list(o.logprobs),
+        tops,
+        o.error,
+        o.first_scheduled_ns * 1e-9,
+        o.cached_tokens,
     )
 
 
@@ -57,6 +66,7 @@ def flat_stats(s: Any) -> dict[str, int]:
         out.update(_fields(group))
     out["pool_bytes"] = out.pop("bytes_total")
     out.update(steps=s.steps, tokens_computed=s.tokens_computed, tokens_generated=s.tokens_generated)
+    out.update({f"prefix_cache_{k}": v for k, v in _fields(s.prefix_cache).items()})
     return out
 
 
@@ -80,6 +90,7 @@ def core_options(
     c.pool.max_model_len = o.max_model_len
     c.pool.page_size = o.page_size
     c.pool.max_prefill_tokens_while_decoding = o.max_prefill_tokens_while_decoding
+    c.pool.enable_prefix_caching = o.enable_prefix_caching
     c.numerics.precision = _core.Precision.__members__[o.precision]
     c.numerics.kv_cache_dtype = _core.KvCacheDtype.__members__[o.kv_cache_dtype]
     c.device.device = o.device
@@ -298,6 +309,10 @@ class Runtime:
 
     def set_dequant_reuse(self, on: bool) -> None:
         self._rt.set_dequant_reuse(on)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (pages that running requests share stay with them)."""
+        self._rt.reset_prefix_cache()
 
     def decisions(self) -> dict[str, np.ndarray]:
         """The last forward's "topk_L<l>" / "experts_L<l>" arrays (sorted rows), if recording."""

@@ -30,6 +30,7 @@ def _core_defaults() -> dict:
         "max_model_len": c.pool.max_model_len,
         "page_size": c.pool.page_size,
         "max_prefill_tokens_while_decoding": c.pool.max_prefill_tokens_while_decoding,
+        "enable_prefix_caching": c.pool.enable_prefix_caching,
         "enforce_eager": c.device.enforce_eager,
         "multistream": c.device.multistream,
         "context_parallel_size": c.parallel.context_parallel_size,

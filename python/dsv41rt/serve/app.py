@@ -165,6 +165,12 @@ def create_app(state: ServerState) -> FastAPI:
             ],
         }
 
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache():
+        """Forget every cached prompt prefix (vLLM's admin route; behind the API key when one is set)."""
+        await asyncio.to_thread(state.engine.rt.reset_prefix_cache)
+        return Response(status_code=200)
+
     @app.post("/tokenize")
     async def tokenize(request: Request):
         body = await _read_json(request, cfg.max_request_bytes)
@@ -206,21 +212,30 @@ def create_app(state: ServerState) -> FastAPI:
         proc = state.chat.processor(prep, rid, model)
         import deepseek_recipe as dr
 
+        started = False
+
+        def ready(cached: int) -> list:
+            # The usage of the prompt, sent once its cached part is known: with the first output.
+            nonlocal started
+            if started:
+                return []
+            started = True
+            usage = dr.PromptUsage(prompt_tokens=len(prep.prompt), prompt_cache_hit_tokens=max(cached, 0))
+            return proc.push(dr.InferenceChunk.ready(prompt_usage=usage))
+
         def chunks_of(item) -> tuple[list, bool]:
-            out = proc.push(tokens_chunk(item, prep.logprobs)) if item.new_tokens else []
+            out = ready(item.cached_tokens)
+            out += proc.push(tokens_chunk(item, prep.logprobs)) if item.new_tokens else []
             if item.finished and item.finish_reason in FINISH and not proc.finished:
                 out += proc.push(dr.InferenceChunk.finish(FINISH[item.finish_reason]))
                 out += proc.finish()
             return out, proc.finished
 
-        first = proc.push(dr.InferenceChunk.ready(prompt_usage=dr.PromptUsage(prompt_tokens=len(prep.prompt))))
         state.active += 1
         if prep.stream:
 
             async def events() -> AsyncIterator[str]:
                 try:
-                    for c in first:
-                        yield f"data: {c.to_json()}\n\n"
                     async for item in _outputs(req, None):
                         out, done = chunks_of(item)
                         for c in out:
@@ -239,14 +254,14 @@ def create_app(state: ServerState) -> FastAPI:
             return StreamingResponse(events(), media_type="text/event-stream")
         try:
             response = dr.ChatCompletionResponse(rid, model, int(time.time()), len(prep.prompt), 0)
-            for c in first:
-                response.accumulate(c)  # type: ignore[arg-type]  # chat chunks only, for a chat request
             async for item in _outputs(req, request):
                 out, done = chunks_of(item)
                 for c in out:
-                    response.accumulate(c)  # type: ignore[arg-type]
+                    response.accumulate(c)  # type: ignore[arg-type]  # chat chunks only, for a chat request
                 if done:
                     break
+            for c in ready(0):  # ended before any output
+                response.accumulate(c)  # type: ignore[arg-type]
             return Response(response.to_json(), media_type="application/json")
         except ClientGone:
             return Response(status_code=499)

@@ -67,12 +67,14 @@ class CompletionStream:
     id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
     created: int = 0
     _lp: list[tuple[int, float, dict[int, float]]] = field(default_factory=list)
+    cached_tokens: int = 0  # prompt tokens the prefix cache served (known with the first output)
 
     def __post_init__(self) -> None:
         self.detok = StopStringDetokenizer(self.tok, self.prep.stop)
 
     def advance(self, item: Any) -> tuple[str, str | None]:
         """New text of an engine output and the finish reason (a stop string ends it here)."""
+        self.cached_tokens = max(self.cached_tokens, item.cached_tokens)
         if self.prep.logprobs:
             tops = item.top_logprobs or [{}] * len(item.new_tokens)
             self._lp.extend(zip(item.new_tokens, item.logprobs, tops, strict=True))
@@ -80,7 +82,12 @@ class CompletionStream:
 
     def usage(self) -> dict:
         n_prompt, n_gen = len(self.prep.prompt), len(self.detok.tokens)
-        return {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}
+        return {
+            "prompt_tokens": n_prompt,
+            "completion_tokens": n_gen,
+            "total_tokens": n_prompt + n_gen,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
 
     def _logprobs_block(self) -> dict | None:
         """OpenAI's legacy completions logprobs for the tokens since the last call."""

@@ -42,6 +42,12 @@ class _EngineCollector(Collector):
         )
         yield counter("num_preemptions", "Requests preempted (recomputed later).", s.get("preemptions", 0))
         yield counter(
+            "prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache (each request once).",
+            s.get("prefix_cache_queries", 0),
+        )
+        yield counter("prefix_cache_hits", "Prompt tokens served by the prefix cache.", s.get("prefix_cache_hits", 0))
+        yield counter(
             "dequant_reuse_hits",
             "Compressed-KV workspace acquires served without dequantising.",
             s.get("reuse_hits", 0),

@@ -1,0 +1,120 @@
+"""Prefix caching through `dsv41rt.Runtime` (on by default): the same tokens and logprobs with and
+without it, cached tokens per request, the counters, a reset that gives every page back, direct
+handles taking storage back from the cache; and through a live server: `cached_tokens` in the
+usage of completions and chat, the `/metrics` counters, `POST /reset_prefix_cache`.
+The exactness at every kind of boundary and the randomised stress are the C++ suites
+tests/cpp/test_prefix_cache*.cc."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from dsv41rt import Runtime
+from dsv41rt.sampling import SamplingParams
+from serve_harness import LiveServer
+
+MODEL = "dsv41rt-tiny-v41"
+
+
+def _prompt(n: int, salt: int) -> list[int]:
+    return [(i * 7919 + salt * 104729 + 13) % 120000 + 3 for i in range(n)]
+
+
+def _drain(rt: Runtime) -> dict[int, tuple[list[int], list[float], int]]:
+    out: dict[int, tuple[list[int], list[float], int]] = {}
+    while rt.has_unfinished():
+        for o in rt.step():
+            tokens, lps, cached = out.get(o.request_id, ([], [], -1))
+            out[o.request_id] = (tokens + o.new_tokens, lps + o.logprobs, max(cached, o.cached_tokens))
+        rt.check_invariants()
+    return out
+
+
+def _conversation(rt: Runtime) -> list[tuple[list[int], list[float], int]]:
+    """A prompt, the same prompt again, then the next turn (prompt + answer + more)."""
+    sampling = SamplingParams(temperature=0.7, seed=5)
+    first = rt.add_request(_prompt(37, 1), max_new_tokens=5, sampling=sampling)
+    done = _drain(rt)
+    again = rt.add_request(_prompt(37, 1), max_new_tokens=5, sampling=sampling)
+    turn = rt.add_request(_prompt(37, 1) + done[first][0] + _prompt(6, 2), max_new_tokens=5)
+    done.update(_drain(rt))
+    return [done[first], done[again], done[turn]]
+
+
+def test_same_tokens_with_and_without_the_cache(tiny_v41_dir) -> None:
+    kw = dict(kv_memory=64 << 20, max_num_seqs=4, page_size=4, max_num_batched_tokens=16)
+    off = Runtime(tiny_v41_dir, enable_prefix_caching=False, **kw)
+    on = Runtime(tiny_v41_dir, **kw)  # the default
+    without, with_cache = _conversation(off), _conversation(on)
+    assert [r[:2] for r in without] == [r[:2] for r in with_cache]  # tokens and logprobs, exactly
+    assert [r[2] for r in without] == [0, 0, 0]
+    # Re-sent: the last page boundary before token 37; the next turn: 40, inside the first answer
+    # (37 + 5 tokens: a snapshot taken while decoding).
+    assert [r[2] for r in with_cache] == [0, 36, 40]
+    s = on.stats()
+    assert s["prefix_cache_queries"] == 37 + 37 + 48 and s["prefix_cache_hits"] == 36 + 40
+    assert off.stats()["prefix_cache_queries"] == 0
+    # Idle: only the cache holds storage, reported apart from what requests use.
+    assert s["pages_used"] == 0 and s["slots_used"] == 0
+    assert s["pages_cached"] > 0 and s["slots_cached"] > 0
+    on.reset_prefix_cache()
+    s = on.stats()
+    assert s["pages_cached"] == 0 and s["slots_cached"] == 0
+    on.check_invariants()
+    assert _conversation(on)[1][2] == 36  # caching again after the reset
+
+
+def test_direct_handles_take_storage_back_from_the_cache(tiny_v41_dir) -> None:
+    rt = Runtime(tiny_v41_dir, kv_memory=64 << 20, max_num_seqs=2, page_size=4)
+    for salt in (1, 2):  # the second request's snapshot takes the first's slot
+        rt.add_request(_prompt(21, salt), max_new_tokens=2)
+        _drain(rt)
+    assert rt.stats()["slots_cached"] == 1
+    handles = [rt.new_handle(), rt.new_handle()]  # the free slot, then the snapshot's
+    assert rt.stats()["slots_cached"] == 0
+    logits = rt.forward_tokens(handles[0], _prompt(21, 1))
+    assert logits.shape[0] == 21
+    for h in handles:
+        rt.release_handle(h)
+    both = [rt.new_handle(), rt.new_handle()]
+    with pytest.raises(Exception, match="no free request slot"):  # nothing cached is left to give
+        rt.new_handle()
+    for h in both:
+        rt.release_handle(h)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = LiveServer("--page-size", "4", model_dir=str(tmp_path_factory.mktemp("builtin") / "tiny-v41-seed0"))
+    yield s
+    assert s.stop() == 0, s.output()
+
+
+def _counter(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(f"dsv41rt:{name}{{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def test_server_reports_cached_tokens_and_counts(server) -> None:
+    body = {"model": MODEL, "prompt": "one two three four five six seven eight nine ten", "max_tokens": 3}
+    queries, hits = _counter(server.url, "prefix_cache_queries_total"), _counter(server.url, "prefix_cache_hits_total")
+    usages = [httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["usage"] for _ in range(2)]
+    n = usages[0]["prompt_tokens"]
+    assert usages[0]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert usages[1]["prompt_tokens_details"]["cached_tokens"] == (n - 1) // 4 * 4 > 0
+    assert _counter(server.url, "prefix_cache_queries_total") == queries + 2 * n
+    assert _counter(server.url, "prefix_cache_hits_total") == hits + (n - 1) // 4 * 4
+
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "tell me a long story " * 4}], "max_tokens": 2}
+    first = httpx.post(server.url + "/v1/chat/completions", json=chat, timeout=60).json()["usage"]
+    second = httpx.post(server.url + "/v1/chat/completions", json=chat, timeout=60).json()["usage"]
+    assert first["prompt_tokens_details"]["cached_tokens"] == 0
+    cached = second["prompt_tokens_details"]["cached_tokens"]
+    assert cached == (second["prompt_tokens"] - 1) // 4 * 4 and second["prompt_cache_hit_tokens"] == cached
+
+    r = httpx.post(server.url + "/reset_prefix_cache", timeout=30)
+    assert r.status_code == 200
+    third = httpx.post(server.url + "/v1/chat/completions", json=chat, timeout=60).json()["usage"]
+    assert third["prompt_tokens_details"]["cached_tokens"] == 0
