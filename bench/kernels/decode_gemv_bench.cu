@@ -227,13 +227,14 @@ int main(int argc, char** argv) {
         uint8_t* xq = nullptr;
         CHECK(cudaMalloc(&xq, size_t(64 * ldq)));
         CHECK(kc::quantize_act_fp8(x, m, sh.k, sh.k, xq, ldq, s));
-        std::vector<kc::DecodeGemvA8> a8(copies);
-        for (int64_t c = 0; c < copies; ++c) {
-          kc::DecodeGemvA8& g = a8[c];
-          g.xq = xq, g.ldq = ldq, g.w = calls[c].w, g.y = y, g.ldy = sh.n;
-          g.m = m, g.n = sh.n, g.k = sh.k;
-        }
-        if (kc::decode_gemv_a8_supported(a8[0])) {
+        for (const kc::A8Path path : {kc::A8Path::kWgmma, kc::A8Path::kMmaSync}) {
+          std::vector<kc::DecodeGemvA8> a8(copies);
+          for (int64_t c = 0; c < copies; ++c) {
+            kc::DecodeGemvA8& g = a8[c];
+            g.xq = xq, g.ldq = ldq, g.w = calls[c].w, g.y = y, g.ldy = sh.n;
+            g.m = m, g.n = sh.n, g.k = sh.k, g.path = path;
+          }
+          if (!kc::decode_gemv_a8_supported(a8[0])) continue;
           const int64_t wsf8 = kc::decode_gemv_a8_workspace_floats(a8[0]);
           float* ws8 = nullptr;
           if (wsf8 > 0) CHECK(cudaMalloc(&ws8, size_t(wsf8) * 4));
@@ -246,10 +247,10 @@ int main(int argc, char** argv) {
           const double b8 = double(data_b + scale_b) + double(m) * double(ldq + sh.n * 4);
           const double g8 = b8 / (t8 * 1e-6) / 1e9;
           std::printf(
-              "| %s | %lld x %lld | %s A8 (+ %.2f us quantise) | %lld | %lld | %.2f | %.1f | %.0f "
-              "| "
-              "%.0f%% |\n",
-              sh.name, (long long)sh.n, (long long)sh.k, fmt_name(sh.fmt), tq, (long long)m,
+              "| %s | %lld x %lld | %s A8 %s (+ %.2f us quantise) | %lld | %lld | %.2f | %.1f | "
+              "%.0f | %.0f%% |\n",
+              sh.name, (long long)sh.n, (long long)sh.k, fmt_name(sh.fmt),
+              path == kc::A8Path::kWgmma ? "wgmma" : "mma.sync", tq, (long long)m,
               (long long)kc::decode_gemv_a8_splits(a8[0]), t8, b8 / 1e6, g8, 100.0 * g8 / copy_gbs);
           std::fflush(stdout);
           if (ws8) CHECK(cudaFree(ws8));

@@ -46,7 +46,9 @@ struct HostWeights {
   WeightView host() const { return view(data.data(), scale.data()); }
 };
 
-class BackendCudaDecodeGemvA8 : public CudaKernelTest {
+// Every test runs on both tensor-core paths (kc::A8Path).
+class BackendCudaDecodeGemvA8 : public CudaKernelTest,
+                                public ::testing::WithParamInterface<kc::A8Path> {
  protected:
   cudaStream_t stream() { return static_cast<cudaStream_t>(cuda().stream(0).handle); }
 
@@ -82,6 +84,7 @@ class BackendCudaDecodeGemvA8 : public CudaKernelTest {
     kc::DecodeGemvA8 g;
     g.xq = dq.get(), g.ldq = ldq_of(k), g.w = hw.view(dw.get(), ds.get());
     g.y = dy.get(), g.ldy = n, g.m = m, g.n = n, g.k = k, g.accumulate = accumulate;
+    g.path = GetParam();
     EXPECT_TRUE(kc::decode_gemv_a8_supported(g));
     const int64_t wsf = kc::decode_gemv_a8_workspace_floats(g);
     Buffer<float> ws = poisoned<float>(cuda(), wsf > 0 ? wsf : 1);
@@ -141,14 +144,14 @@ class BackendCudaDecodeGemvA8 : public CudaKernelTest {
     const std::vector<uint8_t> xq = pack_host(x, m, k, ldq_of(k));
     const std::vector<float> y = run(hw, m, n, xq, y0, accumulate);
     kc::DecodeGemvA8 probe;
-    probe.n = n, probe.k = k;
+    probe.n = n, probe.k = k, probe.path = GetParam();
     const double worst = check(hw, m, n, xq, y0, accumulate, y, kc::decode_gemv_a8_splits(probe));
     std::printf("  m %lld n %lld k %lld: largest tensor-core block-sum error %.3g x sum|qx qw|\n",
                 (long long)m, (long long)n, (long long)k, worst);
   }
 };
 
-TEST_F(BackendCudaDecodeGemvA8, QuantizeIsTheCpuCodecBitwise) {
+TEST_P(BackendCudaDecodeGemvA8, QuantizeIsTheCpuCodecBitwise) {
   for (const auto& [m, k] :
        std::vector<std::pair<int64_t, int64_t>>{{1, 32}, {3, 1280}, {64, 5120}}) {
     std::vector<float> x = normal(m * k, 3.0);
@@ -175,16 +178,19 @@ TEST_F(BackendCudaDecodeGemvA8, QuantizeIsTheCpuCodecBitwise) {
   }
 }
 
-TEST_F(BackendCudaDecodeGemvA8, MatchesTheExactBlockSums) {
+TEST_P(BackendCudaDecodeGemvA8, MatchesTheExactBlockSums) {
   // bench-40's FP8 shapes (wq_a, wo_b-like k, wq_b-like k), m from 1 to 64, both block sizes.
-  for (const int64_t m : {1, 2, 9, 33, 64}) run_and_check(m, 300, 1280, 32, 32, m == 9);
+  for (const int64_t m : {1, 2, 9, 20, 33, 64}) run_and_check(m, 300, 1280, 32, 32, m == 9);
   run_and_check(1, 1280, 5120, 32, 32, false);
   run_and_check(5, 512, 8192, 32, 32, true);
   run_and_check(64, 256, 1280, 128, 128, false);
   run_and_check(7, 100, 256, 16, 64, false);
+  // Many stages per split (the wgmma path's shared-memory ring wraps): wq_b's shape, and more.
+  run_and_check(1, 32768, 1280, 32, 32, false);
+  run_and_check(3, 16384, 2048, 128, 128, true);
 }
 
-TEST_F(BackendCudaDecodeGemvA8, NanScalesPropagate) {
+TEST_P(BackendCudaDecodeGemvA8, NanScalesPropagate) {
   HostWeights hw = make_weights(64, 256, 32, 32);
   hw.scale[8] = 255;  // weight block (1, 0): rows 32..63, columns 0..31
   std::vector<float> x = normal(2 * 256);
@@ -197,10 +203,10 @@ TEST_F(BackendCudaDecodeGemvA8, NanScalesPropagate) {
   }
 }
 
-TEST_F(BackendCudaDecodeGemvA8, DeterministicAndIndependentOfM) {
+TEST_P(BackendCudaDecodeGemvA8, DeterministicAndIndependentOfM) {
   const HostWeights hw = make_weights(1280, 5120, 32, 32);
   kc::DecodeGemvA8 probe;
-  probe.n = 1280, probe.k = 5120;
+  probe.n = 1280, probe.k = 5120, probe.path = GetParam();
   ASSERT_GT(kc::decode_gemv_a8_splits(probe), 1) << "the split-K reduce must be exercised";
   const std::vector<float> x = normal(64 * 5120);
   const std::vector<uint8_t> xq = pack_host(x, 64, 5120, ldq_of(5120));
@@ -216,14 +222,14 @@ TEST_F(BackendCudaDecodeGemvA8, DeterministicAndIndependentOfM) {
       << "token 5 alone vs in a batch of 64";
 }
 
-TEST_F(BackendCudaDecodeGemvA8, RejectsUnsupported) {
+TEST_P(BackendCudaDecodeGemvA8, RejectsUnsupported) {
   const HostWeights hw = make_weights(64, 256, 32, 32);
   Buffer<uint8_t> q = poisoned<uint8_t>(cuda(), 2 * ldq_of(256));
   Buffer<uint8_t> w = upload(cuda(), hw.data), sc = upload(cuda(), hw.scale);
   Buffer<float> y = poisoned<float>(cuda(), 2 * 64), ws = poisoned<float>(cuda(), 1);
   kc::DecodeGemvA8 ok;
   ok.xq = q.get(), ok.ldq = ldq_of(256), ok.w = hw.view(w.get(), sc.get());
-  ok.y = y.get(), ok.ldy = 64, ok.m = 2, ok.n = 64, ok.k = 256;
+  ok.y = y.get(), ok.ldy = 64, ok.m = 2, ok.n = 64, ok.k = 256, ok.path = GetParam();
   ASSERT_TRUE(kc::decode_gemv_a8_supported(ok));
   std::vector<std::pair<std::string, kc::DecodeGemvA8>> bad;
   auto add = [&](const std::string& what, const std::function<void(kc::DecodeGemvA8&)>& edit) {
@@ -241,6 +247,12 @@ TEST_F(BackendCudaDecodeGemvA8, RejectsUnsupported) {
   add("block_cols 16", [](kc::DecodeGemvA8& g) { g.w.block_cols = 16; });
   add("block_rows 8", [](kc::DecodeGemvA8& g) { g.w.block_rows = 8; });
   add("no scales", [](kc::DecodeGemvA8& g) { g.w.scale = nullptr; });
+  add("unknown path", [](kc::DecodeGemvA8& g) { g.path = static_cast<kc::A8Path>(7); });
+  if (GetParam() == kc::A8Path::kWgmma) {  // its scale codes of a split live in shared memory
+    add("k > 16384", [](kc::DecodeGemvA8& g) {
+      g.k = 16384 + 128, g.w.cols = g.k, g.ldq = ldq_of(g.k);  // only k is wrong
+    });
+  }
   for (const auto& [what, g] : bad) {
     EXPECT_FALSE(kc::decode_gemv_a8_supported(g)) << what;
     EXPECT_EQ(kc::decode_gemv_a8(g, ws.get(), 1, stream()), cudaErrorInvalidValue) << what;
@@ -250,6 +262,12 @@ TEST_F(BackendCudaDecodeGemvA8, RejectsUnsupported) {
   const std::vector<float> after = y.download();
   for (const float v : after) ASSERT_EQ(bits_of(v), 0xFFFFFFFFu) << "nothing was launched";
 }
+
+INSTANTIATE_TEST_SUITE_P(Paths, BackendCudaDecodeGemvA8,
+                         ::testing::Values(kc::A8Path::kWgmma, kc::A8Path::kMmaSync),
+                         [](const ::testing::TestParamInfo<kc::A8Path>& info) {
+                           return info.param == kc::A8Path::kWgmma ? "wgmma" : "mma_sync";
+                         });
 
 }  // namespace
 }  // namespace dsv41rt::testing

@@ -1,4 +1,5 @@
-// A8 decode GEMM (contract: decode_gemv_a8.cuh). Design:
+// A8 decode GEMM (contract: decode_gemv_a8.cuh): the quantiser, the argument checks and the
+// mma.sync path (the wgmma path: decode_gemv_a8_wgmma.cu). Design of the mma.sync kernel:
 //   - swap-AB mma.sync m16n8k32 E4M3 x E4M3 -> FP32: 16 weight rows in the MMA's M slot, 8 tokens
 //     in N, one 32-column block in K, so each MMA result is one block's P_b, promoted at once:
 //     acc = fma(P_b, sw * sx, acc). No weight decoding at all: the stored bytes are the operands.
@@ -15,6 +16,7 @@
 #include "core/dtype.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/decode_gemv_a8.cuh"
+#include "kernels/cuda/decode_gemv_a8_wgmma.cuh"
 #include "kernels/cuda/quant_device.cuh"
 #include "kernels/cuda/split_k.cuh"
 
@@ -251,6 +253,8 @@ bool decode_gemv_a8_supported(const DecodeGemvA8& g) {
   if (!g.xq || !g.y || !w.data || !w.scale || !aligned16(g.xq) || !aligned16(w.data)) return false;
   if (g.ldq % 16 != 0 || g.ldq < act_fp8_row_bytes(g.k)) return false;
   if (g.m > 1 && g.ldy < g.n) return false;
+  if (g.path != A8Path::kWgmma && g.path != A8Path::kMmaSync) return false;
+  if (g.path == A8Path::kWgmma && g.k / kPieceCols > kA8WgmmaMaxPiecesPerSplit) return false;
   if (w.format != WeightFormat::kFp8Block || w.cols != g.k || g.n > w.rows) return false;
   return w.block_cols >= 32 && w.block_cols % 32 == 0 && w.block_rows >= 16 &&
          w.block_rows % 16 == 0;
@@ -258,6 +262,7 @@ bool decode_gemv_a8_supported(const DecodeGemvA8& g) {
 
 int64_t decode_gemv_a8_splits(const DecodeGemvA8& g) {
   if (g.n < 1 || g.k < kPieceCols) return 1;
+  if (g.path == A8Path::kWgmma) return decode_gemv_a8_wgmma_splits(g.n, g.k / kPieceCols);
   return split_k_count((g.n + kBM - 1) / kBM, g.k / kPieceCols);
 }
 
@@ -271,6 +276,14 @@ cudaError_t decode_gemv_a8(const DecodeGemvA8& g, float* workspace, int64_t work
   if (!decode_gemv_a8_supported(g)) return cudaErrorInvalidValue;
   const int64_t splits = decode_gemv_a8_splits(g), need = decode_gemv_a8_workspace_floats(g);
   if (need > 0 && (workspace == nullptr || workspace_floats < need)) return cudaErrorInvalidValue;
+  if (g.path == A8Path::kWgmma) {
+    if (const cudaError_t e = decode_gemv_a8_wgmma_launch(g, splits, workspace, stream);
+        e != cudaSuccess || splits == 1) {
+      return e;
+    }
+    return reduce_splits(SplitPartials{workspace, splits, g.m, g.n, 1, g.y, g.ldy, 0, g.accumulate},
+                         stream);
+  }
   Params p{};
   p.xq = g.xq, p.ldq = g.ldq;
   p.w = static_cast<const uint8_t*>(g.w.data), p.scale = g.w.scale;

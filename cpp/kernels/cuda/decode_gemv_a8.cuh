@@ -13,9 +13,9 @@
 //       P_b(i, j) * (sx[i, b] * sw[j, b]),    P_b = sum_{c in b} qx[i, c] * qw[j, c]
 //     qx / qw the E4M3 values (no scale), sx / sw the UE8M0 scales (2^(e - 127); code 255 = NaN).
 //     Every product qx * qw is exact; P_b is the tensor core's FP8 sum of 32 products
-//     (mma.sync m16n8k32, FP32 result; its internal accumulation keeps fewer bits than FP32 — the
-//     hardware's, and the official kernels', numerics), then acc = fma(P_b, s, acc) in FP32 with s
-//     a power of two (exact unless it leaves FP32's range).
+//     (wgmma m64nNk32 or mma.sync m16n8k32, FP32 result; its internal accumulation keeps fewer
+//     bits than FP32 — the hardware's, and the official kernels', numerics), then
+//     acc = fma(P_b, s, acc) in FP32 with s a power of two (exact unless it leaves FP32's range).
 //   The CPU evaluation of exactly this: the P_b summed exactly, scaled, added in FP64; the
 //   differences are the tensor core's P_b rounding and the FP32 order of the promoted sum.
 // Summation order depends only on k and the split count S (a function of n, k alone), not on m
@@ -24,9 +24,10 @@
 //
 // Requirements (decode_gemv_a8_supported; cudaErrorInvalidValue otherwise, nothing launched):
 // 1 <= m <= kDecodeGemvA8MaxM, n >= 1, k % 128 == 0, w FP8 blocks with w.cols == k, n <= w.rows,
-// block_cols % 32 == 0, block_rows % 16 == 0; xq, w.data 16-byte aligned, ldq % 16 == 0 and
-// ldq >= k + k / 32; ldy >= n when m > 1. y must not alias xq, the weights or the workspace; the
-// workspace (decode_gemv_a8_workspace_floats, 0 when S == 1) holds the split partials.
+// block_cols % 32 == 0, block_rows % 16 == 0, k <= 16384 on the wgmma path; xq, w.data 16-byte
+// aligned, ldq % 16 == 0 and ldq >= k + k / 32; ldy >= n when m > 1. y must not alias xq, the
+// weights or the workspace; the workspace (decode_gemv_a8_workspace_floats, 0 when S == 1) holds
+// the split partials.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -39,6 +40,11 @@
 namespace dsv41rt::kernels::cuda {
 
 constexpr int64_t kDecodeGemvA8MaxM = 64;
+
+/// Which tensor-core instruction computes the block sums. kWgmma (Hopper's FP8 datapath, sm_90a)
+/// is the default; kMmaSync (sm_90 emulates it through FP16 MMAs, slower) stays for comparison.
+/// Same arithmetic contract; the split count, hence the last bits, may differ between them.
+enum class A8Path : uint8_t { kWgmma, kMmaSync };
 
 /// Bytes of one packed activation row for k columns (k codes + k / 32 scale codes).
 constexpr int64_t act_fp8_row_bytes(int64_t k) { return k + k / 32; }
@@ -55,10 +61,11 @@ struct DecodeGemvA8 {
   int64_t ldy = 0;
   int64_t m = 0, n = 0, k = 0;
   bool accumulate = false;  ///< y += instead of y =
+  A8Path path = A8Path::kWgmma;
 };
 
 DSV41RT_API bool decode_gemv_a8_supported(const DecodeGemvA8& g);
-/// The split-K count S (a function of n and k only).
+/// The split-K count S (a function of n, k and the path only).
 DSV41RT_API int64_t decode_gemv_a8_splits(const DecodeGemvA8& g);
 /// FP32 floats of split partials the launch needs (S * m * n; 0 when S == 1).
 DSV41RT_API int64_t decode_gemv_a8_workspace_floats(const DecodeGemvA8& g);

@@ -14,13 +14,13 @@ namespace dsv41rt::kernels::cuda {
 /// Resident CTAs of one wave on an H200 (132 SMs) at 2 CTAs per SM.
 constexpr int64_t kSplitKResidentCtas = 2 * 132;
 
-/// Splits for `ctas` CTAs per split over `pieces` K pieces: as many as fit one wave of resident
-/// CTAs (measured on the H200: more, shorter CTAs pay the pipeline fill again and lose; fewer
-/// leave SMs idle), but at least two pieces per split so the partials stay small next to the
-/// weights at m = 64. A function of the matrix shape only, never of the token count.
-inline int64_t split_k_count(int64_t ctas, int64_t pieces) {
+/// Splits for `ctas` CTAs per split over `pieces` K pieces: as many as fit one wave of
+/// `resident` CTAs (measured on the H200: more, shorter CTAs pay the pipeline fill again and
+/// lose; fewer leave SMs idle), but at least two pieces per split so the partials stay small next
+/// to the weights at m = 64. A function of the matrix shape only, never of the token count.
+inline int64_t split_k_count(int64_t ctas, int64_t pieces, int64_t resident = kSplitKResidentCtas) {
   if (ctas < 1 || pieces < 1) return 1;
-  int64_t s = kSplitKResidentCtas / ctas;
+  int64_t s = resident / ctas;
   const int64_t cap = pieces / 2 > 1 ? pieces / 2 : 1;
   s = s < cap ? s : cap;
   return s < 1 ? 1 : (s > 65535 ? 65535 : s);
