@@ -197,6 +197,61 @@ TEST(PrefixCacheStress, RandomSharedPrefixesStayExactAndTheAccountsBalance) {
   EXPECT_EQ(pool.usage().slots_used, 0);
 }
 
+// With no free slot and no other snapshot to evict, a request that hits a snapshot takes its slot
+// over (no copy) rather than losing the hit.
+TEST(PrefixCacheStress, AdmissionTakesTheHitsSnapshotSlotOverWhenSlotsRunOut) {
+  KvPool pool(model::PoolGeometry{kPage, 0, 0}, 16, 2);
+  StatefulMock mock{pool, {}, {}};
+  int copies = 0;
+  Scheduler s({.max_num_seqs = 2, .max_num_batched_tokens = 16, .enable_prefix_caching = true},
+              pool, [&](int32_t from, int32_t to) {
+                ++copies;
+                mock.copy(from, to);
+              });
+  auto run_until_idle = [&] {
+    while (!s.idle()) {
+      StepPlan plan = s.schedule();
+      auto sampled = mock.run(s, plan);
+      s.complete(plan);
+      for (auto [id, tok] : sampled) {
+        s.append_token(id, tok);
+        if (s.request(id).generated() == s.request(id).max_new_tokens) {
+          EXPECT_EQ(s.request(id).tokens, reference_output(s.request(id).tokens, 0));
+          s.finish(id, FinishReason::kLength);
+        }
+      }
+      s.check_invariants();
+    }
+  };
+  std::vector<int32_t> prompt(9);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(i + 1);
+  s.submit(prompt, 1);
+  run_until_idle();  // publishes at 8: one snapshot, one free slot
+  ASSERT_EQ(s.prefix_cache()->stats().snapshots, 1);
+  const int copies_before = copies;
+  const int64_t other = s.submit({40, 41, 42}, 3);  // takes the free slot
+  StepPlan plan = s.schedule();
+  ASSERT_EQ(pool.free_slot_count(), 0);
+  const int64_t again = s.submit(prompt, 2);
+  const auto first = mock.run(s, plan);
+  s.complete(plan);
+  ASSERT_EQ(first.size(), 1u);
+  s.append_token(first[0].first, first[0].second);  // `other` decodes; `again` finds no free slot
+  plan = s.schedule();
+  EXPECT_EQ(s.request(again).cached, 8);
+  EXPECT_EQ(copies, copies_before);  // its state came with the slot
+  EXPECT_EQ(s.prefix_cache()->stats().snapshots, 0);
+  s.check_invariants();
+  auto sampled = mock.run(s, plan);
+  s.complete(plan);
+  for (auto [id, tok] : sampled) s.append_token(id, tok);
+  run_until_idle();
+  EXPECT_FALSE(s.has_request(other));
+  s.reset_prefix_cache();
+  EXPECT_EQ(pool.usage().pages_used, 0);
+  EXPECT_EQ(pool.usage().slots_used, 0);
+}
+
 TEST(PrefixCacheStress, SchedulerNeedsACopierForPrefixCaching) {
   KvPool pool(model::PoolGeometry{kPage, 0, 0}, 8, 2);
   EXPECT_THROW(Scheduler({.enable_prefix_caching = true}, pool), Error);

@@ -164,11 +164,13 @@ bool PrefixCache::evict_page() {
   return true;
 }
 
-bool PrefixCache::evict_snapshot() {
+bool PrefixCache::evict_snapshot(int32_t spare) {
   Node* victim = nullptr;
   std::function<void(Node&)> scan = [&](Node& n) {
     for (auto& [key, c] : n.children) scan(*c);
-    if (n.snapshot >= 0 && (!victim || n.last_use < victim->last_use)) victim = &n;
+    if (n.snapshot >= 0 && n.snapshot != spare && (!victim || n.last_use < victim->last_use)) {
+      victim = &n;
+    }
   };
   scan(*root_);
   if (!victim) return false;
@@ -177,6 +179,18 @@ bool PrefixCache::evict_snapshot() {
   --stats_.snapshots;
   ++stats_.evicted_snapshots;
   return true;
+}
+
+void PrefixCache::release_snapshot(int32_t slot) {
+  Node* holder = nullptr;
+  std::function<void(Node&)> scan = [&](Node& n) {
+    for (auto& [key, c] : n.children) scan(*c);
+    if (slot >= 0 && n.snapshot == slot) holder = &n;
+  };
+  scan(*root_);
+  DSV41RT_CHECK(holder != nullptr, "prefix cache: no snapshot in slot ", slot);
+  holder->snapshot = -1;
+  --stats_.snapshots;
 }
 
 void PrefixCache::reset() {

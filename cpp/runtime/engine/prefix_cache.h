@@ -79,8 +79,11 @@ class DSV41RT_API PrefixCache {
   /// Frees the page of the least recently used leaf no request holds (and its snapshot).
   /// False when there is none.
   bool evict_page();
-  /// Frees the least recently used snapshot slot. False when there is none.
-  bool evict_snapshot();
+  /// Frees the least recently used snapshot slot other than `spare`. False when there is none.
+  bool evict_snapshot(int32_t spare = -1);
+  /// Hands the snapshot slot `slot` over to the caller (a request that starts from it): the cache
+  /// forgets it without freeing it. Throws Error when no node holds that snapshot.
+  void release_snapshot(int32_t slot);
   /// Forgets everything: every reference and snapshot goes back to the pool (pages that requests
   /// still hold stay with them).
   void reset();

@@ -193,23 +193,36 @@ StepPlan Scheduler::schedule() {
       break;  // preempted in this very step: wait for the next one
     }
     SchedRequest& r = requests_.at(id);
-    // A snapshot gives its slot back before an admission waits for one.
-    if (pool_.free_slot_count() < 1 && !(cache_ && cache_->evict_snapshot())) break;
+    if (!cache_ && pool_.free_slot_count() < 1) break;
     const PrefixHit hit = cache_ ? admit_lookup(r) : PrefixHit{};
+    auto wait = [&] {  // not admitted: the shared pages go back until the next try
+      pool_.free_pages(r.pages);
+      r.computed = 0;
+      r.snapshot_at = -1;
+    };
     const int64_t count =
         chunk_limit(r, std::min(prefill_room(), int64_t(r.tokens.size()) - r.computed));
     bool paged = false;
     while (!(paged = pool_.ensure_pages(r.pages, r.computed + count)) && cache_ &&
            cache_->evict_page()) {
     }
-    if (!paged) {  // wait; the shared pages go back until the next try
-      pool_.free_pages(r.pages);
-      r.computed = 0;
-      r.snapshot_at = -1;
+    if (!paged) {
+      wait();
       break;
     }
-    r.slot = pool_.alloc_slot();
-    if (hit.snapshot_slot >= 0) restore_snapshot(r, hit);
+    // A slot: a free one; else another snapshot gives its slot back; else the request takes the
+    // hit's snapshot slot over (it holds the very state the request starts from: no copy).
+    if (pool_.free_slot_count() < 1 && !cache_->evict_snapshot(hit.snapshot_slot)) {
+      if (hit.snapshot_slot < 0) {
+        wait();
+        break;
+      }
+      cache_->release_snapshot(hit.snapshot_slot);
+      r.slot = hit.snapshot_slot;
+    } else {
+      r.slot = pool_.alloc_slot();
+      if (hit.snapshot_slot >= 0) restore_snapshot(r, hit);
+    }
     if (cache_ && r.cached < 0) cache_->record_query(int64_t(r.tokens.size()), hit.tokens);
     if (r.cached < 0) r.cached = hit.tokens;
     r.running = true;
