@@ -202,6 +202,9 @@ TEST(Runtime, BadOptionsAndRequestsNameWhatIsWrong) {
   o.pool.kv_memory = 0;
   EXPECT_NE(message(o).find("kv_memory must be positive"), std::string::npos);
   o = options(false);
+  o.pool.kv_memory = 4096;  // below the scratch alone: the error says what to raise
+  EXPECT_NE(message(o).find("raise kv-memory (kv_memory) to at least that"), std::string::npos);
+  o = options(false);
   o.checkpoint = "/nonexistent/ck";
   EXPECT_NE(message(o).find("/nonexistent/ck"), std::string::npos);
   o = options(false);

@@ -7,7 +7,8 @@
 namespace dsv41rt::model {
 
 MemoryPlan plan_memory(const ModelPlan& plan, const StateLayout& layout, int64_t budget_bytes,
-                       int64_t max_num_seqs, int64_t max_num_batched_tokens, int64_t max_model_len) {
+                       int64_t max_num_seqs, int64_t max_num_batched_tokens,
+                       int64_t max_model_len) {
   const ModelConfig& c = plan.config;
   const model::PoolGeometry g = layout.geometry();
   MemoryPlan m;
@@ -47,7 +48,9 @@ MemoryPlan plan_memory(const ModelPlan& plan, const StateLayout& layout, int64_t
   DSV41RT_CHECK_CODE(kOutOfRange, m.num_slots >= 1 && m.num_pages >= 1, "KV memory budget of ",
                      budget_bytes, " bytes is too small: scratch ", m.scratch_bytes,
                      " + one request slot ", g.slot_bytes, " + one page (with workspaces) ",
-                     per_page, " = ", m.scratch_bytes + g.slot_bytes + per_page, " bytes");
+                     per_page, " = ", m.scratch_bytes + g.slot_bytes + per_page,
+                     " bytes: raise kv-memory (kv_memory) to at least that, or lower "
+                     "max-num-batched-tokens / max-num-seqs (they size the scratch)");
   return m;
 }
 
