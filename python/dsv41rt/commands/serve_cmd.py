@@ -28,10 +28,20 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
             group.add_argument(flag, dest=name, default=None, metavar="VALUE")
 
 
+def _model_arg(args: argparse.Namespace) -> str | None:
+    """The checkpoint given on the command line: positionally or with --model (their own dests:
+    sharing one, the positional's None used to override the flag), never two different ones."""
+    positional, flag = getattr(args, "model_path", None), getattr(args, "model_flag", None)
+    if positional and flag and positional != flag:
+        raise Dsv41rtError(f"two models given: {positional!r} (positional) and --model {flag!r}")
+    return positional or flag
+
+
 def _overrides(args: argparse.Namespace) -> dict:
     out = {name: getattr(args, name) for name in KEYS if getattr(args, name, None) is not None}
-    if getattr(args, "model_path", None):
-        out["model"] = args.model_path
+    model = _model_arg(args)
+    if model:
+        out["model"] = model
     return out
 
 
@@ -43,7 +53,7 @@ def _resolve(args: argparse.Namespace) -> ServeConfig:
 def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (built-in tiny model when none is given)")
     s.add_argument("model_path", nargs="?", metavar="MODEL", help="checkpoint directory (overrides `model:`)")
-    s.add_argument("--model", dest="model_path", help=argparse.SUPPRESS)
+    s.add_argument("--model", dest="model_flag", help=argparse.SUPPRESS)
     _add_config_flags(s)
     s.set_defaults(run=run_serve)
     c = sub.add_parser("config", help="validate a serve config file or print the effective config")
