@@ -30,6 +30,19 @@ def server(tiny_dir):
     assert s.stop() == 0, s.output()
 
 
+def test_chat_max_completion_tokens_is_applied(server) -> None:
+    """Issue 23 D3: `max_completion_tokens` (OpenAI's current name) was ignored (asked 3, got 256); it
+    wins over `max_tokens`, as in vLLM, and a bad value is a 400 naming it."""
+    url = server.url + "/v1/chat/completions"
+    base = {"model": MODEL, "messages": [{"role": "user", "content": "go"}], "ignore_eos": True}
+    for extra in ({"max_completion_tokens": 3}, {"max_completion_tokens": 3, "max_tokens": 9}):
+        r = httpx.post(url, json={**base, **extra}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 3
+    r = httpx.post(url, json={**base, "max_completion_tokens": "3"}, timeout=60)
+    assert r.status_code == 400 and "max_completion_tokens" in r.text
+
+
 def test_openai_client_chat_streamed_and_not(server) -> None:
     from openai import OpenAI
 

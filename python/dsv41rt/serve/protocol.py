@@ -167,7 +167,10 @@ class ChatProtocol:
             )
         if io.max_tokens is not None and io.max_tokens > max_limit:
             raise ApiError(400, f"'max_tokens' must be <= {max_limit}, got {io.max_tokens}", "max_tokens")
-        max_tokens = min(io.max_tokens or default_max, context_limit - len(prompt))
+        asked = io.max_tokens
+        if body.get("max_completion_tokens") is not None:  # OpenAI's current name; wins, as in vLLM
+            asked = _num(body, "max_completion_tokens", 0, 1, max_limit, integer=True)
+        max_tokens = min(asked or default_max, context_limit - len(prompt))
         top = io.top_logprobs or 0
         sampling = sampling_extras(
             body,
