@@ -129,6 +129,23 @@ def _cases() -> list[tuple[str, str, bytes | dict, int]]:
         ("reasoning_effort junk", CHAT, _chat(reasoning_effort="ultra-mega"), 400),
         ("thinking junk", CHAT, _chat(thinking={"type": "sideways"}), 400),
         ("prompt too long", COMP, _comp(prompt=[5] * 200_000), 413),  # over the body limit as JSON
+        # Issue 23 D5: these were 500s.
+        ("top_p 0 comp", COMP, _comp(top_p=0), 400),
+        ("top_p 0 in float32 comp", COMP, _comp(top_p=1e-50), 400),
+        ("top_p 0 chat", CHAT, _chat(top_p=0, thinking={"type": "disabled"}), 400),
+    ]
+    head = b'{"model": "dsv41rt-tiny-v41", "max_tokens": 2, '
+    for path, field in ((CHAT, b'"messages": [{"role": "user", "content": "hi"}]'), (COMP, b'"prompt": "hi"')):
+        cases += [
+            (f"nested 130 deep {path}", path, head + field + b', "x": ' + b"[" * 130 + b"]" * 130 + b"}", 400),
+            (f"nested 1000 deep {path}", path, head + field + b', "x": ' + b"[" * 1000 + b"]" * 1000 + b"}", 400),
+            (f"5000-digit integer {path}", path, head + field + b', "seed": ' + b"9" * 5000 + b"}", 400),
+        ]
+    cases += [
+        ("lone surrogate comp", COMP, head + b'"prompt": "a\\ud800b"}', 400),
+        ("lone surrogate chat", CHAT, head + b'"messages": [{"role": "user", "content": "\\udfff"}]}', 400),
+        ("lone surrogate tokenize", "/tokenize", b'{"model": "dsv41rt-tiny-v41", "prompt": "\\ud800"}', 400),
+        ("nested tokenize", "/tokenize", b'{"prompt": "hi", "x": ' + b"[" * 200 + b"]" * 200 + b"}", 400),
     ]
     # Unicode junk in text fields is valid input: it must be served (200), not crash anything.
     rng = random.Random(0)

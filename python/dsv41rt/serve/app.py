@@ -66,11 +66,37 @@ async def _read_json(request: Request, limit: int) -> dict:
         parts.append(part)
     try:
         body = json.loads(b"".join(parts))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (ValueError, RecursionError) as err:  # also: integers past Python's digit limit
         raise ApiError(400, f"the body is not valid JSON: {err}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")
+    _check_json(body)
     return body
+
+
+MAX_JSON_DEPTH = 64
+
+
+def _check_json(body: dict) -> None:
+    """400 for what parses but would fail deeper in (issue 23 D5): nesting past MAX_JSON_DEPTH (the
+    conversion recursed until RecursionError at ~128) and strings holding lone surrogates (the
+    tokenizer cannot encode them). Iterative: no recursion on hostile input."""
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ApiError(400, "the body holds a string with a lone surrogate (not valid Unicode)") from None
+        elif isinstance(v, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                raise ApiError(400, f"the body is nested deeper than {MAX_JSON_DEPTH} levels")
+            items = list(v.items()) if isinstance(v, dict) else [(None, x) for x in v]
+            for k, x in items:
+                if k is not None:
+                    stack.append((k, depth))
+                stack.append((x, depth + 1))
 
 
 async def _outputs(req: Tracked, request: Request | None) -> AsyncIterator[Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +76,10 @@ def sampling_extras(
     body: dict, temperature: float, top_p: float, seed: int | None, top_logprobs: int
 ) -> SamplingParams:
     """The vLLM/SGLang sampling extras on top of what conversion resolved."""
+    # top_p is used as an FP32: a value that is 0 there (0, or e.g. 1e-50) would reach the sampler
+    # and fail as a 500 (issue 23 D5).
+    if not struct.unpack("f", struct.pack("f", top_p))[0] > 0:
+        raise ApiError(400, f"'top_p' must be > 0 (as a 32-bit float), got {top_p!r}", "top_p")
     return SamplingParams(
         temperature=temperature,
         top_p=top_p,
