@@ -198,6 +198,17 @@ def test_at_least_200_hostile_requests_get_the_right_status_and_body(server) -> 
         for h in ({}, {"Authorization": "Bearer nope"}, {"Authorization": KEY}, {"Authorization": "Basic x"}):
             r = httpx.post(server.url + CHAT, json=_chat(), headers=h, timeout=30)
             assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        # The scheme in any case (RFC 9110; `bearer` used to be refused).
+        r = httpx.post(server.url + COMP, json=_comp(), headers={"Authorization": f"bearer {KEY}"}, timeout=30)
+        assert r.status_code == 200, r.text
+        served.append((2, r.json()["choices"][0]["finish_reason"], r.json()["usage"]))
+        # Only JSON bodies run: a text/plain or form POST (cross-site without a preflight) is a 415.
+        for ct in ("text/plain", "application/x-www-form-urlencoded"):
+            r = c.post(COMP, content=b'{"model": "dsv41rt-tiny-v41", "prompt": "x"}', headers={"content-type": ct})
+            assert r.status_code == 415 and r.json()["error"]["type"] == "invalid_request_error", r.text
+        # Unknown routes and wrong methods: OpenAI-style error bodies.
+        for r, status in ((c.get("/v1/nope"), 404), (c.get(COMP), 405)):
+            assert r.status_code == status and isinstance(r.json()["error"]["message"], str), r.text
         # Still healthy and still correct.
         assert c.get("/health").status_code == 200
         ok = c.post(COMP, json=_comp(max_tokens=3, temperature=0))
@@ -209,7 +220,7 @@ def test_at_least_200_hostile_requests_get_the_right_status_and_body(server) -> 
         # Catches: a refused request that still reached the engine (or an extra/lost finish
         # count), a request left running or holding pages, token counters that do not match the
         # tokens served, and a /metrics page that no longer parses.
-        assert len(served) == 25, len(served)  # 24 unicode requests + the one above
+        assert len(served) == 26, len(served)  # 24 unicode requests + the lowercase-bearer one + the one above
         deadline = time.monotonic() + 10  # the engine thread publishes its stats after each step
         while True:
             after = _metrics(c)

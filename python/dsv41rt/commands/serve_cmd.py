@@ -86,6 +86,8 @@ def run_serve(args: argparse.Namespace) -> int:
     cfg = _resolve(args)
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("dsv41rt.serve")
+    if "DSV41RT_API_KEY" in os.environ and not os.environ["DSV41RT_API_KEY"] and not cfg.api_key:
+        log.warning("DSV41RT_API_KEY is set but empty: the server is open to anyone (no API key)")
     try:  # every server package, before a model loads
         import uvicorn  # noqa: F401
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
 from .completions import CompletionProtocol, CompletionStream
@@ -115,6 +117,20 @@ async def _outputs(req: Tracked, request: Request | None) -> AsyncIterator[Any]:
         yield item
 
 
+def _key_ok(auth: str, keys: tuple[str, ...]) -> bool:
+    """`Bearer <key>` (the scheme in any case, RFC 9110) against every key, in constant time."""
+    scheme, _, key = auth.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    given = key.strip().encode()
+    return any([secrets.compare_digest(given, k.encode()) for k in keys])  # no short-circuit
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="dsv41rt", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.s = state
@@ -124,13 +140,16 @@ def create_app(state: ServerState) -> FastAPI:
     async def guard(request: Request, call_next):
         path = request.url.path
         if path not in OPEN_PATHS:
-            if cfg.api_key:
-                auth = request.headers.get("authorization", "")
-                if not (auth.startswith("Bearer ") and auth[7:] in cfg.api_key):
-                    return _error(ApiError(401, "missing or invalid API key (Authorization: Bearer <key>)"))
+            if cfg.api_key and not _key_ok(request.headers.get("authorization", ""), cfg.api_key):
+                return _error(ApiError(401, "missing or invalid API key (Authorization: Bearer <key>)"))
             if state.draining:
                 state.metrics.rejected("draining")
                 return _error(ApiError(503, "the server is shutting down"))
+            has_body = request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers
+            if request.method == "POST" and has_body and not _is_json(request.headers.get("content-type", "")):
+                # A text/plain or form POST is what a browser may send cross-site without a
+                # preflight: only JSON bodies run (issue 23, hygiene).
+                return _error(ApiError(415, "the body must be sent as Content-Type: application/json"))
             length = request.headers.get("content-length")
             if length is not None and (not length.isdigit() or int(length) > cfg.max_request_bytes):
                 # Read (and drop) a moderately oversized body so the client sees the 413 instead of
@@ -150,6 +169,12 @@ def create_app(state: ServerState) -> FastAPI:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, err: ApiError):
         return _error(err)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException):
+        """Unknown routes (404) and wrong methods (405) as OpenAI-style error bodies too."""
+        what = "no route" if err.status_code == 404 else f"status {err.status_code}"
+        return _error(ApiError(err.status_code, f"{what}: {request.method} {request.url.path} ({err.detail})"))
 
     @app.exception_handler(Exception)
     async def internal(_: Request, err: Exception):

@@ -43,7 +43,9 @@ class ApiError(Exception):
             400: "invalid_request_error",
             401: "authentication_error",
             404: "not_found_error",
+            405: "invalid_request_error",
             413: "invalid_request_error",
+            415: "invalid_request_error",
             503: "service_unavailable",
         }.get(self.status, "server_error")
 
