@@ -12,6 +12,7 @@
 
 #include "core/safetensors.h"
 #include "core/status.h"
+#include "held_request.h"
 #include "runtime/model/engram_tables.h"
 #include "runtime/model/executor.h"
 #include "runtime/model/layer_plan.h"
@@ -39,35 +40,7 @@ std::vector<int32_t> prompt(int64_t n) {
   return p;
 }
 
-// One request held directly (outside an engine): its slot, pages and length.
-struct Held {
-  Executor& e;
-  int32_t slot;
-  std::vector<int32_t> pages;
-  int64_t length = 0;
-  explicit Held(Executor& ex) : e(ex), slot(ex.pool().alloc_slot()) { EXPECT_GE(slot, 0); }
-  ~Held() {
-    e.pool().free_pages(pages);
-    e.pool().free_slot(slot);
-  }
-  RequestView view() {
-    return {e.pool().slot_data(slot), pages.data(), int64_t(pages.size()), length};
-  }
-  // Logits of every new position.
-  std::vector<float> run(const std::vector<int32_t>& tokens) {
-    EXPECT_TRUE(e.pool().ensure_pages(pages, length + int64_t(tokens.size())));
-    const int64_t V = e.plan().config.vocab_size;
-    std::vector<float> logits(tokens.size() * size_t(V));
-    std::vector<BatchItem> batch(1);
-    batch[0].request = view();
-    batch[0].tokens = tokens.data();
-    batch[0].n = int64_t(tokens.size());
-    batch[0].logits = logits.data();
-    e.forward(batch);
-    length += int64_t(tokens.size());
-    return logits;
-  }
-};
+using dsv41rt::testing::Held;
 
 bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/safetensors.h"
+#include "held_request.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/engram_tables.h"
 #include "runtime/model/executor.h"
@@ -56,33 +57,7 @@ std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& 
   return a;
 }
 
-// A request held directly: its slot, its page table (pages may be shared) and its length.
-struct Held {
-  Executor& e;
-  int32_t slot;
-  std::vector<int32_t> pages;
-  int64_t length = 0;
-  explicit Held(Executor& ex) : e(ex), slot(ex.pool().alloc_slot()) { EXPECT_GE(slot, 0); }
-  ~Held() {
-    e.pool().free_pages(pages);
-    e.pool().free_slot(slot);
-  }
-  RequestView view() {
-    return {e.pool().slot_data(slot), pages.data(), int64_t(pages.size()), length};
-  }
-  std::vector<float> run(const std::vector<int32_t>& t) {  // logits of every new position
-    EXPECT_TRUE(e.pool().ensure_pages(pages, length + int64_t(t.size())));
-    std::vector<float> logits(t.size() * size_t(e.plan().config.vocab_size));
-    std::vector<BatchItem> batch(1);
-    batch[0].request = view();
-    batch[0].tokens = t.data();
-    batch[0].n = int64_t(t.size());
-    batch[0].logits = logits.data();
-    e.forward(batch);
-    length += int64_t(t.size());
-    return logits;
-  }
-};
+using dsv41rt::testing::Held;
 
 TEST(PrefixCacheModel, SnapshotAndSharedPagesContinueBitwise) {
   NEED_CHECKPOINT();
