@@ -23,7 +23,6 @@
 //   - For N <= 16 a piece's 4 block sums are double-buffered in registers: the next piece's
 //     wgmmas run while this one is promoted.
 //   - Split-K over pieces for small matrices (split_k.cuh), as on the other decode GEMMs.
-#include <cuda.h>  // CUtensorMap (the encoder is reached through the runtime: no libcuda link)
 #include <cuda_runtime.h>
 
 #include "core/dtype.h"
@@ -31,6 +30,7 @@
 #include "kernels/cuda/decode_gemv_a8.cuh"
 #include "kernels/cuda/decode_gemv_a8_wgmma.cuh"
 #include "kernels/cuda/split_k.cuh"
+#include "kernels/cuda/tma.cuh"
 
 namespace dsv41rt::kernels::cuda {
 namespace {
@@ -106,35 +106,6 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
 __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t addr) {
   return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
          (uint64_t(1) << 62);
-}
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{.reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
-        "selp.u32 %0, 1, 0, p;}"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  }
-}
-// TMA: the box at (column c0, row c1) of the tensor map into shared memory at dst; completes
-// its bytes on the mbarrier.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
-                                            uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
-      "{%2, %3}], [%4];" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
 }
 
 // d = A (64 x 32 E4M3, desc a) * B (32 x N E4M3, desc b), FP32, not accumulated (predicate
@@ -226,10 +197,10 @@ struct Kernel {
                                     uint32_t bar, int64_t pc, int64_t pc1) {
     const int pieces = int(min(int64_t(C::kPieces), pc1 - pc));
     if (threadIdx.x == 0) {
-      mbar_expect_tx(bar, uint32_t(pieces * kWPiece));
+      tma::mbar_expect_tx(bar, uint32_t(pieces * kWPiece));
       for (int q = 0; q < pieces; ++q) {
-        tma_load_2d(slot_addr + q * C::kPieceBytes, wmap, int((pc + q) * kPieceCols),
-                    int(blockIdx.x) * kRows, bar);
+        tma::load_2d(slot_addr + q * C::kPieceBytes, wmap, int((pc + q) * kPieceCols),
+                     int(blockIdx.x) * kRows, bar);
       }
     }
 #pragma unroll
@@ -305,8 +276,8 @@ struct Kernel {
     uint8_t* smem = smem_raw + (base - raw);
     auto bar = [&](int slot) { return raw + 8 * slot; };
     if (threadIdx.x == 0) {
-      for (int s = 0; s < C::kStages; ++s) mbar_init(bar(s), 1);
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      for (int s = 0; s < C::kStages; ++s) tma::mbar_init(bar(s), 1);
+      tma::mbar_init_fence();
     }
     __syncthreads();
     const Copies cp = copies(p);
@@ -356,7 +327,7 @@ struct Kernel {
     for (int st = 0; st < nst; ++st) {
       cp_async_wait<C::kStages - 2>();  // this thread's activation copies of stage st landed
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the tensor cores
-      mbar_wait(bar(st % C::kStages), uint32_t(st / C::kStages) & 1);  // its weights landed
+      tma::mbar_wait(bar(st % C::kStages), uint32_t(st / C::kStages) & 1);  // its weights landed
       __syncthreads();  // everyone's copies landed; stage st - 1's slot is no longer read
       const int next = st + C::kStages - 1;
       if (next < nst) {
@@ -435,41 +406,12 @@ cudaError_t launch(const Params& p, const CUtensorMap& wmap, dim3 grid, cudaStre
   return launch_status();
 }
 
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
-                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
-                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// cuTensorMapEncodeTiled through the runtime's driver entry point (found once).
-EncodeTiled encoder() {
-  static const EncodeTiled fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      return EncodeTiled{nullptr};
-    }
-    return reinterpret_cast<EncodeTiled>(f);
-  }();
-  return fn;
-}
-
 // The weights [n rows, k bytes] as a TMA tensor: 64-row x 128-byte boxes, 128-byte swizzle, rows
 // past n read as zeros. Encoded on the host per launch (no device work; graph capture keeps the
 // map by value as a kernel parameter).
 cudaError_t weight_map(const DecodeGemvA8& g, CUtensorMap* map) {
-  const EncodeTiled encode = encoder();
-  if (!encode) return cudaErrorNotSupported;
-  const cuuint64_t dims[2] = {cuuint64_t(g.k), cuuint64_t(g.n)};
-  const cuuint64_t strides[1] = {cuuint64_t(g.k)};
-  const cuuint32_t box[2] = {cuuint32_t(kPieceCols), cuuint32_t(kRows)};
-  const cuuint32_t elem[2] = {1, 1};
-  const CUresult r =
-      encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(g.w.data), dims, strides, box,
-             elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+  return tma::byte_matrix_map(map, g.w.data, g.k, g.n, kPieceCols, kRows,
+                              CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 }  // namespace
