@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(kRouteThreads) prep_kernel(const PrepParams p)
 
 // ---- 2./3. expert GEMMs -----------------------------------------------------------------------
 
-constexpr int quads_of(WeightFormat f) {
+__host__ __device__ constexpr int quads_of(WeightFormat f) {
   return f == WeightFormat::kMxfp4 ? 1 : (f == WeightFormat::kFp8Block ? 2 : 4);
 }
 
@@ -238,8 +238,8 @@ __device__ __forceinline__ void scale_mults(uint32_t e, uint32_t& m1, uint32_t& 
   constexpr uint32_t bias = F == WeightFormat::kMxfp4 ? 126 : 120;
   constexpr uint32_t emax = 254 - bias;  // largest e with 2^(e - 127 + bias) a normal BF16
   const uint32_t a = e <= emax ? e + bias : 127 + bias, b = e <= emax ? 127 : e;  // b: 2^0 = 1
-  m1 = (a << 7) | (a << 23);
-  m2 = (b << 7) | (b << 23);
+  m1 = a * 0x00800080u;  // (a << 7) | (a << 23): both halves' exponent fields, one multiply
+  m2 = b * 0x00800080u;
 }
 
 template <WeightFormat F>
@@ -304,35 +304,42 @@ __device__ __forceinline__ void mainloop(const WeightView (&w)[NMAT], int64_t ro
                                          float (&acc)[NMAT][NT][4]) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
   const int nchunks = int((K + kChunk - 1) / kChunk);
-  RowRaw<F> cur[NMAT][2], nxt[NMAT][2];  // nxt: MXFP4 only (dead otherwise)
+  // This lane's row g of each matrix as a byte pointer to its 32 columns of chunk 0 and, for
+  // MXFP4, to their scale (row g + 8 is 8 rows on; a chunk further is kChunk / 2 bytes and 4
+  // scales on): no 64-bit index arithmetic per load, few registers.
+  const uint8_t* rowp[NMAT];
+  const uint8_t* scalep[NMAT];
+  const int64_t rows8 = 8 * (K / 32) * 16 * quads_of(F), srows8 = 8 * (K / 32);
+#pragma unroll
+  for (int m = 0; m < NMAT; ++m) {
+    const int64_t row = row0 + g;
+    rowp[m] = static_cast<const uint8_t*>(w[m].data) + (row * (K / 32) + t4) * 16 * quads_of(F);
+    scalep[m] = nullptr;
+    if constexpr (F == WeightFormat::kMxfp4) scalep[m] = w[m].scale + row * (K / 32) + t4;
+  }
   auto load = [&](RowRaw<F>(&r)[NMAT][2], int c) {
     const int64_t col0 = int64_t(c) * kChunk + t4 * 32;
 #pragma unroll
     for (int m = 0; m < NMAT; ++m) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if (col0 < K) {
-          load_row<F>(w[m], row0 + g + 8 * h, col0, r[m][h]);
-        } else {
+        if (col0 >= K) {
           for (auto& q : r[m][h].d) q = make_uint4(0, 0, 0, 0);
           r[m][h].m1 = 0, r[m][h].m2 = kBf16x2One;
+        } else if constexpr (F == WeightFormat::kMxfp4) {
+          r[m][h].d[0] = ld_stream(rowp[m] + h * rows8 + c * (kChunk / 2));
+          scale_mults<F>(__ldg(scalep[m] + h * srows8 + c * (kChunk / 32)), r[m][h].m1, r[m][h].m2);
+        } else {
+          load_row<F>(w[m], row0 + g + 8 * h, col0, r[m][h]);
         }
       }
     }
   };
-  // MXFP4 rows are 16 bytes a lane: keep the next chunk in flight too. FP8 / BF16 rows are 32 /
-  // 64 bytes, as many loads in flight without it (and fewer registers).
-  constexpr bool kPrefetch = F == WeightFormat::kMxfp4;
-  if (kPrefetch && warp < nchunks) load(cur, warp);
-  for (int c = warp; c < nchunks; c += kWarps) {
-    if (!kPrefetch) {
-      load(cur, c);
-    } else if (c + kWarps < nchunks) {
-      load(nxt, c + kWarps);  // next chunk in flight during this one
-    }
+  // Chunk c of this warp from the registers `now` (loaded before), all lanes past K multiplying
+  // zeros. Scales needing two multiplies (never in real checkpoints) take a separate,
+  // warp-uniform copy of the body, so the common one has no per-value branch.
+  auto compute = [&](const RowRaw<F>(&now)[NMAT][2], int c) {
     const bool valid = int64_t(c) * kChunk + t4 * 32 < K;
-    // Scales needing two multiplies (never in real checkpoints) take a separate, warp-uniform
-    // copy of the loop body, so the common one has no per-value branch.
     auto body = [&](auto two) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -341,7 +348,7 @@ __device__ __forceinline__ void mainloop(const WeightView (&w)[NMAT], int64_t ro
         for (int nt = 0; nt < NT; ++nt) {
           b[nt] = make_uint4(0, 0, 0, 0);
           if (valid && nt < nt_active) {
-            b[nt] = *reinterpret_cast<const uint4*>(bp[nt] + int64_t(c) * kChunk + j * 32 + t4 * 8);
+            b[nt] = *reinterpret_cast<const uint4*>(bp[nt] + c * kChunk + j * 32);
           }
         }
 #pragma unroll
@@ -349,8 +356,8 @@ __device__ __forceinline__ void mainloop(const WeightView (&w)[NMAT], int64_t ro
           uint32_t a[NMAT][4];
 #pragma unroll
           for (int m = 0; m < NMAT; ++m) {
-            decode_step<F, decltype(two)::value>(cur[m][0], 2 * j + h, a[m][0], a[m][2]);
-            decode_step<F, decltype(two)::value>(cur[m][1], 2 * j + h, a[m][1], a[m][3]);
+            decode_step<F, decltype(two)::value>(now[m][0], 2 * j + h, a[m][0], a[m][2]);
+            decode_step<F, decltype(two)::value>(now[m][1], 2 * j + h, a[m][1], a[m][3]);
           }
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
@@ -367,7 +374,7 @@ __device__ __forceinline__ void mainloop(const WeightView (&w)[NMAT], int64_t ro
     if constexpr (F != WeightFormat::kBF16) {
 #pragma unroll
       for (int m = 0; m < NMAT; ++m) {
-        two = two || cur[m][0].m2 != kBf16x2One || cur[m][1].m2 != kBf16x2One;
+        two = two || now[m][0].m2 != kBf16x2One || now[m][1].m2 != kBf16x2One;
       }
     }
     if (__any_sync(0xffffffffu, two)) {
@@ -375,9 +382,25 @@ __device__ __forceinline__ void mainloop(const WeightView (&w)[NMAT], int64_t ro
     } else {
       body(std::false_type{});
     }
-    if constexpr (kPrefetch) {
-#pragma unroll
-      for (int m = 0; m < NMAT; ++m) cur[m][0] = nxt[m][0], cur[m][1] = nxt[m][1];
+  };
+  RowRaw<F> ra[NMAT][2], rb[NMAT][2];
+  if constexpr (F == WeightFormat::kMxfp4) {
+    // MXFP4 rows are 16 bytes a lane: the next chunk is in flight during this one. Two register
+    // sets in turn (ra, rb), the loop unrolled by two, so nothing is copied between them.
+    if (warp < nchunks) load(ra, warp);
+    for (int c = warp; c < nchunks; c += 2 * kWarps) {
+      if (c + kWarps < nchunks) load(rb, c + kWarps);
+      compute(ra, c);
+      if (c + kWarps >= nchunks) break;
+      if (c + 2 * kWarps < nchunks) load(ra, c + 2 * kWarps);
+      compute(rb, c + kWarps);
+    }
+  } else {
+    // FP8 / BF16 rows are 32 / 64 bytes a lane: as many loads in flight without a second set
+    // (and fewer registers).
+    for (int c = warp; c < nchunks; c += kWarps) {
+      load(ra, c);
+      compute(ra, c);
     }
   }
 }
@@ -433,7 +456,7 @@ __global__ void __launch_bounds__(kCtaThreads, 4) expert_kernel(const ExpertPara
     for (int nt = 0; nt < NT; ++nt) {
       const int pos = start + min(c0 + nt * 8 + g, c0 + n - 1);  // pad columns repeat a real row
       const int64_t row = p.act_by_token ? (shared ? pos - p.P : p.pos_token[pos]) : pos;
-      bp[nt] = p.act + row * p.act_stride;
+      bp[nt] = p.act + row * p.act_stride + t4 * 8;  // this lane's 8 values of a 32-column step
     }
     float acc[NMAT][NT][4] = {};
     if (FR == FS || !shared) {
