@@ -85,7 +85,9 @@ def test_direct_handles_take_storage_back_from_the_cache(tiny_v41_dir) -> None:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = LiveServer("--page-size", "4", model_dir=str(tmp_path_factory.mktemp("builtin") / "tiny-v41-seed0"))
+    model_dir = str(tmp_path_factory.mktemp("builtin") / "tiny-v41-seed0")
+    s = LiveServer("--page-size", "4", model_dir=model_dir)
+    s.model_dir = model_dir  # the built-in model the server wrote (its tokenizer encodes the chats)
     yield s
     assert s.stop() == 0, s.output()
 
@@ -104,6 +106,8 @@ def test_server_reports_cached_tokens_and_counts(server) -> None:
     n = usages[0]["prompt_tokens"]
     assert usages[0]["prompt_tokens_details"]["cached_tokens"] == 0
     assert usages[1]["prompt_tokens_details"]["cached_tokens"] == (n - 1) // 4 * 4 > 0
+    assert usages[1]["prompt_cache_hit_tokens"] == (n - 1) // 4 * 4
+    assert usages[1]["prompt_cache_miss_tokens"] == n - (n - 1) // 4 * 4
     assert _counter(server.url, "prefix_cache_queries_total") == queries + 2 * n
     assert _counter(server.url, "prefix_cache_hits_total") == hits + (n - 1) // 4 * 4
 
@@ -118,3 +122,86 @@ def test_server_reports_cached_tokens_and_counts(server) -> None:
     assert r.status_code == 200
     third = httpx.post(server.url + "/v1/chat/completions", json=chat, timeout=60).json()["usage"]
     assert third["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a fact up.",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+        },
+    }
+]
+
+
+def _agent_turns() -> list[tuple[list[dict], bool]]:
+    """A 10-request agentic transcript: (messages sent, thinking) per request. Thinking turns call a
+    tool and pass their reasoning back (V4.1 keeps earlier reasoning in the prompt: the transcript
+    only grows); request 8 switches thinking off, which re-renders the whole history."""
+    msgs: list[dict] = [{"role": "system", "content": "You are a careful research agent."}]
+    out: list[tuple[list[dict], bool]] = []
+    for turn in range(5):
+        msgs = msgs + [{"role": "user", "content": f"question {turn}: what is fact number {turn * 7}?"}]
+        thinking = turn < 4
+        out.append((msgs, thinking))  # the model is asked; it answers with a tool call
+        args = f'{{"q": "fact {turn * 7}"}}'
+        call = {"id": f"call_{turn}", "type": "function", "function": {"name": "lookup", "arguments": args}}
+        reasoning = f"I should look fact {turn * 7} up."
+        msgs = msgs + [
+            {"role": "assistant", "reasoning_content": reasoning, "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{turn}", "content": f"fact {turn * 7} is {turn * 13}"},
+        ]
+        out.append((msgs, thinking))  # the model is asked again with the tool's result
+        msgs = msgs + [{"role": "assistant", "reasoning_content": "Now I know.", "content": f"It is {turn * 13}."}]
+    return out
+
+
+def test_agentic_transcript_hits_the_stable_prefix(server) -> None:
+    """10 requests of a tool-calling conversation through the server: each resumes from the snapshot
+    of the longest earlier prompt it starts with (max_tokens 1: nothing generated is cached, so the
+    expectation is exact), and a switch of thinking mode misses (the V4.1 encoding re-renders the
+    system prompt and every earlier turn's reasoning); docs/design/prefix-cache.md explains."""
+    import deepseek_recipe as dr
+    from dsv41rt.serve.protocol import ChatProtocol, Tokenizers
+
+    httpx.post(server.url + "/reset_prefix_cache", timeout=30).raise_for_status()
+    proto = ChatProtocol(Tokenizers(server.model_dir), (MODEL,), True, 1 << 30)
+    page = 4
+    sent: list[list[int]] = []
+    report = []
+    for i, (msgs, thinking) in enumerate(_agent_turns()):
+        body = {"model": MODEL, "messages": msgs, "tools": TOOLS, "max_tokens": 1, "temperature": 0}
+        if not thinking:
+            body["thinking"] = {"type": "disabled"}
+        prompt = proto.encoding.encode(dr.ChatCompletionRequest(dict(body)).convert(proto.options).conversation)
+        r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+        assert usage["prompt_tokens"] == len(prompt)
+
+        def common(a: list[int], b: list[int]) -> int:
+            n = 0
+            while n < min(len(a), len(b)) and a[n] == b[n]:
+                n += 1
+            return n
+
+        # Each earlier prompt left a snapshot at its last page boundary before its last token
+        # (docs/design/prefix-cache.md); this one resumes from the deepest that it starts with.
+        best = max((common(prompt, old) for old in sent), default=0)
+        snaps = [(len(old) - 1) // page * page for old in sent]
+        usable = [s for s, old in zip(snaps, sent, strict=True) if common(prompt, old) >= s and s <= len(prompt) - 1]
+        expected = max(usable, default=0)
+        cached = usage["prompt_tokens_details"]["cached_tokens"]
+        report.append((i, thinking, len(prompt), best, cached))
+        assert cached == expected, report
+        assert usage["prompt_cache_hit_tokens"] == cached
+        sent.append(prompt)
+    print("\nrequest, thinking, prompt tokens, common prefix with an earlier prompt, cached tokens")
+    for row in report:
+        print(*row)
+    hits = [r[4] for r in report]
+    assert all(h > 0 for i, h in enumerate(hits) if i not in (0, 8)), report  # every stable turn hits
+    assert hits[8] < report[8][2] // 2, report  # thinking switched off: the history re-rendered
+    assert hits[9] >= report[8][2] // page * page - page, report  # ... and cached again from there

@@ -87,6 +87,9 @@ class CompletionStream:
             "completion_tokens": n_gen,
             "total_tokens": n_prompt + n_gen,
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            # DeepSeek's API names, as the chat route reports them (through the recipe)
+            "prompt_cache_hit_tokens": self.cached_tokens,
+            "prompt_cache_miss_tokens": n_prompt - self.cached_tokens,
         }
 
     def _logprobs_block(self) -> dict | None:
