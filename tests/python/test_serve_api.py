@@ -133,6 +133,26 @@ def test_client_disconnect_cancels_and_frees_pages(server) -> None:
     assert m["dsv41rt:num_requests_running{}"] == 0 and m["dsv41rt:kv_cache_usage_perc{}"] == 0
 
 
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_non_streaming_client_disconnect_cancels(server, route) -> None:
+    """Issue 23 D1: a non-streaming client that goes away (here: a 1 s client timeout) cancels its
+    request; under a BaseHTTPMiddleware the route never saw the disconnect and ran to max_tokens."""
+    body: dict = {"model": MODEL, "max_tokens": 4000, "ignore_eos": True}
+    if route == "/v1/completions":
+        body["prompt"] = "hi"
+    else:
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server.url + route, json=body, timeout=1.0)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        m = _metrics(server.url)
+        if m["dsv41rt:num_requests_running{}"] == 0 and m["dsv41rt:kv_cache_usage_perc{}"] == 0:
+            break
+        time.sleep(0.1)
+    assert m["dsv41rt:num_requests_running{}"] == 0 and m["dsv41rt:kv_cache_usage_perc{}"] == 0, m
+
+
 def test_sigterm_drains_in_flight_streams_refuses_new_and_exits_zero(tiny_dir) -> None:
     s = LiveServer("--shutdown-timeout", "120", "--log-level", "info", model_dir=tiny_dir)
     results: list[tuple[str | None, bool]] = [(None, False)] * 3

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -24,14 +23,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import __version__
 from .completions import CompletionProtocol, CompletionStream
 from .engine_loop import EngineLoop, Tracked
+from .guard import Guard, error_response
 from .protocol import FINISH, ApiError, ChatProtocol, Tokenizers, tokens_chunk
 
 log = logging.getLogger("dsv41rt.serve")
-OPEN_PATHS = ("/health", "/ready", "/metrics", "/version")
 
 
 class ClientGone(Exception):
     pass
+
+
+DISCONNECT_CHECK_S = 0.25  # how often a non-streaming request looks for its client
+_NOTHING = object()  # no output within DISCONNECT_CHECK_S
 
 
 class ServerState:
@@ -45,11 +48,6 @@ class ServerState:
         self.draining = False
         self.active = 0
         self.server: Any = None  # the uvicorn.Server, for the drain to stop it
-
-
-def _error(err: ApiError) -> JSONResponse:
-    headers = {"Retry-After": "1"} if err.status == 503 else None
-    return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
 def _stream_error(err: Exception) -> ApiError:
@@ -102,13 +100,20 @@ def _check_json(body: dict) -> None:
 
 
 async def _outputs(req: Tracked, request: Request | None) -> AsyncIterator[Any]:
-    """A request's engine outputs; raises ClientGone when a non-streaming client disconnects."""
+    """A request's engine outputs; raises ClientGone when a non-streaming client disconnects. The
+    client is checked every DISCONNECT_CHECK_S, also while outputs keep coming (a request that
+    streams tokens into its queue never left the wait below; issue 23 D1)."""
+    checked = time.monotonic()
     while True:
         try:
-            item = await asyncio.wait_for(req.out.get(), timeout=0.5)
+            item = await asyncio.wait_for(req.out.get(), timeout=DISCONNECT_CHECK_S)
         except asyncio.TimeoutError:
-            if request is not None and await request.is_disconnected():
+            item = _NOTHING
+        if request is not None and time.monotonic() - checked >= DISCONNECT_CHECK_S:
+            checked = time.monotonic()
+            if await request.is_disconnected():
                 raise ClientGone() from None
+        if item is _NOTHING:
             continue
         if item is None:
             return
@@ -117,69 +122,27 @@ async def _outputs(req: Tracked, request: Request | None) -> AsyncIterator[Any]:
         yield item
 
 
-def _key_ok(auth: str, keys: tuple[str, ...]) -> bool:
-    """`Bearer <key>` (the scheme in any case, RFC 9110) against every key, in constant time."""
-    scheme, _, key = auth.partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    given = key.strip().encode()
-    return any([secrets.compare_digest(given, k.encode()) for k in keys])  # no short-circuit
-
-
-def _is_json(content_type: str) -> bool:
-    media = content_type.split(";", 1)[0].strip().lower()
-    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
-
-
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="dsv41rt", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.s = state
     cfg = state.cfg
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        path = request.url.path
-        if path not in OPEN_PATHS:
-            if cfg.api_key and not _key_ok(request.headers.get("authorization", ""), cfg.api_key):
-                return _error(ApiError(401, "missing or invalid API key (Authorization: Bearer <key>)"))
-            if state.draining:
-                state.metrics.rejected("draining")
-                return _error(ApiError(503, "the server is shutting down"))
-            has_body = request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers
-            if request.method == "POST" and has_body and not _is_json(request.headers.get("content-type", "")):
-                # A text/plain or form POST is what a browser may send cross-site without a
-                # preflight: only JSON bodies run (issue 23, hygiene).
-                return _error(ApiError(415, "the body must be sent as Content-Type: application/json"))
-            length = request.headers.get("content-length")
-            if length is not None and (not length.isdigit() or int(length) > cfg.max_request_bytes):
-                # Read (and drop) a moderately oversized body so the client sees the 413 instead of
-                # a reset connection; far larger ones are cut off.
-                if length.isdigit() and int(length) <= 64 * cfg.max_request_bytes:
-                    async for _ in request.stream():
-                        pass
-                return _error(ApiError(413, f"request body exceeds {cfg.max_request_bytes} bytes"))
-        try:
-            return await call_next(request)
-        except ApiError as err:
-            return _error(err)
-        except Exception as err:  # a bug: an OpenAI-style 500, the server keeps serving
-            log.exception("internal error on %s", path)
-            return _error(ApiError(500, f"internal error: {type(err).__name__}"))
+    app.add_middleware(Guard, state=state)  # key, draining, JSON bodies, sizes (guard.py)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, err: ApiError):
-        return _error(err)
+        return error_response(err)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, err: StarletteHTTPException):
         """Unknown routes (404) and wrong methods (405) as OpenAI-style error bodies too."""
         what = "no route" if err.status_code == 404 else f"status {err.status_code}"
-        return _error(ApiError(err.status_code, f"{what}: {request.method} {request.url.path} ({err.detail})"))
+        return error_response(ApiError(err.status_code, f"{what}: {request.method} {request.url.path} ({err.detail})"))
 
     @app.exception_handler(Exception)
     async def internal(_: Request, err: Exception):
         log.exception("internal error")
-        return _error(ApiError(500, f"internal error: {type(err).__name__}"))
+        return error_response(ApiError(500, f"internal error: {type(err).__name__}"))
 
     @app.get("/health")
     async def health():

@@ -1,0 +1,92 @@
+"""The server's request guard as a pure ASGI middleware: API key, draining, JSON-only POST bodies,
+body size, and an OpenAI-style 500 for a bug. Pure ASGI (not `@app.middleware("http")`, a
+BaseHTTPMiddleware) so that routes read the client's own receive channel: behind a
+BaseHTTPMiddleware `Request.is_disconnected()` never turned true and a non-streaming request whose
+client had gone ran to max_tokens (issue 23 D1)."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .protocol import ApiError
+
+log = logging.getLogger("dsv41rt.serve")
+OPEN_PATHS = ("/health", "/ready", "/metrics", "/version")
+
+
+def error_response(err: ApiError) -> JSONResponse:
+    headers = {"Retry-After": "1"} if err.status == 503 else None
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+def key_ok(auth: str, keys: tuple[str, ...]) -> bool:
+    """`Bearer <key>` (the scheme in any case, RFC 9110) against every key, in constant time."""
+    scheme, _, key = auth.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    given = key.strip().encode()
+    return any([secrets.compare_digest(given, k.encode()) for k in keys])  # no short-circuit
+
+
+def is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+class Guard:
+    """Checks a request before the routes see it (state: the server's ServerState)."""
+
+    def __init__(self, app: ASGIApp, state: Any) -> None:
+        self.app, self.state = app, state
+
+    async def _refusal(self, request: Request) -> ApiError | None:
+        cfg, state = self.state.cfg, self.state
+        if request.url.path in OPEN_PATHS:
+            return None
+        if cfg.api_key and not key_ok(request.headers.get("authorization", ""), cfg.api_key):
+            return ApiError(401, "missing or invalid API key (Authorization: Bearer <key>)")
+        if state.draining:
+            state.metrics.rejected("draining")
+            return ApiError(503, "the server is shutting down")
+        has_body = request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers
+        if request.method == "POST" and has_body and not is_json(request.headers.get("content-type", "")):
+            # A text/plain or form POST is what a browser may send cross-site without a
+            # preflight: only JSON bodies run (issue 23, hygiene).
+            return ApiError(415, "the body must be sent as Content-Type: application/json")
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > cfg.max_request_bytes):
+            # Read (and drop) a moderately oversized body so the client sees the 413 instead of a
+            # reset connection; far larger ones are cut off.
+            if length.isdigit() and int(length) <= 64 * cfg.max_request_bytes:
+                async for _ in request.stream():
+                    pass
+            return ApiError(413, f"request body exceeds {cfg.max_request_bytes} bytes")
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = await self._refusal(Request(scope, receive))
+        if refusal is not None:
+            await error_response(refusal)(scope, receive, send)
+            return
+        started = False
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked_send)
+        except Exception as err:  # a bug: an OpenAI-style 500 when nothing was sent, the server keeps serving
+            log.exception("internal error on %s", scope.get("path"))
+            if not started:
+                await error_response(ApiError(500, f"internal error: {type(err).__name__}"))(scope, receive, send)
