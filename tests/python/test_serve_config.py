@@ -128,3 +128,26 @@ def test_serve_refuses_a_tokenizer_without_the_v41_special_tokens(tmp_path, tiny
     assert main(["serve", str(ck)]) == 2
     err = capsys.readouterr().err
     assert "needs these tokens as single added tokens, missing: <｜System｜>" in err
+
+
+def test_serve_port_in_use_is_one_line_before_any_model_work(tmp_path) -> None:
+    """Issue 23 (hygiene): a port clash was reported only after the model loaded, with ~40 lines of
+    traceback; the server binds first and says so in one line."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cmd = [sys.executable, "-m", "dsv41rt", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        cmd += ["--tiny-model-dir", str(tmp_path / "never-built")]
+        start = time.monotonic()
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr + r.stdout, r.stderr
+    assert not (tmp_path / "never-built").exists()  # nothing generated or loaded
+    assert time.monotonic() - start < 60

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 
 from ..errors import Dsv41rtError
@@ -99,12 +100,14 @@ def run_serve(args: argparse.Namespace) -> int:
         ) from None
     from ..serve.tiny_model import NAME, ensure_tiny_model
 
+    if cfg.model is not None and not os.path.isdir(cfg.model):
+        raise Dsv41rtError(f"model: {cfg.model!r} is not a directory")
+    # The port before any model work: a clash is one line at once, not a traceback after the load.
+    sock = _listen(cfg.host, cfg.port)
     if cfg.model is None:
         log.info("no model configured: using the built-in tiny V4.1 checkpoint (generated on first use)")
         model_dir, default_name = ensure_tiny_model(cfg.tiny_model_dir), NAME
     else:
-        if not os.path.isdir(cfg.model):
-            raise Dsv41rtError(f"model: {cfg.model!r} is not a directory")
         model_dir, default_name = cfg.model, os.path.basename(os.path.normpath(cfg.model))
     try:
         tok = Tokenizers(model_dir)
@@ -114,11 +117,30 @@ def run_serve(args: argparse.Namespace) -> int:
     from ..cp_launch import open_runtime
 
     # CP worker processes, when configured, live as long as the server.
-    with open_runtime(model_dir, cfg.runtime, progress=True, engine_thread=True) as rt:
-        return _serve(cfg, rt, tok, model_dir, default_name, log)
+    with sock, open_runtime(model_dir, cfg.runtime, progress=True, engine_thread=True) as rt:
+        return _serve(cfg, rt, tok, model_dir, default_name, log, sock)
 
 
-def _serve(cfg: ServeConfig, rt, tok, model_dir: str, default_name: str, log: logging.Logger) -> int:
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (uvicorn serves on it), or a Dsv41rtError naming the address."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as err:
+        raise Dsv41rtError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        raise Dsv41rtError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    return sock
+
+
+def _serve(
+    cfg: ServeConfig, rt, tok, model_dir: str, default_name: str, log: logging.Logger, sock: socket.socket
+) -> int:
     import uvicorn
 
     from ..serve.app import ServerState, create_app
@@ -157,7 +179,7 @@ def _serve(cfg: ServeConfig, rt, tok, model_dir: str, default_name: str, log: lo
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        task = asyncio.create_task(server.serve())
+        task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started and not task.done():
             await asyncio.sleep(0.02)
 
