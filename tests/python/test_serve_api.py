@@ -134,6 +134,33 @@ def test_client_disconnect_cancels_and_frees_pages(server) -> None:
 
 
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_stream_usage_only_when_asked(server, route) -> None:
+    """Issue 23 (hygiene): the chat stream carried usage in its last chunk whether or not
+    `stream_options.include_usage` asked for it. Now, on both routes: no usage unless asked; when
+    asked, one more chunk with no choices carries it (OpenAI's and vLLM's stream)."""
+    body: dict = {"model": MODEL, "max_tokens": 4, "ignore_eos": True, "stream": True}
+    if route == "/v1/completions":
+        body["prompt"] = "hi"
+    else:
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    for asked in (None, False, True):
+        b = dict(body) if asked is None else {**body, "stream_options": {"include_usage": asked}}
+        with httpx.stream("POST", server.url + route, json=b, timeout=60) as r:
+            assert r.status_code == 200
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        with_usage = [c for c in chunks if c.get("usage")]
+        if not asked:
+            assert with_usage == [], with_usage
+        else:
+            assert len(with_usage) == 1 and with_usage[0] is chunks[-1] and chunks[-1]["choices"] == []
+            assert with_usage[0]["usage"]["completion_tokens"] == 4
+            assert any(c["choices"] and c["choices"][0]["finish_reason"] == "length" for c in chunks)
+    for bad in ([], {"include_usage": "yes"}):
+        r = httpx.post(server.url + route, json={**body, "stream_options": bad}, timeout=60)
+        assert r.status_code == 400 and "stream_options" in r.text, r.text
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
 def test_non_streaming_client_disconnect_cancels(server, route) -> None:
     """Issue 23 D1: a non-streaming client that goes away (here: a 1 s client timeout) cancels its
     request; under a BaseHTTPMiddleware the route never saw the disconnect and ran to max_tokens."""

@@ -24,7 +24,7 @@ from .. import __version__
 from .completions import CompletionProtocol, CompletionStream
 from .engine_loop import EngineLoop, Tracked
 from .guard import Guard, error_response
-from .protocol import FINISH, ApiError, ChatProtocol, Tokenizers, tokens_chunk
+from .protocol import FINISH, ApiError, ChatProtocol, Tokenizers, include_usage, tokens_chunk
 
 log = logging.getLogger("dsv41rt.serve")
 
@@ -48,6 +48,21 @@ class ServerState:
         self.draining = False
         self.active = 0
         self.server: Any = None  # the uvicorn.Server, for the drain to stop it
+
+
+def _stream_usage(chunk: str, with_usage: bool) -> tuple[str, str | None]:
+    """OpenAI's stream usage for a chat chunk as the recipe writes it (usage on the last content
+    chunk, always): without `stream_options.include_usage` no chunk has usage; with it every chunk
+    has `usage: null` and the usage comes in one more chunk with no choices (as vLLM and OpenAI)."""
+    if '"usage"' not in chunk:
+        return chunk, None
+    d = json.loads(chunk)
+    usage = d.pop("usage", None)
+    if not with_usage:
+        return json.dumps(d), None
+    d["usage"] = None
+    extra = json.dumps({**d, "choices": [], "usage": usage}) if usage is not None else None
+    return json.dumps(d), extra
 
 
 def _stream_error(err: Exception) -> ApiError:
@@ -219,6 +234,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await _read_json(request, cfg.max_request_bytes)
+        with_usage = include_usage(body)  # checked first: the recipe's message would not name it
         prep = state.chat.prepare(body, state.context_limit, cfg.default_max_tokens, cfg.max_tokens_limit)
         model = body["model"]
         rid = f"chatcmpl-{uuid.uuid4().hex}"
@@ -249,13 +265,18 @@ def create_app(state: ServerState) -> FastAPI:
         if prep.stream:
 
             async def events() -> AsyncIterator[str]:
+                usage_chunk = None
                 try:
                     async for item in _outputs(req, None):
                         out, done = chunks_of(item)
                         for c in out:
-                            yield f"data: {c.to_json()}\n\n"
+                            text, extra = _stream_usage(c.to_json(), with_usage)
+                            usage_chunk = extra or usage_chunk
+                            yield f"data: {text}\n\n"
                         if done:
                             break
+                    if usage_chunk is not None:
+                        yield f"data: {usage_chunk}\n\n"
                 except Exception as err:  # mid-stream failure: an error event, then [DONE]
                     yield f"data: {json.dumps(_stream_error(err).body())}\n\n"
                 finally:

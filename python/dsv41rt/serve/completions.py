@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..sampling import SamplingParams
-from .protocol import ApiError, Tokenizers, _num, sampling_extras
+from .protocol import ApiError, Tokenizers, _num, include_usage, sampling_extras
 
 
 class StopStringDetokenizer:
@@ -167,7 +167,7 @@ class CompletionProtocol:
             stop,
             flags["ignore_eos"],
             flags["stream"],
-            bool((body.get("stream_options") or {}).get("include_usage")),
+            include_usage(body),
             body.get("logprobs") is not None,  # 0: the chosen tokens' logprobs only
         )
 

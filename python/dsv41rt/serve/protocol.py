@@ -74,6 +74,19 @@ def _token_list(body: dict, key: str, vocab: int) -> list[int]:
     return list(v)
 
 
+def include_usage(body: dict) -> bool:
+    """`stream_options.include_usage` (a boolean in an object), checked: a 400 naming it otherwise."""
+    opts = body.get("stream_options")
+    if opts is None:
+        return False
+    if not isinstance(opts, dict):
+        raise ApiError(400, "'stream_options' must be an object", "stream_options")
+    flag = opts.get("include_usage", False)
+    if not isinstance(flag, bool):
+        raise ApiError(400, "'stream_options.include_usage' must be a boolean", "stream_options")
+    return flag
+
+
 def sampling_extras(
     body: dict, temperature: float, top_p: float, seed: int | None, top_logprobs: int
 ) -> SamplingParams:
