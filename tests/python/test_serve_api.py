@@ -133,6 +133,62 @@ def test_client_disconnect_cancels_and_frees_pages(server) -> None:
     assert m["dsv41rt:num_requests_running{}"] == 0 and m["dsv41rt:kv_cache_usage_perc{}"] == 0
 
 
+UNAPPLIED = [
+    ({"logit_bias": {"5": 10}}, "logit_bias"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"guided_json": {"type": "object"}}, "guided_json"),
+    ({"best_of": 2}, "best_of"),
+    ({"prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"made_up_field": 1}, "made_up_field"),
+]
+CHAT_UNAPPLIED = [
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+    ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
+    ({"echo": True}, "echo"),
+]
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_fields_not_applied_are_rejected(server, route) -> None:
+    """Issue 23 D6: fields the server does not apply were accepted and ignored; each is now a 400
+    naming it (thinking on and off), and max_tokens past the context is a 400 instead of a clip."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    if route == "/v1/completions":
+        base: dict = {"model": MODEL, "prompt": "json please", "max_tokens": 2}
+        cases = UNAPPLIED + [({"tool_choice": "auto"}, "tool_choice")]
+    else:
+        base = {"model": MODEL, "messages": [{"role": "user", "content": "json please"}], "max_tokens": 2}
+        cases = UNAPPLIED + CHAT_UNAPPLIED
+    for thinking in ({}, {"thinking": {"type": "disabled"}}) if route != "/v1/completions" else ({},):
+        for extra, field in cases:
+            body = {**base, **thinking, **extra}
+            if "tool_choice" in extra and route != "/v1/completions":
+                body["tools"] = tools
+            r = httpx.post(server.url + route, json=body, timeout=60)
+            assert r.status_code == 400, (extra, r.text)
+            assert r.json()["error"]["param"] == field, (extra, r.text)
+    ok = {"user": "u", "response_format": {"type": "text"}, "logit_bias": {}} if route != "/v1/completions" else {}
+    assert httpx.post(server.url + route, json={**base, **ok, "user": "u"}, timeout=60).status_code == 200
+
+
+def test_max_tokens_past_the_context_is_a_400(tiny_dir) -> None:
+    """Issue 23 D6: max_tokens past the context was clipped silently (vLLM: a 400)."""
+    s = LiveServer("--max-model-len", "64", model_dir=tiny_dir)
+    try:
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        for route, body in (("/v1/completions", {"model": MODEL, "prompt": "hi"}), ("/v1/chat/completions", chat)):
+            r = httpx.post(s.url + route, json={**body, "max_tokens": 64}, timeout=60)
+            assert r.status_code == 400 and "at most" in r.text and "context is 64" in r.text, r.text
+            r = httpx.post(s.url + route, json={**body, "max_tokens": 2}, timeout=60)
+            assert r.status_code == 200, r.text
+        r = httpx.post(s.url + "/v1/chat/completions", json={**chat, "max_completion_tokens": 64}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_completion_tokens", r.text
+    finally:
+        assert s.stop() == 0, s.output()
+
+
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
 def test_stream_usage_only_when_asked(server, route) -> None:
     """Issue 23 (hygiene): the chat stream carried usage in its last chunk whether or not

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..sampling import SamplingParams
-from .protocol import ApiError, Tokenizers, _num, include_usage, sampling_extras
+from .protocol import COMPLETION_FIELDS, ApiError, Tokenizers, _num, check_fields, include_usage, sampling_extras
 
 
 class StopStringDetokenizer:
@@ -126,6 +126,7 @@ class CompletionProtocol:
 
     def prepare(self, body: dict, context_limit: int, max_limit: int) -> PreparedCompletion:
         model = self.check_model(body)
+        check_fields(body, COMPLETION_FIELDS)
         ids = self._prompt(body)
         for key, ok in (
             ("n", _one),
@@ -159,10 +160,18 @@ class CompletionProtocol:
             flags[key] = body.get(key, False)
             if not isinstance(flags[key], bool):
                 raise ApiError(400, f"'{key}' must be a boolean", key)
+        room = context_limit - len(ids)
+        if body.get("max_tokens") is not None and max_tokens > room:  # vLLM's 400, not a clip (D6)
+            raise ApiError(
+                400,
+                f"max_tokens is {max_tokens}, but the prompt has {len(ids)} tokens and this model's context is "
+                f"{context_limit}: at most {room} can be generated",
+                "max_tokens",
+            )
         return PreparedCompletion(
             model,
             ids,
-            min(max_tokens, context_limit - len(ids)),
+            min(max_tokens, room),
             sampling,
             stop,
             flags["ignore_eos"],

@@ -74,6 +74,50 @@ def _token_list(body: dict, key: str, vocab: int) -> list[int]:
     return list(v)
 
 
+# Request fields each route reads (issue 23 D6: a field the server does not apply is a 400 naming
+# it, never silently ignored). `user`, `metadata` and `store` change nothing in a self-hosted server.
+_COMMON_FIELDS = frozenset(
+    "model max_tokens temperature top_p top_k min_p presence_penalty frequency_penalty repetition_penalty seed"
+    " stop stop_token_ids stream stream_options logprobs ignore_eos user metadata store n".split()
+)
+CHAT_FIELDS = _COMMON_FIELDS | frozenset(
+    "messages max_completion_tokens top_logprobs tools tool_choice parallel_tool_calls thinking reasoning_effort"
+    " response_format logit_bias best_of chat_template_kwargs".split()
+)
+COMPLETION_FIELDS = _COMMON_FIELDS | frozenset("prompt best_of echo suffix logit_bias".split())
+
+
+def check_fields(body: dict, allowed: frozenset[str]) -> None:
+    """A 400 naming the first field this route does not apply (unknown, or a value not honoured yet)."""
+    for key in body:
+        if key not in allowed:
+            raise ApiError(400, f"'{key}' is not supported by this server", key)
+    rf = body.get("response_format")
+    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
+        raise ApiError(
+            400,
+            '\'response_format\' other than {"type": "text"} is not applied yet (no constrained decoding)',
+            "response_format",
+        )
+    tc = body.get("tool_choice")
+    if tc is not None and tc not in ("auto", "none"):
+        raise ApiError(
+            400, '\'tool_choice\' must be "auto" or "none" (a forced call is not applied yet)', "tool_choice"
+        )
+    if body.get("parallel_tool_calls") not in (None, True):
+        raise ApiError(400, "'parallel_tool_calls': false is not applied yet", "parallel_tool_calls")
+    if body.get("logit_bias") not in (None, {}):
+        raise ApiError(400, "'logit_bias' is not applied yet", "logit_bias")
+    if body.get("chat_template_kwargs") not in (None, {}):
+        raise ApiError(
+            400, "'chat_template_kwargs' is not applied: use 'thinking' or 'reasoning_effort'", "chat_template_kwargs"
+        )
+    if body.get("best_of") not in (None, 1):
+        raise ApiError(400, "'best_of' is not supported (one sequence per request)", "best_of")
+    if body.get("store") not in (None, False):
+        raise ApiError(400, "'store' is not supported (nothing is stored)", "store")
+
+
 def include_usage(body: dict) -> bool:
     """`stream_options.include_usage` (a boolean in an object), checked: a 400 naming it otherwise."""
     opts = body.get("stream_options")
@@ -166,6 +210,7 @@ class ChatProtocol:
 
     def prepare(self, body: dict, context_limit: int, default_max: int, max_limit: int) -> PreparedChat:
         self.check_model(body)
+        check_fields(body, CHAT_FIELDS)
         try:
             conv = dr.ChatCompletionRequest(body).convert(self.options)
         except (dr.ConversionError, ValueError, TypeError, KeyError, OverflowError) as err:
@@ -190,7 +235,15 @@ class ChatProtocol:
         asked = io.max_tokens
         if body.get("max_completion_tokens") is not None:  # OpenAI's current name; wins, as in vLLM
             asked = _num(body, "max_completion_tokens", 0, 1, max_limit, integer=True)
-        max_tokens = min(asked or default_max, context_limit - len(prompt))
+        room = context_limit - len(prompt)
+        if asked is not None and asked > room:  # vLLM's 400, not a silent clip (issue 23 D6)
+            raise ApiError(
+                400,
+                f"max_tokens is {asked}, but the prompt has {len(prompt)} tokens and this model's context is "
+                f"{context_limit}: at most {room} can be generated",
+                "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens",
+            )
+        max_tokens = min(asked or default_max, room)
         top = io.top_logprobs or 0
         sampling = sampling_extras(
             body,
