@@ -256,6 +256,32 @@ TEST(Scheduler, LongPrefillIsChunkedAcrossSteps) {
   EXPECT_EQ(starts, (std::vector<int64_t>{0, 50, 100}));
 }
 
+// Issue 23 D2: a short request that arrives while a long prompt prefills is admitted at once (room
+// for its whole prompt is kept from the running prefill), not after the long prefill ends; a long
+// one waits its turn as before (no two long prefills side by side).
+TEST(Scheduler, ShortRequestIsNotHeldBackByALongPrefill) {
+  KvPool pool(model::PoolGeometry{16, 0, 0}, 64, 4);
+  Scheduler s({.max_num_seqs = 4, .max_num_batched_tokens = 64}, pool);
+  const int64_t a = s.submit(make_prompt(1000, 1), 1);
+  StepPlan p = s.schedule();
+  ASSERT_EQ(p.chunks.size(), 1u);
+  expect_chunk(p.chunks[0], a, 0, 64, false);
+  s.complete(p);
+  const int64_t b = s.submit(make_prompt(5, 2), 1);  // short: fits in half the room
+  p = s.schedule();
+  ASSERT_EQ(p.chunks.size(), 2u);
+  expect_chunk(p.chunks[0], a, 64, 59, false);
+  expect_chunk(p.chunks[1], b, 0, 5, true);  // its first token comes from this step
+  s.complete(p);
+  const int64_t c = s.submit(make_prompt(40, 3), 1);  // long: more than half the room
+  p = s.schedule();
+  ASSERT_EQ(p.chunks.size(), 1u);
+  expect_chunk(p.chunks[0], a, 123, 64, false);
+  EXPECT_FALSE(s.request(c).running);
+  s.complete(p);
+  s.check_invariants();
+}
+
 TEST(Scheduler, FinishAndAbortFreeAtOnce) {
   KvPool pool(model::PoolGeometry{4, 0, 0}, 16, 4);
   Scheduler s({.max_num_seqs = 4, .max_num_batched_tokens = 100}, pool);

@@ -175,18 +175,29 @@ StepPlan Scheduler::schedule() {
   if (!decoding.empty() && config_.max_prefill_tokens_while_decoding > 0) {
     prefill_cap = config_.max_prefill_tokens_while_decoding;
   }
-  // 2. Prefill chunks of running requests, admission order.
+  // 2. Prefill chunks of running requests, admission order. When the queue head could be admitted
+  // and its whole prompt fits in half the prefill room, that much room is kept for it: a short
+  // request is not held back for the whole prefill of a long one (issue 23 D2). A long head gets no
+  // reserve (running prefills keep going first), so long prompts do not prefill side by side and
+  // preempt each other's progress under page pressure (sharing the room with every contender did:
+  // the randomized stress test livelocked).
+  const int64_t max_num_seqs = std::min(config_.max_num_seqs, pool_.usage().slots_total);
+  int64_t reserve = 0;
+  if (!waiting_.empty() && int64_t(running_.size()) < max_num_seqs) {
+    const SchedRequest& head = requests_.at(waiting_.front());
+    const int64_t need = int64_t(head.tokens.size()) - head.computed;
+    if (need <= prefill_room() / 2) reserve = need;
+  }
   for (int64_t id : order) {
-    if (prefill_room() < 1) break;
+    if (prefill_room() - reserve < 1) break;
     SchedRequest& r = requests_.at(id);
     if (!r.running) continue;
     const int64_t remaining = int64_t(r.tokens.size()) - r.computed;
     if (remaining <= 1) continue;
-    const int64_t count = chunk_limit(r, std::min(prefill_room(), remaining));
+    const int64_t count = chunk_limit(r, std::min(prefill_room() - reserve, remaining));
     if (secure_pages(r, r.computed + count)) add_chunk(r, count, /*decode=*/false);
   }
   // 3. Admissions, strictly FIFO, without preempting anyone.
-  const int64_t max_num_seqs = std::min(config_.max_num_seqs, pool_.usage().slots_total);
   while (prefill_room() >= 1 && !waiting_.empty() && int64_t(running_.size()) < max_num_seqs) {
     const int64_t id = waiting_.front();
     if (std::find(plan.preempted.begin(), plan.preempted.end(), id) != plan.preempted.end()) {
