@@ -100,6 +100,17 @@ def _metrics(url: str) -> dict[str, float]:
     return out
 
 
+def _assert_idle_within(url: str, timeout_s: float) -> None:
+    """No request running and no page held, within `timeout_s` (polled every 0.1 s)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        m = _metrics(url)
+        if m["dsv41rt:num_requests_running{}"] == 0 and m["dsv41rt:kv_cache_usage_perc{}"] == 0:
+            break
+        time.sleep(0.1)
+    assert m["dsv41rt:num_requests_running{}"] == 0 and m["dsv41rt:kv_cache_usage_perc{}"] == 0, m
+
+
 def test_metrics_parse_and_move(server) -> None:
     before = _metrics(server.url)
     assert "dsv41rt:num_requests_running{}" in before and "dsv41rt:kv_cache_usage_perc{}" in before
@@ -124,13 +135,7 @@ def test_client_disconnect_cancels_and_frees_pages(server) -> None:
         for i, _ in enumerate(r.iter_lines()):
             if i > 3:
                 break  # leave mid-stream
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        m = _metrics(server.url)
-        if m["dsv41rt:num_requests_running{}"] == 0 and m["dsv41rt:kv_cache_usage_perc{}"] == 0:
-            break
-        time.sleep(0.1)
-    assert m["dsv41rt:num_requests_running{}"] == 0 and m["dsv41rt:kv_cache_usage_perc{}"] == 0
+    _assert_idle_within(server.url, 30)
 
 
 UNAPPLIED = [
@@ -227,13 +232,7 @@ def test_non_streaming_client_disconnect_cancels(server, route) -> None:
         body["messages"] = [{"role": "user", "content": "hi"}]
     with pytest.raises(httpx.TimeoutException):
         httpx.post(server.url + route, json=body, timeout=1.0)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        m = _metrics(server.url)
-        if m["dsv41rt:num_requests_running{}"] == 0 and m["dsv41rt:kv_cache_usage_perc{}"] == 0:
-            break
-        time.sleep(0.1)
-    assert m["dsv41rt:num_requests_running{}"] == 0 and m["dsv41rt:kv_cache_usage_perc{}"] == 0, m
+    _assert_idle_within(server.url, 5)
 
 
 def test_sigterm_drains_in_flight_streams_refuses_new_and_exits_zero(tiny_dir) -> None:
