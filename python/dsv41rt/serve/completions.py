@@ -10,7 +10,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..sampling import SamplingParams
-from .protocol import COMPLETION_FIELDS, ApiError, Tokenizers, _num, check_fields, include_usage, sampling_extras
+from .protocol import (
+    COMPLETION_FIELDS,
+    ApiError,
+    Tokenizers,
+    _num,
+    check_fields,
+    generation_room,
+    include_usage,
+    sampling_extras,
+)
 
 
 class StopStringDetokenizer:
@@ -160,14 +169,8 @@ class CompletionProtocol:
             flags[key] = body.get(key, False)
             if not isinstance(flags[key], bool):
                 raise ApiError(400, f"'{key}' must be a boolean", key)
-        room = context_limit - len(ids)
-        if body.get("max_tokens") is not None and max_tokens > room:  # vLLM's 400, not a clip (D6)
-            raise ApiError(
-                400,
-                f"max_tokens is {max_tokens}, but the prompt has {len(ids)} tokens and this model's context is "
-                f"{context_limit}: at most {room} can be generated",
-                "max_tokens",
-            )
+        asked = max_tokens if body.get("max_tokens") is not None else None  # no max_tokens: 16, clipped
+        room = generation_room(asked, len(ids), context_limit, "max_tokens")
         return PreparedCompletion(
             model,
             ids,

@@ -74,6 +74,20 @@ def _token_list(body: dict, key: str, vocab: int) -> list[int]:
     return list(v)
 
 
+def generation_room(asked: int | None, n_prompt: int, context_limit: int, param: str) -> int:
+    """The tokens the context leaves after the prompt; a 400 naming `param` when the request asked
+    for more (vLLM's 400, not a silent clip; issue 23 D6). `asked` None: nothing asked, no check."""
+    room = context_limit - n_prompt
+    if asked is not None and asked > room:
+        raise ApiError(
+            400,
+            f"max_tokens is {asked}, but the prompt has {n_prompt} tokens and this model's context is "
+            f"{context_limit}: at most {room} can be generated",
+            param,
+        )
+    return room
+
+
 # Request fields each route reads (issue 23 D6: a field the server does not apply is a 400 naming
 # it, never silently ignored). `user`, `metadata` and `store` change nothing in a self-hosted server.
 _COMMON_FIELDS = frozenset(
@@ -232,17 +246,10 @@ class ChatProtocol:
             )
         if io.max_tokens is not None and io.max_tokens > max_limit:
             raise ApiError(400, f"'max_tokens' must be <= {max_limit}, got {io.max_tokens}", "max_tokens")
-        asked = io.max_tokens
+        asked, param = io.max_tokens, "max_tokens"
         if body.get("max_completion_tokens") is not None:  # OpenAI's current name; wins, as in vLLM
-            asked = _num(body, "max_completion_tokens", 0, 1, max_limit, integer=True)
-        room = context_limit - len(prompt)
-        if asked is not None and asked > room:  # vLLM's 400, not a silent clip (issue 23 D6)
-            raise ApiError(
-                400,
-                f"max_tokens is {asked}, but the prompt has {len(prompt)} tokens and this model's context is "
-                f"{context_limit}: at most {room} can be generated",
-                "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens",
-            )
+            asked, param = _num(body, "max_completion_tokens", 0, 1, max_limit, integer=True), "max_completion_tokens"
+        room = generation_room(asked, len(prompt), context_limit, param)
         max_tokens = min(asked or default_max, room)
         top = io.top_logprobs or 0
         sampling = sampling_extras(
