@@ -137,10 +137,9 @@ class CompletionProtocol:
         model = self.check_model(body)
         check_fields(body, COMPLETION_FIELDS)
         ids = self._prompt(body)
-        for key, ok in (
+        for key, ok in (  # best_of: check_fields, as on the chat route
             ("n", _one),
             ("echo", lambda v: v is None or v is False),
-            ("best_of", _one),
             ("suffix", lambda v: v is None),
         ):
             if not ok(body.get(key)):
