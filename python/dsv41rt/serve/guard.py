@@ -25,6 +25,13 @@ def error_response(err: ApiError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
+def internal_error(err: Exception, path: str) -> JSONResponse:
+    """A bug: logged (once, with its traceback) and answered with an OpenAI-style 500 naming only
+    the exception's type."""
+    log.error("internal error on %s", path, exc_info=err)
+    return error_response(ApiError(500, f"internal error: {type(err).__name__}"))
+
+
 def key_ok(auth: str, keys: tuple[str, ...]) -> bool:
     """`Bearer <key>` (the scheme in any case, RFC 9110) against every key, in constant time."""
     scheme, _, key = auth.partition(" ")
@@ -73,10 +80,6 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        refusal = await self._refusal(Request(scope, receive))
-        if refusal is not None:
-            await error_response(refusal)(scope, receive, send)
-            return
         started = False
 
         async def tracked_send(message: Message) -> None:
@@ -84,9 +87,15 @@ class Guard:
             started = started or message["type"] == "http.response.start"
             await send(message)
 
+        # The one place a bug becomes a 500 (the app has no exception handler for Exception: behind
+        # it Starlette re-raises, and the server would log the error a second time).
         try:
+            refusal = await self._refusal(Request(scope, receive))
+            if refusal is not None:
+                await error_response(refusal)(scope, receive, tracked_send)
+                return
             await self.app(scope, receive, tracked_send)
         except Exception as err:  # a bug: an OpenAI-style 500 when nothing was sent, the server keeps serving
-            log.exception("internal error on %s", scope.get("path"))
+            response = internal_error(err, scope.get("path", ""))
             if not started:
-                await error_response(ApiError(500, f"internal error: {type(err).__name__}"))(scope, receive, send)
+                await response(scope, receive, send)
