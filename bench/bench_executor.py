@@ -199,7 +199,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="prefill repeats (median); 1 above 8k tokens")
     ap.add_argument("--token-budget", type=int, default=8192)
     ap.add_argument("--trace", action="store_true", help="first run bench/dequant_trace.py's 6-forward trace")
-    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp8"))
     ap.add_argument("--max-context", type=int, default=0, help="longest request (sizes the indexer scratch once)")
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -260,7 +260,7 @@ def main() -> int:
         result["trace"] = trace(rt)
     flops_per_token = 2 * active_params(cfg)
     modes = dict(MODES)
-    if args.precision == "bf16":
+    if args.precision in ("bf16", "fp8"):
         modes["fp32 gemm"] = {"tensor_cores": False}
         DEFAULTS["tensor_cores"] = True
 

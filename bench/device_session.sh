@@ -8,7 +8,7 @@
 #   suite    every cuda-marked test (the op suite + executor)
 #   oracle   GPU half of the NeMo oracle check (bench/cuda_oracle.py dump)
 #   tiny     executor benchmark on tiny-v41 (both precisions)
-#   bench40  generate bench-40 and run the executor benchmark on it (precision bf16)
+#   bench40  generate bench-40 and run the executor benchmark on it (precisions BENCH_PRECISIONS, default bf16)
 #   comm     NCCL communicator and context-parallel tests/timings
 #   profile  per-kernel device time of one bench-40 prefill and of eager decode steps (B 1, 8, 64), with
 #            kernels per step (after bench40, or generates it)
@@ -96,11 +96,13 @@ for step in ${STEPS:-tests}; do
       start=$(date +%s)
       python3 -m dsv41rt make-checkpoint --preset bench-40 --seed 0 --out /tmp/bench-40 --workers 16 2>&1 | tail -1
       echo "generated in $(($(date +%s) - start)) s"
-      echo "== executor benchmark (bench-40, precision bf16)"
-      DSV41RT_COMMIT=$commit timeout "${BENCH_TIMEOUT:-420}" python3 -u bench/bench_executor.py --checkpoint /tmp/bench-40 \
-        --precision bf16 --prefill "${PREFILL-1024,8192}" --contexts "${CONTEXTS:-4096,32768}" --batches "${BATCHES:-1,8,64}" \
-        --steps "${DECODE_STEPS:-5}" --repeats 3 --kv-memory $((22 << 30)) --token-budget 8192 --max-context 33000 \
-        --out "$OUT/bench40.json" 2>&1 | tail -40
+      for prec in ${BENCH_PRECISIONS:-bf16}; do
+        echo "== executor benchmark (bench-40, precision $prec)"
+        DSV41RT_COMMIT=$commit timeout "${BENCH_TIMEOUT:-420}" python3 -u bench/bench_executor.py --checkpoint /tmp/bench-40 \
+          --precision "$prec" --prefill "${PREFILL-1024,8192}" --contexts "${CONTEXTS:-4096,32768}" --batches "${BATCHES:-1,8,64}" \
+          --steps "${DECODE_STEPS:-5}" --repeats 3 --kv-memory $((22 << 30)) --token-budget 8192 --max-context 33000 \
+          --out "$OUT/bench40_$prec.json" 2>&1 | tail -40
+      done
       nvidia-smi --query-gpu=memory.used --format=csv,noheader
       ;;
     profile)

@@ -65,7 +65,8 @@ nb::dict decisions_dict(const Decisions& d) {
 void register_options(nb::module_& m) {
   nb::enum_<Precision>(m, "Precision")
       .value("fp32", Precision::kFp32)
-      .value("bf16", Precision::kBf16);
+      .value("bf16", Precision::kBf16)
+      .value("fp8", Precision::kFp8);
   nb::enum_<KvCacheDtype>(m, "KvCacheDtype")
       .value("auto", KvCacheDtype::kAuto)
       .value("float32", KvCacheDtype::kFloat32);

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/export.h"
+#include "kernels/linear.h"
 
 namespace dsv41rt::kernels {
 
@@ -53,11 +54,12 @@ DSV41RT_API void moe_route_hash(const float* x, const float* gate_w, const int32
 ///   g = x · w1^T, u = x · w3^T, g = min(g, L), u = clamp(u, -L, L), h = silu(g) · u,
 ///   h *= row_scale[r] (routing weight, applied BEFORE the down projection as NeMo does; nullptr
 ///   = 1), y (=|+=) h · w2^T. limit <= 0 disables both clamps (NeMo's swiglu_limit = 0 path).
-/// x [m, H], y [m, H] (must not alias x). bf16_inputs rounds x and h to BF16 (nearest even) before
-/// their GEMMs: the GPU's tensor-core path (precision "bf16"), emulated.
+/// x [m, H], y [m, H] (must not alias x). `inputs` (kernels/linear.h) is applied to x and to h
+/// (after the routing weight) before their GEMMs: the GPU's precision "bf16" / "fp8", emulated.
 DSV41RT_API void swiglu_expert(const float* x, const float* w1, const float* w3, const float* w2,
                                const float* row_scale, int64_t m, int64_t H, int64_t I, float limit,
-                               float* y, bool accumulate = false, bool bf16_inputs = false);
+                               float* y, bool accumulate = false,
+                               GemmInputs inputs = GemmInputs::kFp32);
 
 /// MoE block output y [S, H] (overwritten):
 ///   y[t] = Σ_{e in ascending expert id, each (t, slot) with idx[t, slot] == e}
@@ -70,6 +72,7 @@ DSV41RT_API void swiglu_expert(const float* x, const float* w1, const float* w3,
 DSV41RT_API void moe_forward(const float* x, const int32_t* idx, const float* weight, int64_t S,
                              int64_t H, int64_t k, int64_t E, int64_t I,
                              const SwigluWeights* experts, const SwigluWeights* shared,
-                             int64_t I_shared, float limit, float* y, bool bf16_inputs = false);
+                             int64_t I_shared, float limit, float* y,
+                             GemmInputs inputs = GemmInputs::kFp32);
 
 }  // namespace dsv41rt::kernels::cpu

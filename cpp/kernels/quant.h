@@ -63,6 +63,11 @@ DSV41RT_API void fp8_window_qdq(const float* x, int64_t rows, int64_t dim, float
 DSV41RT_API void nvfp4_qdq(const float* x, int64_t rows, int64_t dim, float* y);
 DSV41RT_API void mxfp4_qdq(const float* x, int64_t rows, int64_t dim, float* y);
 
+/// GEMM activation QDQ of spec section 5.2 (precision "fp8"): each value rounded to BF16 (nearest
+/// even: the reference holds activations in BF16), then fp8_window_qdq (E4M3, 1 x 32 blocks,
+/// power-of-two scales). dim must be a positive multiple of 32; y may equal x.
+DSV41RT_API void fp8_act_qdq(const float* x, int64_t rows, int64_t dim, float* y);
+
 /// Packed cache rows: x [rows, dim] -> out [rows, *_row_bytes(dim)] and back.
 DSV41RT_API void fp8_window_pack(const float* x, int64_t rows, int64_t dim, uint8_t* out);
 DSV41RT_API void fp8_window_unpack(const uint8_t* in, int64_t rows, int64_t dim, float* y);

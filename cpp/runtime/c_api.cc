@@ -115,10 +115,12 @@ dsv41rt::RuntimeOptions options_from(const dsv41rt_runtime_params& p) {
   if (p.engram_tables) o.engram_tables = p.engram_tables;
   o.device.device = p.device ? p.device : "cpu";
   o.device.enforce_eager = p.enforce_eager != 0;
-  DSV41RT_CHECK(p.precision == DSV41RT_PRECISION_FP32 || p.precision == DSV41RT_PRECISION_BF16,
+  DSV41RT_CHECK(p.precision == DSV41RT_PRECISION_FP32 || p.precision == DSV41RT_PRECISION_BF16 ||
+                    p.precision == DSV41RT_PRECISION_FP8,
                 "params.precision: unknown value ", p.precision);
-  o.numerics.precision =
-      p.precision == DSV41RT_PRECISION_BF16 ? dsv41rt::Precision::kBf16 : dsv41rt::Precision::kFp32;
+  o.numerics.precision = p.precision == DSV41RT_PRECISION_BF16  ? dsv41rt::Precision::kBf16
+                         : p.precision == DSV41RT_PRECISION_FP8 ? dsv41rt::Precision::kFp8
+                                                                : dsv41rt::Precision::kFp32;
   DSV41RT_CHECK(
       p.kv_cache_dtype == DSV41RT_KV_CACHE_AUTO || p.kv_cache_dtype == DSV41RT_KV_CACHE_FLOAT32,
       "params.kv_cache_dtype: unknown value ", p.kv_cache_dtype);

@@ -47,7 +47,9 @@ const char* backend_name(CpBackend b) {
 model::ExecutorOptions executor_options(const RuntimeOptions& o) {
   model::ExecutorOptions e;
   e.cache_quant = o.numerics.kv_cache_dtype == KvCacheDtype::kAuto;
-  e.precision = o.numerics.precision == Precision::kBf16 ? "bf16" : "fp32";
+  e.precision = o.numerics.precision == Precision::kBf16  ? "bf16"
+                : o.numerics.precision == Precision::kFp8 ? "fp8"
+                                                          : "fp32";
   e.record_decisions = o.record_decisions;
   e.kv_memory = o.pool.kv_memory;
   e.max_num_seqs = o.pool.max_num_seqs;

@@ -19,7 +19,7 @@ from typing import Any
 from .errors import Dsv41rtError
 
 DEVICE_PATTERN = r"cpu|cuda|cuda:\d+"
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "fp8")
 KV_CACHE_DTYPES = ("auto", "float32")
 CP_BACKENDS = ("local", "nccl", "socket")
 _SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -157,7 +157,9 @@ _ROWS = (
         "precision",
         _choice(PRECISIONS),
         "precision",
-        "GEMMs in fp32 (reference numerics) or bf16 (tensor cores on CUDA; emulated on the CPU)",
+        "GEMMs in fp32 (reference numerics), bf16 (BF16 activations on tensor cores) or fp8"
+        " (FP8 activations of FP8/FP4 weights: the official numerics); bf16/fp8 are emulated"
+        " on the CPU",
     ),
     Option(
         "kv_cache_dtype",

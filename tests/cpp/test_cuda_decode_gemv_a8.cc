@@ -2,7 +2,8 @@
 // weights, promoted to FP32 per 32-column block. Built only in CUDA builds; skipped without a
 // device unless DSV41RT_REQUIRE_CUDA=1.
 //
-// quantize_act_fp8: bitwise kernels::cpu::fp8_window_pack (the CPU codec), specials included.
+// quantize_act_fp8: bitwise kernels::cpu::fp8_window_pack (the CPU codec) of the BF16-rounded
+// activations, specials included.
 // decode_gemv_a8, reference (host, FP64, exact): P_b = sum over the block of qx * qw (E4M3 values;
 // every product and the 32-term sum are exact in FP64), y = y0 + sum_b P_b * sx * sw. Bound:
 //   |y - ref| <= sum_b s_b * eps_tc * sum_{c in b} |qx qw|  +  2 gamma_{nb + S + 2} * M
@@ -21,6 +22,7 @@
 #include "backend_test_util.h"
 #include "core/dtype.h"
 #include "kernels/cuda/decode_gemv_a8.cuh"
+#include "kernels/linear.h"
 #include "kernels/quant.h"
 #include "kernels/weight_view.h"
 
@@ -67,7 +69,9 @@ class BackendCudaDecodeGemvA8 : public CudaKernelTest,
                                         int64_t ldq) {
     const int64_t rb = kc::act_fp8_row_bytes(k);
     std::vector<uint8_t> dense(size_t(m * rb)), out(size_t(m * ldq), 0);
-    kernels::cpu::fp8_window_pack(x.data(), m, k, dense.data());
+    std::vector<float> xb = x;  // the quantiser's BF16 rounding first
+    kernels::cpu::round_to_bf16(xb.data(), m * k);
+    kernels::cpu::fp8_window_pack(xb.data(), m, k, dense.data());
     for (int64_t i = 0; i < m; ++i) std::copy_n(dense.data() + i * rb, rb, out.data() + i * ldq);
     return out;
   }

@@ -2,7 +2,7 @@
 // (kernels/cuda/moe_decode.cuh). No Backend op reaches it yet, so it is called directly; built
 // only in CUDA builds, skipped without a device unless DSV41RT_REQUIRE_CUDA=1.
 //
-// Reference: an FP64 evaluation of kernels::cpu::moe_forward(..., bf16_inputs = true) (weights
+// Reference: an FP64 evaluation of kernels::cpu::moe_forward(..., GemmInputs::kBf16) (weights
 // decoded with WeightView::value), carried as an interval per value so that the bound is a
 // rigorous one for ANY FP32 summation order:
 //   - gate/up: g = Σ_c bf16(x_c) w1_c exactly (products of BF16 and decoded weights are exact in
@@ -15,6 +15,10 @@
 //   - down: Σ_i hb_i w2_i over the h intervals, widened by γ_{2(I+8)} Σ max|hb w2|;
 //   - combine: the token's pair outputs in ascending (expert id, slot) order then the shared
 //     expert, ± γ_{k+1} Σ|pair values| for the FP32 additions (the same order as the kernel).
+// Precision "fp8" (fp8_inputs): x is passed already QDQ'd (kernels::cpu::fp8_act_qdq, as the
+// backend does), and each block of 32 hidden units goes through the FP8 activation QDQ: its scale
+// is taken over every power of two the block's amax interval allows and each unit's interval
+// becomes the hull of the QDQ'd ends (QDQ at a fixed scale is monotone).
 // A value is checked as |got − mid| <= half width + slack. Small shapes (H <= 256) make this bound
 // tight enough to catch a missing BF16 rounding or a wrong scale; the release shape mostly checks
 // indexing. The interval reference is itself checked against the CPU emulation moe_forward.
@@ -23,12 +27,14 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "backend_test_util.h"
 #include "core/dtype.h"
 #include "kernels/cuda/moe_decode.cuh"
 #include "kernels/moe.h"
+#include "kernels/quant.h"
 #include "kernels/weight_view.h"
 
 namespace dsv41rt::testing {
@@ -48,6 +54,7 @@ struct Problem {
   int64_t S = 1, H = 64, k = 2, E = 8, I = 32, Is = 32;
   WeightFormat routed = WeightFormat::kMxfp4, shared = WeightFormat::kFp8Block;
   float limit = 10.0f;
+  bool fp8 = false;            // precision "fp8": x QDQ'd by the caller, hidden units by the kernel
   int e_lo = 119, e_hi = 124;  // MXFP4 / BF16-free scale exponents (FP8 uses e - 7)
   std::vector<float> x, weight;
   std::vector<int32_t> idx;
@@ -55,6 +62,44 @@ struct Problem {
 };
 
 double silu(double g) { return g / (1.0 + std::exp(-g)); }
+
+// The FP8 activation codec on one value at block scale s (a block whose amax is 448 s), and the
+// scale of a block of amax a (the UE8M0 code the CPU codec packs).
+float qdq_at_scale(float v, float s) {
+  std::vector<float> b(32, 0.0f);
+  b[0] = 448.0f * s, b[1] = v;
+  kernels::cpu::fp8_window_qdq(b.data(), 1, 32, b.data());
+  return b[1];
+}
+float block_scale(float amax) {
+  std::vector<float> b(32, 0.0f);
+  b[0] = amax;
+  std::vector<uint8_t> packed(32 + 1);
+  kernels::cpu::fp8_window_pack(b.data(), 1, 32, packed.data());
+  return std::ldexp(1.0f, int(packed[32]) - 127);
+}
+
+// Hidden-unit intervals [lo_i, hi_i] (BF16 values) through the FP8 activation QDQ, per block.
+void qdq_intervals(std::vector<double>& lo, std::vector<double>& hi) {
+  for (size_t b0 = 0; b0 < lo.size(); b0 += 32) {
+    float amax_lo = 0, amax_hi = 0;
+    for (size_t i = b0; i < b0 + 32; ++i) {
+      const bool straddles = lo[i] <= 0 && hi[i] >= 0;
+      amax_lo =
+          std::max(amax_lo, straddles ? 0.0f : float(std::min(std::abs(lo[i]), std::abs(hi[i]))));
+      amax_hi = std::max(amax_hi, float(std::max(std::abs(lo[i]), std::abs(hi[i]))));
+    }
+    const float s_lo = block_scale(amax_lo), s_hi = block_scale(amax_hi);
+    for (size_t i = b0; i < b0 + 32; ++i) {
+      double l = INFINITY, h = -INFINITY;
+      for (float s = s_lo; s <= s_hi; s *= 2) {
+        l = std::min(l, double(qdq_at_scale(float(lo[i]), s)));
+        h = std::max(h, double(qdq_at_scale(float(hi[i]), s)));
+      }
+      lo[i] = l, hi[i] = h;
+    }
+  }
+}
 float down_f(double v) {
   float f = float(v);
   return double(f) > v ? std::nextafter(f, -INFINITY) : f;
@@ -141,6 +186,7 @@ class BackendCudaMoeDecode : public CudaKernelTest {
     keep_.clear();
     kc::MoeDecode d;
     d.S = p.S, d.H = p.H, d.k = p.k, d.E = p.E, d.I = p.I, d.Is = p.Is, d.limit = p.limit;
+    d.fp8_inputs = p.fp8;
     xb_.emplace(upload(cuda(), p.x));
     wb_.emplace(upload(cuda(), p.weight));
     ib_.emplace(upload(cuda(), p.idx));
@@ -210,6 +256,7 @@ class BackendCudaMoeDecode : public CudaKernelTest {
           l -= 16 * kU * std::abs(l) + 1e-40, r += 16 * kU * std::abs(r) + 1e-40;
           hbl[size_t(i)] = round_bf16(down_f(l)), hbh[size_t(i)] = round_bf16(up_f(r));
         }
+        if (p.fp8) qdq_intervals(hbl, hbh);
         for (int64_t o = 0; o < H; ++o) {
           double sl = 0, sr = 0, m = 0;
           for (int64_t i = 0; i < I; ++i) {
@@ -276,9 +323,10 @@ class BackendCudaMoeDecode : public CudaKernelTest {
       shared = {store[n - 3].data(), store[n - 2].data(), store[n - 1].data()};
     }
     std::vector<float> y(size_t(p.S * p.H));
-    kernels::cpu::moe_forward(p.x.data(), p.idx.data(), p.weight.data(), p.S, p.H, p.k, p.E, p.I,
-                              experts.data(), p.Is > 0 ? &shared : nullptr, p.Is, p.limit, y.data(),
-                              /*bf16_inputs=*/true);
+    kernels::cpu::moe_forward(
+        p.x.data(), p.idx.data(), p.weight.data(), p.S, p.H, p.k, p.E, p.I, experts.data(),
+        p.Is > 0 ? &shared : nullptr, p.Is, p.limit, y.data(),
+        p.fp8 ? kernels::cpu::GemmInputs::kFp8 : kernels::cpu::GemmInputs::kBf16);
     return y;
   }
 
@@ -328,6 +376,26 @@ TEST_F(BackendCudaMoeDecode, RoutedMxfp4SharedFp8) {
         SCOPED_TRACE(name(p));
         check(p);
       }
+    }
+  }
+}
+
+// Precision "fp8": the release's formats with FP8 activations (x QDQ'd here as the backend does;
+// the kernel quantises the hidden units), against the interval reference and the CPU emulation.
+TEST_F(BackendCudaMoeDecode, Fp8ActivationsRoutedMxfp4SharedFp8) {
+  DSV41RT_SKIP_WITHOUT_CUDA();
+  for (const Shape sh : {Shape{8, 2, 64, 32}, Shape{32, 6, 256, 96}, Shape{32, 6, 5120, 2304}}) {
+    for (const int64_t S : {1, 8, 64}) {
+      if (sh.H == 5120 && S != 1) continue;
+      Problem p = problem(S, sh.E, sh.k, sh.H, sh.I, sh.I, WeightFormat::kMxfp4,
+                          WeightFormat::kFp8Block, 10.0f);
+      p.fp8 = true;
+      kernels::cpu::fp8_act_qdq(p.x.data(), p.S, p.H, p.x.data());
+      SCOPED_TRACE(name(p) + " fp8");
+      const std::vector<float> got = check(p);
+      // The hidden units' FP8 step is visible: precision "bf16" on the same x differs.
+      p.fp8 = false;
+      EXPECT_FALSE(bitwise_equal(got, run(setup(p)))) << "fp8_inputs changed nothing";
     }
   }
 }

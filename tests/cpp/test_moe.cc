@@ -1,11 +1,13 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "core/status.h"
 #include "kernels/moe.h"
+#include "kernels/quant.h"
 
 namespace dsv41rt::kernels::cpu {
 namespace {
@@ -140,6 +142,36 @@ TEST(SwigluExpert, ClampBothSidesByHand) {
   swiglu_expert(&x, w1.data(), w3.data(), w2.data(), nullptr, 1, 1, 3, 0.0f, &y);
   EXPECT_NEAR(y, silu(15) * 12 + silu(-15) * -30 + silu(2) * -3, 1e-4);
   EXPECT_THROW(swiglu_expert(&x, w1.data(), w3.data(), w2.data(), nullptr, 1, 0, 3, L, &y), Error);
+}
+
+// Precision "fp8": x and h (after the routing weight) through fp8_act_qdq before their GEMMs.
+TEST(SwigluExpert, Fp8InputsQuantiseXAndTheHiddenUnits) {
+  const int64_t m = 3, H = 64, I = 64;
+  std::mt19937 gen(11);
+  auto rnd = [&](int64_t n, float s) { return random_vec(size_t(n), gen, s); };
+  const std::vector<float> x = rnd(m * H, 2.0f), w1 = rnd(I * H, 0.2f), w3 = rnd(I * H, 0.2f),
+                           w2 = rnd(H * I, 0.2f), rs = {0.5f, 1.5f, 0.75f};
+  const float L = 10.0f;
+  // Reference from the pieces: the contract's steps with the codec applied explicitly.
+  std::vector<float> xq = x, g(size_t(m * I)), u(g.size()), want(size_t(m * H));
+  fp8_act_qdq(xq.data(), m, H, xq.data());
+  linear(xq.data(), w1.data(), m, H, I, g.data());
+  linear(xq.data(), w3.data(), m, H, I, u.data());
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t c = 0; c < I; ++c) {
+      float gv = std::min(g[r * I + c], L), uv = std::clamp(u[r * I + c], -L, L);
+      g[r * I + c] = gv / (1.0f + std::exp(-gv)) * uv * rs[r];
+    }
+  }
+  fp8_act_qdq(g.data(), m, I, g.data());
+  linear(g.data(), w2.data(), m, I, H, want.data());
+  std::vector<float> got(size_t(m * H)), bf16(got.size());
+  swiglu_expert(x.data(), w1.data(), w3.data(), w2.data(), rs.data(), m, H, I, L, got.data(), false,
+                GemmInputs::kFp8);
+  swiglu_expert(x.data(), w1.data(), w3.data(), w2.data(), rs.data(), m, H, I, L, bf16.data(),
+                false, GemmInputs::kBf16);
+  EXPECT_EQ(got, want);
+  EXPECT_NE(got, bf16);
 }
 
 TEST(MoeForward, RandomMatchesPerTokenReferenceAndIsBatchIndependent) {

@@ -57,6 +57,35 @@ TEST(QuantFp8Window, AmaxJustAbovePowerOfTwoDoublesScale) {
   EXPECT_EQ(y[1], 44.0f / 128.0f);
 }
 
+// The GEMM activation QDQ of precision "fp8" (spec 5.2): BF16 first, then the fp8 window codec.
+TEST(QuantFp8Act, RoundsToBf16BeforeFp8) {
+  std::vector<float> x(32, 0.0f), act = poisoned(32), direct = poisoned(32);
+  x[0] = 300.0f;                 // block scale 1 (amax in (224, 448])
+  x[1] = 1.0625f + 0x1p-12f;     // above the E4M3 tie 1.0625: direct rounding gives 1.125,
+  x[2] = -(1.0625f + 0x1p-12f);  // but BF16 first lands on the tie, which goes to even 1.0
+  x[3] = 2.5f;                   // exact in both
+  fp8_act_qdq(x.data(), 1, 32, act.data());
+  fp8_window_qdq(x.data(), 1, 32, direct.data());
+  EXPECT_EQ(direct[1], 1.125f);
+  EXPECT_EQ(act[1], 1.0f);
+  EXPECT_EQ(act[2], -1.0f);
+  EXPECT_EQ(act[0], 288.0f);
+  EXPECT_EQ(act[3], 2.5f);
+  // Random rows: exactly fp8_window_qdq of the BF16-rounded values; in place too.
+  std::mt19937 gen(7);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> r(4 * 96), b(r.size()), want(r.size()), got(r.size());
+  for (float& v : r) v = nd(gen);
+  for (size_t i = 0; i < r.size(); ++i) b[i] = bf16_to_f32(f32_to_bf16(r[i]));
+  fp8_window_qdq(b.data(), 4, 96, want.data());
+  fp8_act_qdq(r.data(), 4, 96, got.data());
+  for (size_t i = 0; i < r.size(); ++i) ASSERT_EQ(bits(got[i]), bits(want[i])) << i;
+  fp8_act_qdq(r.data(), 4, 96, r.data());
+  for (size_t i = 0; i < r.size(); ++i) ASSERT_EQ(bits(r[i]), bits(want[i])) << i;
+  // Every value is BF16-exact (so BF16 tensor cores take it unchanged).
+  for (float v : got) ASSERT_EQ(bf16_to_f32(f32_to_bf16(v)), v);
+}
+
 TEST(QuantFp8Window, AmaxFloorForZeroAndTinyBlocks) {
   std::vector<float> x(64, 0.0f), y = poisoned(64);
   x[32] = 1e-6f;  // floor 1e-4 -> scale 2^-22; 1e-6 / 2^-22 = 4.19 -> 4
@@ -307,6 +336,7 @@ TEST(QuantErrors, BadDims) {
   std::vector<float> x(64), y(64);
   std::vector<uint8_t> p(128);
   expect_error([&] { fp8_window_qdq(x.data(), 1, 48, y.data()); }, "multiple");
+  expect_error([&] { fp8_act_qdq(x.data(), 1, 40, y.data()); }, "fp8_act_qdq");
   expect_error([&] { nvfp4_qdq(x.data(), 1, 24, y.data()); }, "block size 16");
   expect_error([&] { mxfp4_pack(x.data(), 1, 16, p.data()); }, "mxfp4");
   expect_error([&] { fp8_window_unpack(p.data(), 1, 0, y.data()); }, "dim 0");

@@ -169,5 +169,5 @@ def test_precision_is_checked_at_load(tiny_v41_dir) -> None:
     from dsv41rt.errors import Dsv41rtError
     from dsv41rt.runtime import Runtime
 
-    with pytest.raises(Dsv41rtError, match="precision: expected one of fp32, bf16, got 'fp8'"):
-        Runtime(tiny_v41_dir, "cpu", precision="fp8")
+    with pytest.raises(Dsv41rtError, match="precision: expected one of fp32, bf16, fp8, got 'fp16'"):
+        Runtime(tiny_v41_dir, "cpu", precision="fp16")

@@ -97,7 +97,7 @@ def test_worker_argv_rebuilds_the_options() -> None:
 def test_bad_values_name_the_option() -> None:
     cases = {
         "device": ("tpu", "device: unknown device 'tpu'"),
-        "precision": ("fp8", "precision: expected one of fp32, bf16"),
+        "precision": ("fp16", "precision: expected one of fp32, bf16, fp8"),
         "kv_memory": (0, "kv-memory: must be > 0"),
         "max_num_seqs": (0, "max-num-seqs: must be >= 1"),
         "max_model_len": ("lots", "max-model-len: expected a size"),

@@ -57,7 +57,7 @@ def test_api_key_from_environment_is_redacted(monkeypatch) -> None:
         ({"served-model-name": [1]}, "served-model-name: expected a string or a list"),
         ({"default-max-tokens": 100000}, "default-max-tokens: must be in [1, max-tokens-limit]"),
         ({"max-request-bytes": 10}, "max-request-bytes: must be >= 1024"),
-        ({"precision": "fp8"}, "precision: expected one of fp32, bf16, got 'fp8'"),
+        ({"precision": "fp16"}, "precision: expected one of fp32, bf16, fp8, got 'fp16'"),
         ({"context-parallel-size": 0}, "context-parallel-size: must be in [1, 64]"),
         (
             {"context-parallel-backend": "mpi"},

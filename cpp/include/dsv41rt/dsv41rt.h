@@ -64,7 +64,8 @@ typedef struct dsv41rt_runtime dsv41rt_runtime; /* opaque */
 
 typedef enum dsv41rt_precision {
   DSV41RT_PRECISION_FP32 = 0, /* the reference numerics (default) */
-  DSV41RT_PRECISION_BF16 = 1  /* CUDA: BF16 tensor-core GEMMs */
+  DSV41RT_PRECISION_BF16 = 1, /* CUDA: BF16 tensor-core GEMMs */
+  DSV41RT_PRECISION_FP8 = 2   /* CUDA: FP8 activations, the official numerics (spec 5.2) */
 } dsv41rt_precision;
 
 typedef enum dsv41rt_kv_cache_dtype {

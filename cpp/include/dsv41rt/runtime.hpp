@@ -31,7 +31,7 @@ namespace dsv41rt {
 
 // ---- options (docs/options.md lists every option once: YAML/CLI, Python, C API, default) -----
 
-enum class Precision { kFp32, kBf16 };
+enum class Precision { kFp32, kBf16, kFp8 };
 enum class KvCacheDtype { kAuto, kFloat32 };  ///< the release's cache formats, or FP32 (debug)
 enum class CpBackend { kLocal, kNccl, kSocket };
 

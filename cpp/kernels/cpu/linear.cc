@@ -5,6 +5,7 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "kernels/quant.h"
 
 namespace dsv41rt::kernels::cpu {
 namespace {
@@ -47,6 +48,11 @@ void linear(const float* x, const float* w, int64_t m, int64_t k, int64_t n, flo
 
 void round_to_bf16(float* v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) v[i] = bf16_to_f32(f32_to_bf16(v[i]));
+}
+
+void round_gemm_inputs(float* v, int64_t rows, int64_t k, GemmInputs inputs) {
+  if (inputs == GemmInputs::kBf16) round_to_bf16(v, rows * k);
+  if (inputs == GemmInputs::kFp8) fp8_act_qdq(v, rows, k, v);
 }
 
 void grouped_linear(const float* x, const float* w, int64_t m, int64_t groups, int64_t k_g,

@@ -104,15 +104,15 @@ void moe_route_hash(const float* x, const float* gate_w, const int32_t* tid2eid,
 
 void swiglu_expert(const float* x, const float* w1, const float* w3, const float* w2,
                    const float* row_scale, int64_t m, int64_t H, int64_t I, float limit, float* y,
-                   bool accumulate, bool bf16_inputs) {
+                   bool accumulate, GemmInputs inputs) {
   DSV41RT_CHECK(m >= 0 && H > 0 && I > 0, "swiglu_expert: m=", m, " H=", H, " I=", I);
   if (m == 0) return;
   DSV41RT_CHECK(x && w1 && w3 && w2 && y, "swiglu_expert: null pointer");
   DSV41RT_CHECK(x != y, "swiglu_expert: y must not alias x");
   std::vector<float> g(m * I), u(m * I), xr;
-  if (bf16_inputs) {
+  if (inputs != GemmInputs::kFp32) {
     xr.assign(x, x + m * H);
-    round_to_bf16(xr.data(), m * H);
+    round_gemm_inputs(xr.data(), m, H, inputs);
     x = xr.data();
   }
   linear(x, w1, m, H, I, g.data());
@@ -134,14 +134,14 @@ void swiglu_expert(const float* x, const float* w1, const float* w3, const float
       gr[c] = row_scale ? h * scale : h;
     }
   }
-  if (bf16_inputs) round_to_bf16(g.data(), m * I);
+  round_gemm_inputs(g.data(), m, I, inputs);
   linear(g.data(), w2, m, I, H, y, accumulate);
 }
 
 void moe_forward(const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H,
                  int64_t k, int64_t E, int64_t I, const SwigluWeights* experts,
                  const SwigluWeights* shared, int64_t I_shared, float limit, float* y,
-                 bool bf16_inputs) {
+                 GemmInputs inputs) {
   DSV41RT_CHECK(S >= 0 && H > 0 && k >= 1 && E > 0 && I > 0, "moe_forward: S=", S, " H=", H,
                 " k=", k, " E=", E, " I=", I);
   if (S == 0) return;
@@ -174,7 +174,7 @@ void moe_forward(const float* x, const int32_t* idx, const float* weight, int64_
       sg[r] = weight[p[r]];
     }
     swiglu_expert(xg.data(), w.w1, w.w3, w.w2, sg.data(), m, H, I, limit, out.data(), false,
-                  bf16_inputs);
+                  inputs);
     for (int64_t r = 0; r < m; ++r) {
       float* yr = y + (p[r] / k) * H;
       const float* o = out.data() + r * H;
@@ -184,7 +184,7 @@ void moe_forward(const float* x, const int32_t* idx, const float* weight, int64_
   if (shared) {
     DSV41RT_CHECK(shared->w1 && shared->w3 && shared->w2, "moe_forward: shared expert weights");
     swiglu_expert(x, shared->w1, shared->w3, shared->w2, nullptr, S, H, I_shared, limit, y,
-                  /*accumulate=*/true, bf16_inputs);
+                  /*accumulate=*/true, inputs);
   }
 }
 

@@ -189,6 +189,12 @@ void unpack(const uint8_t* in, int64_t rows, int64_t dim, float* y, const char* 
 void fp8_window_qdq(const float* x, int64_t rows, int64_t dim, float* y) {
   qdq<Format::kFp8Window>(x, rows, dim, y, "fp8_window_qdq");
 }
+void fp8_act_qdq(const float* x, int64_t rows, int64_t dim, float* y) {
+  DSV41RT_CHECK(rows >= 0 && dim > 0 && dim % kFp8WindowBlock == 0, "fp8_act_qdq: rows=", rows,
+                " dim=", dim, " (dim must be a positive multiple of 32)");
+  for (int64_t i = 0; i < rows * dim; ++i) y[i] = bf16_to_f32(f32_to_bf16(x[i]));
+  fp8_window_qdq(y, rows, dim, y);
+}
 void nvfp4_qdq(const float* x, int64_t rows, int64_t dim, float* y) {
   qdq<Format::kNvfp4>(x, rows, dim, y, "nvfp4_qdq");
 }

@@ -218,7 +218,8 @@ __global__ void __launch_bounds__(kBlockThreads, NT == 1 ? 2 : 1) a8_kernel(cons
   Kernel<NT>::run(p);
 }
 
-// One warp per (row, 32-column block): the fp8 window cache codec, bitwise the CPU's.
+// One warp per (row, 32-column block): BF16 rounding, then the fp8 window cache codec, bitwise
+// the CPU's (kernels::cpu::fp8_act_qdq's codes).
 __global__ void __launch_bounds__(kThreads)
     quantize_act_kernel(const float* x, int64_t m, int64_t k, int64_t ldx, uint8_t* q,
                         int64_t ldq) {
@@ -227,7 +228,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t wb = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; wb < m * blocks;
        wb += warps) {
     const int64_t row = wb / blocks, c = (wb % blocks) * 32 + lane;
-    qdev::pack_lane<qdev::Format::kFp8Window>(x[row * ldx + c], true, c, k, q + row * ldq);
+    const float v = bf16_to_f32(f32_to_bf16(x[row * ldx + c]));
+    qdev::pack_lane<qdev::Format::kFp8Window>(v, true, c, k, q + row * ldq);
   }
 }
 

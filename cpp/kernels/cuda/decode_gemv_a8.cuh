@@ -4,11 +4,12 @@
 //
 // Two steps:
 //   quantize_act_fp8: x [m, k] FP32 -> packed rows [m] of (k E4M3 codes, k / 32 UE8M0 codes) with
-//     row stride ldq bytes. Codes and scales are BITWISE kernels::cpu::fp8_window_pack
-//     (kernels/quant.h: s = pow2ceil(max(amax, 1e-4) * f32(1/448)), code = e4m3_rne(clamp(x / s,
-//     -448, 448))): the NeMo fp8 cache codec, which is spec §5.2's activation format (E4M3, 1x32,
-//     UE8M0). That the release's activation quantiser floors amax at 1e-4 like it is not verified
-//     here; it only matters for blocks whose |x| are all below 1e-4.
+//     row stride ldq bytes. Each value is first rounded to BF16 (the reference's activations are
+//     BF16; kernels::cpu::fp8_act_qdq), then codes and scales are BITWISE
+//     kernels::cpu::fp8_window_pack (kernels/quant.h: s = pow2ceil(max(amax, 1e-4) * f32(1/448)),
+//     code = e4m3_rne(clamp(x / s, -448, 448))): the NeMo fp8 cache codec, which is spec §5.2's
+//     activation format (E4M3, 1x32, UE8M0). That the release's activation quantiser floors amax at
+//     1e-4 like it is not verified here; it only matters for blocks whose |x| are all below 1e-4.
 //   decode_gemv_a8: y[i, j] (+)= sum over 32-column blocks b, in ascending b, of
 //       P_b(i, j) * (sx[i, b] * sw[j, b]),    P_b = sum_{c in b} qx[i, c] * qw[j, c]
 //     qx / qw the E4M3 values (no scale), sx / sw the UE8M0 scales (2^(e - 127); code 255 = NaN).

@@ -28,6 +28,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_decode.cuh"
+#include "kernels/cuda/quant_device.cuh"
 #include "kernels/cuda/swiglu.cuh"
 
 namespace dsv41rt::kernels::cuda {
@@ -495,6 +496,29 @@ __global__ void __launch_bounds__(kCtaThreads, 4) expert_kernel(const ExpertPara
   }
 }
 
+// ---- 2b. precision "fp8": the hidden units through the FP8 activation QDQ
+// -------------------------
+
+// One warp per (row, logical 32-column block) of hid (routed positions [0, P) over I columns, the
+// shared rows [P, P + S) over Is); lane l takes logical column 32 b + l at its permuted place. The
+// values are BF16 already (the reference's cast), so this is fp8_act_qdq, in place.
+__global__ void hid_qdq_kernel(uint16_t* hid, int64_t stride, int64_t P, int64_t S, int64_t I,
+                               int64_t Is) {
+  const int lane = threadIdx.x & 31;
+  const int64_t bpr = (I > Is ? I : Is) / 32, rows = P + S;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t wb = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; wb < rows * bpr;
+       wb += warps) {
+    const int64_t row = wb / bpr, b = wb % bpr;
+    if (b * 32 >= (row < P ? I : Is)) continue;  // warp-uniform
+    uint16_t* at = hid + row * stride + perm_col(b * 32 + lane);
+    const float v = __bfloat162float(__ushort_as_bfloat16(*at));
+    const qdev::Quantized q = qdev::quantize_lane<qdev::Format::kFp8Window>(v, true);
+    const float d = __fmul_rn(qdev::decode_element<qdev::Format::kFp8Window>(q.code), q.s);
+    *at = __bfloat16_as_ushort(__float2bfloat16_rn(d));  // exact: an E4M3 value times 2^e
+  }
+}
+
 // ---- 4. combine -------------------------------------------------------------------------------
 
 __global__ void combine_kernel(const float* out, const int32_t* order, int S, int64_t H, int k,
@@ -641,6 +665,11 @@ cudaError_t moe_decode_bf16(const MoeDecode& p, void* workspace, int64_t workspa
   if (const cudaError_t e = launch_experts<2>(ep, unsigned(gu_rows / 16), has_shared, p.S, s);
       e != cudaSuccess) {
     return e;
+  }
+  if (p.fp8_inputs) {
+    const int64_t warps = (L.P + p.S) * (std::max(p.I, p.Is) / 32);
+    hid_qdq_kernel<<<blocks_for(warps * 32), kThreads, 0, s>>>(L.hid, L.Ip, L.P, p.S, p.I, p.Is);
+    if (const cudaError_t e = launch_status(); e != cudaSuccess) return e;
   }
   // down: K = I / Is, rows H; activations = hidden units, by grouped position.
   ep.routed = Side{p.w2, WeightView{}, p.H, p.I};

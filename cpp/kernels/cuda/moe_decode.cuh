@@ -1,7 +1,7 @@
 // MoE for decode batches (S <= 64 tokens) reading the experts as stored: routed experts in MXFP4
 // (or FP8 blocks / BF16), the shared expert in FP8 32x32 blocks (or any of the three), no BF16
 // copy of any weight. Precision "bf16" (W4A16 / W8A16), the CPU emulation
-// kernels::cpu::moe_forward(..., bf16_inputs = true) up to the summation order inside each dot
+// kernels::cpu::moe_forward(..., GemmInputs::kBf16) up to the summation order inside each dot
 // product:
 //   - x is rounded to BF16 (nearest even) before the gate/up products (routed and shared);
 //   - h = silu(min(g, L)) * clamp(u, -L, L), times the routing weight (routed only), is rounded to
@@ -31,7 +31,10 @@ struct MoeDecode {
   kernels::WeightView w1, w3, w2;                     ///< routed: w1/w3 [E*I, H], w2 [E*H, I]
   kernels::WeightView sw1, sw3, sw2;  ///< shared: [Is, H], [Is, H], [H, Is] (unused when Is == 0)
   float limit = 0;                    ///< SwiGLU clamp (<= 0: none)
-  float* y = nullptr;                 ///< [S, H] FP32, overwritten
+  /// Precision "fp8": h (after its BF16 rounding) goes through the FP8 activation QDQ
+  /// (kernels::cpu::fp8_act_qdq) before the down product; the caller passes x QDQ'd likewise.
+  bool fp8_inputs = false;
+  float* y = nullptr;  ///< [S, H] FP32, overwritten
 };
 
 constexpr int64_t kMoeDecodeMaxTokens = 64;

@@ -3,6 +3,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm_tc.cuh"
 #include "kernels/cuda/moe_grouped.cuh"
+#include "kernels/cuda/quant.cuh"
 #include "kernels/cuda/swiglu.cuh"
 #include "kernels/cuda/weight_decode.cuh"
 
@@ -150,12 +151,14 @@ cudaError_t moe_grouped_bf16(const float* x, const int32_t* idx, const float* we
                              int64_t H, int64_t k, int64_t E, int64_t I, const WeightView& w1,
                              const WeightView& w3, const WeightView& w2, const WeightView& sw1,
                              const WeightView& sw3, const WeightView& sw2, int64_t Is, float limit,
-                             float* y, const MoeGroupedWorkspace& ws, cudaStream_t stream) {
+                             float* y, const MoeGroupedWorkspace& ws, cudaStream_t stream,
+                             bool fp8_hidden) {
   if (S <= 0) return S == 0 ? cudaSuccess : cudaErrorInvalidValue;
   if (H <= 0 || k < 1 || E <= 0 || I <= 0) return cudaErrorInvalidValue;
   const bool shared = sw1.data != nullptr;
   if (shared && (!sw3.data || !sw2.data || Is <= 0)) return cudaErrorInvalidValue;
   if (w1.rows != E * I || w3.rows != E * I || w2.rows != E * H) return cudaErrorInvalidValue;
+  if (fp8_hidden && (I % 32 != 0 || (shared && Is % 32 != 0))) return cudaErrorInvalidValue;
   const int64_t pairs = S * k;
   const int64_t max_tiles = moe_grouped_sizes(S, H, k, E, I, shared ? Is : 0).max_tiles;
   cudaError_t err = cudaMemsetAsync(ws.counts, 0, sizeof(int32_t) * E, stream);
@@ -179,6 +182,9 @@ cudaError_t moe_grouped_bf16(const float* x, const int32_t* idx, const float* we
   if ((err = gemm_bf16_tc(g, stream)) != cudaSuccess) return err;
   routed_act_kernel<<<blocks_for(pairs * I), kThreads, 0, stream>>>(ws.gate, ws.up, ws.perm,
                                                                     ws.counts, E, weight, I, limit);
+  if (fp8_hidden && (err = fp8_act_qdq(ws.gate, pairs, I, ws.gate, stream)) != cudaSuccess) {
+    return err;
+  }
   g.a = ws.gate, g.lda = I, g.a_rows = nullptr, g.a_row_div = 1;
   g.k = I, g.n = H, g.ldc = H, g.b_rows_per_group = H;
   g.b = w2, g.c = ws.out;
@@ -193,6 +199,10 @@ cudaError_t moe_grouped_bf16(const float* x, const int32_t* idx, const float* we
     if ((err = gemm_bf16_tc(s, stream)) != cudaSuccess) return err;
     shared_act_kernel<<<blocks_for(S * Is), kThreads, 0, stream>>>(ws.shared_gate, ws.shared_up,
                                                                    S * Is, limit);
+    if (fp8_hidden &&
+        (err = fp8_act_qdq(ws.shared_gate, S, Is, ws.shared_gate, stream)) != cudaSuccess) {
+      return err;
+    }
     s.a = ws.shared_gate, s.lda = Is, s.k = Is, s.n = H, s.ldc = H;
     s.b = sw2, s.c = ws.shared_out;
     if ((err = gemm_bf16_tc(s, stream)) != cudaSuccess) return err;

@@ -42,12 +42,15 @@ DSV41RT_API MoeGroupedWorkspace moe_grouped_carve(int32_t* ints, float* floats, 
 
 /// y[S, H] = routed + shared experts of x[S, H] (idx/weight [S, k] from moe_route). Weights as
 /// stored, BF16-exact (kernels/weight_view.h; w1/w3 one view of [E * I, H] rows, w2 of [E * H, I],
-/// shared [Is, H] / [H, Is]; shared_w1.data == nullptr: none).
-DSV41RT_API cudaError_t moe_grouped_bf16(
-    const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H, int64_t k,
-    int64_t E, int64_t I, const kernels::WeightView& w1, const kernels::WeightView& w3,
-    const kernels::WeightView& w2, const kernels::WeightView& shared_w1,
-    const kernels::WeightView& shared_w3, const kernels::WeightView& shared_w2, int64_t Is,
-    float limit, float* y, const MoeGroupedWorkspace& ws, cudaStream_t stream);
+/// shared [Is, H] / [H, Is]; shared_w1.data == nullptr: none). fp8_hidden (precision "fp8"): the
+/// hidden units go through fp8_act_qdq (quant.cuh) before the down projections, I and Is then
+/// multiples of 32 (the caller quantises x the same way).
+DSV41RT_API cudaError_t
+moe_grouped_bf16(const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H,
+                 int64_t k, int64_t E, int64_t I, const kernels::WeightView& w1,
+                 const kernels::WeightView& w3, const kernels::WeightView& w2,
+                 const kernels::WeightView& shared_w1, const kernels::WeightView& shared_w3,
+                 const kernels::WeightView& shared_w2, int64_t Is, float limit, float* y,
+                 const MoeGroupedWorkspace& ws, cudaStream_t stream, bool fp8_hidden = false);
 
 }  // namespace dsv41rt::kernels::cuda

@@ -10,7 +10,8 @@ using namespace qdev;
 // Warp-uniform grid-stride loop over the elements: each warp takes 32 consecutive elements, so
 // quantisation blocks (16 or 32 elements, rows being whole blocks) map onto aligned lane groups.
 // y = QDQ(x) (y may alias x: every element is read and written by one thread).
-template <Format F>
+// Bf16First: each value is first rounded to BF16 (the GEMM activation QDQ, fp8_act_qdq).
+template <Format F, bool Bf16First = false>
 __global__ void qdq_kernel(const float* x, int64_t total, float* y) {
   const int lane = threadIdx.x & 31;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) - lane;
@@ -18,7 +19,9 @@ __global__ void qdq_kernel(const float* x, int64_t total, float* y) {
   for (int64_t base = first; base < total; base += stride) {
     const int64_t i = base + lane;
     const bool active = i < total;
-    const Quantized q = quantize_lane<F>(active ? x[i] : 0.0f, active);
+    float v = active ? x[i] : 0.0f;
+    if constexpr (Bf16First) v = bf16_to_f32(f32_to_bf16(v));
+    const Quantized q = quantize_lane<F>(v, active);
     if (active) y[i] = __fmul_rn(decode_element<F>(q.code), q.s);
   }
 }
@@ -61,12 +64,12 @@ bool bad_dims(int64_t rows, int64_t dim) {
   return rows < 0 || dim <= 0 || dim % block_of<F>() != 0;
 }
 
-template <Format F>
+template <Format F, bool Bf16First = false>
 cudaError_t launch_qdq(const float* x, int64_t rows, int64_t dim, float* y, cudaStream_t stream) {
   if (bad_dims<F>(rows, dim)) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   const int64_t total = rows * dim;
-  qdq_kernel<F><<<blocks_for(total), kThreads, 0, stream>>>(x, total, y);
+  qdq_kernel<F, Bf16First><<<blocks_for(total), kThreads, 0, stream>>>(x, total, y);
   return launch_status();
 }
 
@@ -75,6 +78,9 @@ cudaError_t launch_qdq(const float* x, int64_t rows, int64_t dim, float* y, cuda
 cudaError_t fp8_window_qdq(const float* x, int64_t rows, int64_t dim, float* y,
                            cudaStream_t stream) {
   return launch_qdq<Format::kFp8Window>(x, rows, dim, y, stream);
+}
+cudaError_t fp8_act_qdq(const float* x, int64_t rows, int64_t dim, float* y, cudaStream_t stream) {
+  return launch_qdq<Format::kFp8Window, true>(x, rows, dim, y, stream);
 }
 cudaError_t nvfp4_qdq(const float* x, int64_t rows, int64_t dim, float* y, cudaStream_t stream) {
   return launch_qdq<Format::kNvfp4>(x, rows, dim, y, stream);

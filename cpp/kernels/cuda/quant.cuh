@@ -19,6 +19,9 @@ namespace dsv41rt::kernels::cuda {
 /// Cache QDQ, x [rows, dim] -> y [rows, dim].
 DSV41RT_API cudaError_t fp8_window_qdq(const float* x, int64_t rows, int64_t dim, float* y,
                                        cudaStream_t stream);
+/// GEMM activation QDQ (spec 5.2, precision "fp8"): BF16 rounding, then fp8_window_qdq.
+DSV41RT_API cudaError_t fp8_act_qdq(const float* x, int64_t rows, int64_t dim, float* y,
+                                    cudaStream_t stream);
 DSV41RT_API cudaError_t nvfp4_qdq(const float* x, int64_t rows, int64_t dim, float* y,
                                   cudaStream_t stream);
 DSV41RT_API cudaError_t mxfp4_qdq(const float* x, int64_t rows, int64_t dim, float* y,

@@ -99,6 +99,11 @@ class DSV41RT_API Backend {
   /// Precision "bf16" for this forward: BF16-exact matrices multiply on BF16 tensor cores
   /// (activations rounded to BF16, FP32 accumulation); the CPU backend emulates the rounding.
   virtual void set_tensor_cores(bool on) = 0;
+  /// Precision "fp8" (with tensor cores on): the inputs of matrices stored FP8 / FP4
+  /// (Matrix::fp8_input) are quantised to FP8 E4M3 in 1 x 32 blocks with power-of-two scales
+  /// (spec 5.2; kernels::cpu::fp8_act_qdq), the MoE's x and hidden units likewise
+  /// (moe_fp8_inputs); the CPU backend emulates it. Off: BF16 inputs as above.
+  virtual void set_fp8_activations(bool on) = 0;
   /// Rows of the current forward as it runs (after graph padding). A backend may choose kernels
   /// by it (CUDA: skinny decode kernels for <= 64 rows), never by an op's own row count, so the
   /// choice, and with it each row's result, is one per forward; the threshold must sit on a

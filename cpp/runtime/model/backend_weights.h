@@ -25,6 +25,9 @@ struct Matrix {
   /// precision "bf16" puts such matrices on tensor cores (the CPU emulates it by rounding the
   /// activations); the others stay FP32.
   bool bf16_exact = false;
+  /// The checkpoint stores it FP8 / FP4 (an "FP8 or FP4 GEMM" of spec section 5.2): precision
+  /// "fp8" quantises its input activations to FP8 in 1 x 32 blocks (implies bf16_exact).
+  bool fp8_input = false;
   const uint8_t *scale = nullptr;          ///< kFp8Block / kMxfp4 scale codes
   int32_t block_rows = 0, block_cols = 0;  ///< kFp8Block scale blocks
   /// Rows and columns of the whole stored 2-D matrix; required for kFp8Block / kMxfp4 (0 for
@@ -70,6 +73,14 @@ inline bool moe_bf16_exact(const LayerWeights &w) {
   const bool shared =
       !w.shared_w1 || (w.shared_w1.bf16_exact && w.shared_w3.bf16_exact && w.shared_w2.bf16_exact);
   return w.w1.bf16_exact && w.w3.bf16_exact && w.w2.bf16_exact && shared;
+}
+
+/// Whether every expert matrix of a layer is stored FP8 / FP4: precision "fp8" then quantises the
+/// MoE's activations (x and the hidden units) to FP8 (one decision for the whole op).
+inline bool moe_fp8_inputs(const LayerWeights &w) {
+  const bool shared =
+      !w.shared_w1 || (w.shared_w1.fp8_input && w.shared_w3.fp8_input && w.shared_w2.fp8_input);
+  return w.w1.fp8_input && w.w3.fp8_input && w.w2.fp8_input && shared;
 }
 
 struct BackendWeights {

@@ -56,10 +56,12 @@ class CpuWeightView {
   Matrix matrix(const Tensor& t) {
     if (t.empty()) return {};
     out_.bytes += t.numel() * int64_t(sizeof(float));
-    return {t.ptr(), WeightFormat::kF32, bf16_exact(t)};
+    Matrix m{t.ptr(), WeightFormat::kF32, bf16_exact(t)};
+    m.fp8_input = fp8_input(t);
+    return m;
   }
   // Stacks the experts' matrices (freeing each one's own copy as it goes).
-  Matrix stack(std::vector<Tensor>& ts, bool exact) {
+  Matrix stack(std::vector<Tensor>& ts, bool exact, bool fp8) {
     if (ts.empty()) return {};
     std::vector<float> all;
     all.reserve(size_t(ts[0].numel()) * ts.size());
@@ -69,7 +71,9 @@ class CpuWeightView {
     }
     out_.bytes += int64_t(all.size() * sizeof(float));
     keep_->stacks.push_back(std::move(all));
-    return {keep_->stacks.back().data(), WeightFormat::kF32, exact};
+    Matrix m{keep_->stacks.back().data(), WeightFormat::kF32, exact};
+    m.fp8_input = fp8;
+    return m;
   }
 
   LayerWeights layer(ModelWeights& w, size_t li) {
@@ -93,13 +97,19 @@ class CpuWeightView {
     // One precision decision for all six expert matrices (as the GPU, whose MoE op takes one
     // weight format).
     bool exact = bf16_exact(m.shared_w1) && bf16_exact(m.shared_w3) && bf16_exact(m.shared_w2);
+    bool fp8 = m.shared_w1.empty() ||
+               (fp8_input(m.shared_w1) && fp8_input(m.shared_w3) && fp8_input(m.shared_w2));
     for (size_t e = 0; e < m.w1.size(); ++e) {
       exact = exact && bf16_exact(m.w1[e]) && bf16_exact(m.w3[e]) && bf16_exact(m.w2[e]);
+      fp8 = fp8 && fp8_input(m.w1[e]) && fp8_input(m.w3[e]) && fp8_input(m.w2[e]);
     }
-    L.w1 = stack(m.w1, exact), L.w3 = stack(m.w3, exact), L.w2 = stack(m.w2, exact);
+    fp8 = fp8 && exact;
+    L.w1 = stack(m.w1, exact, fp8), L.w3 = stack(m.w3, exact, fp8), L.w2 = stack(m.w2, exact, fp8);
     L.shared_w1 = matrix(m.shared_w1), L.shared_w3 = matrix(m.shared_w3);
     L.shared_w2 = matrix(m.shared_w2);
-    for (Matrix* s : {&L.shared_w1, &L.shared_w3, &L.shared_w2}) s->bf16_exact = exact;
+    for (Matrix* s : {&L.shared_w1, &L.shared_w3, &L.shared_w2}) {
+      s->bf16_exact = exact, s->fp8_input = fp8;
+    }
     if (b.engram) {
       const EngramWeights& e = *b.engram;
       L.engram_table = e.table, L.engram_scale = e.table_scale, L.engram_rows = e.rows;
@@ -154,16 +164,17 @@ class CpuBackend final : public Backend {
   std::map<std::string, int64_t> stats() const override { return {{"d2h_bytes", d2h_bytes_}}; }
 
   void set_tensor_cores(bool on) override { tc_ = on; }
+  void set_fp8_activations(bool on) override { fp8_ = on; }
 
   void linear(const float* x, const Matrix& w, int64_t m, int64_t kk, int64_t n, float* y,
               bool accumulate, Stream) override {
     std::vector<float> buf;
-    k::linear(emulated(x, m * kk, w), dense(w, n, kk, buf), m, kk, n, y, accumulate);
+    k::linear(emulated(x, m, kk, w), dense(w, n, kk, buf), m, kk, n, y, accumulate);
   }
   void grouped_linear(const float* x, const Matrix& w, int64_t m, int64_t groups, int64_t kk,
                       int64_t n, float* y, Stream) override {
     std::vector<float> buf;
-    k::grouped_linear(emulated(x, m * groups * kk, w), dense(w, groups * n, kk, buf), m, groups, kk,
+    k::grouped_linear(emulated(x, m * groups, kk, w), dense(w, groups * n, kk, buf), m, groups, kk,
                       n, y);
   }
   void rms_norm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y,
@@ -219,8 +230,12 @@ class CpuBackend final : public Backend {
       shared = {dense(w.shared_w1, I, H, s1), dense(w.shared_w3, I, H, s3),
                 dense(w.shared_w2, H, I, s2)};
     }
+    k::GemmInputs inputs = k::GemmInputs::kFp32;
+    if (tc_ && moe_bf16_exact(w)) {
+      inputs = fp8_ && moe_fp8_inputs(w) ? k::GemmInputs::kFp8 : k::GemmInputs::kBf16;
+    }
     k::moe_forward(x, idx, weight, S, H, kk, E, I, experts.data(), w.shared_w1 ? &shared : nullptr,
-                   I, limit, y, /*bf16_inputs=*/tc_ && moe_bf16_exact(w));
+                   I, limit, y, inputs);
   }
   void cache_qdq(RowFormat f, float* x, int64_t rows, int64_t dim, Stream) override {
     if (f == RowFormat::kFp8Window) k::fp8_window_qdq(x, rows, dim, x);
@@ -325,15 +340,18 @@ class CpuBackend final : public Backend {
     }
     return buf.data();
   }
-  // The activations a GEMM sees: rounded to BF16 in the emulated tensor-core mode.
-  const float* emulated(const float* x, int64_t n, const Matrix& w) {
+  // The activations [rows, k] a GEMM sees in the emulated tensor-core modes: rounded to BF16, or
+  // (precision "fp8", FP8 / FP4 matrices) quantised to FP8 in 1 x 32 blocks along k.
+  const float* emulated(const float* x, int64_t rows, int64_t kk, const Matrix& w) {
     if (!tc_ || !w.bf16_exact) return x;
-    rounded_.assign(x, x + n);
-    k::round_to_bf16(rounded_.data(), n);
+    rounded_.assign(x, x + rows * kk);
+    const bool fp8 = fp8_ && w.fp8_input;
+    k::round_gemm_inputs(rounded_.data(), rows, kk,
+                         fp8 ? k::GemmInputs::kFp8 : k::GemmInputs::kBf16);
     return rounded_.data();
   }
 
-  bool tc_ = false;
+  bool tc_ = false, fp8_ = false;
   std::vector<float> rounded_;
   int64_t d2h_bytes_ = 0;
   std::map<int, std::chrono::steady_clock::time_point> times_;

@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/decode_gemv.cuh"
+#include "kernels/cuda/decode_gemv_a8.cuh"
 #include "kernels/cuda/engram.cuh"
 #include "kernels/cuda/gemm_tc.cuh"
 #include "kernels/cuda/indexer.cuh"
@@ -88,7 +89,7 @@ class CudaBackend final : public Backend {
                               const std::vector<std::vector<float>>& inv_freq) override {
     check_kernel_shapes(plan.config);
     BackendWeights w = upload_weights(plan, weights, inv_freq);
-    size_gemv_workspaces(w);
+    size_gemv_workspaces(w, plan.config);
     return w;
   }
   std::shared_ptr<void> alloc(int64_t bytes) override { return cudart::device_alloc(bytes); }
@@ -167,17 +168,24 @@ class CudaBackend final : public Backend {
   }
 
   void set_tensor_cores(bool on) override { tc_ = on; }
+  void set_fp8_activations(bool on) override { fp8_ = on; }
   void set_forward_rows(int64_t rows) override { decode_forward_ = rows <= kDecodeMaxRows; }
 
   // Tensor cores take BF16-exact weights only (precision "bf16"): the skinny decode kernel in
   // decode-sized forwards, the tiled tensor-core GEMM otherwise. Everything else, and every matrix
-  // under "fp32", runs the FP32 kernel, which decodes any stored format exactly.
+  // under "fp32", runs the FP32 kernel, which decodes any stored format exactly. Precision "fp8"
+  // quantises the input of an FP8 / FP4 matrix first: FP8 blocks in decode-sized forwards go
+  // through the FP8 tensor-core GEMV, the rest take the dequantised activations (BF16-exact).
   void linear(const float* x, const Matrix& w, int64_t m, int64_t k, int64_t n, float* y,
               bool accumulate, Stream s) override {
     const kernels::WeightView v = w.view(n, k);
     if (!tc_ || !w.bf16_exact || v.format == WeightFormat::kF32) {
       DSV41RT_CU(kc::linear(x, v, m, k, n, y, accumulate, cs(s)));
       return;
+    }
+    if (fp8_ && w.fp8_input) {
+      if (decode_gemv_a8(x, v, m, k, n, y, accumulate, s)) return;
+      x = fp8_act_qdq(x, m, k, s);
     }
     kc::DecodeGemv d;
     d.x = x, d.ldx = k, d.w = v, d.y = y, d.ldy = n, d.n = n, d.k = k, d.accumulate = accumulate;
@@ -194,6 +202,7 @@ class CudaBackend final : public Backend {
       DSV41RT_CU(kc::grouped_linear(x, v, m, groups, k, n, y, cs(s)));
       return;
     }
+    if (fp8_ && w.fp8_input) x = fp8_act_qdq(x, m * groups, k, s);
     kc::DecodeGemv d;
     d.x = x, d.ldx = groups * k, d.w = v, d.y = y, d.ldy = groups * n, d.n = n, d.k = k;
     d.batch = groups, d.stride_x = k, d.stride_y = n, d.w_rows_per_batch = n;
@@ -358,13 +367,22 @@ class CudaBackend final : public Backend {
   // graph bucket never straddles it).
   static constexpr int64_t kDecodeMaxRows = kc::kDecodeGemvMaxM;
   bool decode_gemv(kc::DecodeGemv d, int64_t m, Stream s);
-  void size_gemv_workspaces(const BackendWeights& w);
+  bool decode_gemv_a8(const float* x, const kernels::WeightView& v, int64_t m, int64_t k, int64_t n,
+                      float* y, bool accumulate, Stream s);
+  const float* fp8_act_qdq(const float* x, int64_t rows, int64_t k, Stream s);
+  void size_gemv_workspaces(const BackendWeights& w, const ModelConfig& c);
+  size_t stream_index(Stream s) const;
   float* gemv_workspace(Stream s, int64_t floats);
+  void* act_workspace(Stream s, int64_t bytes);
 
-  bool tc_ = false, decode_forward_ = false;
+  bool tc_ = false, fp8_ = false, decode_forward_ = false;
   // Split-K partials of the decode GEMV, one per stream (ops on different streams overlap);
   // sized at load for every matrix of the model, so they never move under a captured graph.
   std::array<DeviceArray<float>, 4> gemv_ws_;
+  // Precision "fp8": the quantised activations of a linear, one per stream; act_ws_ sized at load
+  // for decode-sized forwards (never moves under a captured graph), act_grown_ for larger ones
+  // (eager forwards only).
+  std::array<DeviceArray<uint8_t>, 4> act_ws_, act_grown_;
   uint64_t gemv_generation_ = 0;
   int64_t d2h_bytes_ = 0, graph_updates_ = 0;
 };
@@ -387,11 +405,53 @@ bool CudaBackend::decode_gemv(kc::DecodeGemv d, int64_t m, Stream s) {
   return true;
 }
 
-float* CudaBackend::gemv_workspace(Stream s, int64_t floats) {
+// Precision "fp8", decode-sized forwards, FP8-block matrices: the activation quantised once
+// (quantize_act_fp8) and multiplied on the FP8 tensor cores (decode_gemv_a8.cuh); false when the
+// kernel does not take this matrix or forward (the caller then dequantises and goes on).
+bool CudaBackend::decode_gemv_a8(const float* x, const kernels::WeightView& v, int64_t m, int64_t k,
+                                 int64_t n, float* y, bool accumulate, Stream s) {
+  if (!decode_forward_ || m < 1 || m > kc::kDecodeGemvA8MaxM) return false;
+  kc::DecodeGemvA8 g;
+  g.ldq = (kc::act_fp8_row_bytes(k) + 15) / 16 * 16;
+  g.w = v, g.y = y, g.ldy = n, g.m = m, g.n = n, g.k = k, g.accumulate = accumulate;
+  static const uint8_t* const kAligned = reinterpret_cast<const uint8_t*>(uintptr_t(256));
+  g.xq = kAligned;  // the real buffer is taken below, once the kernel is known to apply
+  if (!kc::decode_gemv_a8_supported(g)) return false;
+  uint8_t* q = static_cast<uint8_t*>(act_workspace(s, m * g.ldq));
+  g.xq = q;
+  DSV41RT_CU(kc::quantize_act_fp8(x, m, k, k, q, g.ldq, cs(s)));
+  const int64_t floats = kc::decode_gemv_a8_workspace_floats(g);
+  DSV41RT_CU(kc::decode_gemv_a8(g, gemv_workspace(s, floats), floats, cs(s)));
+  return true;
+}
+
+// x [rows, k] through the FP8 activation QDQ into this stream's activation workspace.
+const float* CudaBackend::fp8_act_qdq(const float* x, int64_t rows, int64_t k, Stream s) {
+  float* q = static_cast<float*>(act_workspace(s, rows * k * int64_t(sizeof(float))));
+  DSV41RT_CU(kc::fp8_act_qdq(x, rows, k, q, cs(s)));
+  return q;
+}
+
+size_t CudaBackend::stream_index(Stream s) const {
   size_t i = 0;
   while (i < streams_.size() && streams_[i]->get() != cs(s)) ++i;
-  DSV41RT_CHECK_CODE(kInternal, i < streams_.size(), "decode GEMV on a foreign stream");
-  DeviceArray<float>& a = gemv_ws_[i];
+  DSV41RT_CHECK_CODE(kInternal, i < streams_.size(), "a linear on a foreign stream");
+  return i;
+}
+
+void* CudaBackend::act_workspace(Stream s, int64_t bytes) {
+  const size_t i = stream_index(s);
+  if (bytes <= act_ws_[i].capacity()) return act_ws_[i].get();
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  DSV41RT_CU(cudaStreamIsCapturing(cs(s), &st));
+  DSV41RT_CHECK_CODE(kInternal, st == cudaStreamCaptureStatusNone,
+                     "FP8 activation workspace would grow during graph capture");
+  return act_grown_[i].ensure([](int64_t b) { return cudart::device_alloc(b); }, bytes,
+                              gemv_generation_);
+}
+
+float* CudaBackend::gemv_workspace(Stream s, int64_t floats) {
+  DeviceArray<float>& a = gemv_ws_[stream_index(s)];
   if (floats > a.capacity()) {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     DSV41RT_CU(cudaStreamIsCapturing(cs(s), &st));
@@ -403,15 +463,21 @@ float* CudaBackend::gemv_workspace(Stream s, int64_t floats) {
                   gemv_generation_);
 }
 
-// The largest split-K workspace any matrix of the model needs at the largest decode chunk.
-void CudaBackend::size_gemv_workspaces(const BackendWeights& w) {
-  int64_t most = 1;
+// The largest split-K workspace any matrix of the model needs at the largest decode chunk (BF16
+// and FP8 activations), and the largest decode-sized FP8 activation (the grouped wo_a input, of
+// num_attention_heads * head_dim columns, included).
+void CudaBackend::size_gemv_workspaces(const BackendWeights& w, const ModelConfig& c) {
+  int64_t most = 1, act = c.num_attention_heads * c.head_dim;
   auto visit = [&](const Matrix& mat) {
     if (!mat || mat.rows == 0) return;
     kc::DecodeGemv d;
     d.w = mat.view(mat.rows, mat.cols);
     d.m = kc::kDecodeGemvMaxM, d.n = mat.rows, d.k = mat.cols, d.ldx = mat.cols, d.ldy = mat.rows;
     most = std::max(most, kc::decode_gemv_workspace_floats(d));
+    kc::DecodeGemvA8 g;
+    g.w = d.w, g.m = kc::kDecodeGemvA8MaxM, g.n = mat.rows, g.k = mat.cols, g.ldy = mat.rows;
+    most = std::max(most, kc::decode_gemv_a8_workspace_floats(g));
+    act = std::max(act, mat.cols);
   };
   visit(w.head);
   for (const LayerWeights& L : w.layers) {
@@ -423,6 +489,11 @@ void CudaBackend::size_gemv_workspaces(const BackendWeights& w) {
   }
   for (auto& a : gemv_ws_) {
     a.ensure([](int64_t b) { return cudart::device_alloc(b); }, most, gemv_generation_);
+  }
+  // FP32 QDQ'd rows are the larger form (packed FP8 rows take k + k / 32 + 16 bytes).
+  const int64_t act_bytes = kDecodeMaxRows * (act * int64_t(sizeof(float)) + 16);
+  for (auto& a : act_ws_) {
+    a.ensure([](int64_t b) { return cudart::device_alloc(b); }, act_bytes, gemv_generation_);
   }
 }
 
@@ -440,26 +511,42 @@ void CudaBackend::moe_experts(const float* x, const int32_t* idx, const float* w
   if (shared) {
     sw1 = w.shared_w1.view(I, H), sw3 = w.shared_w3.view(I, H), sw2 = w.shared_w2.view(H, I);
   }
+  // Precision "fp8": x through the FP8 activation QDQ (into the scratch's tail), the kernels
+  // quantise the hidden units.
+  const bool fp8 = tc_ && fp8_ && moe_fp8_inputs(w);
+  const int64_t x_bytes = fp8 ? (S * H * 4 + 255) / 256 * 256 : 0;
+  auto carve = [&](int64_t bytes) {
+    uint8_t* base = static_cast<uint8_t*>(scratch.get(bytes + x_bytes));
+    if (fp8) {
+      float* xq = reinterpret_cast<float*>(base + bytes);
+      DSV41RT_CU(kc::fp8_act_qdq(x, S, H, xq, cs(s)));
+      x = xq;
+    }
+    return base;
+  };
   if (tc_ && moe_bf16_exact(w) && decode_forward_) {
     kc::MoeDecode p;
     p.x = x, p.idx = idx, p.weight = weight, p.S = S, p.H = H, p.k = k, p.E = E, p.I = I;
     p.Is = Is, p.w1 = w1, p.w3 = w3, p.w2 = w2, p.sw1 = sw1, p.sw3 = sw3, p.sw2 = sw2;
-    p.limit = limit, p.y = y;
+    p.limit = limit, p.y = y, p.fp8_inputs = fp8;
     if (kc::moe_decode_supported(p)) {
-      const int64_t bytes = kc::moe_decode_workspace_bytes(p);
-      DSV41RT_CU(kc::moe_decode_bf16(p, scratch.get(bytes), bytes, cs(s)));
+      const int64_t bytes = (kc::moe_decode_workspace_bytes(p) + 255) / 256 * 256;
+      void* ws = carve(bytes);
+      p.x = x;
+      DSV41RT_CU(kc::moe_decode_bf16(p, ws, bytes, cs(s)));
       return;
     }
   }
   if (tc_ && moe_bf16_exact(w)) {
     const kc::MoeGroupedSizes sz = kc::moe_grouped_sizes(S, H, k, E, I, Is);
     const int64_t int_bytes = (sz.ints * 4 + 255) / 256 * 256;
-    uint8_t* base = static_cast<uint8_t*>(scratch.get(int_bytes + sz.floats * 4));
+    const int64_t bytes = (int_bytes + sz.floats * 4 + 255) / 256 * 256;
+    uint8_t* base = carve(bytes);
     const kc::MoeGroupedWorkspace ws =
         kc::moe_grouped_carve(reinterpret_cast<int32_t*>(base),
                               reinterpret_cast<float*>(base + int_bytes), S, H, k, E, I, Is);
     DSV41RT_CU(kc::moe_grouped_bf16(x, idx, weight, S, H, k, E, I, w1, w3, w2, sw1, sw3, sw2, Is,
-                                    limit, y, ws, cs(s)));
+                                    limit, y, ws, cs(s), fp8));
     return;
   }
   const bool all_f32 =

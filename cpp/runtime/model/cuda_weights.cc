@@ -98,6 +98,7 @@ class Uploader {
     m.data = data;
     m.format = released_format(s0.dtype);
     m.bf16_exact = true;
+    m.fp8_input = s0.dtype != DType::kBF16;
     m.scale = scale;
     m.block_rows = int32_t(s0.block_rows);
     m.block_cols = int32_t(s0.block_cols);

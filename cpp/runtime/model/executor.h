@@ -70,6 +70,9 @@ struct ExecutorOptions {
   /// experts take BF16-rounded inputs with FP32 accumulation - on CUDA the serving mode (decode
   /// kernels up to 64 rows, tensor-core GEMMs above), on the CPU its emulation (the reference the
   /// GPU path is tested against). Results then depend on the batch at BF16 rounding level.
+  /// "fp8": as "bf16", except that the inputs of matrices the checkpoint stores FP8 / FP4 (and
+  /// the MoE's hidden units) are quantised to FP8 E4M3 in 1 x 32 blocks with power-of-two scales:
+  /// the official inference numerics (spec 5.2).
   std::string precision = "fp32";
   /// Context parallelism (docs/design/context-parallel.md): prefill forwards are split
   /// round-robin over this many ranks (virtual ranks over LocalComm in one process); 1 = off.

@@ -38,8 +38,10 @@ void check_copy_state(const model::KvPool& pool, const RequestView& src, const R
 std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights weights, EngramTables engram,
                                         ExecutorOptions options) {
   const std::string& d = options.device;
-  DSV41RT_CHECK_CODE(kInvalidArgument, options.precision == "fp32" || options.precision == "bf16",
-                     "unknown precision '", options.precision, "' (expected 'fp32' or 'bf16')");
+  DSV41RT_CHECK_CODE(
+      kInvalidArgument,
+      options.precision == "fp32" || options.precision == "bf16" || options.precision == "fp8",
+      "unknown precision '", options.precision, "' (expected 'fp32', 'bf16' or 'fp8')");
   DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_size >= 1 && options.cp_size <= 64,
                      "context_parallel_size ", options.cp_size, " must be in [1, 64]");
   DSV41RT_CHECK_CODE(
@@ -149,8 +151,8 @@ std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights weights, En
         "nccl.h available, e.g. pip install nvidia-nccl-cu13)");
 #endif
   }
-  // One executor over the device's backend (precision "bf16" on the CPU: the emulation of the
-  // GPU's tensor-core path).
+  // One executor over the device's backend (precision "bf16" / "fp8" on the CPU: the emulation
+  // of the GPU's tensor-core paths).
   if (d == "cpu" || d == "cuda" || d.rfind("cuda:", 0) == 0) {
     auto backend = d == "cpu" ? make_cpu_backend() : make_cuda_backend(d);
     return std::make_shared<ModelExecutor>(std::move(plan), std::move(weights), std::move(engram),

@@ -49,7 +49,8 @@ ModelExecutor::ModelExecutor(ModelPlan plan, ModelWeights weights, EngramTables 
       engram_(std::move(engram)),
       options_(std::move(options)),
       backend_(std::move(backend)),
-      bf16_gemm_(options_.precision == "bf16") {
+      bf16_gemm_(options_.precision == "bf16" || options_.precision == "fp8"),
+      fp8_act_(options_.precision == "fp8") {
   backend_->activate();
   check_engram_tables(plan_.config, engram_);
   weights_ = backend_->load_weights(plan_, weights, rope_inv_freqs(plan_));
@@ -101,9 +102,10 @@ void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicat
   const bool graphs =
       options_.cuda_graphs && backend_->supports_graphs() && !runner_->record_decisions && !comm;
   const DecodeBucket bucket = graphs ? decode_bucket(c, batch) : DecodeBucket{};
-  // Precision "bf16" runs every forward with BF16 GEMM inputs; the backend picks its kernels by
-  // the forward's rows (decode-sized forwards on the skinny decode kernels).
+  // Precision "bf16" / "fp8" runs every forward with BF16 / FP8 GEMM inputs; the backend picks
+  // its kernels by the forward's rows (decode-sized forwards on the skinny decode kernels).
   backend_->set_tensor_cores(bf16_gemm_);
+  backend_->set_fp8_activations(fp8_act_);
   backend_->set_forward_rows(f.rows);
   const Stream s = runner_->main();
   backend_->record_time(kForwardStart, s);

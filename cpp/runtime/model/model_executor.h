@@ -53,7 +53,8 @@ class ModelExecutor final : public Executor {
   std::vector<int32_t> histories_;  // every slot's Engram history (planning input, host side)
   std::unique_ptr<ModelRunner> runner_;
   DecodeGraphs graphs_;
-  bool bf16_gemm_ = false;
+  bool bf16_gemm_ = false;  // tensor-core GEMM inputs (precision "bf16" or "fp8")
+  bool fp8_act_ = false;    // precision "fp8": FP8 inputs of FP8 / FP4 matrices
   int64_t eager_forwards_ = 0, last_forward_us_ = 0;
   CpTiming cp_timing_;
 };

@@ -137,6 +137,11 @@ bool bf16_exact(const Tensor& t) {
   return d == DType::kFP8E4M3 || d == DType::kI8 || d == DType::kBF16;
 }
 
+bool fp8_input(const Tensor& t) {
+  const DType d = t.source.dtype;
+  return d == DType::kFP8E4M3 || d == DType::kI8;
+}
+
 std::vector<float> host_values(const Tensor& t) {
   if (!t.data.empty() || t.source.data == nullptr) return t.data;
   std::vector<float> out(size_t(t.numel()));

@@ -45,6 +45,8 @@ struct Tensor {
 /// the GPU keeps such matrices in BF16 and multiplies them on tensor cores under precision
 /// "bf16"; others stay FP32 there. The CPU emulation of that mode follows the same rule.
 DSV41RT_API bool bf16_exact(const Tensor& t);
+/// Stored FP8 E4M3 or packed FP4: precision "fp8" quantises the input of its GEMM (spec 5.2).
+DSV41RT_API bool fp8_input(const Tensor& t);
 
 /// FP32 values of `t` (its data, or decoded from its source on the host).
 DSV41RT_API std::vector<float> host_values(const Tensor& t);
