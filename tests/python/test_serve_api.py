@@ -43,6 +43,68 @@ def test_chat_max_completion_tokens_is_applied(server) -> None:
     assert r.status_code == 400 and "max_completion_tokens" in r.text
 
 
+# Seed 243 on "hi" samples 10679 ("\u00e8\u013a": the first two bytes of a 3-byte character) as the
+# 4th token: the recipe's stream processor holds back text ending mid-character and, at the
+# finish, dropped it together with its count (completion_tokens 3 of 4). Unseeded, about 1 request
+# in 100 ended on such a byte token: the flaky 3 in test_stream_usage_only_when_asked.
+SEED_LAST_TOKEN_MID_CHARACTER = 243
+
+
+def test_chat_usage_counts_a_last_token_that_ends_mid_character(server) -> None:
+    url = server.url + "/v1/chat/completions"
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+        "ignore_eos": True,
+        "seed": SEED_LAST_TOKEN_MID_CHARACTER,
+    }
+    r = httpx.post(url, json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    assert usage["completion_tokens"] == 4 and usage["total_tokens"] == usage["prompt_tokens"] + 4, usage
+    assert usage["completion_tokens_details"]["reasoning_tokens"] == 4, usage  # still thinking
+    stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", url, json=stream, timeout=60) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert chunks[-1]["usage"]["completion_tokens"] == 4, chunks[-1]
+
+
+def test_chat_usage_counts_held_back_tail_tokens(tiny_dir, server) -> None:
+    """The same without sampling: the recipe's processor, fed as the chat route feeds it, with
+    token streams that end mid-character (one at a time, and all in one chunk, where the recipe
+    counted none of the 4); count_held_tail restores the engine's count."""
+    import deepseek_recipe as dr
+    from dsv41rt.serve.protocol import ChatProtocol, Tokenizers, count_held_tail
+
+    tok = Tokenizers(tiny_dir)
+    chat = ChatProtocol(tok, (MODEL,), True, tok.hf.get_vocab_size())
+    word, byte = tok.encode(" there")[0], tok.hf.token_to_id("\u013d")  # "\u013d": one byte, 0xC5
+    think_end = tok.hf.token_to_id("</think>")
+    assert tok.decode([byte]).endswith("\ufffd") and not tok.decode([word]).endswith("\ufffd")
+    cases = [  # (chunks, thinking, reasoning tokens expected)
+        ([[word], [word], [word], [byte]], True, 4),
+        ([[word, word, word, byte]], True, 4),
+        ([[word], [think_end], [word], [byte]], True, 1),  # the tail is content
+        ([[word], [word], [word], [byte]], False, None),
+    ]
+    for chunks, thinking, reasoning in cases:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        if not thinking:
+            body["thinking"] = {"type": "disabled"}
+        prep = chat.prepare(body, 4096, 256, 4096)
+        proc = chat.processor(prep, "chatcmpl-test", MODEL)
+        out = proc.push(dr.InferenceChunk.ready(prompt_usage=dr.PromptUsage(prompt_tokens=len(prep.prompt))))
+        for c in chunks:
+            out += proc.push(dr.InferenceChunk.tokens(c))
+        out += proc.push(dr.InferenceChunk.finish(dr.InferenceFinishReason.Length)) + proc.finish()
+        usage = json.loads(out[-1].to_json())["usage"]
+        count_held_tail(usage, 4, prep)
+        assert usage["completion_tokens"] == 4 and usage["total_tokens"] == len(prep.prompt) + 4, (chunks, usage)
+        assert usage.get("completion_tokens_details", {}).get("reasoning_tokens") == reasoning, (chunks, usage)
+
+
 def test_openai_client_chat_streamed_and_not(server) -> None:
     from openai import OpenAI
 

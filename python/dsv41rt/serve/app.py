@@ -12,7 +12,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -23,7 +23,7 @@ from .. import __version__
 from .completions import CompletionProtocol, CompletionStream
 from .engine_loop import EngineLoop, Tracked
 from .guard import Guard, error_response
-from .protocol import FINISH, ApiError, ChatProtocol, Tokenizers, include_usage, tokens_chunk
+from .protocol import FINISH, ApiError, ChatProtocol, Tokenizers, count_held_tail, include_usage, tokens_chunk
 
 
 class ClientGone(Exception):
@@ -47,10 +47,11 @@ class ServerState:
         self.server: Any = None  # the uvicorn.Server, for the drain to stop it
 
 
-def _stream_usage(chunk: str, with_usage: bool) -> tuple[str, str | None]:
+def _stream_usage(chunk: str, with_usage: bool, fix_usage: Callable[[dict], None]) -> tuple[str, str | None]:
     """OpenAI's stream usage for a chat chunk as the recipe writes it (usage on the last content
     chunk, always): without `stream_options.include_usage` no chunk has usage; with it every chunk
-    has `usage: null` and the usage comes in one more chunk with no choices (as vLLM and OpenAI)."""
+    has `usage: null` and the usage, corrected by `fix_usage`, comes in one more chunk with no
+    choices (as vLLM and OpenAI)."""
     if '"usage"' not in chunk:
         return chunk, None
     d = json.loads(chunk)
@@ -58,6 +59,8 @@ def _stream_usage(chunk: str, with_usage: bool) -> tuple[str, str | None]:
     if not with_usage:
         return json.dumps(d), None
     d["usage"] = None
+    if usage is not None:
+        fix_usage(usage)
     extra = json.dumps({**d, "choices": [], "usage": usage}) if usage is not None else None
     return json.dumps(d), extra
 
@@ -236,6 +239,10 @@ def create_app(state: ServerState) -> FastAPI:
         import deepseek_recipe as dr
 
         started = False
+        generated = 0  # tokens pushed to the processor (it may not count a held-back tail)
+
+        def fix_usage(usage: dict) -> None:
+            count_held_tail(usage, generated, prep)
 
         def ready(cached: int) -> list:
             # The usage of the prompt, sent once its cached part is known: with the first output.
@@ -247,6 +254,8 @@ def create_app(state: ServerState) -> FastAPI:
             return proc.push(dr.InferenceChunk.ready(prompt_usage=usage))
 
         def chunks_of(item) -> tuple[list, bool]:
+            nonlocal generated
+            generated += len(item.new_tokens)
             out = ready(item.cached_tokens)
             out += proc.push(tokens_chunk(item, prep.logprobs)) if item.new_tokens else []
             if item.finished and item.finish_reason in FINISH and not proc.finished:
@@ -263,7 +272,7 @@ def create_app(state: ServerState) -> FastAPI:
                     async for item in _outputs(req, None):
                         out, done = chunks_of(item)
                         for c in out:
-                            text, extra = _stream_usage(c.to_json(), with_usage)
+                            text, extra = _stream_usage(c.to_json(), with_usage, fix_usage)
                             usage_chunk = extra or usage_chunk
                             yield f"data: {text}\n\n"
                         if done:
@@ -290,7 +299,10 @@ def create_app(state: ServerState) -> FastAPI:
                     break
             for c in ready(0):  # ended before any output
                 response.accumulate(c)  # type: ignore[arg-type]
-            return Response(response.to_json(), media_type="application/json")
+            d = json.loads(response.to_json())
+            if isinstance(d.get("usage"), dict):
+                fix_usage(d["usage"])
+            return Response(json.dumps(d), media_type="application/json")
         except ClientGone:
             return Response(status_code=499)
         finally:

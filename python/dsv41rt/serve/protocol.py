@@ -290,3 +290,27 @@ def tokens_chunk(out: Any, logprobs: bool) -> dr.InferenceChunk:
 
 
 FINISH = {"length": dr.InferenceFinishReason.Length, "stop": dr.InferenceFinishReason.Stop}
+
+
+def count_held_tail(usage: dict, generated: int, prep: PreparedChat) -> None:
+    """Make the recipe's chat `usage` count all `generated` tokens (in place).
+
+    The recipe counts a `tokens` chunk's tokens when it emits their text; tokens whose text ends in
+    an incomplete UTF-8 sequence (a byte-level token such as "Ľ", the first half of a character)
+    wait for the next tokens, and at the finish those still waiting are dropped, text and count.
+    So a request whose last sampled token was such a byte reported one completion token fewer than
+    the engine generated (max_tokens 4, ignore_eos: completion_tokens 3, finish_reason "length").
+    The missing tokens are added to completion_tokens and total_tokens, and to reasoning_tokens
+    when the stream was still in its reasoning: it started there and every token counted so far was
+    reasoning (the `</think>` that ends it is counted as content)."""
+    missing = generated - usage.get("completion_tokens", generated)
+    if missing <= 0:
+        return
+    counted = usage["completion_tokens"]
+    usage["completion_tokens"] = counted + missing
+    usage["total_tokens"] = usage.get("total_tokens", 0) + missing
+    details = usage.get("completion_tokens_details")
+    stage = prep.conversation.parsing_options.thinking_initial_stage
+    if isinstance(details, dict) and stage is not None and stage.starts_in_reasoning():
+        if details.get("reasoning_tokens") == counted:
+            details["reasoning_tokens"] = counted + missing
