@@ -417,6 +417,13 @@ dsv41rt_status dsv41rt_cancel(dsv41rt_runtime* rt, int64_t id) {
   });
 }
 
+dsv41rt_status dsv41rt_reset_prefix_cache(dsv41rt_runtime* rt) {
+  return guarded(rt, [&]() -> dsv41rt_status {
+    rt->runtime->reset_prefix_cache();
+    return DSV41RT_OK;
+  });
+}
+
 dsv41rt_status dsv41rt_get_stats(dsv41rt_runtime* rt, dsv41rt_stats* out) {
   return guarded(rt, [&]() -> dsv41rt_status {
     if (!out) return fail(rt, DSV41RT_E_INVALID_ARGUMENT, "out is NULL");

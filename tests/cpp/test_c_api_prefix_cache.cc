@@ -1,6 +1,7 @@
 // Prefix caching through the C API: on by default, off on request, and a host built against the
 // header before enable_prefix_caching (struct_size ending before it) still runs with the default.
-// The same prompt twice gives the same tokens either way (the cache is exact).
+// The same prompt twice gives the same tokens either way (the cache is exact). Resetting the cache
+// between the runs makes the second run find nothing.
 #include <gtest/gtest.h>
 
 #include <cstddef>
@@ -15,11 +16,11 @@ namespace {
 
 const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
 
-// Runs `prompt` to completion `times` times in turn; the tokens of each run. `counters`: the
-// prefix cache's queries and hits at the end.
+// Runs `prompt` to completion `times` times in turn (resetting the prefix cache between runs when
+// `reset`); the tokens of each run. `counters`: the prefix cache's queries and hits at the end.
 std::vector<std::vector<int32_t>> run(const dsv41rt_runtime_params& p,
                                       const std::vector<int32_t>& prompt, int times,
-                                      std::pair<int64_t, int64_t>& counters) {
+                                      std::pair<int64_t, int64_t>& counters, bool reset = false) {
   dsv41rt_runtime* rt = nullptr;
   EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt), DSV41RT_OK)
       << dsv41rt_last_error(nullptr);
@@ -30,6 +31,7 @@ std::vector<std::vector<int32_t>> run(const dsv41rt_runtime_params& p,
   rp.max_new_tokens = 4;
   rp.ignore_eos = 1;
   for (int i = 0; i < times; ++i) {
+    if (reset && i > 0) EXPECT_EQ(dsv41rt_reset_prefix_cache(rt), DSV41RT_OK);
     int64_t id = 0;
     EXPECT_EQ(dsv41rt_submit(rt, prompt.data(), prompt.size(), &rp, &id), DSV41RT_OK);
     std::vector<int32_t> tokens;
@@ -87,6 +89,28 @@ TEST(CApiPrefixCache, OnByDefaultOffOnRequestAndTheOlderLayout) {
   EXPECT_EQ(on[0], on[1]);
   EXPECT_EQ(on, without);
   EXPECT_EQ(on, old_layout);
+}
+
+TEST(CApiPrefixCache, ResetForgetsTheCachedPrefixes) {
+  EXPECT_EQ(dsv41rt_reset_prefix_cache(nullptr), DSV41RT_E_INVALID_HANDLE);
+  if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint";
+  dsv41rt_runtime_params p;
+  dsv41rt_runtime_default_params(&p);
+  p.checkpoint_dir = checkpoint();
+  p.max_num_seqs = 4;
+  p.kv_memory = 64ll << 20;
+  p.page_size = 4;
+  std::vector<int32_t> prompt(23);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(3 + 7919 * i % 100000);
+  std::pair<int64_t, int64_t> kept, reset, off_counters;
+  const auto with_cache = run(p, prompt, 2, kept);
+  const auto after_reset = run(p, prompt, 2, reset, /*reset=*/true);
+  EXPECT_EQ(kept, std::make_pair(int64_t(46), int64_t(20)));
+  EXPECT_EQ(reset, std::make_pair(int64_t(46), int64_t(0)));  // queried, nothing left to find
+  EXPECT_EQ(after_reset, with_cache);
+  dsv41rt_runtime_params off = p;
+  off.enable_prefix_caching = 0;  // a reset is then a no-op, not an error
+  EXPECT_EQ(run(off, prompt, 2, off_counters, /*reset=*/true), with_cache);
 }
 
 }  // namespace

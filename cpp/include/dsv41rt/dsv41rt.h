@@ -170,6 +170,10 @@ DSV41RT_C_API dsv41rt_status dsv41rt_wait(dsv41rt_runtime* rt, int64_t request_i
 /* Cancels a waiting or running request and frees its pages; its consumer then sees finished. */
 DSV41RT_C_API dsv41rt_status dsv41rt_cancel(dsv41rt_runtime* rt, int64_t request_id);
 DSV41RT_C_API dsv41rt_status dsv41rt_get_stats(dsv41rt_runtime* rt, dsv41rt_stats* out);
+/* Forgets every cached prompt prefix (their pages go back to the pool; pages running requests
+ * share stay with them): later requests recompute their prompts. OK (a no-op) when prefix
+ * caching is off. Safe while requests run. */
+DSV41RT_C_API dsv41rt_status dsv41rt_reset_prefix_cache(dsv41rt_runtime* rt);
 
 #ifdef __cplusplus
 }
