@@ -109,6 +109,7 @@ for step in ${STEPS:-tests}; do
       echo "== where a bench-40 prefill spends its time"
       [ -d /tmp/bench-40 ] || python3 -m dsv41rt make-checkpoint --preset bench-40 --seed 0 --out /tmp/bench-40 --workers 16 | tail -1
       timeout 200 python3 -u bench/profile_prefill.py --checkpoint /tmp/bench-40 --tokens "${PROFILE_TOKENS:-4096}" \
+        --precision "${PROFILE_PRECISION:-bf16}" \
         --decode-batches "${PROFILE_BATCHES:-1,8,64}" 2>&1 | tee "$OUT/profile.log" | tail -80
       ;;
     kbench)
