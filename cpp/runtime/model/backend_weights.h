@@ -85,15 +85,6 @@ inline bool moe_fp8_inputs(const LayerWeights &w) {
   return w.w1.fp8_input && w.w3.fp8_input && w.w2.fp8_input && shared;
 }
 
-/// `m` multiplied in FP32 arithmetic in every precision (read as stored, decoded exactly): the
-/// Engram kv projection. On BF16 tensor cores its 6144-term sums moved the GPU's precision-"bf16"
-/// logits 4x further from the CPU emulation (tiny-v41, median 4e-4 -> 1.5e-3 of max|logit|: the
-/// GPU-vs-emulation gate failed); FP32 keeps it at the reference's precision in every mode.
-inline Matrix fp32_arithmetic(Matrix m) {
-  m.bf16_exact = false, m.fp8_input = false;
-  return m;
-}
-
 struct BackendWeights {
   const float *embed = nullptr;          ///< [V, H] FP32, or
   const uint16_t *embed_bf16 = nullptr;  ///< [V, H] BF16 as stored

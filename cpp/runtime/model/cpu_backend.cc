@@ -113,8 +113,7 @@ class CpuWeightView {
     if (b.engram) {
       const EngramWeights& e = *b.engram;
       L.engram_table = e.table, L.engram_scale = e.table_scale, L.engram_rows = e.rows;
-      L.engram_wkv = fp32_arithmetic(matrix(e.wkv)), L.engram_q = e.q_weight.ptr(),
-      L.engram_k = e.k_weight.ptr();
+      L.engram_wkv = matrix(e.wkv), L.engram_q = e.q_weight.ptr(), L.engram_k = e.k_weight.ptr();
     }
     return L;
   }
