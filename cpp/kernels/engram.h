@@ -35,11 +35,6 @@ DSV41RT_API void engram_hash_rows(const int64_t* compressed_ids, int64_t S, int6
 ///     gate = sigmoid(copysign(sqrt(max(|dot|, 1e-6)), dot)), 0 where token_mask[t] == 0,
 ///     X_i += gate · value   (all from the ORIGINAL X; FP32 throughout as NeMo in FP32).
 /// token_mask [S] may be nullptr (all live).
-/// The update alone, from kv [S, (n + 1) H] = emb · wkv^T computed by the caller (the runtime
-/// runs that projection as a linear on the matrix as stored); engram_forward = linear, then this.
-DSV41RT_API void engram_update(float* X, const float* kv, const float* q_weight,
-                               const float* k_weight, const uint8_t* token_mask, int64_t S,
-                               int64_t n, int64_t H, float eps);
 DSV41RT_API void engram_forward(float* X, const float* emb, const float* wkv, const float* q_weight,
                                 const float* k_weight, const uint8_t* token_mask, int64_t S,
                                 int64_t n, int64_t H, int64_t D, float eps);

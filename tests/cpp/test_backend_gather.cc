@@ -1,15 +1,16 @@
 // Backend gathers and small elementwise ops: embed_rows (FP32 and BF16 tables, hc_mult copies),
-// engram_gather (FP8 E4M3 rows with UE8M0 scales), gather_rows, scale, and engram_update
+// engram_gather (FP8 E4M3 rows with UE8M0 scales), gather_rows, scale, and engram_forward
 // (contracts: kernels/paged.h, kernels/engram.h).
 //
 // Gathers and scale: EXACT on both instances, against naive implementations written here (the
 // FP8 / UE8M0 / BF16 decodes too, from their definitions); the CUDA ones additionally against
 // the CPU backend (kernels/cuda/paged.cuh: bitwise). NaN codes compare NaN-aware (payloads of
 // NaN products may differ between the host and the GPU).
-// engram_update (the kv projection is a linear, tested with the linears): max|y − ref| <= 1e-5 ·
-// max|ref| on the output and on the update y − x, on the CPU against float64 (the three
-// per-stream reductions are FP64, the rest a handful of FP32 roundings: ~1e-6 of the update), on
-// CUDA against the CPU (kernels/cuda/engram.cuh: the same FP64 reductions in another order).
+// engram_forward: max|y − ref| <= 1e-5 · max|ref| on the output and on the update y − x, on the
+// CPU against float64 (the kv projection is an FP32 dot of D terms, the three per-stream
+// reductions are FP64, the rest a handful of FP32 roundings: ~1e-6 of the update), on CUDA
+// against the CPU (kernels/cuda/engram.cuh: the same FP64 reductions, the FP32 projection in
+// another order; the Python suite's bound).
 #include "backend_test_util.h"
 #include "core/status.h"
 
@@ -119,42 +120,52 @@ TEST_P(BackendGather, GatherRowsAndScale) {
   EXPECT_TRUE(bitwise_equal(dx.download(), x)) << "scale";
 }
 
-TEST_P(BackendGather, EngramGatedUpdate) {
+TEST_P(BackendGather, EngramForwardGatedUpdate) {
   struct Case {
-    int64_t S, n, H;
+    int64_t S, n, H, D;
   };
-  // n = hc_mult; H up to a wide residual.
-  for (const Case c : {Case{23, 4, 64}, Case{5, 1, 1000}, Case{3, 4, 5120}}) {
-    const int64_t S = c.S, n = c.n, H = c.H;
-    SCOPED_TRACE("S " + std::to_string(S) + " n " + std::to_string(n) + " H " + std::to_string(H));
+  // D = 8 hash heads x 256 (engram_head_dim) is the release width; n = hc_mult.
+  for (const Case c : {Case{23, 4, 64, 96}, Case{5, 1, 1000, 40}, Case{3, 4, 512, 2048}}) {
+    const int64_t S = c.S, n = c.n, H = c.H, D = c.D;
+    SCOPED_TRACE("S " + std::to_string(S) + " n " + std::to_string(n) + " H " + std::to_string(H) +
+                 " D " + std::to_string(D));
     std::vector<float> X = normal(S * n * H);
     std::fill_n(&X[(S / 2) * n * H], H, 0.0f);  // a zero stream: dot exactly 0, the 1e-6 clamp
-    const std::vector<float> kvh = normal(S * (n + 1) * H, 10.0);  // [key | value] rows
+    const std::vector<float> emb = normal(S * D),
+                             wkv = normal((n + 1) * H * D, 10.0 / std::sqrt(double(D)));
     std::vector<float> qw = normal(n * H, 0.3), kw = normal(n * H, 0.3);
     for (float& v : qw) v += 1.0f;
     for (float& v : kw) v += 1.0f;
     for (const float eps : {1e-20f, 1e-6f}) {
       auto run = [&](Backend& b) {
-        Buffer<float> dX = upload(b, X), dkv = upload(b, kvh), dq = upload(b, qw),
-                      dk = upload(b, kw);
-        b.engram_update(dX.get(), dkv.get(), dq.get(), dk.get(), S, n, H, eps, b.stream(0));
+        Buffer<float> dX = upload(b, X), de = upload(b, emb), dw = upload(b, wkv),
+                      dq = upload(b, qw), dk = upload(b, kw);
+        ScratchArena scratch(b);
+        b.engram_forward(dX.get(), de.get(), dw.get(), dq.get(), dk.get(), S, n, H, D, eps,
+                         scratch.get(), b.stream(0));
         return dX.download();
       };
       const std::vector<float> got = run(backend());
       std::vector<float> want(got.size());
       if (on_cuda()) {
         want = run(cpu());
-        // A token's update does not depend on the batch: the last token alone gives the same bits.
+        // A token's update does not depend on the batch (the CUDA projection shares weight reads
+        // between tokens): the last token alone gives the same bits.
         Backend& b = backend();
         Buffer<float> dX = upload(b, std::vector<float>(X.end() - n * H, X.end()));
-        Buffer<float> dkv = upload(b, std::vector<float>(kvh.end() - (n + 1) * H, kvh.end()));
-        Buffer<float> dq = upload(b, qw), dk = upload(b, kw);
-        b.engram_update(dX.get(), dkv.get(), dq.get(), dk.get(), 1, n, H, eps, b.stream(0));
+        Buffer<float> de = upload(b, std::vector<float>(emb.end() - D, emb.end()));
+        Buffer<float> dw = upload(b, wkv), dq = upload(b, qw), dk = upload(b, kw);
+        ScratchArena scratch(b);
+        b.engram_forward(dX.get(), de.get(), dw.get(), dq.get(), dk.get(), 1, n, H, D, eps,
+                         scratch.get(), b.stream(0));
         EXPECT_TRUE(bitwise_equal(dX.download(), std::vector<float>(got.end() - n * H, got.end())))
             << "last token alone";
       } else {
         for (int64_t t = 0; t < S; ++t) {
-          const std::vector<double> kv(&kvh[t * (n + 1) * H], &kvh[(t + 1) * (n + 1) * H]);
+          std::vector<double> kv(static_cast<size_t>((n + 1) * H));
+          for (int64_t o = 0; o < (n + 1) * H; ++o) {
+            for (int64_t d = 0; d < D; ++d) kv[o] += double(emb[t * D + d]) * wkv[o * D + d];
+          }
           const double* value = &kv[n * H];
           for (int64_t i = 0; i < n; ++i) {
             const float* xi = &X[(t * n + i) * H];
@@ -193,13 +204,15 @@ TEST_P(BackendGather, RejectsBadSizes) {
   Buffer<int32_t> tok = upload(be, std::vector<int32_t>(4, 0));
   Buffer<int64_t> rows = upload(be, std::vector<int64_t>(4, 0));
   Buffer<uint8_t> bytes = upload(be, random_bytes(256));
+  ScratchArena scratch(be);
   const Stream s = be.stream(0);
   EXPECT_THROW(be.embed_rows(nullptr, t16.get(), tok.get(), 2, 8, /*copies=*/0, f.get(), s), Error);
   EXPECT_THROW(be.embed_rows(nullptr, nullptr, tok.get(), 2, 8, 1, f.get(), s), Error)
       << "no table";
   EXPECT_THROW(be.engram_gather(bytes.get(), bytes.get(), rows.get(), 2, /*hd=*/48, f.get(), s),
                Error);
-  EXPECT_THROW(be.engram_update(f.get(), f.get(), f.get(), f.get(), 1, /*n=*/0, 4, 1e-6f, s),
+  EXPECT_THROW(be.engram_forward(f.get(), f.get(), f.get(), f.get(), f.get(), 1, /*n=*/0, 4, 4,
+                                 1e-6f, scratch.get(), s),
                Error);
 }
 

@@ -52,22 +52,14 @@ void engram_forward(float* X, const float* emb, const float* wkv, const float* q
                 " D=", D);
   if (S == 0) return;
   DSV41RT_CHECK(X && emb && wkv && q_weight && k_weight, "engram_forward: null pointer");
-  std::vector<float> kv(S * (n + 1) * H);
-  linear(emb, wkv, S, D, (n + 1) * H, kv.data());
-  engram_update(X, kv.data(), q_weight, k_weight, token_mask, S, n, H, eps);
-}
-
-void engram_update(float* X, const float* kv_rows, const float* q_weight, const float* k_weight,
-                   const uint8_t* token_mask, int64_t S, int64_t n, int64_t H, float eps) {
-  DSV41RT_CHECK(S >= 0 && n >= 1 && H > 0, "engram_update: S=", S, " n=", n, " H=", H);
-  if (S == 0) return;
-  DSV41RT_CHECK(X && kv_rows && q_weight && k_weight, "engram_update: null pointer");
   const int64_t kvw = (n + 1) * H;
+  std::vector<float> kv(S * kvw);
+  linear(emb, wkv, S, D, kvw, kv.data());
   const float inv_sqrt_h = static_cast<float>(std::pow(static_cast<double>(H), -0.5));
   const float fH = static_cast<float>(H);
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < S; ++t) {
-    const float* key = kv_rows + t * kvw;
+    const float* key = kv.data() + t * kvw;
     const float* value = key + n * H;
     const bool live = token_mask == nullptr || token_mask[t] != 0;
     for (int64_t i = 0; i < n; ++i) {

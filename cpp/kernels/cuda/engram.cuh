@@ -1,6 +1,6 @@
 // CUDA Engram (contract: kernels/engram.h): n-gram hash rows and the gated residual update.
-// Raw device pointers, the caller's stream; nothing is allocated. The kv projection is a linear
-// (the backend's, reading engram.wkv as stored).
+// Raw device pointers, the caller's stream; nothing is allocated (engram_forward takes its kv
+// workspace from the caller).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,11 +11,16 @@
 
 namespace dsv41rt::kernels::cuda {
 
-/// In place on X [S, n, H] as kernels::cpu::engram_update (the three per-stream reductions in
-/// FP64): kv [S, (n + 1) H] (the projection emb · wkv^T, computed by the caller as a linear),
-/// q_weight / k_weight [n, H], token_mask [S] or nullptr.
-DSV41RT_API cudaError_t engram_update(float* X, const float* kv, const float* q_weight,
-                                      const float* k_weight, const uint8_t* token_mask, int64_t S,
-                                      int64_t n, int64_t H, float eps, cudaStream_t stream);
+/// Floats of workspace engram_forward needs: S * (n + 1) * H (the kv projection).
+inline int64_t engram_forward_workspace(int64_t S, int64_t n, int64_t H) { return S * (n + 1) * H; }
+
+/// In place on X [S, n, H] as kernels::cpu::engram_forward (the three per-stream reductions in
+/// FP64). emb [S, D], wkv [(n + 1) H, D], q_weight / k_weight [n, H], token_mask [S] or nullptr,
+/// kv_workspace: engram_forward_workspace(S, n, H) floats (must not alias the other buffers).
+DSV41RT_API cudaError_t engram_forward(float* X, const float* emb, const float* wkv,
+                                       const float* q_weight, const float* k_weight,
+                                       const uint8_t* token_mask, int64_t S, int64_t n, int64_t H,
+                                       int64_t D, float eps, float* kv_workspace,
+                                       cudaStream_t stream);
 
 }  // namespace dsv41rt::kernels::cuda

@@ -134,11 +134,10 @@ class DSV41RT_API Backend {
                           int64_t n, int64_t H, int64_t copies, float* X, Stream s) = 0;
   virtual void engram_gather(const uint8_t* table, const uint8_t* scales, const int64_t* rows,
                              int64_t n, int64_t hd, float* out, Stream s) = 0;
-  /// In place on X [S, n, H] from kv [S, (n + 1) H] (kernels/engram.h engram_update; the kv
-  /// projection is a linear on LayerWeights::engram_wkv).
-  virtual void engram_update(float* X, const float* kv, const float* q_weight,
-                             const float* k_weight, int64_t S, int64_t n, int64_t H, float eps,
-                             Stream s) = 0;
+  /// In place on X [S, n, H] (kernels/engram.h).
+  virtual void engram_forward(float* X, const float* emb, const float* wkv, const float* q_weight,
+                              const float* k_weight, int64_t S, int64_t n, int64_t H, int64_t D,
+                              float eps, Scratch scratch, Stream s) = 0;
   virtual void moe_route(const float* x, const float* gate, const float* bias, int64_t S, int64_t H,
                          int64_t E, int64_t k, float scale, bool normalize, int32_t* idx,
                          float* weight, Stream s) = 0;

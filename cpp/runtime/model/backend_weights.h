@@ -60,12 +60,10 @@ struct LayerWeights {
   // MoE: routed experts stacked [E, I, H] / [E, H, I]; all six matrices share one format
   const float *gate = nullptr, *bias = nullptr;
   Matrix w1, w3, w2, shared_w1, shared_w3, shared_w2;
-  // Engram: FP8 E4M3 table [rows, head_dim] with UE8M0 scales [rows, head_dim / 32]; wkv
-  // [(n + 1) H, D] a matrix as stored (FP8 blocks in V4.1), read by a linear
+  // Engram: FP8 E4M3 table [rows, head_dim] with UE8M0 scales [rows, head_dim / 32]
   const uint8_t *engram_table = nullptr, *engram_scale = nullptr;
   int64_t engram_rows = 0;
-  Matrix engram_wkv;
-  const float *engram_q = nullptr, *engram_k = nullptr;
+  const float *engram_wkv = nullptr, *engram_q = nullptr, *engram_k = nullptr;
 };
 
 /// Whether every expert matrix of a layer (routed and shared) is BF16-exact: the MoE op runs on

@@ -113,7 +113,7 @@ class CpuWeightView {
     if (b.engram) {
       const EngramWeights& e = *b.engram;
       L.engram_table = e.table, L.engram_scale = e.table_scale, L.engram_rows = e.rows;
-      L.engram_wkv = matrix(e.wkv), L.engram_q = e.q_weight.ptr(), L.engram_k = e.k_weight.ptr();
+      L.engram_wkv = e.wkv.ptr(), L.engram_q = e.q_weight.ptr(), L.engram_k = e.k_weight.ptr();
     }
     return L;
   }
@@ -206,9 +206,10 @@ class CpuBackend final : public Backend {
                      int64_t hd, float* out, Stream) override {
     k::engram_gather(table, scales, rows, n, hd, out);
   }
-  void engram_update(float* X, const float* kv, const float* q_weight, const float* k_weight,
-                     int64_t S, int64_t n, int64_t H, float eps, Stream) override {
-    k::engram_update(X, kv, q_weight, k_weight, nullptr, S, n, H, eps);
+  void engram_forward(float* X, const float* emb, const float* wkv, const float* q_weight,
+                      const float* k_weight, int64_t S, int64_t n, int64_t H, int64_t D, float eps,
+                      Scratch, Stream) override {
+    k::engram_forward(X, emb, wkv, q_weight, k_weight, nullptr, S, n, H, D, eps);
   }
   void moe_route(const float* x, const float* gate, const float* bias, int64_t S, int64_t H,
                  int64_t E, int64_t kk, float scale, bool normalize, int32_t* idx, float* weight,

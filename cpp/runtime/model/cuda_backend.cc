@@ -246,9 +246,12 @@ class CudaBackend final : public Backend {
                      int64_t hd, float* out, Stream s) override {
     DSV41RT_CU(kc::engram_gather(table, scales, rows, n, hd, out, cs(s)));
   }
-  void engram_update(float* X, const float* kv, const float* q_weight, const float* k_weight,
-                     int64_t S, int64_t n, int64_t H, float eps, Stream s) override {
-    DSV41RT_CU(kc::engram_update(X, kv, q_weight, k_weight, nullptr, S, n, H, eps, cs(s)));
+  void engram_forward(float* X, const float* emb, const float* wkv, const float* q_weight,
+                      const float* k_weight, int64_t S, int64_t n, int64_t H, int64_t D, float eps,
+                      Scratch scratch, Stream s) override {
+    float* ws = static_cast<float*>(scratch.get(kc::engram_forward_workspace(S, n, H) * 4));
+    DSV41RT_CU(
+        kc::engram_forward(X, emb, wkv, q_weight, k_weight, nullptr, S, n, H, D, eps, ws, cs(s)));
   }
   void moe_route(const float* x, const float* gate, const float* bias, int64_t S, int64_t H,
                  int64_t E, int64_t k, float scale, bool normalize, int32_t* idx, float* weight,
@@ -478,9 +481,9 @@ void CudaBackend::size_gemv_workspaces(const BackendWeights& w, const ModelConfi
   };
   visit(w.head);
   for (const LayerWeights& L : w.layers) {
-    for (const Matrix* m : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.comp_wkv, &L.comp_wgate,
-                            &L.idx_wq_b, &L.idx_weights_proj, &L.idx_wk, &L.shared_w1, &L.shared_w3,
-                            &L.shared_w2, &L.engram_wkv}) {
+    for (const Matrix* m :
+         {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.comp_wkv, &L.comp_wgate, &L.idx_wq_b,
+          &L.idx_weights_proj, &L.idx_wk, &L.shared_w1, &L.shared_w3, &L.shared_w2}) {
       visit(*m);
     }
   }

@@ -83,9 +83,8 @@ void ModelRunner::embed_and_layers(const ForwardPlan& f) {
       float* emb = buf(emb_, N * cols * hd);
       be_.engram_gather(w.engram_table, w.engram_scale, meta_.q_engram_rows[engram_pos], N * cols,
                         hd, emb, s);
-      float* kv = buf(engram_kv_, N * (hc + 1) * H);
-      be_.linear(emb, w.engram_wkv, N, cols * hd, (hc + 1) * H, kv, false, s);
-      be_.engram_update(X, kv, w.engram_q, w.engram_k, N, hc, H, eps, s);
+      be_.engram_forward(X, emb, w.engram_wkv, w.engram_q, w.engram_k, N, hc, H, cols * hd, eps,
+                         scratch(engram_scratch_), s);
     }
     if (layer.engram) ++engram_pos;
     if (rows_here) {

@@ -125,8 +125,7 @@ class ModelRunner {
   DeviceArray<uint8_t> mask_;
   DeviceArray<int32_t> topk_, idx_, moe_idx_;
   DeviceArray<float> moe_w_, emb_, hsel_, logits_;
-  DeviceArray<uint8_t> moe_scratch_, sample_scratch_, mix_scratch_;
-  DeviceArray<float> engram_kv_;
+  DeviceArray<uint8_t> engram_scratch_, moe_scratch_, sample_scratch_, mix_scratch_;
   DeviceArray<int32_t> tokens_, top_ids_;
   DeviceArray<float> logprobs_, top_lps_;
 
