@@ -270,13 +270,13 @@ TEST(Scheduler, ShortRequestIsNotHeldBackByALongPrefill) {
   const int64_t b = s.submit(make_prompt(5, 2), 1);  // short: fits in half the room
   p = s.schedule();
   ASSERT_EQ(p.chunks.size(), 2u);
-  expect_chunk(p.chunks[0], a, 64, 59, false);
-  expect_chunk(p.chunks[1], b, 0, 5, true);  // its first token comes from this step
+  expect_chunk(p.chunks[0], a, 64, 8, false);  // a joining step is short: 1/8 of the room
+  expect_chunk(p.chunks[1], b, 0, 5, true);    // its first token comes from this step
   s.complete(p);
   const int64_t c = s.submit(make_prompt(40, 3), 1);  // long: more than half the room
   p = s.schedule();
   ASSERT_EQ(p.chunks.size(), 1u);
-  expect_chunk(p.chunks[0], a, 123, 64, false);
+  expect_chunk(p.chunks[0], a, 72, 64, false);  // no join: the whole room again
   EXPECT_FALSE(s.request(c).running);
   s.complete(p);
   s.check_invariants();

@@ -180,7 +180,11 @@ StepPlan Scheduler::schedule() {
   // request is not held back for the whole prefill of a long one (issue 23 D2). A long head gets no
   // reserve (running prefills keep going first), so long prompts do not prefill side by side and
   // preempt each other's progress under page pressure (sharing the room with every contender did:
-  // the randomized stress test livelocked).
+  // the randomized stress test livelocked). In such a joining step the running prefills also take
+  // at most 1/8 of the room, so the step that gives the short request its first token is a short
+  // one (a long chunk's forward time would otherwise come on top of the wait for the step in
+  // flight); they lose that step's remaining room once per joining request.
+  constexpr int64_t kJoinStepShare = 8;
   const int64_t max_num_seqs = std::min(config_.max_num_seqs, pool_.usage().slots_total);
   int64_t reserve = 0;
   if (!waiting_.empty() && int64_t(running_.size()) < max_num_seqs) {
@@ -188,13 +192,16 @@ StepPlan Scheduler::schedule() {
     const int64_t need = int64_t(head.tokens.size()) - head.computed;
     if (need <= prefill_room() / 2) reserve = need;
   }
+  const int64_t running_cap =
+      reserve > 0 ? std::max<int64_t>(prefill_room() / kJoinStepShare, 1) : prefill_room();
   for (int64_t id : order) {
     if (prefill_room() - reserve < 1) break;
     SchedRequest& r = requests_.at(id);
     if (!r.running) continue;
     const int64_t remaining = int64_t(r.tokens.size()) - r.computed;
     if (remaining <= 1) continue;
-    const int64_t count = chunk_limit(r, std::min(prefill_room() - reserve, remaining));
+    const int64_t count =
+        chunk_limit(r, std::min({prefill_room() - reserve, running_cap, remaining}));
     if (secure_pages(r, r.computed + count)) add_chunk(r, count, /*decode=*/false);
   }
   // 3. Admissions, strictly FIFO, without preempting anyone.
