@@ -139,6 +139,8 @@ class Precision(enum.Enum):
 
     bf16 = 1
 
+    fp8 = 2
+
 class KvCacheDtype(enum.Enum):
     auto = 0
 
