@@ -71,6 +71,29 @@ def test_chat_usage_counts_a_last_token_that_ends_mid_character(server) -> None:
     assert chunks[-1]["usage"]["completion_tokens"] == 4, chunks[-1]
 
 
+def test_chat_applies_the_requests_temperature_and_top_p(tiny_dir, server) -> None:
+    """Issue 23 D6: chat sampled at temperature 1 (top_p 0.95) in thinking mode whatever the request
+    said, and dropped top_p in non-thinking mode (the recipe's conversion); both now apply, as in
+    vLLM, and bad values are a 400 naming the field."""
+    from dsv41rt.serve.protocol import ApiError, ChatProtocol, Tokenizers
+
+    tok = Tokenizers(tiny_dir)
+    chat = ChatProtocol(tok, (MODEL,), True, tok.hf.get_vocab_size())
+    base = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    for thinking in (True, False):
+        mode = {} if thinking else {"thinking": {"type": "disabled"}}
+        s = chat.prepare({**base, **mode, "temperature": 0.3, "top_p": 0.6}, 4096, 256, 4096).sampling
+        assert (s.temperature, s.top_p) == (0.3, 0.6), (thinking, s)
+        s = chat.prepare({**base, **mode, "temperature": 0}, 4096, 256, 4096).sampling
+        assert (s.temperature, s.top_p) == (0.0, 1.0), (thinking, s)
+        s = chat.prepare({**base, **mode}, 4096, 256, 4096).sampling
+        assert (s.temperature, s.top_p) == (1.0, 1.0), (thinking, s)
+        for bad in ({"top_p": 1.5}, {"top_p": "x"}, {"temperature": -1}):
+            with pytest.raises(ApiError) as e:
+                chat.prepare({**base, **mode, **bad}, 4096, 256, 4096)
+            assert e.value.status == 400 and next(iter(bad)) in e.value.message, (bad, e.value.message)
+
+
 def test_chat_usage_counts_held_back_tail_tokens(tiny_dir, server) -> None:
     """The same without sampling: the recipe's processor, fed as the chat route feeds it, with
     token streams that end mid-character (one at a time, and all in one chunk, where the recipe
@@ -111,8 +134,8 @@ def test_openai_client_chat_streamed_and_not(server) -> None:
     client = OpenAI(base_url=server.url + "/v1", api_key="unused")
     assert [m.id for m in client.models.list().data] == [MODEL]
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]
-    # Thinking mode (the default) samples at temperature 1 whatever the request says (DeepSeek's
-    # rule, applied by deepseek-recipe); a seed makes it reproducible.
+    # Thinking mode (the default) samples at temperature 1 unless the request says otherwise; a seed
+    # makes it reproducible.
     r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, seed=7)
     assert r.object == "chat.completion" and r.choices[0].finish_reason == "length"
     msg = r.choices[0].message.model_dump()

@@ -53,7 +53,7 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-def _num(body: dict, key: str, default: float, lo: float, hi: float, integer: bool = False) -> Any:
+def _num(body: dict, key: str, default: float | None, lo: float, hi: float, integer: bool = False) -> Any:
     v = body.get(key, default)
     if v is None:
         return default
@@ -225,6 +225,9 @@ class ChatProtocol:
     def prepare(self, body: dict, context_limit: int, default_max: int, max_limit: int) -> PreparedChat:
         self.check_model(body)
         check_fields(body, CHAT_FIELDS)
+        # Checked before the recipe's conversion, which rejects a wrong type without naming the field.
+        for key, hi in (("temperature", 2.0), ("top_p", 1.0)):
+            _num(body, key, None, 0.0, hi)
         try:
             conv = dr.ChatCompletionRequest(body).convert(self.options)
         except (dr.ConversionError, ValueError, TypeError, KeyError, OverflowError) as err:
@@ -252,13 +255,12 @@ class ChatProtocol:
         room = generation_room(asked, len(prompt), context_limit, param)
         max_tokens = min(asked or default_max, room)
         top = io.top_logprobs or 0
-        sampling = sampling_extras(
-            body,
-            float(io.temperature if io.temperature is not None else 1.0),
-            float(io.top_p if io.top_p is not None else 1.0),
-            io.seed,
-            top if io.logprobs else 0,
-        )
+        # The request's temperature and top_p apply in both modes, as in vLLM: deepseek-recipe resolves
+        # thinking mode to temperature 1 / top_p 0.95 and drops top_p without it, silently (issue 23
+        # D6). Without them the recipe's defaults stand.
+        temperature = _num(body, "temperature", io.temperature if io.temperature is not None else 1.0, 0.0, 2.0)
+        top_p = _num(body, "top_p", io.top_p if io.top_p is not None else 1.0, 0.0, 1.0)
+        sampling = sampling_extras(body, float(temperature), float(top_p), io.seed, top if io.logprobs else 0)
         ignore_eos = body.get("ignore_eos", False)
         if not isinstance(ignore_eos, bool):
             raise ApiError(400, "'ignore_eos' must be a boolean", "ignore_eos")
