@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import deepseek_recipe as dr
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -23,15 +24,10 @@ from .. import __version__
 from .completions import CompletionProtocol, CompletionStream
 from .engine_loop import EngineLoop, Tracked
 from .guard import Guard, error_response
-from .protocol import FINISH, ApiError, ChatProtocol, Tokenizers, count_held_tail, include_usage, tokens_chunk
-
-
-class ClientGone(Exception):
-    pass
-
-
-DISCONNECT_CHECK_S = 0.25  # how often a non-streaming request looks for its client
-_NOTHING = object()  # no output within DISCONNECT_CHECK_S
+from .protocol import CHAT_USAGE, ApiError, ChatProtocol, Tokenizers, include_usage
+from .recipe_stream import ClientGone, RecipeRun, SseFraming
+from .recipe_stream import outputs as _outputs
+from .recipe_stream import stream_error as _stream_error
 
 
 class ServerState:
@@ -63,12 +59,6 @@ def _stream_usage(chunk: str, with_usage: bool, fix_usage: Callable[[dict], None
         fix_usage(usage)
     extra = json.dumps({**d, "choices": [], "usage": usage}) if usage is not None else None
     return json.dumps(d), extra
-
-
-def _stream_error(err: Exception) -> ApiError:
-    """A mid-stream failure as an error event: an ApiError as it is (e.g. the 503 of a request the
-    shutdown aborted), anything else a 500."""
-    return err if isinstance(err, ApiError) else ApiError(500, str(err))
 
 
 async def _read_json(request: Request, limit: int) -> dict:
@@ -112,29 +102,6 @@ def _check_json(body: dict) -> None:
                 if k is not None:
                     stack.append((k, depth))
                 stack.append((x, depth + 1))
-
-
-async def _outputs(req: Tracked, request: Request | None) -> AsyncIterator[Any]:
-    """A request's engine outputs; raises ClientGone when a non-streaming client disconnects. The
-    client is checked every DISCONNECT_CHECK_S, also while outputs keep coming (a request that
-    streams tokens into its queue never left the wait below; issue 23 D1)."""
-    checked = time.monotonic()
-    while True:
-        try:
-            item = await asyncio.wait_for(req.out.get(), timeout=DISCONNECT_CHECK_S)
-        except asyncio.TimeoutError:
-            item = _NOTHING
-        if request is not None and time.monotonic() - checked >= DISCONNECT_CHECK_S:
-            checked = time.monotonic()
-            if await request.is_disconnected():
-                raise ClientGone() from None
-        if item is _NOTHING:
-            continue
-        if item is None:
-            return
-        if isinstance(item, Exception):
-            raise item
-        yield item
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -232,82 +199,23 @@ def create_app(state: ServerState) -> FastAPI:
         body = await _read_json(request, cfg.max_request_bytes)
         with_usage = include_usage(body)  # checked first: the recipe's message would not name it
         prep = state.chat.prepare(body, state.context_limit, cfg.default_max_tokens, cfg.max_tokens_limit)
-        model = body["model"]
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        req = admit(prep.prompt, prep.max_tokens, prep.sampling, prep.stop_token_ids, prep.ignore_eos)
-        proc = state.chat.processor(prep, rid, model)
-        import deepseek_recipe as dr
-
-        started = False
-        generated = 0  # tokens pushed to the processor (it may not count a held-back tail)
-
-        def fix_usage(usage: dict) -> None:
-            count_held_tail(usage, generated, prep)
-
-        def ready(cached: int) -> list:
-            # The usage of the prompt, sent once its cached part is known: with the first output.
-            nonlocal started
-            if started:
-                return []
-            started = True
-            usage = dr.PromptUsage(prompt_tokens=len(prep.prompt), prompt_cache_hit_tokens=max(cached, 0))
-            return proc.push(dr.InferenceChunk.ready(prompt_usage=usage))
-
-        def chunks_of(item) -> tuple[list, bool]:
-            nonlocal generated
-            generated += len(item.new_tokens)
-            out = ready(item.cached_tokens)
-            out += proc.push(tokens_chunk(item, prep.logprobs)) if item.new_tokens else []
-            if item.finished and item.finish_reason in FINISH and not proc.finished:
-                out += proc.push(dr.InferenceChunk.finish(FINISH[item.finish_reason]))
-                out += proc.finish()
-            return out, proc.finished
-
-        state.active += 1
+        generator = dr.ChatCompletionRequest.chunk_generator(prep.conversation, rid, body["model"])
+        run = RecipeRun(state, admit, prep, generator, CHAT_USAGE)
         if prep.stream:
+            usage_chunk: list[str] = []  # the usage chunk, sent last when asked (_stream_usage)
 
-            async def events() -> AsyncIterator[str]:
-                usage_chunk = None
-                try:
-                    async for item in _outputs(req, None):
-                        out, done = chunks_of(item)
-                        for c in out:
-                            text, extra = _stream_usage(c.to_json(), with_usage, fix_usage)
-                            usage_chunk = extra or usage_chunk
-                            yield f"data: {text}\n\n"
-                        if done:
-                            break
-                    if usage_chunk is not None:
-                        yield f"data: {usage_chunk}\n\n"
-                except Exception as err:  # mid-stream failure: an error event, then [DONE]
-                    yield f"data: {json.dumps(_stream_error(err).body())}\n\n"
-                finally:
-                    state.active -= 1
-                    # Client gone, or a stop string ended it early: free the pages now (a no-op
-                    # when the engine already finished it).
-                    state.engine.cancel(req)
-                yield "data: [DONE]\n\n"
+            def frames(chunk) -> list[str]:
+                text, extra = _stream_usage(chunk.to_json(), with_usage, run.fix_usage)
+                usage_chunk[:] = [f"data: {extra}\n\n"] if extra else usage_chunk
+                return [f"data: {text}\n\n"]
 
-            return StreamingResponse(events(), media_type="text/event-stream")
-        try:
-            response = dr.ChatCompletionResponse(rid, model, int(time.time()), len(prep.prompt), 0)
-            async for item in _outputs(req, request):
-                out, done = chunks_of(item)
-                for c in out:
-                    response.accumulate(c)  # type: ignore[arg-type]  # chat chunks only, for a chat request
-                if done:
-                    break
-            for c in ready(0):  # ended before any output
-                response.accumulate(c)  # type: ignore[arg-type]
-            d = json.loads(response.to_json())
-            if isinstance(d.get("usage"), dict):
-                fix_usage(d["usage"])
-            return Response(json.dumps(d), media_type="application/json")
-        except ClientGone:
-            return Response(status_code=499)
-        finally:
-            state.active -= 1
-            state.engine.cancel(req)  # no-op when it already finished
+            def error_frame(err: ApiError) -> str:
+                return f"data: {json.dumps(err.body())}\n\n"
+
+            return run.stream(SseFraming(frames, lambda: usage_chunk, error_frame, "data: [DONE]\n\n"))
+        response = dr.ChatCompletionResponse(rid, body["model"], int(time.time()), len(prep.prompt), 0)
+        return await run.respond(request, response, lambda d: run.fix_usage(d.get("usage")))
 
     @app.post("/v1/completions")
     async def completions(request: Request):

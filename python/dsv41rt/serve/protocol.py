@@ -13,7 +13,7 @@ import os
 import random
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import deepseek_recipe as dr
 
@@ -101,11 +101,24 @@ CHAT_FIELDS = _COMMON_FIELDS | frozenset(
 COMPLETION_FIELDS = _COMMON_FIELDS | frozenset("prompt best_of echo suffix logit_bias".split())
 
 
-def check_fields(body: dict, allowed: frozenset[str]) -> None:
-    """A 400 naming the first field this route does not apply (unknown, or a value not honoured yet)."""
+def check_known_fields(body: dict, allowed: frozenset[str], reasons: dict[str, str] | None = None) -> None:
+    """A 400 naming the first field outside `allowed`, with its entry of `reasons` as the message
+    when it has one (why the server does not apply it)."""
     for key in body:
         if key not in allowed:
-            raise ApiError(400, f"'{key}' is not supported by this server", key)
+            raise ApiError(400, (reasons or {}).get(key, f"'{key}' is not supported by this server"), key)
+
+
+def check_type(body: dict, key: str, kind: type | tuple[type, ...], what: str) -> None:
+    """A 400 naming `key` when it is present, not null and not of `kind` (`what` says which)."""
+    v = body.get(key)
+    if v is not None and (not isinstance(v, kind) or (isinstance(v, bool) and kind is not bool)):
+        raise ApiError(400, f"'{key}' must be {what}, got {v!r}", key)
+
+
+def check_fields(body: dict, allowed: frozenset[str]) -> None:
+    """A 400 naming the first field this route does not apply (unknown, or a value not honoured yet)."""
+    check_known_fields(body, allowed)
     rf = body.get("response_format")
     if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
         raise ApiError(
@@ -166,7 +179,7 @@ def sampling_extras(
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class PreparedChat:
     conversation: dr.ConversationRequest
     prompt: list[int]
@@ -176,6 +189,48 @@ class PreparedChat:
     ignore_eos: bool
     stream: bool
     logprobs: bool
+
+
+@dataclass(frozen=True)
+class RequestedSampling:
+    """The request's own temperature and top_p (None: not given), checked before the recipe's
+    conversion, which overrides them in thinking mode and rejects a wrong type without naming it."""
+
+    temperature: float | None
+    top_p: float | None
+
+    @staticmethod
+    def of(body: dict, max_temperature: float) -> RequestedSampling:
+        return RequestedSampling(
+            _num(body, "temperature", None, 0.0, max_temperature), _num(body, "top_p", None, 0.0, 1.0)
+        )
+
+
+@dataclass(frozen=True)
+class OutputBudget:
+    """The tokens a request may generate: what it asked (None: `default_max`) under the field
+    `param` that asked it, within the context after the prompt."""
+
+    asked: int | None
+    param: str
+    context_limit: int
+    default_max: int
+
+
+# The recipe's protocol requests: each converts to the same ConversationRequest.
+RecipeRequest = dr.ChatCompletionRequest | dr.ResponsesRequest | dr.MessagesRequest
+
+
+RecipeRequestT = TypeVar("RecipeRequestT", dr.ChatCompletionRequest, dr.ResponsesRequest, dr.MessagesRequest)
+
+
+def recipe_request(request_type: type[RecipeRequestT], body: dict) -> RecipeRequestT:
+    """The recipe's request object for `body`; a 400 for a body it cannot read (its constructor
+    parses the whole body; the types the route checks itself have named fields before this)."""
+    try:
+        return request_type(body)
+    except (dr.ConversionError, ValueError, TypeError, KeyError, OverflowError) as err:
+        raise ApiError(400, f"invalid request: {err}") from None
 
 
 class Tokenizers:
@@ -226,40 +281,62 @@ class ChatProtocol:
         self.check_model(body)
         check_fields(body, CHAT_FIELDS)
         # Checked before the recipe's conversion, which rejects a wrong type without naming the field.
-        for key, hi in (("temperature", 2.0), ("top_p", 1.0)):
-            _num(body, key, None, 0.0, hi)
+        asked_sampling = RequestedSampling.of(body, max_temperature=2.0)
+        conv, prompt = self.encode(recipe_request(dr.ChatCompletionRequest, body))
+        asked, param = conv.inference_options.max_tokens, "max_tokens"
+        if asked is not None and asked > max_limit:
+            raise ApiError(400, f"'max_tokens' must be <= {max_limit}, got {asked}", "max_tokens")
+        if body.get("max_completion_tokens") is not None:  # OpenAI's current name; wins, as in vLLM
+            asked, param = _num(body, "max_completion_tokens", 0, 1, max_limit, integer=True), "max_completion_tokens"
+        budget = OutputBudget(asked, param, context_limit, default_max)
+        return self.prepared(body, conv, prompt, asked_sampling, budget, "messages")
+
+    def encode(self, request: RecipeRequest) -> tuple[dr.ConversationRequest, list[int]]:
+        """The recipe's conversion of a protocol request (chat, Responses, Messages) and the prompt's
+        token ids in the V4.1 encoding; a 400 for what either rejects."""
         try:
-            conv = dr.ChatCompletionRequest(body).convert(self.options)
+            conv = request.convert(self.options)
         except (dr.ConversionError, ValueError, TypeError, KeyError, OverflowError) as err:
             raise ApiError(400, f"invalid request: {err}") from None
         try:
             prompt = self.encoding.encode(conv.conversation)
         except RuntimeError as err:
             raise ApiError(400, f"cannot encode the conversation: {err}") from None
-        io = conv.inference_options
-        return self._finish(body, conv, prompt, io, context_limit, default_max, max_limit)
+        return conv, prompt
 
-    def _finish(self, body, conv, prompt, io, context_limit, default_max, max_limit) -> PreparedChat:
+    def prepared(
+        self,
+        body: dict,
+        conv: dr.ConversationRequest,
+        prompt: list[int],
+        asked_sampling: RequestedSampling,
+        budget: OutputBudget,
+        prompt_param: str,
+    ) -> PreparedChat:
+        """The engine request of a converted conversation (any of the recipe's protocols): the
+        output budget, the sampling and our extras. `prompt_param` is the field a too long prompt
+        is blamed on."""
+        context_limit = budget.context_limit
         if len(prompt) >= context_limit:
             raise ApiError(
                 400,
                 f"the prompt has {len(prompt)} tokens; this model's context is {context_limit}",
-                "messages",
+                prompt_param,
                 "context_length_exceeded",
             )
-        if io.max_tokens is not None and io.max_tokens > max_limit:
-            raise ApiError(400, f"'max_tokens' must be <= {max_limit}, got {io.max_tokens}", "max_tokens")
-        asked, param = io.max_tokens, "max_tokens"
-        if body.get("max_completion_tokens") is not None:  # OpenAI's current name; wins, as in vLLM
-            asked, param = _num(body, "max_completion_tokens", 0, 1, max_limit, integer=True), "max_completion_tokens"
-        room = generation_room(asked, len(prompt), context_limit, param)
-        max_tokens = min(asked or default_max, room)
+        room = generation_room(budget.asked, len(prompt), context_limit, budget.param)
+        max_tokens = min(budget.asked or budget.default_max, room)
+        io = conv.inference_options
         top = io.top_logprobs or 0
         # The request's temperature and top_p apply in both modes, as in vLLM: deepseek-recipe resolves
         # thinking mode to temperature 1 / top_p 0.95 and drops top_p without it, silently (issue 23
         # D6). Without them the recipe's defaults stand.
-        temperature = _num(body, "temperature", io.temperature if io.temperature is not None else 1.0, 0.0, 2.0)
-        top_p = _num(body, "top_p", io.top_p if io.top_p is not None else 1.0, 0.0, 1.0)
+        temperature = asked_sampling.temperature
+        if temperature is None:
+            temperature = io.temperature if io.temperature is not None else 1.0
+        top_p = asked_sampling.top_p
+        if top_p is None:
+            top_p = io.top_p if io.top_p is not None else 1.0
         sampling = sampling_extras(body, float(temperature), float(top_p), io.seed, top if io.logprobs else 0)
         ignore_eos = body.get("ignore_eos", False)
         if not isinstance(ignore_eos, bool):
@@ -294,24 +371,39 @@ def tokens_chunk(out: Any, logprobs: bool) -> dr.InferenceChunk:
 FINISH = {"length": dr.InferenceFinishReason.Length, "stop": dr.InferenceFinishReason.Stop}
 
 
-def count_held_tail(usage: dict, generated: int, prep: PreparedChat) -> None:
-    """Make the recipe's chat `usage` count all `generated` tokens (in place).
+@dataclass(frozen=True)
+class UsageKeys:
+    """Where a protocol's usage object counts generated tokens: the output count, the total (None:
+    the protocol has none) and the details object with `reasoning_tokens` (None: none)."""
+
+    output: str
+    total: str | None
+    details: str | None
+
+
+CHAT_USAGE = UsageKeys("completion_tokens", "total_tokens", "completion_tokens_details")
+
+
+def count_held_tail(usage: dict, generated: int, prep: PreparedChat, keys: UsageKeys = CHAT_USAGE) -> None:
+    """Make the recipe's `usage` count all `generated` tokens (in place).
 
     The recipe counts a `tokens` chunk's tokens when it emits their text; tokens whose text ends in
     an incomplete UTF-8 sequence (a byte-level token such as "Ľ", the first half of a character)
     wait for the next tokens, and at the finish those still waiting are dropped, text and count.
     So a request whose last sampled token was such a byte reported one completion token fewer than
     the engine generated (max_tokens 4, ignore_eos: completion_tokens 3, finish_reason "length").
-    The missing tokens are added to completion_tokens and total_tokens, and to reasoning_tokens
-    when the stream was still in its reasoning: it started there and every token counted so far was
-    reasoning (the `</think>` that ends it is counted as content)."""
-    missing = generated - usage.get("completion_tokens", generated)
+    The missing tokens are added to the output and total counts, and to reasoning_tokens when the
+    stream was still in its reasoning: it started there and every token counted so far was
+    reasoning (the `</think>` that ends it is counted as content). The same for every protocol the
+    recipe writes (`keys` names its fields)."""
+    missing = generated - usage.get(keys.output, generated)
     if missing <= 0:
         return
-    counted = usage["completion_tokens"]
-    usage["completion_tokens"] = counted + missing
-    usage["total_tokens"] = usage.get("total_tokens", 0) + missing
-    details = usage.get("completion_tokens_details")
+    counted = usage[keys.output]
+    usage[keys.output] = counted + missing
+    if keys.total is not None:
+        usage[keys.total] = usage.get(keys.total, 0) + missing
+    details = usage.get(keys.details) if keys.details is not None else None
     stage = prep.conversation.parsing_options.thinking_initial_stage
     if isinstance(details, dict) and stage is not None and stage.starts_in_reasoning():
         if details.get("reasoning_tokens") == counted:
