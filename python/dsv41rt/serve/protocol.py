@@ -266,6 +266,7 @@ class ChatProtocol:
             opts = opts.with_model_alias(name, dr.ModelVersion.DeepseekV41Flash)
         self.options = opts
         self.encoding = dr.DeepseekV41Encoding().with_tokenizer(tok.recipe)
+        self.thinking_end_id = tok.hf.token_to_id("</think>")  # ends the reasoning (checked at start)
 
     def check_model(self, body: dict) -> str:
         model = body.get("model")

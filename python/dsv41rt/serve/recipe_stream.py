@@ -88,12 +88,29 @@ class RecipeRun:
         self.req = admit(prep.prompt, prep.max_tokens, prep.sampling, prep.stop_token_ids, prep.ignore_eos)
         self.started = False  # the `ready` chunk (the prompt's usage) was pushed
         self.generated = 0  # tokens pushed to the processor (it may not count a held-back tail)
+        stage = prep.conversation.parsing_options.thinking_initial_stage
+        self.in_reasoning = stage is not None and stage.starts_in_reasoning()
+        self.reasoning_tokens = 0  # generated before `</think>` (which counts as content)
         state.active += 1
 
     def fix_usage(self, usage: Any) -> None:
-        """Count the tokens the processor held back (count_held_tail) in a final usage object."""
-        if isinstance(usage, dict):
-            count_held_tail(usage, self.generated, self.prep, self.usage_keys)
+        """A final usage object, corrected: the tokens the processor held back are counted
+        (count_held_tail), and `reasoning_tokens` is the count of generated tokens before `</think>`:
+        the recipe re-encodes the reasoning text to count them, which gave e.g. 7 reasoning tokens
+        of 5 generated for text that tokenizes differently on its own."""
+        if not isinstance(usage, dict):
+            return
+        count_held_tail(usage, self.generated, self.prep, self.usage_keys)
+        details = usage.get(self.usage_keys.details) if self.usage_keys.details else None
+        if isinstance(details, dict) and "reasoning_tokens" in details:
+            details["reasoning_tokens"] = self.reasoning_tokens
+
+    def _count_reasoning(self, tokens: list[int]) -> None:
+        for token in tokens:
+            if token == self.state.chat.thinking_end_id:
+                self.in_reasoning = False
+                return
+            self.reasoning_tokens += 1
 
     def _ready(self, cached: int) -> list:
         # The usage of the prompt, sent once its cached part is known: with the first output.
@@ -105,6 +122,8 @@ class RecipeRun:
 
     def _events_of(self, item: Any) -> list:
         self.generated += len(item.new_tokens)
+        if self.in_reasoning:
+            self._count_reasoning(item.new_tokens)
         out = self._ready(item.cached_tokens)
         out += self.proc.push(tokens_chunk(item, self.prep.logprobs)) if item.new_tokens else []
         if item.finished and item.finish_reason in FINISH and not self.proc.finished:
