@@ -1,9 +1,11 @@
 """The FastAPI application: OpenAI-compatible routes over the engine thread.
 
-Routes: /v1/chat/completions, /v1/completions (SSE streaming and not), /v1/models, /tokenize,
-/detokenize, /health, /ready, /metrics, /version. Errors are OpenAI-style bodies with the status the
-conventions give (400 invalid, 401 key, 404 model, 413 body size, 503 queue full or draining with
-Retry-After). A client that disconnects cancels its request, which frees its pages at once.
+Routes: /v1/chat/completions, /v1/completions, /v1/responses (OpenAI's Responses API),
+/v1/messages (Anthropic's Messages API; SSE streaming and not), /v1/models, /tokenize, /detokenize,
+/health, /ready, /metrics, /version. Errors are OpenAI-style bodies (Anthropic's shape on
+/v1/messages) with the status the conventions give (400 invalid, 401 key, 404 model, 413 body size,
+503 queue full or draining with Retry-After). A client that disconnects cancels its request, which
+frees its pages at once.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from .. import __version__
 from .completions import CompletionProtocol, CompletionStream
 from .engine_loop import EngineLoop, Tracked
 from .guard import Guard, error_response
+from .messages_api import MessagesApi, anthropic_errors
 from .protocol import CHAT_USAGE, ApiError, ChatProtocol, Tokenizers, include_usage
 from .recipe_stream import ClientGone, RecipeRun, SseFraming
 from .recipe_stream import outputs as _outputs
 from .recipe_stream import stream_error as _stream_error
+from .responses_api import ResponsesApi
 
 
 class ServerState:
@@ -120,7 +124,10 @@ def create_app(state: ServerState) -> FastAPI:
     async def http_error(request: Request, err: StarletteHTTPException):
         """Unknown routes (404) and wrong methods (405) as OpenAI-style error bodies too."""
         what = "no route" if err.status_code == 404 else f"status {err.status_code}"
-        return error_response(ApiError(err.status_code, f"{what}: {request.method} {request.url.path} ({err.detail})"))
+        message = f"{what}: {request.method} {request.url.path} ({err.detail})"
+        response = error_response(ApiError(err.status_code, message))
+        response.headers.update(err.headers or {})  # a 405's Allow (RFC 9110 requires it; schema fuzzing)
+        return response
 
     @app.get("/health")
     async def health():
@@ -216,6 +223,18 @@ def create_app(state: ServerState) -> FastAPI:
             return run.stream(SseFraming(frames, lambda: usage_chunk, error_frame, "data: [DONE]\n\n"))
         response = dr.ChatCompletionResponse(rid, body["model"], int(time.time()), len(prep.prompt), 0)
         return await run.respond(request, response, lambda d: run.fix_usage(d.get("usage")))
+
+    # OpenAI's Responses and Anthropic's Messages: the same engine path as chat (their own modules).
+    responses_api, messages_api = ResponsesApi(state, admit), MessagesApi(state, admit)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        return await responses_api.handle(await _read_json(request, cfg.max_request_bytes), request)
+
+    @app.post("/v1/messages")
+    async def messages(request: Request):
+        with anthropic_errors():
+            return await messages_api.handle(await _read_json(request, cfg.max_request_bytes), request)
 
     @app.post("/v1/completions")
     async def completions(request: Request):

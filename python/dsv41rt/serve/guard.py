@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .messages_api import MESSAGES_PATH, as_anthropic
 from .protocol import ApiError
 
 log = logging.getLogger("dsv41rt.serve")
@@ -25,20 +27,25 @@ def error_response(err: ApiError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
-def internal_error(err: Exception, path: str) -> JSONResponse:
-    """A bug: logged (once, with its traceback) and answered with an OpenAI-style 500 naming only
-    the exception's type."""
+def _as_is(err: ApiError) -> ApiError:
+    return err
+
+
+def internal_error(err: Exception, path: str, shaped: Callable[[ApiError], ApiError] = _as_is) -> JSONResponse:
+    """A bug: logged (once, with its traceback) and answered with a 500 (OpenAI-style, or as
+    `shaped` makes it) naming only the exception's type."""
     log.error("internal error on %s", path, exc_info=err)
-    return error_response(ApiError(500, f"internal error: {type(err).__name__}"))
+    return error_response(shaped(ApiError(500, f"internal error: {type(err).__name__}")))
 
 
-def key_ok(auth: str, keys: tuple[str, ...]) -> bool:
-    """`Bearer <key>` (the scheme in any case, RFC 9110) against every key, in constant time."""
-    scheme, _, key = auth.partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    given = key.strip().encode()
-    return any([secrets.compare_digest(given, k.encode()) for k in keys])  # no short-circuit
+def key_ok(authorization: str, x_api_key: str, keys: tuple[str, ...]) -> bool:
+    """`Authorization: Bearer <key>` (the scheme in any case, RFC 9110) or Anthropic's
+    `x-api-key: <key>` against every key, in constant time: both headers are compared with every
+    key, whichever is present (no short-circuit)."""
+    scheme, _, key = authorization.partition(" ")
+    given = [(scheme.lower() == "bearer", key.strip().encode()), (bool(x_api_key), x_api_key.strip().encode())]
+    matches = [present & secrets.compare_digest(value, k.encode()) for present, value in given for k in keys]
+    return any(matches)
 
 
 def is_json(content_type: str) -> bool:
@@ -56,8 +63,9 @@ class Guard:
         cfg, state = self.state.cfg, self.state
         if request.url.path in OPEN_PATHS:
             return None
-        if cfg.api_key and not key_ok(request.headers.get("authorization", ""), cfg.api_key):
-            return ApiError(401, "missing or invalid API key (Authorization: Bearer <key>)")
+        headers = request.headers
+        if cfg.api_key and not key_ok(headers.get("authorization", ""), headers.get("x-api-key", ""), cfg.api_key):
+            return ApiError(401, "missing or invalid API key (Authorization: Bearer <key>, or x-api-key: <key>)")
         if state.draining:
             state.metrics.rejected("draining")
             return ApiError(503, "the server is shutting down")
@@ -89,13 +97,15 @@ class Guard:
 
         # The one place a bug becomes a 500 (the app has no exception handler for Exception: behind
         # it Starlette re-raises, and the server would log the error a second time).
+        # Anthropic's Messages route answers in Anthropic's error shape, its refusals too.
+        shaped = as_anthropic if scope.get("path") == MESSAGES_PATH else _as_is
         try:
             refusal = await self._refusal(Request(scope, receive))
             if refusal is not None:
-                await error_response(refusal)(scope, receive, tracked_send)
+                await error_response(shaped(refusal))(scope, receive, tracked_send)
                 return
             await self.app(scope, receive, tracked_send)
         except Exception as err:  # a bug: an OpenAI-style 500 when nothing was sent, the server keeps serving
-            response = internal_error(err, scope.get("path", ""))
+            response = internal_error(err, scope.get("path", ""), shaped)
             if not started:
                 await response(scope, receive, send)

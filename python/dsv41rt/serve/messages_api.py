@@ -1,0 +1,193 @@
+"""Anthropic's Messages API (`POST /v1/messages`), text and thinking, for Anthropic clients (the
+`anthropic` SDK, Claude Code).
+
+deepseek-recipe converts the request (system, messages, thinking) into the same conversation a chat
+request becomes and writes Anthropic's events (thinking block, then text block; stop reason, usage);
+the engine path is the chat route's (recipe_stream.py). This module checks what the recipe would
+accept silently or reject without naming the field, and answers errors in Anthropic's shape. Tool
+use is not supported yet: `tools`, `tool_choice` and tool_use / tool_result blocks are a 400.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import deepseek_recipe as dr
+from fastapi import Request
+from fastapi.responses import Response
+
+from .protocol import (
+    ApiError,
+    OutputBudget,
+    PreparedChat,
+    RequestedSampling,
+    UsageKeys,
+    _num,
+    check_known_fields,
+    check_type,
+    recipe_request,
+)
+from .recipe_stream import Admit, RecipeRun, SseFraming, named_event_frames
+
+MESSAGES_PATH = "/v1/messages"
+
+MESSAGES_FIELDS = frozenset(
+    "model messages system max_tokens temperature top_p top_k stop_sequences stream thinking output_config"
+    " metadata".split()
+)
+# Anthropic's `output_config.effort` values; the recipe maps them as chat's `reasoning_effort` (medium: high).
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
+_NO_TOOLS = "tool use is not supported yet on this server (no tool-call parsing in the Messages route)"
+_REASONS = {
+    "tools": f"'tools': {_NO_TOOLS}",
+    "tool_choice": f"'tool_choice': {_NO_TOOLS}",
+}
+MESSAGES_USAGE = UsageKeys("output_tokens", None, None)
+# Anthropic's error types by status (https://docs.anthropic.com/en/api/errors).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+class AnthropicError(ApiError):
+    """An ApiError in Anthropic's shape: {"type": "error", "error": {"type", "message"}}."""
+
+    @property
+    def type(self) -> str:
+        return _ANTHROPIC_TYPES.get(self.status, "api_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"type": "error", "error": {"type": self.type, "message": self.message}}
+
+
+def as_anthropic(err: ApiError) -> AnthropicError:
+    if isinstance(err, AnthropicError):
+        return err
+    return AnthropicError(err.status, err.message, err.param, err.code)
+
+
+@contextmanager
+def anthropic_errors() -> Iterator[None]:
+    """The ApiErrors raised inside, in Anthropic's shape (the app's handler writes `body()`)."""
+    try:
+        yield
+    except ApiError as err:
+        raise as_anthropic(err) from None
+
+
+def _check_text_block(block: Any, where: str, allowed_types: tuple[str, ...]) -> None:
+    if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+        raise ApiError(400, f"'{where}' must be a content block object with a 'type'", where)
+    kind = block["type"]
+    if kind in ("tool_use", "tool_result", "server_tool_use"):
+        raise ApiError(400, f"'{where}': {kind} blocks: {_NO_TOOLS}", where)
+    if kind not in allowed_types:
+        raise ApiError(400, f"'{where}': {kind} blocks are not supported (only {', '.join(allowed_types)})", where)
+    text_key = "thinking" if kind == "thinking" else "text"
+    if not isinstance(block.get(text_key), str):
+        raise ApiError(400, f"'{where}.{text_key}' must be a string", where)
+    # cache_control is a hint this server satisfies anyway: prefix caching is automatic.
+    extra = set(block) - {"type", text_key, "cache_control", "signature"}
+    if extra:
+        key = sorted(extra)[0]
+        raise ApiError(400, f"'{where}.{key}' is not supported by this server", where)
+
+
+def check_messages_request(body: dict, max_limit: int) -> None:
+    """The 400s the recipe's conversion would not give, or not name: fields, types, tool use."""
+    check_known_fields(body, MESSAGES_FIELDS, _REASONS)
+    if body.get("max_tokens") is None:  # required by Anthropic's API; the recipe would default it
+        raise ApiError(400, "'max_tokens' is required", "max_tokens")
+    _num(body, "max_tokens", None, 1, max_limit, integer=True)
+    check_type(body, "stream", bool, "a boolean")
+    check_type(body, "metadata", dict, "an object")
+    stops = body.get("stop_sequences")
+    if stops is not None and not (isinstance(stops, list) and all(isinstance(s, str) and s for s in stops)):
+        raise ApiError(400, "'stop_sequences' must be a list of non-empty strings", "stop_sequences")
+    thinking = body.get("thinking")
+    if thinking is not None:
+        kind = thinking.get("type") if isinstance(thinking, dict) else None
+        if kind not in ("enabled", "disabled", "adaptive"):
+            raise ApiError(400, '\'thinking\' must be {"type": "enabled" | "disabled" | "adaptive"}', "thinking")
+        if kind == "enabled":
+            _num(thinking, "budget_tokens", None, 1, 1 << 30, integer=True)
+    output_config = body.get("output_config")
+    if output_config is not None:
+        # Only the effort: the recipe would take a `format` (structured output) and not apply it.
+        if not isinstance(output_config, dict) or set(output_config) - {"effort"}:
+            raise ApiError(400, "'output_config' supports only 'effort' on this server", "output_config")
+        if output_config.get("effort") not in (None, *EFFORTS):
+            raise ApiError(400, f"'output_config.effort' must be one of {', '.join(EFFORTS)}", "output_config")
+    system = body.get("system")
+    if isinstance(system, list):
+        for j, block in enumerate(system):
+            _check_text_block(block, f"system[{j}]", ("text",))
+    elif system is not None and not isinstance(system, str):
+        raise ApiError(400, "'system' must be a string or a list of text blocks", "system")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty list", "messages")
+    for i, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ("user", "assistant"):
+            raise ApiError(400, f'\'messages[{i}].role\' must be "user" or "assistant"', "messages")
+        content = message.get("content")
+        if isinstance(content, list):
+            # Thinking blocks come back in an assistant turn (Claude Code sends them with the history).
+            kinds = ("text", "thinking") if role == "assistant" else ("text",)
+            for j, block in enumerate(content):
+                _check_text_block(block, f"messages[{i}].content[{j}]", kinds)
+        elif not isinstance(content, str):
+            raise ApiError(400, f"'messages[{i}].content' must be a string or a list of content blocks", "messages")
+
+
+class MessagesApi:
+    """The /v1/messages route over the server's state (ServerState) and admission."""
+
+    def __init__(self, state: Any, admit: Admit) -> None:
+        self.state, self.admit = state, admit
+
+    def prepare(self, body: dict) -> PreparedChat:
+        state, cfg = self.state, self.state.cfg
+        state.chat.check_model(body)
+        check_messages_request(body, cfg.max_tokens_limit)
+        # Anthropic's range: temperature in [0, 1]; they apply in both modes, as chat's do.
+        asked_sampling = RequestedSampling.of(body, max_temperature=1.0)
+        conv, prompt = state.chat.encode(recipe_request(dr.MessagesRequest, body))
+        budget = OutputBudget(body["max_tokens"], "max_tokens", state.context_limit, cfg.default_max_tokens)
+        return state.chat.prepared(body, conv, prompt, asked_sampling, budget, "messages")
+
+    async def handle(self, body: dict, request: Request) -> Response:
+        prep = self.prepare(body)
+        model, rid = body["model"], f"msg_{uuid.uuid4().hex}"
+        generator = dr.MessagesRequest.chunk_generator(prep.conversation, rid, model)
+        run = RecipeRun(self.state, self.admit, prep, generator, MESSAGES_USAGE)
+
+        def final_usage(d: dict) -> None:
+            # message_start carries the prompt's usage (output 0); message_delta and the response
+            # the final count.
+            if d.get("type") in ("message_delta", "message"):
+                run.fix_usage(d.get("usage"))
+
+        if prep.stream:
+
+            def error_frame(err: ApiError) -> str:
+                return f"event: error\ndata: {json.dumps(as_anthropic(err).body())}\n\n"
+
+            frames = named_event_frames(dr.MessagesResponse, final_usage, ("usage",))
+            return run.stream(SseFraming(frames, tuple, error_frame))
+        response = dr.MessagesResponse(rid, model, int(time.time()), len(prep.prompt), 0)
+        return await run.respond(request, response, final_usage)
