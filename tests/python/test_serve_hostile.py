@@ -250,6 +250,18 @@ def test_at_least_200_hostile_requests_get_the_right_status_and_body(server) -> 
         )
 
 
+def test_wrong_method_is_a_405_with_allow_and_an_openai_error(server) -> None:
+    """Schema fuzzing found every 405 without `Allow` (RFC 9110 requires it): the handler that
+    turns Starlette's errors into OpenAI error objects dropped the exception's headers."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    for method, path, allow in (("GET", COMP, "POST"), ("DELETE", "/v1/models", "GET"), ("PUT", "/health", "GET")):
+        r = httpx.request(method, server.url + path, headers=headers, timeout=30)
+        assert r.status_code == 405 and r.headers.get("allow") == allow, (method, path, r.headers)
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}, r.text
+    r = httpx.get(server.url + "/v1/nope", headers=headers, timeout=30)
+    assert r.status_code == 404 and "allow" not in r.headers and r.json()["error"]["type"] == "not_found_error"
+
+
 def _metrics(c: httpx.Client) -> dict[tuple[str, tuple], float]:
     """/metrics parsed (the Prometheus text parser raises on a malformed page): (sample name, labels
     other than model_name) -> value."""
