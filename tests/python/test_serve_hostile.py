@@ -262,6 +262,23 @@ def test_wrong_method_is_a_405_with_allow_and_an_openai_error(server) -> None:
     assert r.status_code == 404 and "allow" not in r.headers and r.json()["error"]["type"] == "not_found_error"
 
 
+def test_completion_without_max_tokens_under_a_limit_below_16(tmp_path_factory) -> None:
+    """Found by schema fuzzing: /v1/completions defaulted max_tokens to OpenAI's 16 and then refused
+    it against the server's max-tokens-limit (here 4), so every request that did not send
+    max_tokens was a 400 naming a field it had not sent. The default is now clipped to the limit."""
+    limit = ("--max-tokens-limit", "4", "--default-max-tokens", "4")
+    s = LiveServer(*limit, model_dir=str(tmp_path_factory.mktemp("builtin") / "tiny"))
+    try:
+        body = {"model": MODEL, "prompt": "hi", "ignore_eos": True}
+        r = httpx.post(s.url + COMP, json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 4
+        r = httpx.post(s.url + COMP, json={**body, "max_tokens": 5}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+    finally:
+        assert s.stop() == 0, s.output()
+
+
 def _metrics(c: httpx.Client) -> dict[tuple[str, tuple], float]:
     """/metrics parsed (the Prometheus text parser raises on a malformed page): (sample name, labels
     other than model_name) -> value."""

@@ -21,6 +21,8 @@ from .protocol import (
     sampling_extras,
 )
 
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
 
 class StopStringDetokenizer:
     """Text of a growing token list, emitted in deltas: it holds back an incomplete UTF-8 sequence
@@ -144,7 +146,10 @@ class CompletionProtocol:
         ):
             if not ok(body.get(key)):
                 raise ApiError(400, f"'{key}' is not supported (n = 1, no echo, no suffix)", key)
-        max_tokens = _num(body, "max_tokens", 16, 1, max_limit, integer=True)
+        # Without max_tokens: OpenAI's 16, within the server's limit (a limit below 16 made every such
+        # request a 400 for a field it did not send; found by schema fuzzing).
+        default = min(COMPLETION_DEFAULT_MAX_TOKENS, max_limit)
+        max_tokens = _num(body, "max_tokens", default, 1, max_limit, integer=True)
         if len(ids) >= context_limit:
             raise ApiError(
                 400,
@@ -168,7 +173,7 @@ class CompletionProtocol:
             flags[key] = body.get(key, False)
             if not isinstance(flags[key], bool):
                 raise ApiError(400, f"'{key}' must be a boolean", key)
-        asked = max_tokens if body.get("max_tokens") is not None else None  # no max_tokens: 16, clipped
+        asked = max_tokens if body.get("max_tokens") is not None else None  # no max_tokens: the default, clipped
         room = generation_room(asked, len(ids), context_limit, "max_tokens")
         return PreparedCompletion(
             model,
