@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import httpx
 import pytest
@@ -19,8 +20,13 @@ USER_HI = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    s = LiveServer("--config", CONFIG, "--api-key", KEY, model_dir=str(tmp_path_factory.mktemp("builtin") / "tiny"))
+def tiny_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("builtin") / "tiny-v41-seed0")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir):
+    s = LiveServer("--config", CONFIG, "--api-key", KEY, model_dir=tiny_dir)
     yield s
     assert s.stop() == 0, s.output()
 
@@ -180,3 +186,65 @@ def test_raw_stream_frames_name_their_events(server) -> None:
     datas = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
     assert len(names) == len(datas) and all(d["type"] == n for n, d in zip(names, datas, strict=True))
     assert datas[-2]["usage"]["output_tokens"] == 3 and datas[-2]["delta"]["stop_reason"] == "max_tokens"
+
+
+class RawStream(threading.Thread):
+    """A streamed request's SSE lines, read on a thread; `generating` is set at its first delta."""
+
+    def __init__(self, url: str, body: dict) -> None:
+        super().__init__(daemon=True)
+        self.url, self.body = url, body
+        self.lines: list[str] = []
+        self.generating = threading.Event()
+
+    def run(self) -> None:
+        try:
+            with httpx.stream("POST", self.url, json=self.body, timeout=120) as r:
+                for line in r.iter_lines():
+                    self.lines.append(line)
+                    if "_delta" in line or ".delta" in line:
+                        self.generating.set()
+        finally:
+            self.generating.set()
+
+    def last_event(self) -> tuple[str, dict]:
+        events = [line[7:] for line in self.lines if line.startswith("event: ")]
+        datas = [line[6:] for line in self.lines if line.startswith("data: ")]
+        return events[-1], json.loads(datas[-1])
+
+
+def test_streams_the_shutdown_cuts_off_end_with_their_apis_error_event(tiny_dir) -> None:
+    """SIGTERM with a 1 s drain while a Messages and a Responses stream generate (20000 tokens, far
+    past the drain): each ends with its API's error event, not a stop reason; a non-streamed
+    Messages request gets a 503 in Anthropic's shape."""
+    s = LiveServer("--config", CONFIG, "--shutdown-timeout", "1", model_dir=tiny_dir)
+    try:
+        messages = {"model": MODEL, "max_tokens": 20000, "messages": USER_HI, "stream": True}
+        responses = {"model": MODEL, "max_output_tokens": 20000, "input": "hi", "stream": True}
+        streams = [RawStream(s.url + "/v1/messages", messages), RawStream(s.url + "/v1/responses", responses)]
+        plain: dict = {}
+
+        def post() -> None:
+            r = httpx.post(s.url + "/v1/messages", json={**messages, "stream": False}, timeout=120)
+            plain.update(status=r.status_code, body=r.json())
+
+        poster = threading.Thread(target=post, daemon=True)
+        for st in streams:
+            st.start()
+        poster.start()
+        assert all(st.generating.wait(60) for st in streams)
+        s.terminate()
+        assert s.proc.wait(timeout=60) == 0, s.output()[-3000:]
+        for st in (*streams, poster):
+            st.join(10)
+        name, data = streams[0].last_event()
+        assert name == "error" and data["type"] == "error", data
+        assert data["error"]["type"] == "overloaded_error" and "shutting down" in data["error"]["message"], data
+        assert not any('"stop_reason": "max_tokens"' in line for line in streams[0].lines)
+        name, data = streams[1].last_event()
+        assert name == "error" and data["type"] == "error" and "shutting down" in data["message"], data
+        numbers = [json.loads(line[6:])["sequence_number"] for line in streams[1].lines if line.startswith("data: ")]
+        assert numbers == list(range(len(numbers))), numbers[-3:]
+        assert plain["status"] == 503 and plain["body"]["error"]["type"] == "overloaded_error", plain
+    finally:
+        s.stop()
