@@ -16,6 +16,20 @@ namespace {
 
 const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
 
+// The tiny checkpoint with a small pool of 4-position pages (prefix hits in whole pages).
+void small_pool(dsv41rt_runtime_params& p) {
+  p.checkpoint_dir = checkpoint();
+  p.max_num_seqs = 4;
+  p.kv_memory = 64ll << 20;
+  p.page_size = 4;
+}
+
+std::vector<int32_t> prompt23() {
+  std::vector<int32_t> prompt(23);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(3 + 7919 * i % 100000);
+  return prompt;
+}
+
 // Runs `prompt` to completion `times` times in turn (resetting the prefix cache between runs when
 // `reset`); the tokens of each run. `counters`: the prefix cache's queries and hits at the end.
 std::vector<std::vector<int32_t>> run(const dsv41rt_runtime_params& p,
@@ -31,7 +45,9 @@ std::vector<std::vector<int32_t>> run(const dsv41rt_runtime_params& p,
   rp.max_new_tokens = 4;
   rp.ignore_eos = 1;
   for (int i = 0; i < times; ++i) {
-    if (reset && i > 0) EXPECT_EQ(dsv41rt_reset_prefix_cache(rt), DSV41RT_OK);
+    if (reset && i > 0) {
+      EXPECT_EQ(dsv41rt_reset_prefix_cache(rt), DSV41RT_OK);
+    }
     int64_t id = 0;
     EXPECT_EQ(dsv41rt_submit(rt, prompt.data(), prompt.size(), &rp, &id), DSV41RT_OK);
     std::vector<int32_t> tokens;
@@ -66,12 +82,8 @@ TEST(CApiPrefixCache, OnByDefaultOffOnRequestAndTheOlderLayout) {
   dsv41rt_runtime_default_params(&p);
   EXPECT_EQ(p.enable_prefix_caching, 1);
   if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint";
-  p.checkpoint_dir = checkpoint();
-  p.max_num_seqs = 4;
-  p.kv_memory = 64ll << 20;
-  p.page_size = 4;
-  std::vector<int32_t> prompt(23);
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(3 + 7919 * i % 100000);
+  small_pool(p);
+  const std::vector<int32_t> prompt = prompt23();
   std::pair<int64_t, int64_t> counters_on, counters_off, counters_old;
   const auto on = run(p, prompt, 2, counters_on);
   dsv41rt_runtime_params off = p;
@@ -96,12 +108,8 @@ TEST(CApiPrefixCache, ResetForgetsTheCachedPrefixes) {
   if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint";
   dsv41rt_runtime_params p;
   dsv41rt_runtime_default_params(&p);
-  p.checkpoint_dir = checkpoint();
-  p.max_num_seqs = 4;
-  p.kv_memory = 64ll << 20;
-  p.page_size = 4;
-  std::vector<int32_t> prompt(23);
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(3 + 7919 * i % 100000);
+  small_pool(p);
+  const std::vector<int32_t> prompt = prompt23();
   std::pair<int64_t, int64_t> kept, reset, off_counters;
   const auto with_cache = run(p, prompt, 2, kept);
   const auto after_reset = run(p, prompt, 2, reset, /*reset=*/true);

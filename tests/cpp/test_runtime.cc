@@ -78,7 +78,9 @@ TEST(Runtime, ThreadedEqualsManualStepsEqualsDirectGreedy) {
       EXPECT_EQ(o.id, mid);
       stepped.insert(stepped.end(), o.tokens.begin(), o.tokens.end());
       finished = finished || o.finished;
-      if (o.finished) EXPECT_EQ(o.reason, FinishReason::kLength);
+      if (o.finished) {
+        EXPECT_EQ(o.reason, FinishReason::kLength);
+      }
     }
   }
   EXPECT_TRUE(finished);
