@@ -4,6 +4,9 @@
 # the steps named in $STEPS (default "tests"):
 #   gtest    the GoogleTest suites built on the CPU machine with CUDA and carried in .devcarry/gtest
 #            (test binaries + libdsv41rt.so; DSV41RT_REQUIRE_CUDA=1: CUDA instances must run)
+#   gtestdev the GoogleTest suites built here, with the wheel (BUILD=1; GoogleTest's sources carried
+#            in .devcarry/googletest, e.g. a copy of Debian's /usr/src/googletest): GTESTS names the
+#            binaries to run (default all); binaries + library copied to $OUT/gtest for later calls
 #   tests    cuda-marked pytest (-k "$K" when set)
 #   suite    every cuda-marked test (the op suite + executor)
 #   oracle   GPU half of the NeMo oracle check (bench/cuda_oracle.py dump)
@@ -45,7 +48,15 @@ if [ -n "$wheel" ] && [ "${BUILD:-0}" != 1 ]; then
 else
   echo "== building the wheel"
   start=$(date +%s)
-  python3 -m pip wheel --no-build-isolation --no-deps -v -w "$OUT/wheel" -C build-dir=/tmp/dsv41rt-build . \
+  test_defs=()
+  if [ -d .devcarry/googletest ] && [[ " ${STEPS:-} " == *" gtestdev "* ]]; then
+    # GoogleTest from source (the image has none), then the C++ suites in the wheel's build tree.
+    cmake -S .devcarry/googletest -B /tmp/gtest-build -G Ninja -DBUILD_GMOCK=OFF -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_INSTALL_PREFIX=/tmp/gtest >/dev/null && cmake --build /tmp/gtest-build --target install >/dev/null ||
+      echo "googletest build failed"
+    test_defs=(-C cmake.define.DSV41RT_BUILD_TESTS=ON -C cmake.define.GTest_ROOT=/tmp/gtest)
+  fi
+  python3 -m pip wheel --no-build-isolation --no-deps -v -w "$OUT/wheel" -C build-dir=/tmp/dsv41rt-build "${test_defs[@]}" . \
     >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -20; tail -20 "$OUT/build.log"; exit 1; }
   echo "built in $(($(date +%s) - start)) s"
   wheel=$(ls "$OUT"/wheel/dsv41rt-*.whl | head -1)
@@ -70,6 +81,30 @@ for step in ${STEPS:-tests}; do
         cat "$OUT/gtest_one.log" >>"$OUT/gtest.log"
       done
       rm -f "$OUT/gtest_one.log"
+      echo "gtest binaries failing: $fails"
+      ;;
+    gtestdev)
+      echo "== GoogleTest suites (built here with the wheel)"
+      export DSV41RT_TEST_CHECKPOINT=/tmp/tiny-v41-seed0
+      [ -f $DSV41RT_TEST_CHECKPOINT/engram_tables.st ] ||
+        python3 -m dsv41rt make-checkpoint --preset tiny-v41 --seed 0 --out $DSV41RT_TEST_CHECKPOINT >/dev/null
+      fails=0
+      mkdir -p "$OUT/gtest/lib"
+      cp /tmp/dsv41rt-build/cpp/libdsv41rt.so* "$OUT/gtest/lib/" 2>/dev/null
+      for t in /tmp/dsv41rt-build/tests/cpp/test_*; do
+        [ -x "$t" ] || continue
+        name=$(basename "$t")
+        cp "$t" "$OUT/gtest/"
+        if [ -n "${GTESTS:-}" ] && [[ " $GTESTS " != *" $name "* ]]; then continue; fi
+        if ! timeout 300 "$t" >"$OUT/gtest_one.log" 2>&1; then
+          fails=$((fails + 1))
+          grep -E "Failure|FAILED|error|Expected|Which is|actual|seed" "$OUT/gtest_one.log" | head -30
+        fi
+        echo "$name: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/gtest_one.log" | tr '\n' ' ')"
+        cat "$OUT/gtest_one.log" >>"$OUT/gtest.log"
+      done
+      rm -f "$OUT/gtest_one.log"
+      strip "$OUT"/gtest/test_* "$OUT"/gtest/lib/* 2>/dev/null
       echo "gtest binaries failing: $fails"
       ;;
     tests | suite)
