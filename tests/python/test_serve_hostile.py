@@ -250,6 +250,20 @@ def test_at_least_200_hostile_requests_get_the_right_status_and_body(server) -> 
         )
 
 
+def test_openapi_json_is_open_and_declares_the_key(server) -> None:
+    """/openapi.json is outside the API key (what client generators and schema fuzzers read, as in
+    vLLM) and says which routes need it."""
+    r = httpx.get(server.url + "/openapi.json", timeout=30)
+    assert r.status_code == 200, r.text[:300]
+    doc = r.json()
+    assert doc["components"]["securitySchemes"] == {"bearer": {"type": "http", "scheme": "bearer"}}
+    chat = doc["paths"][CHAT]["post"]
+    assert chat["security"] == [{"bearer": []}] and "401" in chat["responses"]
+    health = doc["paths"]["/health"]["get"]
+    assert "security" not in health and "401" not in health["responses"]
+    assert httpx.get(server.url + "/v1/models", timeout=30).status_code == 401  # the rest is not open
+
+
 def test_wrong_method_is_a_405_with_allow_and_an_openai_error(server) -> None:
     """Schema fuzzing found every 405 without `Allow` (RFC 9110 requires it): the handler that
     turns Starlette's errors into OpenAI error objects dropped the exception's headers."""

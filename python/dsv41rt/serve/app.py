@@ -27,6 +27,7 @@ from .completions import CompletionProtocol, CompletionStream
 from .engine_loop import EngineLoop, Tracked
 from .guard import Guard, error_response
 from .messages_api import MessagesApi, anthropic_errors
+from .openapi_schema import ServedApi, install_openapi
 from .protocol import CHAT_USAGE, ApiError, ChatProtocol, Tokenizers, include_usage
 from .recipe_stream import ClientGone, RecipeRun, SseFraming
 from .recipe_stream import outputs as _outputs
@@ -109,9 +110,12 @@ def _check_json(body: dict) -> None:
 
 
 def create_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="dsv41rt", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    # /openapi.json: the hand-written schema of every route (openapi_schema.py); no docs pages.
+    app = FastAPI(title="dsv41rt", version=__version__, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.s = state
     cfg = state.cfg
+    served = ServedApi(state.names, state.vocab, cfg.max_tokens_limit, state.context_limit, bool(cfg.api_key))
+    install_openapi(app, served)
 
     # key, draining, JSON bodies, sizes; a bug anywhere below it is its logged 500 (guard.py)
     app.add_middleware(Guard, state=state)

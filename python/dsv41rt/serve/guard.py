@@ -19,7 +19,9 @@ from .messages_api import MESSAGES_PATH, as_anthropic
 from .protocol import ApiError
 
 log = logging.getLogger("dsv41rt.serve")
-OPEN_PATHS = ("/health", "/ready", "/metrics", "/version")
+# Outside the API key and the drain: probes, and the API's schema (what client generators read, as
+# vLLM serves it).
+OPEN_PATHS = ("/health", "/ready", "/metrics", "/version", "/openapi.json")
 
 
 def error_response(err: ApiError) -> JSONResponse:
