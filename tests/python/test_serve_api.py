@@ -231,10 +231,9 @@ UNAPPLIED = [
     ({"prompt_logprobs": 1}, "prompt_logprobs"),
     ({"made_up_field": 1}, "made_up_field"),
 ]
-CHAT_UNAPPLIED = [
+CHAT_UNAPPLIED = [  # tool_choice forcing a call: until grammar-constrained decoding (test_serve_tools.py)
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
-    ({"parallel_tool_calls": False}, "parallel_tool_calls"),
     ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
     ({"echo": True}, "echo"),
 ]

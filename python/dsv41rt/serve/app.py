@@ -33,6 +33,7 @@ from .recipe_stream import ClientGone, RecipeRun, SseFraming
 from .recipe_stream import outputs as _outputs
 from .recipe_stream import stream_error as _stream_error
 from .responses_api import ResponsesApi
+from .tool_calls import ToolSettings
 
 
 class ServerState:
@@ -210,6 +211,7 @@ def create_app(state: ServerState) -> FastAPI:
         body = await _read_json(request, cfg.max_request_bytes)
         with_usage = include_usage(body)  # checked first: the recipe's message would not name it
         prep = state.chat.prepare(body, state.context_limit, cfg.default_max_tokens, cfg.max_tokens_limit)
+        tools = ToolSettings.of(body)  # checked in prepare; parallel_tool_calls: false keeps the first call
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         generator = dr.ChatCompletionRequest.chunk_generator(prep.conversation, rid, body["model"])
         run = RecipeRun(state, admit, prep, generator, CHAT_USAGE)
@@ -217,7 +219,13 @@ def create_app(state: ServerState) -> FastAPI:
             usage_chunk: list[str] = []  # the usage chunk, sent last when asked (_stream_usage)
 
             def frames(chunk) -> list[str]:
-                text, extra = _stream_usage(chunk.to_json(), with_usage, run.fix_usage)
+                text = chunk.to_json()
+                if not tools.parallel:
+                    d = json.loads(text)
+                    if not tools.chunk(d):
+                        return []
+                    text = json.dumps(d)
+                text, extra = _stream_usage(text, with_usage, run.fix_usage)
                 usage_chunk[:] = [f"data: {extra}\n\n"] if extra else usage_chunk
                 return [f"data: {text}\n\n"]
 
@@ -226,7 +234,12 @@ def create_app(state: ServerState) -> FastAPI:
 
             return run.stream(SseFraming(frames, lambda: usage_chunk, error_frame, "data: [DONE]\n\n"))
         response = dr.ChatCompletionResponse(rid, body["model"], int(time.time()), len(prep.prompt), 0)
-        return await run.respond(request, response, lambda d: run.fix_usage(d.get("usage")))
+
+        def finish(d: dict) -> None:
+            run.fix_usage(d.get("usage"))
+            tools.response(d)
+
+        return await run.respond(request, response, finish)
 
     # OpenAI's Responses and Anthropic's Messages: the same engine path as chat (their own modules).
     responses_api, messages_api = ResponsesApi(state, admit), MessagesApi(state, admit)

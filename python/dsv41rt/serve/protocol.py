@@ -126,13 +126,9 @@ def check_fields(body: dict, allowed: frozenset[str]) -> None:
             '\'response_format\' other than {"type": "text"} is not applied yet (no constrained decoding)',
             "response_format",
         )
-    tc = body.get("tool_choice")
-    if tc is not None and tc not in ("auto", "none"):
-        raise ApiError(
-            400, '\'tool_choice\' must be "auto" or "none" (a forced call is not applied yet)', "tool_choice"
-        )
-    if body.get("parallel_tool_calls") not in (None, True):
-        raise ApiError(400, "'parallel_tool_calls': false is not applied yet", "parallel_tool_calls")
+    from .tool_calls import ToolSettings  # here: tool_calls imports this module
+
+    ToolSettings.of(body)  # tools, tool_choice ("required" / named: 400 until grammar decoding), parallel
     if body.get("logit_bias") not in (None, {}):
         raise ApiError(400, "'logit_bias' is not applied yet", "logit_bias")
     if body.get("chat_template_kwargs") not in (None, {}):
