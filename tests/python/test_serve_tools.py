@@ -107,6 +107,12 @@ RECORDED = [
         ("", "Let me search for that: x < y and <tags> stay text.", [("search", {"query": "dsml"})]),
     ),
     (
+        "a call without arguments",
+        True,
+        "No query needed.</think>" + _calls(f'<{D} invoke name="search">\n\n</{D} invoke>\n'),
+        ("No query needed.", "", [("search", {})]),
+    ),
+    (
         "no call at all",
         True,
         "Just thinking < here.</think>The answer is 4 <3.",
