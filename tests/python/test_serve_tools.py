@@ -286,6 +286,8 @@ def test_single_call_when_parallel_tool_calls_is_false() -> None:
     assert settings.chunk(d) is True and d["choices"][0]["delta"]["tool_calls"][0]["index"] == 0
     d = {"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "tool_calls"}]}
     assert settings.chunk(d) is True
+    d = {"choices": [{"index": 0, "delta": {"tool_calls": [header]}, "logprobs": {"content": [{}]}}]}
+    assert settings.chunk(d) is True and "tool_calls" not in d["choices"][0]["delta"]  # the logprobs stay
     whole = {"choices": [{"message": {"tool_calls": [{"id": "a"}, {"id": "b"}]}}]}
     settings.response(whole)
     assert whole["choices"][0]["message"]["tool_calls"] == [{"id": "a"}]

@@ -108,7 +108,12 @@ class ToolSettings:
                 calls[:] = [c for c in calls if c.get("index", 0) == 0]
                 if not calls:
                     del delta["tool_calls"]
-            keep = keep or choice.get("finish_reason") is not None or any(v is not None for v in delta.values())
+            keep = (
+                keep
+                or choice.get("finish_reason") is not None
+                or bool(choice.get("logprobs"))
+                or any(v is not None for v in delta.values())
+            )
         return keep or not d.get("choices") or d.get("usage") is not None
 
     def response(self, d: dict) -> None:
