@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,8 +34,7 @@ from .protocol import ApiError
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 NEEDS_GRAMMAR = (
-    "is not supported yet: forcing a tool call needs grammar-constrained decoding, which this server "
-    'does not have; use "auto" or "none"'
+    "is not supported yet: forcing a tool call needs grammar-constrained decoding, which this server does not have"
 )
 
 
@@ -43,8 +42,41 @@ def _bad(param: str, message: str) -> ApiError:
     return ApiError(400, f"'{param}' {message}", param)
 
 
-def _check_tool(i: int, tool: Any) -> None:
-    where = f"tools[{i}]"
+def check_function(where: str, fn: dict, params_key: str = "parameters", params_required: bool = False) -> str:
+    """The checks of one function declaration at `where` (its name, description, parameter schema
+    under `params_key` and strict flag), shared by chat, Responses and Messages; returns its name."""
+    name = fn.get("name")
+    if not isinstance(name, str) or not TOOL_NAME.match(name):
+        raise _bad(f"{where}.name", f"must match ^[a-zA-Z0-9_-]{{1,64}}$, got {name!r}")
+    if fn.get("description") is not None and not isinstance(fn["description"], str):
+        raise _bad(f"{where}.description", "must be a string")
+    if params_required and fn.get(params_key) is None:
+        raise _bad(f"{where}.{params_key}", "is required (a JSON Schema object)")
+    if fn.get(params_key) is not None and not isinstance(fn[params_key], dict):
+        raise _bad(f"{where}.{params_key}", "must be a JSON Schema object")
+    if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
+        raise _bad(f"{where}.strict", "must be a boolean")
+    return name
+
+
+def check_tool_list(tools: Any, check: Callable[[str, Any], str], what: str = "function tools") -> None:
+    """`tools` a list whose entries pass `check(where, tool)` (which returns the tool's name), no
+    name twice."""
+    if not isinstance(tools, list):
+        raise _bad("tools", f"must be a list of {what}")
+    names = [check(f"tools[{i}]", tool) for i, tool in enumerate(tools)]
+    dup = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if dup is not None:
+        raise _bad("tools", f"names the function {dup!r} twice")
+
+
+def forced_choice(choice: Any, instead: str = '"auto" or "none"') -> ApiError:
+    """The 400 of a `tool_choice` that forces a call (any, or a named one) until grammar-constrained
+    decoding exists; the same on every route (`instead`: the route's spelling of what works)."""
+    return ApiError(400, f"'tool_choice' {json.dumps(choice)} {NEEDS_GRAMMAR}; use {instead}", "tool_choice")
+
+
+def _check_chat_tool(where: str, tool: Any) -> str:
     if not isinstance(tool, dict):
         raise _bad(where, "must be an object")
     if tool.get("type") != "function":
@@ -52,15 +84,7 @@ def _check_tool(i: int, tool: Any) -> None:
     fn = tool.get("function")
     if not isinstance(fn, dict):
         raise _bad(f"{where}.function", "must be an object")
-    name = fn.get("name")
-    if not isinstance(name, str) or not TOOL_NAME.match(name):
-        raise _bad(f"{where}.function.name", f"must match ^[a-zA-Z0-9_-]{{1,64}}$, got {name!r}")
-    if fn.get("description") is not None and not isinstance(fn["description"], str):
-        raise _bad(f"{where}.function.description", "must be a string")
-    if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
-        raise _bad(f"{where}.function.parameters", "must be a JSON Schema object")
-    if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
-        raise _bad(f"{where}.function.strict", "must be a boolean")
+    return check_function(f"{where}.function", fn)
 
 
 @dataclass(frozen=True)
@@ -77,17 +101,10 @@ class ToolSettings:
     def of(body: dict) -> ToolSettings:
         tools = body.get("tools")
         if tools is not None:
-            if not isinstance(tools, list):
-                raise _bad("tools", "must be a list of function tools")
-            for i, tool in enumerate(tools):
-                _check_tool(i, tool)
-            names = [t["function"]["name"] for t in tools]
-            dup = next((n for i, n in enumerate(names) if n in names[:i]), None)
-            if dup is not None:
-                raise _bad("tools", f"names the function {dup!r} twice")
+            check_tool_list(tools, _check_chat_tool)
         choice = body.get("tool_choice")
         if choice in ("required",) or isinstance(choice, dict):
-            raise ApiError(400, f"'tool_choice' {json.dumps(choice)} {NEEDS_GRAMMAR}", "tool_choice")
+            raise forced_choice(choice)
         if choice not in (None, "auto", "none"):
             raise _bad("tool_choice", f'must be "auto" or "none" here, got {choice!r}')
         parallel = body.get("parallel_tool_calls")
