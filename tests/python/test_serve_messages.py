@@ -1,7 +1,8 @@
 """Anthropic's Messages API (`POST /v1/messages`) end to end: a live server on the built-in tiny
 model (CPU, behind an API key) driven by the official `anthropic` client and raw HTTP: streamed and
 not, thinking on and off, max_tokens and stop sequences as stop reasons, both key headers, and a 400
-in Anthropic's error shape naming the field for what the route does not apply (tools among them)."""
+in Anthropic's error shape naming the field for what the route does not apply (tool use:
+test_serve_tools_apis.py)."""
 
 from __future__ import annotations
 
@@ -118,18 +119,7 @@ def test_api_key_in_either_header(server) -> None:
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error" and "type" not in r.json()
 
 
-TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}
-REJECTED = [  # (extra fields, what the message names)
-    ({"tools": [TOOL]}, "tools"),
-    ({"tool_choice": {"type": "auto"}}, "tool_choice"),
-    (
-        {"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]},
-        "messages[0].content[0]",
-    ),
-    (
-        {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "x"}]}]},
-        "messages[0].content[0]",
-    ),
+REJECTED = [  # (extra fields, what the message names); tools: test_serve_tools_apis.py
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0]"),
     ({"messages": [{"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}]}, "messages[0].content[0]"),
     ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),

@@ -1,7 +1,7 @@
 """OpenAI's Responses API (`POST /v1/responses`) end to end: a live server on the built-in tiny model
 (CPU) driven by the official `openai` client (`responses.create`, streamed and not) and raw HTTP:
 reasoning on and off, max_output_tokens as `incomplete`, usage, metadata, and a 400 naming the field
-for what the route does not apply (tools, server-side state among them)."""
+for what the route does not apply (server-side state among them; tools: test_serve_tools_apis.py)."""
 
 from __future__ import annotations
 
@@ -93,10 +93,7 @@ def test_raw_stream_frames_name_their_events(server) -> None:
     assert all(d["response"]["metadata"] == {"k": "v"} for d in datas if "response" in d)
 
 
-TOOL = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
-REJECTED = [  # (extra fields, the error's param)
-    ({"tools": [TOOL]}, "tools"),
-    ({"tool_choice": "auto"}, "tool_choice"),
+REJECTED = [  # (extra fields, the error's param); tools: test_serve_tools_apis.py
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"store": True}, "store"),
@@ -106,8 +103,6 @@ REJECTED = [  # (extra fields, the error's param)
     ({"reasoning": {"effort": "high", "summary": "auto"}}, "reasoning"),
     ({"reasoning": {"effort": "bogus"}}, "reasoning"),
     ({"reasoning": "high"}, "reasoning"),
-    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]}, "input"),
-    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input"),
     ({"input": []}, "input"),

@@ -301,6 +301,18 @@ class _FakeEngine:
         self.cancelled.append(req)
 
 
+def engine_outputs(steps: list[list[int]]) -> SimpleNamespace:
+    """A submitted request whose queue holds the engine outputs `steps` (one engine step each, the
+    last one finishing with "stop"), as the engine loop would put them; call in an event loop."""
+    queue: asyncio.Queue = asyncio.Queue()
+    for i, step in enumerate(steps):
+        last = i == len(steps) - 1
+        out = SimpleNamespace(new_tokens=step, cached_tokens=0, finished=last, finish_reason="stop" if last else None)
+        queue.put_nowait(out)
+    queue.put_nowait(None)
+    return SimpleNamespace(out=queue)
+
+
 def _route_chunks(chat, tok, body: dict, steps: list[list[int]]) -> list[dict]:
     """The chat route's stream for engine outputs `steps` (one engine step each, the last one
     finishing): the route's own RecipeRun and tool-call filter, a fake engine in place of the
@@ -310,15 +322,7 @@ def _route_chunks(chat, tok, body: dict, steps: list[list[int]]) -> list[dict]:
     async def go() -> list[dict]:
         prep = chat.prepare(body, 1 << 20, 64, 1 << 20)
         state = SimpleNamespace(active=0, tok=tok, chat=chat, engine=_FakeEngine())
-        queue: asyncio.Queue = asyncio.Queue()
-        for i, step in enumerate(steps):
-            last = i == len(steps) - 1
-            out = SimpleNamespace(
-                new_tokens=step, cached_tokens=0, finished=last, finish_reason="stop" if last else None
-            )
-            queue.put_nowait(out)
-        queue.put_nowait(None)
-        req = SimpleNamespace(out=queue)
+        req = engine_outputs(steps)
         gen = dr.ChatCompletionRequest.chunk_generator(prep.conversation, "chatcmpl-x", MODEL)
         run = RecipeRun(
             state, lambda *a: req, prep, gen, SimpleNamespace(output="completion_tokens", total=None, details=None)

@@ -1,11 +1,13 @@
-"""Anthropic's Messages API (`POST /v1/messages`), text and thinking, for Anthropic clients (the
-`anthropic` SDK, Claude Code).
+"""Anthropic's Messages API (`POST /v1/messages`), text, thinking and tool use, for Anthropic
+clients (the `anthropic` SDK, Claude Code).
 
-deepseek-recipe converts the request (system, messages, thinking) into the same conversation a chat
-request becomes and writes Anthropic's events (thinking block, then text block; stop reason, usage);
+deepseek-recipe converts the request (system, messages, thinking, tools, tool_use / tool_result
+blocks) into the same conversation a chat request becomes and writes Anthropic's events (thinking
+block, then text block, then a tool_use block per call with `input_json_delta`s; stop reason, usage);
 the engine path is the chat route's (recipe_stream.py). This module checks what the recipe would
-accept silently or reject without naming the field, and answers errors in Anthropic's shape. Tool
-use is not supported yet: `tools`, `tool_choice` and tool_use / tool_result blocks are a 400.
+accept silently or reject without naming the field (the tool checks are tool_calls.py's, shared with
+chat), gives the calls Anthropic's `toolu_` ids, and answers errors in Anthropic's shape.
+`tool_choice` any / a named tool is a 400 until grammar-constrained decoding exists.
 """
 
 from __future__ import annotations
@@ -33,20 +35,18 @@ from .protocol import (
     recipe_request,
 )
 from .recipe_stream import Admit, RecipeRun, SseFraming, named_event_frames
+from .tool_calls import check_function, check_tool_list, forced_choice
 
 MESSAGES_PATH = "/v1/messages"
 
 MESSAGES_FIELDS = frozenset(
     "model messages system max_tokens temperature top_p top_k stop_sequences stream thinking output_config"
-    " metadata".split()
+    " metadata tools tool_choice".split()
 )
 # Anthropic's `output_config.effort` values; the recipe maps them as chat's `reasoning_effort` (medium: high).
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
-_NO_TOOLS = "tool use is not supported yet on this server (no tool-call parsing in the Messages route)"
-_REASONS = {
-    "tools": f"'tools': {_NO_TOOLS}",
-    "tool_choice": f"'tool_choice': {_NO_TOOLS}",
-}
+# The keys of a custom tool (Anthropic's tool definition); `type` is absent or "custom".
+TOOL_KEYS = frozenset("type name description input_schema cache_control".split())
 MESSAGES_USAGE = UsageKeys("output_tokens", None, None)
 # Anthropic's error types by status (https://docs.anthropic.com/en/api/errors).
 _ANTHROPIC_TYPES = {
@@ -88,27 +88,86 @@ def anthropic_errors() -> Iterator[None]:
         raise as_anthropic(err) from None
 
 
-def _check_text_block(block: Any, where: str, allowed_types: tuple[str, ...]) -> None:
-    if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-        raise ApiError(400, f"'{where}' must be a content block object with a 'type'", where)
-    kind = block["type"]
-    if kind in ("tool_use", "tool_result", "server_tool_use"):
-        raise ApiError(400, f"'{where}': {kind} blocks: {_NO_TOOLS}", where)
-    if kind not in allowed_types:
-        raise ApiError(400, f"'{where}': {kind} blocks are not supported (only {', '.join(allowed_types)})", where)
-    text_key = "thinking" if kind == "thinking" else "text"
-    if not isinstance(block.get(text_key), str):
-        raise ApiError(400, f"'{where}.{text_key}' must be a string", where)
+def _extra_key(block: dict, allowed: set[str], where: str) -> None:
     # cache_control is a hint this server satisfies anyway: prefix caching is automatic.
-    extra = set(block) - {"type", text_key, "cache_control", "signature"}
+    extra = set(block) - allowed - {"type", "cache_control"}
     if extra:
         key = sorted(extra)[0]
         raise ApiError(400, f"'{where}.{key}' is not supported by this server", where)
 
 
+def _check_tool_result_content(content: Any, where: str) -> None:
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise ApiError(400, f"'{where}.content' must be a string or a list of text blocks", where)
+    for k, part in enumerate(content):
+        _check_block(part, f"{where}.content[{k}]", ("text",))
+
+
+def _check_block(block: Any, where: str, allowed_types: tuple[str, ...]) -> None:
+    if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+        raise ApiError(400, f"'{where}' must be a content block object with a 'type'", where)
+    kind = block["type"]
+    if kind not in allowed_types:
+        raise ApiError(400, f"'{where}': {kind} blocks are not supported here (only {', '.join(allowed_types)})", where)
+    if kind == "tool_use":  # a call of an earlier turn, sent back: the recipe renders it as DSML
+        for key in ("id", "name"):
+            if not isinstance(block.get(key), str) or not block[key]:
+                raise ApiError(400, f"'{where}.{key}' must be a non-empty string", where)
+        if not isinstance(block.get("input"), dict):
+            raise ApiError(400, f"'{where}.input' must be an object", where)
+        _extra_key(block, {"id", "name", "input"}, where)
+    elif kind == "tool_result":  # the recipe checks that it answers a tool_use of the turn before
+        if not isinstance(block.get("tool_use_id"), str) or not block["tool_use_id"]:
+            raise ApiError(400, f"'{where}.tool_use_id' must be a non-empty string", where)
+        _check_tool_result_content(block.get("content"), where)
+        if block.get("is_error") is not None and not isinstance(block["is_error"], bool):
+            raise ApiError(400, f"'{where}.is_error' must be a boolean", where)
+        _extra_key(block, {"tool_use_id", "content", "is_error"}, where)
+    else:
+        text_key = "thinking" if kind == "thinking" else "text"
+        if not isinstance(block.get(text_key), str):
+            raise ApiError(400, f"'{where}.{text_key}' must be a string", where)
+        _extra_key(block, {text_key, "signature"}, where)
+
+
+def _check_tool(where: str, tool: Any) -> str:
+    """An Anthropic custom tool: name, description, input_schema (required), as chat's function."""
+    if not isinstance(tool, dict):
+        raise ApiError(400, f"'{where}' must be a tool object", "tools")
+    if tool.get("type") not in (None, "custom"):
+        raise ApiError(
+            400, f"'{where}.type': {tool['type']!r} tools are not supported (server tools); only custom tools", "tools"
+        )
+    _extra_key(tool, set(TOOL_KEYS), where)
+    return check_function(where, tool, "input_schema", params_required=True)
+
+
+def check_tools(body: dict) -> None:
+    """`tools` and `tool_choice`: auto and none; any or a named tool need grammar decoding (a 400)."""
+    tools = body.get("tools")
+    if tools is not None:
+        check_tool_list(tools, _check_tool, "tool objects")
+    choice = body.get("tool_choice")
+    if choice is None:
+        return
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind in ("any", "tool"):
+        raise forced_choice(choice, '{"type": "auto"} or {"type": "none"}')
+    if kind not in ("auto", "none"):
+        raise ApiError(400, '\'tool_choice\' must be {"type": "auto" | "none"}', "tool_choice")
+    if set(choice) - {"type", "disable_parallel_tool_use"}:
+        raise ApiError(400, f"'tool_choice.{sorted(set(choice) - {'type'})[0]}' is not supported", "tool_choice")
+    flag = choice.get("disable_parallel_tool_use")
+    if flag not in (None, False):
+        # The stream cannot yet drop the later calls' blocks (chat's parallel_tool_calls: false can).
+        raise ApiError(400, "'tool_choice.disable_parallel_tool_use' true is not supported yet", "tool_choice")
+
+
 def check_messages_request(body: dict, max_limit: int) -> None:
-    """The 400s the recipe's conversion would not give, or not name: fields, types, tool use."""
-    check_known_fields(body, MESSAGES_FIELDS, _REASONS)
+    """The 400s the recipe's conversion would not give, or not name: fields, types, tools."""
+    check_known_fields(body, MESSAGES_FIELDS)
     if body.get("max_tokens") is None:  # required by Anthropic's API; the recipe would default it
         raise ApiError(400, "'max_tokens' is required", "max_tokens")
     _num(body, "max_tokens", None, 1, max_limit, integer=True)
@@ -134,9 +193,10 @@ def check_messages_request(body: dict, max_limit: int) -> None:
     system = body.get("system")
     if isinstance(system, list):
         for j, block in enumerate(system):
-            _check_text_block(block, f"system[{j}]", ("text",))
+            _check_block(block, f"system[{j}]", ("text",))
     elif system is not None and not isinstance(system, str):
         raise ApiError(400, "'system' must be a string or a list of text blocks", "system")
+    check_tools(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list", "messages")
@@ -146,12 +206,33 @@ def check_messages_request(body: dict, max_limit: int) -> None:
             raise ApiError(400, f'\'messages[{i}].role\' must be "user" or "assistant"', "messages")
         content = message.get("content")
         if isinstance(content, list):
-            # Thinking blocks come back in an assistant turn (Claude Code sends them with the history).
-            kinds = ("text", "thinking") if role == "assistant" else ("text",)
+            # Thinking blocks and tool calls come back in an assistant turn (Claude Code sends them
+            # with the history), the calls' results in the user turn after it.
+            kinds = ("text", "thinking", "tool_use") if role == "assistant" else ("text", "tool_result")
             for j, block in enumerate(content):
-                _check_text_block(block, f"messages[{i}].content[{j}]", kinds)
+                _check_block(block, f"messages[{i}].content[{j}]", kinds)
         elif not isinstance(content, str):
             raise ApiError(400, f"'messages[{i}].content' must be a string or a list of content blocks", "messages")
+
+
+def _recipe_body(body: dict) -> dict:
+    """The body as the recipe reads it: a custom tool's `type: "custom"` (Anthropic's explicit
+    spelling of the default) is dropped, the recipe takes any `type` for a server tool."""
+    tools = body.get("tools")
+    if not tools or all("type" not in t for t in tools):
+        return body
+    return {**body, "tools": [{k: v for k, v in t.items() if k != "type"} for t in tools]}
+
+
+def tool_use_ids(d: dict) -> None:
+    """Anthropic's `toolu_` ids for the recipe's call ids (`call_NN_<random>`), in place, in a
+    content_block_start event or a whole message. The id only pairs a tool_result with its
+    tool_use (the recipe checks it; the encoding has no ids), so any spelling round-trips."""
+    blocks = [d.get("content_block")] if d.get("type") == "content_block_start" else d.get("content") or []
+    for block in blocks:
+        if isinstance(block, dict) and block.get("type") == "tool_use":
+            call_id = str(block.get("id", ""))
+            block["id"] = "toolu_" + (call_id[len("call_") :] if call_id.startswith("call_") else call_id)
 
 
 class MessagesApi:
@@ -166,7 +247,7 @@ class MessagesApi:
         check_messages_request(body, cfg.max_tokens_limit)
         # Anthropic's range: temperature in [0, 1]; they apply in both modes, as chat's do.
         asked_sampling = RequestedSampling.of(body, max_temperature=1.0)
-        conv, prompt = state.chat.encode(recipe_request(dr.MessagesRequest, body))
+        conv, prompt = state.chat.encode(recipe_request(dr.MessagesRequest, _recipe_body(body)))
         budget = OutputBudget(body["max_tokens"], "max_tokens", state.context_limit, cfg.default_max_tokens)
         return state.chat.prepared(body, conv, prompt, asked_sampling, budget, "messages")
 
@@ -181,13 +262,14 @@ class MessagesApi:
             # the final count.
             if d.get("type") in ("message_delta", "message"):
                 run.fix_usage(d.get("usage"))
+            tool_use_ids(d)
 
         if prep.stream:
 
             def error_frame(err: ApiError) -> str:
                 return f"event: error\ndata: {json.dumps(as_anthropic(err).body())}\n\n"
 
-            frames = named_event_frames(dr.MessagesResponse, final_usage, ("usage",))
+            frames = named_event_frames(dr.MessagesResponse, final_usage, ("usage", "tool_use"))
             return run.stream(SseFraming(frames, tuple, error_frame))
         response = dr.MessagesResponse(rid, model, int(time.time()), len(prep.prompt), 0)
         return await run.respond(request, response, final_usage)

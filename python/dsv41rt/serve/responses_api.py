@@ -6,7 +6,11 @@ conversation a chat request becomes and writes the Responses objects and events 
 item with the reasoning text, then a `message` item with `output_text`; usage; `incomplete` at
 max_output_tokens); the engine path is the chat route's (recipe_stream.py). This module checks what
 the recipe would accept silently or reject without naming the field. The server keeps no state:
-`store: true`, `previous_response_id` and `conversation` are a 400. Tools are not supported yet.
+`store: true`, `previous_response_id` and `conversation` are a 400. Function tools: the recipe
+renders `tools` and `function_call` / `function_call_output` items and writes a parsed call as a
+`function_call` output item (streamed: `response.function_call_arguments.delta` / `.done`); the
+checks of the tool fields are tool_calls.py's, shared with chat; `tool_choice` required / named is a
+400 until grammar-constrained decoding exists.
 """
 
 from __future__ import annotations
@@ -33,16 +37,14 @@ from .protocol import (
     recipe_request,
 )
 from .recipe_stream import Admit, RecipeRun, SseFraming, named_event_frames
+from .tool_calls import check_function, check_tool_list, forced_choice
 
 RESPONSES_FIELDS = frozenset(
-    "model input instructions max_output_tokens temperature top_p stream reasoning metadata store user".split()
+    "model input instructions max_output_tokens temperature top_p stream reasoning metadata store user tools"
+    " tool_choice parallel_tool_calls".split()
 )
-_NO_TOOLS = "tool calls are not supported yet on this server"
 _STATELESS = "this server keeps no responses (stateless): send the whole conversation in 'input'"
 _REASONS = {
-    "tools": f"'tools': {_NO_TOOLS}",
-    "tool_choice": f"'tool_choice': {_NO_TOOLS}",
-    "parallel_tool_calls": f"'parallel_tool_calls': {_NO_TOOLS}",
     "previous_response_id": f"'previous_response_id': {_STATELESS}",
     "conversation": f"'conversation': {_STATELESS}",
     "background": "'background': this server answers in the request (nothing is stored to poll)",
@@ -51,19 +53,88 @@ _REASONS = {
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max")
 INPUT_ROLES = ("user", "assistant", "system", "developer")
 RESPONSES_USAGE = UsageKeys("output_tokens", "total_tokens", "output_tokens_details")
+TOOL_KEYS = frozenset("type name description parameters strict".split())
+ITEM_KEYS = {
+    "message": frozenset("type role content id status phase".split()),
+    "reasoning": frozenset("type id status content summary encrypted_content".split()),
+    "function_call": frozenset("type call_id name arguments id status".split()),
+    "function_call_output": frozenset("type call_id output id status".split()),
+}
+
+
+def _check_tool(where: str, tool: Any) -> str:
+    """A function tool in the Responses shape (flat: type, name, description, parameters, strict)."""
+    if not isinstance(tool, dict):
+        raise ApiError(400, f"'{where}' must be a function tool object", where)
+    if tool.get("type") != "function":
+        raise ApiError(
+            400, f"'{where}.type' must be \"function\" (no built-in tools here), got {tool.get('type')!r}", where
+        )
+    extra = set(tool) - TOOL_KEYS
+    if extra:
+        raise ApiError(400, f"'{where}.{sorted(extra)[0]}' is not supported by this server", where)
+    return check_function(where, tool)
+
+
+def check_tools(body: dict) -> None:
+    """`tools`, `tool_choice` (auto, none; required or a named function need grammar decoding: a
+    400) and `parallel_tool_calls` (false: a 400 until the stream can drop the later calls)."""
+    tools = body.get("tools")
+    if tools is not None:
+        check_tool_list(tools, _check_tool)
+    choice = body.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        raise forced_choice(choice)
+    if choice not in (None, "auto", "none"):
+        raise ApiError(400, f'\'tool_choice\' must be "auto" or "none" here, got {choice!r}', "tool_choice")
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise ApiError(400, f"'parallel_tool_calls' must be a boolean, got {parallel!r}", "parallel_tool_calls")
+    if parallel is False:
+        raise ApiError(
+            400, "'parallel_tool_calls' false is not supported yet on /v1/responses (use chat)", "parallel_tool_calls"
+        )
+
+
+def _check_string(item: dict, key: str, where: str, empty_ok: bool = False) -> None:
+    if not isinstance(item.get(key), str) or not (empty_ok or item[key]):
+        raise ApiError(400, f"'{where}.{key}' must be a {'' if empty_ok else 'non-empty '}string", "input")
 
 
 def _check_input_item(item: Any, where: str) -> None:
     if not isinstance(item, dict):
         raise ApiError(400, f"'{where}' must be a message object", "input")
     kind = item.get("type", "message")
-    if kind in ("function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output"):
-        raise ApiError(400, f"'{where}': {kind} items: {_NO_TOOLS}", "input")
-    if kind != "message":
-        raise ApiError(400, f"'{where}': {kind!r} items are not supported (only messages)", "input")
-    extra = set(item) - {"type", "role", "content", "id", "status"}
+    if kind not in ITEM_KEYS:
+        raise ApiError(400, f"'{where}': {kind!r} items are not supported (only {', '.join(ITEM_KEYS)})", "input")
+    extra = set(item) - ITEM_KEYS[kind]
     if extra:
         raise ApiError(400, f"'{where}.{sorted(extra)[0]}' is not supported by this server", "input")
+    if kind == "function_call":  # a call of an earlier response, sent back: the recipe renders it as DSML
+        _check_string(item, "call_id", where)
+        _check_string(item, "name", where)
+        _check_string(item, "arguments", where, empty_ok=True)
+        return
+    if kind == "reasoning":  # an earlier response's reasoning item, sent back with its output
+        for key, wanted in (("content", "reasoning_text"), ("summary", "summary_text")):
+            parts = item.get(key) or []
+            if not isinstance(parts, list) or not all(
+                isinstance(p, dict) and p.get("type") == wanted and isinstance(p.get("text"), str) for p in parts
+            ):
+                raise ApiError(400, f"'{where}.{key}' must be a list of {wanted} parts with a 'text'", "input")
+        return
+    if kind == "function_call_output":  # the recipe checks that it answers a function_call before it
+        _check_string(item, "call_id", where)
+        output = item.get("output")
+        if isinstance(output, list):
+            for j, part in enumerate(output):
+                if not (
+                    isinstance(part, dict) and part.get("type") == "input_text" and isinstance(part.get("text"), str)
+                ):
+                    raise ApiError(400, f"'{where}.output[{j}]' must be an input_text part with a 'text'", "input")
+        elif not isinstance(output, str):
+            raise ApiError(400, f"'{where}.output' must be a string or a list of input_text parts", "input")
+        return
     role = item.get("role")
     if role not in INPUT_ROLES:
         raise ApiError(400, f"'{where}.role' must be one of {', '.join(INPUT_ROLES)}", "input")
@@ -85,6 +156,7 @@ def _check_input_item(item: Any, where: str) -> None:
 def check_responses_request(body: dict, max_limit: int) -> None:
     """The 400s the recipe's conversion would not give, or not name: fields, types, state, tools."""
     check_known_fields(body, RESPONSES_FIELDS, _REASONS)
+    check_tools(body)
     if body.get("store") not in (None, False):
         raise ApiError(400, f"'store' must be false: {_STATELESS}", "store")
     _num(body, "max_output_tokens", None, 1, max_limit, integer=True)
