@@ -441,3 +441,37 @@ def _children(pid: int, word: str) -> list[int]:
         if ppid == pid and word in cmd:
             found.append(int(d))
     return found
+
+
+def test_chat_logprobs_of_reasoning_tokens_are_in_content(server) -> None:
+    """With thinking on, every generated token's logprob is in `logprobs.content` (where vLLM puts
+    them, reasoning or not; the recipe wrote the reasoning tokens' under `logprobs.reasoning_content`,
+    which OpenAI's object and clients do not have), in generation order; streamed and not."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 6,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "thinking": {"type": "enabled"},
+    }
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
+    choice = r["choices"][0]
+    message, logprobs = choice["message"], choice["logprobs"]
+    assert message["reasoning_content"], r  # the tiny model does not close its reasoning in 6 tokens
+    assert set(logprobs) == {"content"}, logprobs
+    tokens = logprobs["content"]
+    assert "".join(t["token"] for t in tokens) == message["reasoning_content"] + (message["content"] or "")
+    assert tokens and all(t["logprob"] <= 0 and len(t["top_logprobs"]) == 2 for t in tokens)
+    streamed = []
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: {"):
+                for c in json.loads(line[6:])["choices"]:
+                    lp = c.get("logprobs") or {}
+                    assert "reasoning_content" not in lp, lp
+                    text = (c["delta"].get("reasoning_content") or "") + (c["delta"].get("content") or "")
+                    assert "".join(t["token"] for t in lp.get("content") or []) == text, c
+                    streamed += lp.get("content") or []
+    assert [t["token"] for t in streamed] == [t["token"] for t in tokens]

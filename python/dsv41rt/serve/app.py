@@ -28,7 +28,7 @@ from .engine_loop import EngineLoop, Tracked
 from .guard import Guard, error_response
 from .messages_api import MessagesApi, anthropic_errors
 from .openapi_schema import ServedApi, install_openapi
-from .protocol import CHAT_USAGE, ApiError, ChatProtocol, Tokenizers, include_usage
+from .protocol import CHAT_USAGE, ApiError, ChatProtocol, Tokenizers, include_usage, reasoning_logprobs_in_content
 from .recipe_stream import ClientGone, RecipeRun, SseFraming
 from .recipe_stream import outputs as _outputs
 from .recipe_stream import stream_error as _stream_error
@@ -220,10 +220,11 @@ def create_app(state: ServerState) -> FastAPI:
 
             def frames(chunk) -> list[str]:
                 text = chunk.to_json()
-                if not tools.parallel:
+                if not tools.parallel or (prep.logprobs and '"reasoning_content":[' in text):
                     d = json.loads(text)
                     if not tools.chunk(d):
                         return []
+                    reasoning_logprobs_in_content(d)
                     text = json.dumps(d)
                 text, extra = _stream_usage(text, with_usage, run.fix_usage)
                 usage_chunk[:] = [f"data: {extra}\n\n"] if extra else usage_chunk
@@ -238,6 +239,7 @@ def create_app(state: ServerState) -> FastAPI:
         def finish(d: dict) -> None:
             run.fix_usage(d.get("usage"))
             tools.response(d)
+            reasoning_logprobs_in_content(d)
 
         return await run.respond(request, response, finish)
 

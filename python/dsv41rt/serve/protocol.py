@@ -365,6 +365,20 @@ def tokens_chunk(out: Any, logprobs: bool) -> dr.InferenceChunk:
     return dr.InferenceChunk.tokens(out.new_tokens, lps)
 
 
+def reasoning_logprobs_in_content(d: dict) -> None:
+    """Put (in place) a chat chunk's or response's reasoning-token logprobs where vLLM puts them:
+    in `logprobs.content`, before the content tokens' (generation order). The recipe writes them
+    under `logprobs.reasoning_content`, a key OpenAI's logprobs object does not have, so clients
+    reading `logprobs.content` missed the reasoning tokens; vLLM gives every generated token's
+    logprob in `content`, reasoning or not (a thinking model's `</think>` token aside here: the
+    recipe writes no logprob for it)."""
+    for choice in d.get("choices") or []:
+        lp = choice.get("logprobs")
+        if isinstance(lp, dict) and "reasoning_content" in lp:
+            reasoning = lp.pop("reasoning_content") or []
+            lp["content"] = reasoning + (lp.get("content") or [])
+
+
 FINISH = {"length": dr.InferenceFinishReason.Length, "stop": dr.InferenceFinishReason.Stop}
 
 
