@@ -152,7 +152,8 @@ def _json_or_named_events(schema: JsonSchema, event_error: JsonSchema) -> JsonSc
 
 
 def responses_request(api: ServedApi) -> JsonSchema:
-    """OpenAI's Responses API as responses_api.py reads it: text and reasoning, stateless, no tools."""
+    """OpenAI's Responses API as responses_api.py reads it: text and reasoning, stateless, function
+    tools (tool_choice auto / none; the history's call items are not described here)."""
     text_part = {
         "type": "object",
         "required": ["type", "text"],
@@ -191,12 +192,16 @@ def responses_request(api: ServedApi) -> JsonSchema:
             "metadata": _nullable({"type": "object", "additionalProperties": {"type": "string"}}),
             "store": _nullable({"const": False, "description": "stateless: nothing is stored"}),
             "user": _nullable({"type": "string"}),
+            "tools": _nullable({"type": "array", "items": RESPONSES_TOOL}),
+            "tool_choice": _nullable({"enum": ["auto", "none"], "description": "a forced call is not applied yet"}),
+            "parallel_tool_calls": _nullable({"const": True}),
         },
     }
 
 
 def messages_request(api: ServedApi) -> JsonSchema:
-    """Anthropic's Messages API as messages_api.py reads it: text and thinking, no tool use."""
+    """Anthropic's Messages API as messages_api.py reads it: text, thinking and custom tools
+    (tool_choice auto / none; tool_use / tool_result blocks of a history are not described here)."""
     text_block = {
         "type": "object",
         "required": ["type", "text"],
@@ -244,6 +249,16 @@ def messages_request(api: ServedApi) -> JsonSchema:
                 }
             ),
             "metadata": _nullable({"type": "object"}),
+            "tools": _nullable({"type": "array", "items": ANTHROPIC_TOOL}),
+            "tool_choice": _nullable(
+                {
+                    "type": "object",
+                    "required": ["type"],
+                    "additionalProperties": False,
+                    "properties": {"type": {"enum": ["auto", "none"]}},
+                    "description": "a forced call (any, tool) is not applied yet",
+                }
+            ),
         },
     }
 
@@ -387,6 +402,28 @@ TOOL: JsonSchema = {
             },
         },
     },
+}
+
+_FUNCTION_FIELDS: JsonSchema = {
+    "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+    "description": {"type": "string"},
+}
+RESPONSES_TOOL: JsonSchema = {
+    "type": "object",
+    "required": ["type", "name"],
+    "additionalProperties": False,
+    "properties": {
+        "type": {"const": "function"},
+        **_FUNCTION_FIELDS,
+        "parameters": {"type": "object"},
+        "strict": {"type": "boolean"},
+    },
+}
+ANTHROPIC_TOOL: JsonSchema = {
+    "type": "object",
+    "required": ["name", "input_schema"],
+    "additionalProperties": False,
+    "properties": {**_FUNCTION_FIELDS, "input_schema": {"type": "object"}},
 }
 
 REASONING_EFFORTS = ["none", "minimal", "low", "medium", "high", "xhigh", "ultra", "max"]  # deepseek-recipe's
@@ -664,7 +701,7 @@ def operations(api: ServedApi) -> dict[tuple[str, str], Operation]:
             gen_errors,
         ),
         ("post", "/v1/responses"): Operation(
-            "OpenAI Responses API (text and reasoning; stateless, no tools).",
+            "OpenAI Responses API (text, reasoning and function tools; stateless).",
             {
                 "200": _json_or_named_events(
                     {
@@ -679,7 +716,7 @@ def operations(api: ServedApi) -> dict[tuple[str, str], Operation]:
             gen_errors,
         ),
         ("post", "/v1/messages"): Operation(
-            "Anthropic Messages API (text and thinking, no tool use); errors in Anthropic's shape.",
+            "Anthropic Messages API (text, thinking and tool use); errors in Anthropic's shape.",
             {
                 "200": _json_or_named_events(
                     {
