@@ -248,94 +248,108 @@ TEST_P(BackendAttention, SparseAttentionOverTwoKeyArrays) {
   };
   // D 512 with K = 128 window + 512 top-k is the release shape (64 heads: 8 CUDA head groups);
   // K 4500 gives each CUDA block more keys than one softmax pass holds (online rescale); 12 heads
-  // leave a CUDA head group part empty, and D 36 leaves lanes without channels.
+  // leave a CUDA head group part empty, and D 36 leaves lanes without channels (FP32 kernel only).
+  // Each case runs twice: FP32 keys, and keys that are BF16 values (the quantised caches' rows),
+  // which the CUDA backend runs on tensor cores: 20 heads leave the second 16-head tile part
+  // empty, D 192 gives warps unequal K steps, K 333 leaves a partial 64-key chunk.
   for (const Case c : {Case{9, 4, 64, 30, 20, 12}, Case{5, 8, 512, 128, 300, 640},
                        Case{3, 2, 128, 3000, 2000, 4500}, Case{2, 64, 512, 700, 100, 640},
-                       Case{4, 12, 36, 50, 10, 45}}) {
+                       Case{4, 12, 36, 50, 10, 45}, Case{6, 20, 192, 90, 400, 333}}) {
     const int64_t S = c.S, H = c.H, D = c.D, T = c.Ta + c.Tb, K = c.K;
     SCOPED_TRACE("D " + std::to_string(D) + " K " + std::to_string(K));
-    const std::vector<float> q = normal(S * H * D), kv_a = normal(c.Ta * D),
-                             kv_b = normal(c.Tb * D);
+    const std::vector<float> q = normal(S * H * D), kv_a32 = normal(c.Ta * D),
+                             kv_b32 = normal(c.Tb * D);
     const std::vector<float> sink = normal(H, 2.0);
     std::vector<int32_t> idx(static_cast<size_t>(S * K));
     for (int32_t& j : idx) j = randint(0, 9) < 3 ? -1 : int32_t(randint(0, T - 1));
     std::fill_n(idx.begin(), K, -1);  // query 0 has no key: zero output
     const float scale = float(1.0 / std::sqrt(double(D)));
-    auto run = [&](Backend& b, const std::vector<int32_t>& indices) {
-      Buffer<float> dq = upload(b, q), da = upload(b, kv_a), db = upload(b, kv_b),
-                    dsink = upload(b, sink);
-      Buffer<int32_t> di = upload(b, indices);
-      Buffer<float> out = poisoned<float>(b, S * H * D);
-      b.sparse_attention(dq.get(), da.get(), c.Ta, db.get(), c.Tb, di.get(), dsink.get(), S, H, D,
-                         K, scale, out.get(), b.stream(0));
-      return out.download();
-    };
-    const std::vector<float> got = run(backend(), idx);
-    EXPECT_TRUE(bitwise_equal(std::vector<float>(got.begin(), got.begin() + H * D),
-                              std::vector<float>(size_t(H * D), 0.0f)))
-        << "query without keys";
-    if (on_cuda()) {
-      EXPECT_LE(rel_error(got, run(cpu(), idx)), 1e-5);
-      // A row does not depend on the batch: query 1 alone gives the same bits.
-      {
-        Backend& b = backend();
-        Buffer<float> dq = upload(b, std::vector<float>(q.begin() + H * D, q.begin() + 2 * H * D));
-        Buffer<float> da = upload(b, kv_a), db = upload(b, kv_b), dsink = upload(b, sink);
-        Buffer<int32_t> di = upload(b, std::vector<int32_t>(idx.begin() + K, idx.begin() + 2 * K));
-        Buffer<float> out = poisoned<float>(b, H * D);
-        b.sparse_attention(dq.get(), da.get(), c.Ta, db.get(), c.Tb, di.get(), dsink.get(), 1, H, D,
-                           K, scale, out.get(), b.stream(0));
-        EXPECT_TRUE(bitwise_equal(out.download(),
-                                  std::vector<float>(got.begin() + H * D, got.begin() + 2 * H * D)))
-            << "query 1 alone";
+    for (const bool keys_bf16 : {false, true}) {
+      SCOPED_TRACE(keys_bf16 ? "BF16-valued keys" : "FP32 keys");
+      std::vector<float> kv_a = kv_a32, kv_b = kv_b32;
+      if (keys_bf16) {
+        for (float& v : kv_a) v = round_bf16(v);
+        for (float& v : kv_b) v = round_bf16(v);
       }
-      // Indices outside [−1, T) cannot be checked by the launcher: the kernel skips them like −1
-      // (kernels/cuda/attention.cuh), where the CPU reference throws (below).
-      std::vector<int32_t> bad = idx, cleaned = idx;
-      for (int64_t s = 0; s < S; ++s) bad[s * K] = int32_t(T + 5), cleaned[s * K] = -1;
-      bad[K - 1] = -7, cleaned[K - 1] = -1;
-      EXPECT_LE(rel_error(run(backend(), bad), run(cpu(), cleaned)), 1e-5);
-      continue;
-    }
-    // Float64 softmax with sink. Bound per output channel: the logit error Δ = γ_{D+1}·scale·
-    // Σ|q·k| enters every weight twice (numerator and denominator) plus exp and division
-    // roundings, and the K-term weighted sum adds γ_{K+2}:
-    //   |o_d − ref_d| <= (3Δ + 3γ_{K+4}) · Σ_j p_j |v_jd| / (Σ_j p_j + p_sink).
-    std::vector<double> want(got.size()), tol(got.size());
-    for (int64_t s = 0; s < S; ++s) {
-      for (int64_t h = 0; h < H; ++h) {
-        const float* qh = &q[(s * H + h) * D];
-        std::vector<double> logit(static_cast<size_t>(K)), delta(static_cast<size_t>(K));
-        double m = sink[h], max_delta = 0;
-        for (int64_t j = 0; j < K; ++j) {
-          const int32_t r = idx[s * K + j];
-          if (r < 0) continue;
-          const float* v = r < c.Ta ? &kv_a[r * D] : &kv_b[(r - c.Ta) * D];
-          double dot = 0, abs_dot = 0;
-          for (int64_t d = 0; d < D; ++d)
-            dot += double(qh[d]) * v[d], abs_dot += std::abs(double(qh[d]) * v[d]);
-          logit[j] = dot * scale;
-          max_delta =
-              std::max(max_delta, gamma_n(D + 1) * scale * abs_dot + kU * std::abs(logit[j]));
-          m = std::max(m, logit[j]);
+      auto run = [&](Backend& b, const std::vector<int32_t>& indices) {
+        Buffer<float> dq = upload(b, q), da = upload(b, kv_a), db = upload(b, kv_b),
+                      dsink = upload(b, sink);
+        Buffer<int32_t> di = upload(b, indices);
+        Buffer<float> out = poisoned<float>(b, S * H * D);
+        b.sparse_attention(dq.get(), da.get(), c.Ta, db.get(), c.Tb, di.get(), dsink.get(), S, H, D,
+                           K, scale, keys_bf16, out.get(), b.stream(0));
+        return out.download();
+      };
+      const std::vector<float> got = run(backend(), idx);
+      EXPECT_TRUE(bitwise_equal(std::vector<float>(got.begin(), got.begin() + H * D),
+                                std::vector<float>(size_t(H * D), 0.0f)))
+          << "query without keys";
+      if (on_cuda()) {
+        EXPECT_LE(rel_error(got, run(cpu(), idx)), 1e-5);
+        // A row does not depend on the batch: query 1 alone gives the same bits.
+        {
+          Backend& b = backend();
+          Buffer<float> dq =
+              upload(b, std::vector<float>(q.begin() + H * D, q.begin() + 2 * H * D));
+          Buffer<float> da = upload(b, kv_a), db = upload(b, kv_b), dsink = upload(b, sink);
+          Buffer<int32_t> di =
+              upload(b, std::vector<int32_t>(idx.begin() + K, idx.begin() + 2 * K));
+          Buffer<float> out = poisoned<float>(b, H * D);
+          b.sparse_attention(dq.get(), da.get(), c.Ta, db.get(), c.Tb, di.get(), dsink.get(), 1, H,
+                             D, K, scale, keys_bf16, out.get(), b.stream(0));
+          EXPECT_TRUE(bitwise_equal(
+              out.download(), std::vector<float>(got.begin() + H * D, got.begin() + 2 * H * D)))
+              << "query 1 alone";
         }
-        double denom = std::exp(sink[h] - m);
-        std::vector<double> acc(static_cast<size_t>(D), 0.0), abs_acc(static_cast<size_t>(D), 0.0);
-        for (int64_t j = 0; j < K; ++j) {
-          const int32_t r = idx[s * K + j];
-          if (r < 0) continue;
-          const float* v = r < c.Ta ? &kv_a[r * D] : &kv_b[(r - c.Ta) * D];
-          const double p = std::exp(logit[j] - m);
-          denom += p;
-          for (int64_t d = 0; d < D; ++d) acc[d] += p * v[d], abs_acc[d] += p * std::abs(v[d]);
-        }
-        for (int64_t d = 0; d < D; ++d) {
-          want[(s * H + h) * D + d] = acc[d] / denom;
-          tol[(s * H + h) * D + d] = (3 * max_delta + 3 * gamma_n(K + 4)) * abs_acc[d] / denom;
+        // Indices outside [−1, T) cannot be checked by the launcher: the kernel skips them like −1
+        // (kernels/cuda/attention.cuh), where the CPU reference throws (below).
+        std::vector<int32_t> bad = idx, cleaned = idx;
+        for (int64_t s = 0; s < S; ++s) bad[s * K] = int32_t(T + 5), cleaned[s * K] = -1;
+        bad[K - 1] = -7, cleaned[K - 1] = -1;
+        EXPECT_LE(rel_error(run(backend(), bad), run(cpu(), cleaned)), 1e-5);
+        continue;
+      }
+      // Float64 softmax with sink. Bound per output channel: the logit error Δ = γ_{D+1}·scale·
+      // Σ|q·k| enters every weight twice (numerator and denominator) plus exp and division
+      // roundings, and the K-term weighted sum adds γ_{K+2}:
+      //   |o_d − ref_d| <= (3Δ + 3γ_{K+4}) · Σ_j p_j |v_jd| / (Σ_j p_j + p_sink).
+      std::vector<double> want(got.size()), tol(got.size());
+      for (int64_t s = 0; s < S; ++s) {
+        for (int64_t h = 0; h < H; ++h) {
+          const float* qh = &q[(s * H + h) * D];
+          std::vector<double> logit(static_cast<size_t>(K)), delta(static_cast<size_t>(K));
+          double m = sink[h], max_delta = 0;
+          for (int64_t j = 0; j < K; ++j) {
+            const int32_t r = idx[s * K + j];
+            if (r < 0) continue;
+            const float* v = r < c.Ta ? &kv_a[r * D] : &kv_b[(r - c.Ta) * D];
+            double dot = 0, abs_dot = 0;
+            for (int64_t d = 0; d < D; ++d)
+              dot += double(qh[d]) * v[d], abs_dot += std::abs(double(qh[d]) * v[d]);
+            logit[j] = dot * scale;
+            max_delta =
+                std::max(max_delta, gamma_n(D + 1) * scale * abs_dot + kU * std::abs(logit[j]));
+            m = std::max(m, logit[j]);
+          }
+          double denom = std::exp(sink[h] - m);
+          std::vector<double> acc(static_cast<size_t>(D), 0.0),
+              abs_acc(static_cast<size_t>(D), 0.0);
+          for (int64_t j = 0; j < K; ++j) {
+            const int32_t r = idx[s * K + j];
+            if (r < 0) continue;
+            const float* v = r < c.Ta ? &kv_a[r * D] : &kv_b[(r - c.Ta) * D];
+            const double p = std::exp(logit[j] - m);
+            denom += p;
+            for (int64_t d = 0; d < D; ++d) acc[d] += p * v[d], abs_acc[d] += p * std::abs(v[d]);
+          }
+          for (int64_t d = 0; d < D; ++d) {
+            want[(s * H + h) * D + d] = acc[d] / denom;
+            tol[(s * H + h) * D + d] = (3 * max_delta + 3 * gamma_n(K + 4)) * abs_acc[d] / denom;
+          }
         }
       }
+      EXPECT_TRUE(within(got, want, tol));
     }
-    EXPECT_TRUE(within(got, want, tol));
   }
 }
 
@@ -352,14 +366,16 @@ TEST_P(BackendAttention, RejectsBadSizes) {
   EXPECT_THROW(be.candidate_blocks(f.get(), i64.get(), 1, 8, 2, /*block_size=*/0, u8.get(), s),
                Error);
   EXPECT_THROW(be.topk_select(f.get(), 1, 8, /*k=*/-1, i32.get(), s), Error);
-  EXPECT_THROW(be.sparse_attention(f.get(), f.get(), 4, f.get(), 4, i32.get(), f.get(), 1, 1,
-                                   /*D=*/0, 4, 1.0f, f.get(), s),
-               Error);
+  for (const bool keys_bf16 : {false, true}) {
+    EXPECT_THROW(be.sparse_attention(f.get(), f.get(), 4, f.get(), 4, i32.get(), f.get(), 1, 1,
+                                     /*D=*/0, 4, 1.0f, keys_bf16, f.get(), s),
+                 Error);
+  }
   if (!on_cuda()) {
     // The CPU reference rejects key indices outside [−1, T) (CUDA skips them, tested above).
     Buffer<int32_t> bad = upload(be, std::vector<int32_t>{0, 9, -1, 2});
     EXPECT_THROW(be.sparse_attention(f.get(), f.get(), 4, f.get(), 4, bad.get(), f.get(), 1, 1, 8,
-                                     4, 1.0f, f.get(), s),
+                                     4, 1.0f, false, f.get(), s),
                  Error);
   }
 }

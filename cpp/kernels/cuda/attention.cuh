@@ -27,4 +27,20 @@ DSV41RT_API cudaError_t sparse_attention_split(const float* q, const float* kv_a
                                                int64_t n_heads, int64_t D, int64_t K, float scale,
                                                float* out, cudaStream_t stream);
 
+/// The same on tensor cores (kernels/cuda/attention_tc.cu), for key arrays whose every element is
+/// a BF16 value (the quantised caches' rows: spec §5.5). Queries and probabilities are split into
+/// three BF16 parts, so every product is the FP32 reference's; sums are FP32 in another order
+/// (the tensor core's accumulation, 4 key slices combined in rank order): ~1e-6 relative. A key
+/// element that is not a BF16 value is rounded to one (the caller's precondition, not checked).
+/// Requires sparse_attention_tc_supported (cudaErrorInvalidValue otherwise).
+DSV41RT_API cudaError_t sparse_attention_tc(const float* q, const float* kv_a, int64_t T_a,
+                                            const float* kv_b, int64_t T_b, const int32_t* indices,
+                                            const float* sink, int64_t S, int64_t n_heads,
+                                            int64_t D, int64_t K, float scale, float* out,
+                                            cudaStream_t stream);
+
+/// D a multiple of 64 up to 512 and q, kv_a, kv_b 16-byte aligned.
+DSV41RT_API bool sparse_attention_tc_supported(int64_t D, const float* q, const float* kv_a,
+                                               const float* kv_b);
+
 }  // namespace dsv41rt::kernels::cuda

@@ -186,10 +186,12 @@ class DSV41RT_API Backend {
   virtual void topk_select(const float* scores, int64_t S, int64_t T, int64_t k, int32_t* idx,
                            Stream s) = 0;
   /// Sparse attention with sink over [kv_a (T_a rows) | kv_b (T_b rows)] (kernels/attention.h).
+  /// keys_bf16: the caller promises every key element is a BF16 value (the quantised caches'
+  /// rows), which lets a backend run the products on BF16 tensor cores without rounding them.
   virtual void sparse_attention(const float* q, const float* kv_a, int64_t T_a, const float* kv_b,
                                 int64_t T_b, const int32_t* idx, const float* sink, int64_t S,
-                                int64_t n_heads, int64_t D, int64_t K, float scale, float* out,
-                                Stream s) = 0;
+                                int64_t n_heads, int64_t D, int64_t K, float scale, bool keys_bf16,
+                                float* out, Stream s) = 0;
   virtual void gather_rows(const float* src, const int64_t* rows, int64_t n, int64_t dim,
                            float* dst, Stream s) = 0;
   virtual void scale(float* x, int64_t n, float factor, Stream s) = 0;

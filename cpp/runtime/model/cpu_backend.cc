@@ -300,8 +300,8 @@ class CpuBackend final : public Backend {
   }
   void sparse_attention(const float* q, const float* kv_a, int64_t T_a, const float* kv_b,
                         int64_t T_b, const int32_t* idx, const float* sink, int64_t S,
-                        int64_t n_heads, int64_t D, int64_t K, float scale, float* out,
-                        Stream) override {
+                        int64_t n_heads, int64_t D, int64_t K, float scale, bool /*keys_bf16*/,
+                        float* out, Stream) override {
     k::sparse_attention_split(q, kv_a, T_a, kv_b, T_b, idx, sink, S, n_heads, D, K, scale, out);
   }
   void gather_rows(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst,

@@ -328,8 +328,15 @@ class CudaBackend final : public Backend {
   }
   void sparse_attention(const float* q, const float* kv_a, int64_t T_a, const float* kv_b,
                         int64_t T_b, const int32_t* idx, const float* sink, int64_t S,
-                        int64_t n_heads, int64_t D, int64_t K, float scale, float* out,
-                        Stream s) override {
+                        int64_t n_heads, int64_t D, int64_t K, float scale, bool keys_bf16,
+                        float* out, Stream s) override {
+    // Tensor cores when the keys are BF16 values (the quantised caches); the FP32 CUDA-core
+    // kernel for FP32 caches (kv_cache_dtype fp32) and shapes the tensor-core kernel does not take.
+    if (keys_bf16 && kc::sparse_attention_tc_supported(D, q, kv_a, kv_b)) {
+      DSV41RT_CU(kc::sparse_attention_tc(q, kv_a, T_a, kv_b, T_b, idx, sink, S, n_heads, D, K,
+                                         scale, out, cs(s)));
+      return;
+    }
     DSV41RT_CU(kc::sparse_attention_split(q, kv_a, T_a, kv_b, T_b, idx, sink, S, n_heads, D, K,
                                           scale, out, cs(s)));
   }

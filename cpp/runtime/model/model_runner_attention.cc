@@ -213,8 +213,11 @@ void ModelRunner::attention(const LayerPlan& layer, const LayerWeights& w, const
                         KI ? topk_.get() : nullptr, mr ? mr->comp_offset : nullptr, f.old_rows + N,
                         idx, s);
   float* o = buf(o_, NQ * nh * D);
+  // The quantised caches' rows (and this forward's rows after cache_qdq) are BF16 values.
+  const bool keys_bf16 = fmt.window != kernels::RowFormat::kF32 &&
+                         (layer.ratio == 0 || fmt.kv != kernels::RowFormat::kF32);
   be_.sparse_attention(q, kv_a, f.old_rows + N, comp, comp_rows, idx, w.attn_sink, NQ, nh, D,
-                       W + KI, float(1.0 / std::sqrt(double(D))), o, s);
+                       W + KI, float(1.0 / std::sqrt(double(D))), keys_bf16, o, s);
   be_.apply_rope(o, NQ, nh, D, R, meta_.q_positions, w.inv_freq, true, s);
   const int64_t g = c.o_groups, kg = nh * D / g, ro = c.o_lora_rank;
   float* z = buf(z_, NQ * g * ro);
