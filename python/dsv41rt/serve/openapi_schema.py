@@ -21,6 +21,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from .guard import OPEN_PATHS
+from .openapi_responses import CHAT_CHUNK, CHAT_RESPONSE, COMPLETION_CHUNK, COMPLETION_RESPONSE
 
 JsonSchema = dict[str, Any]
 FLOAT32_MIN_NORMAL = 1.1754943508222875e-38
@@ -282,24 +283,6 @@ def _num(lo: float, hi: float) -> JsonSchema:
     return {"type": "number", "minimum": lo, "maximum": hi}
 
 
-USAGE: JsonSchema = {
-    "type": "object",
-    "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
-    "properties": {
-        "prompt_tokens": {"type": "integer", "minimum": 0},
-        "completion_tokens": {"type": "integer", "minimum": 0},
-        "total_tokens": {"type": "integer", "minimum": 0},
-        "prompt_tokens_details": {"type": ["object", "null"]},
-        "completion_tokens_details": {"type": ["object", "null"]},
-        # DeepSeek's API names for the prefix-cache split
-        "prompt_cache_hit_tokens": {"type": "integer", "minimum": 0},
-        "prompt_cache_miss_tokens": {"type": "integer", "minimum": 0},
-    },
-}
-
-FINISH_REASON: JsonSchema = {"type": ["string", "null"], "enum": ["stop", "length", "tool_calls", None]}
-
-
 def _sampling_fields(api: ServedApi) -> JsonSchema:
     """Fields both generation routes read, with the bounds protocol.py checks."""
     token_id = _int(0, api.vocab - 1)
@@ -480,116 +463,6 @@ def completion_request(api: ServedApi) -> JsonSchema:
             "suffix": {"type": "null"},
         },
     }
-
-
-CHAT_RESPONSE: JsonSchema = {
-    "type": "object",
-    "required": ["id", "object", "created", "model", "choices", "usage"],
-    "properties": {
-        "id": {"type": "string"},
-        "object": {"const": "chat.completion"},
-        "created": {"type": "integer"},
-        "model": {"type": "string"},
-        "system_fingerprint": {"type": ["string", "null"]},
-        "choices": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["index", "message", "finish_reason"],
-                "properties": {
-                    "index": {"type": "integer"},
-                    "message": {
-                        "type": "object",
-                        "required": ["role"],
-                        "properties": {
-                            "role": {"const": "assistant"},
-                            "content": {"type": ["string", "null"]},
-                            "reasoning_content": {"type": ["string", "null"]},
-                            "tool_calls": {"type": ["array", "null"]},
-                        },
-                    },
-                    "logprobs": {"type": ["object", "null"]},
-                    "finish_reason": FINISH_REASON,
-                },
-            },
-        },
-        "usage": USAGE,
-    },
-}
-
-COMPLETION_RESPONSE: JsonSchema = {
-    "type": "object",
-    "required": ["id", "object", "created", "model", "choices", "usage"],
-    "properties": {
-        "id": {"type": "string"},
-        "object": {"const": "text_completion"},
-        "created": {"type": "integer"},
-        "model": {"type": "string"},
-        "choices": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["index", "text", "logprobs", "finish_reason"],
-                "properties": {
-                    "index": {"type": "integer"},
-                    "text": {"type": "string"},
-                    "logprobs": {
-                        "type": ["object", "null"],
-                        "required": ["tokens", "token_logprobs", "top_logprobs", "text_offset"],
-                    },
-                    "finish_reason": FINISH_REASON,
-                },
-            },
-        },
-        "usage": USAGE,
-    },
-}
-
-
-CHAT_CHUNK: JsonSchema = {
-    "type": "object",
-    "required": ["id", "object", "created", "model", "choices"],
-    "properties": {
-        "id": {"type": "string"},
-        "object": {"const": "chat.completion.chunk"},
-        "created": {"type": "integer"},
-        "model": {"type": "string"},
-        "system_fingerprint": {"type": ["string", "null"]},
-        "choices": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["index", "delta", "finish_reason"],
-                "properties": {
-                    "index": {"type": "integer"},
-                    "delta": {
-                        "type": "object",
-                        "properties": {
-                            "role": {"const": "assistant"},
-                            "content": {"type": ["string", "null"]},
-                            "reasoning_content": {"type": ["string", "null"]},
-                            "tool_calls": {"type": ["array", "null"]},
-                        },
-                    },
-                    "logprobs": {"type": ["object", "null"]},
-                    "finish_reason": FINISH_REASON,
-                },
-            },
-        },
-        # null on every chunk when stream_options.include_usage asked for it, then a last chunk
-        # with no choices and the usage
-        "usage": {"anyOf": [USAGE, {"type": "null"}]},
-    },
-}
-
-COMPLETION_CHUNK: JsonSchema = {
-    "type": "object",
-    "required": ["id", "object", "created", "model", "choices"],
-    "properties": {
-        **COMPLETION_RESPONSE["properties"],
-        "usage": USAGE,  # only on the last chunk (no choices), when stream_options.include_usage asked
-    },
-}
 
 
 def tokenize_request(api: ServedApi) -> JsonSchema:
