@@ -91,3 +91,26 @@ def tiny_v41_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     out = str(tmp_path_factory.mktemp("ck") / "tiny-v41-seed1")
     make_checkpoint(preset_config_json("tiny-v41"), out, 1, name="tiny-v41")
     return out
+
+
+# The server's built-in tiny random model and its chat protocol, for the serve tests that drive the
+# routes' code without a server (test_serve_tools*.py); one per test module.
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from dsv41rt.serve.tiny_model import ensure_tiny_model
+
+    return ensure_tiny_model(str(tmp_path_factory.mktemp("builtin") / "tiny-v41-seed0"))
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_dir: str):
+    from dsv41rt.serve.protocol import Tokenizers
+
+    return Tokenizers(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def chat(tok):
+    from dsv41rt.serve.protocol import ChatProtocol
+
+    return ChatProtocol(tok, ("dsv41rt-tiny-v41",), True, tok.hf.get_vocab_size())

@@ -14,7 +14,7 @@ import deepseek_recipe as dr
 import httpx
 import openai
 import pytest
-from dsv41rt.serve.protocol import ApiError, ChatProtocol, Tokenizers
+from dsv41rt.serve.protocol import ApiError, ChatProtocol
 from dsv41rt.serve.tool_calls import ParsedOutput, ToolCallAccumulator, ToolSettings, parse_output
 from serve_harness import LiveServer
 
@@ -119,23 +119,6 @@ RECORDED = [
         ("Just thinking < here.", "The answer is 4 <3.", []),
     ),
 ]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> str:
-    from dsv41rt.serve.tiny_model import ensure_tiny_model
-
-    return ensure_tiny_model(str(tmp_path_factory.mktemp("builtin") / "tiny-v41-seed0"))
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_dir) -> Tokenizers:
-    return Tokenizers(tiny_dir)
-
-
-@pytest.fixture(scope="module")
-def chat(tok) -> ChatProtocol:
-    return ChatProtocol(tok, (MODEL,), True, tok.hf.get_vocab_size())
 
 
 def _body(thinking: bool, **extra) -> dict:

@@ -20,7 +20,6 @@ import httpx
 import openai
 import pytest
 from dsv41rt.serve.messages_api import MessagesApi
-from dsv41rt.serve.protocol import ChatProtocol, Tokenizers
 from dsv41rt.serve.responses_api import ResponsesApi
 from serve_harness import LiveServer
 from test_serve_tools import RECORDED, TOOLS, D, _FakeEngine, engine_outputs
@@ -39,23 +38,6 @@ RESPONSES_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
 # Recorded outputs with at least one call: (thinking, text, reasoning, content, calls).
 WITH_CALLS = [(r[1], r[2], *r[3]) for r in RECORDED if r[3][2]]
 NAMES = [r[0] for r in RECORDED if r[3][2]]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> str:
-    from dsv41rt.serve.tiny_model import ensure_tiny_model
-
-    return ensure_tiny_model(str(tmp_path_factory.mktemp("builtin") / "tiny-v41-seed0"))
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_dir) -> Tokenizers:
-    return Tokenizers(tiny_dir)
-
-
-@pytest.fixture(scope="module")
-def chat(tok) -> ChatProtocol:
-    return ChatProtocol(tok, (MODEL,), True, tok.hf.get_vocab_size())
 
 
 def _steps(ids: list[int], seed: int) -> list[list[int]]:
