@@ -1,5 +1,6 @@
 // Prefix cache (see prefix_cache.h). Eviction scans the tree for its least recently used
-// candidate: linear in the cached pages, which is small next to a forward over them.
+// candidate: linear in the cached pages, which is small next to a forward over them. The host
+// tier's side (offload, restore): prefix_cache_host.cc.
 #include "runtime/engine/prefix_cache.h"
 
 #include <algorithm>
@@ -8,20 +9,21 @@
 #include <utility>
 
 #include "core/status.h"
+#include "runtime/engine/prefix_cache_node.h"
 
 namespace dsv41rt::engine {
 
-struct PrefixCache::Node {
-  Node* parent = nullptr;
-  std::vector<int32_t> key;  // the block's tokens (empty at the root)
-  std::map<std::vector<int32_t>, std::unique_ptr<Node>> children;
-  int32_t page = -1;      // the cache's reference (-1 at the root)
-  int32_t snapshot = -1;  // slot holding the state at the end of this block, or -1
-  uint64_t last_use = 0;
-};
-
-PrefixCache::PrefixCache(model::KvPool& pool)
-    : pool_(pool), page_tokens_(pool.geometry().page_tokens), root_(std::make_unique<Node>()) {}
+PrefixCache::PrefixCache(model::KvPool& pool, int64_t host_bytes, model::HostStateCopy* copy)
+    : pool_(pool),
+      page_tokens_(pool.geometry().page_tokens),
+      root_(std::make_unique<Node>()),
+      copy_(copy) {
+  DSV41RT_CHECK(host_bytes >= 0, "host-cache-memory must be >= 0 bytes, got ", host_bytes);
+  if (host_bytes == 0) return;
+  DSV41RT_CHECK(copy != nullptr, "prefix cache: the host tier needs a host copier");
+  tier_ = std::make_unique<HostTier>(host_bytes,
+                                     [copy](int64_t bytes) { return copy->alloc_host(bytes); });
+}
 
 PrefixCache::~PrefixCache() {
   try {
@@ -46,9 +48,12 @@ PrefixHit PrefixCache::lookup(const std::vector<int32_t>& tokens, int64_t max_to
     n = child(*n, tokens.data() + end - page_tokens_);
     if (!n) break;
     path.push_back(n);
-    if (n->snapshot >= 0) {
-      hit.tokens = end;
-      hit.snapshot_slot = n->snapshot;
+  }
+  if (tier_) restore_path(path);  // brings nodes on host back where it can
+  for (size_t k = 0; k < path.size() && path[k]->resident(); ++k) {
+    if (path[k]->snapshot >= 0) {
+      hit.tokens = int64_t(k + 1) * page_tokens_;
+      hit.snapshot_slot = path[k]->snapshot;
     }
   }
   // The nodes up to the hit are used; deeper ones matched but are not (no snapshot past them).
@@ -88,6 +93,14 @@ bool PrefixCache::insert(const std::vector<int32_t>& tokens, int64_t boundary,
   for (int64_t k = 0; k < blocks; ++k) {
     const int32_t* block = tokens.data() + k * page_tokens_;
     Node* next = child(*n, block);
+    if (next && !next->resident()) {
+      // On the host: the request computed the block itself, so its page takes the node back
+      // (equal bytes) and the host copy goes; its parent is resident already (walked through).
+      pool_.retain_pages({pages[size_t(k)]});
+      forget_host(next);
+      next->page = pages[size_t(k)];
+      ++stats_.pages;
+    }
     if (!next) {
       pool_.retain_pages({pages[size_t(k)]});  // throws, changing nothing, on a bad page
       auto node = std::make_unique<Node>();
@@ -131,12 +144,18 @@ void PrefixCache::drop_snapshot(const std::vector<int32_t>& tokens, int64_t boun
   --stats_.snapshots;
 }
 
-void PrefixCache::erase_leaf(Node* n) {
-  DSV41RT_CHECK_CODE(kInternal, n != root_.get() && n->children.empty(),
-                     "prefix cache: erasing a node that is not a leaf");
-  std::vector<int32_t> table{n->page};
-  pool_.free_pages(table);
-  --stats_.pages;
+void PrefixCache::erase_subtree(Node* n) {
+  DSV41RT_CHECK_CODE(kInternal, n != root_.get(), "prefix cache: erasing the root");
+  // Leaves first. Only nodes without resident children are erased while resident, so the pages
+  // freed here are never ones a request's deeper page depends on.
+  while (!n->children.empty()) erase_subtree(n->children.begin()->second.get());
+  if (n->resident()) {
+    std::vector<int32_t> table{n->page};
+    pool_.free_pages(table);
+    --stats_.pages;
+  } else {
+    forget_host(n);
+  }
   if (n->snapshot >= 0) {
     pool_.free_slot(n->snapshot);
     --stats_.snapshots;
@@ -149,18 +168,20 @@ bool PrefixCache::evict_page() {
   Node* victim = nullptr;
   std::function<void(Node&)> scan = [&](Node& n) {
     for (auto& [key, c] : n.children) scan(*c);
-    // Only the cache holds the page of a leaf with one reference (requests hold whole prefixes,
-    // so a held node's ancestors are held too).
-    if (&n != root_.get() && n.children.empty() && pool_.page_refs(n.page) == 1 &&
-        (!victim || n.last_use < victim->last_use)) {
+    // Only the cache holds the page of a node with one reference (requests hold whole
+    // prefixes, so a held node's ancestors are held too); nodes with resident children wait for
+    // them, so resident nodes stay a subtree holding the root.
+    if (&n != root_.get() && n.resident() && !n.pinned && !n.has_resident_child() &&
+        pool_.page_refs(n.page) == 1 && (!victim || n.last_use < victim->last_use)) {
       victim = &n;
     }
   };
   scan(*root_);
   if (!victim) return false;
-  if (victim->snapshot >= 0) ++stats_.evicted_snapshots;
-  erase_leaf(victim);
   ++stats_.evicted_pages;
+  if (tier_ && offload(victim)) return true;
+  if (victim->snapshot >= 0) ++stats_.evicted_snapshots;
+  erase_subtree(victim);
   return true;
 }
 
@@ -168,7 +189,8 @@ bool PrefixCache::evict_snapshot(int32_t spare) {
   Node* victim = nullptr;
   std::function<void(Node&)> scan = [&](Node& n) {
     for (auto& [key, c] : n.children) scan(*c);
-    if (n.snapshot >= 0 && n.snapshot != spare && (!victim || n.last_use < victim->last_use)) {
+    if (n.snapshot >= 0 && n.snapshot != spare && !n.pinned &&
+        (!victim || n.last_use < victim->last_use)) {
       victim = &n;
     }
   };
@@ -194,23 +216,17 @@ void PrefixCache::release_snapshot(int32_t slot) {
 }
 
 void PrefixCache::reset() {
-  // Leaves first, so every erase sees a leaf.
-  std::function<void(Node&)> drop = [&](Node& n) {
-    while (!n.children.empty()) {
-      Node& c = *n.children.begin()->second;
-      drop(c);
-      erase_leaf(&c);
-    }
-  };
-  drop(*root_);
+  while (!root_->children.empty()) erase_subtree(root_->children.begin()->second.get());
+  if (tier_) tier_->clear();  // empty already: every node on host was forgotten above
 }
 
 PrefixCacheStats PrefixCache::stats() const {
   PrefixCacheStats s = stats_;
+  s.host_bytes = tier_ ? tier_->used_bytes() : 0;
   // A request holding a node holds its ancestors, so every unreferenced node can be evicted.
   std::function<void(const Node&)> walk = [&](const Node& n) {
     for (const auto& [key, c] : n.children) {
-      s.reclaimable_pages += pool_.page_refs(c->page) == 1 ? 1 : 0;
+      s.reclaimable_pages += c->resident() && pool_.page_refs(c->page) == 1 ? 1 : 0;
       walk(*c);
     }
   };
@@ -220,13 +236,21 @@ PrefixCacheStats PrefixCache::stats() const {
 
 void PrefixCache::owners(std::vector<std::vector<int32_t>>& page_tables,
                          std::vector<int32_t>& slots) const {
-  int64_t pages = 0, snapshots = 0;
+  int64_t pages = 0, snapshots = 0, host = 0;
   std::function<void(const Node&)> walk = [&](const Node& n) {
     for (const auto& [key, c] : n.children) {
-      DSV41RT_CHECK_CODE(
-          kInternal,
-          c->parent == &n && c->key == key && int64_t(key.size()) == page_tokens_ && c->page >= 0,
-          "prefix cache: malformed node (page ", c->page, ")");
+      DSV41RT_CHECK_CODE(kInternal,
+                         c->parent == &n && c->key == key &&
+                             int64_t(key.size()) == page_tokens_ && !c->pinned,
+                         "prefix cache: malformed node (page ", c->page, ")");
+      if (!c->resident()) {
+        check_host(*c);  // owns no device page and no slot
+        ++host;
+        walk(*c);
+        continue;
+      }
+      DSV41RT_CHECK_CODE(kInternal, &n == root_.get() || n.resident(),
+                         "prefix cache: resident page ", c->page, " under a node on host");
       page_tables.push_back({c->page});
       ++pages;
       if (c->snapshot >= 0) {
@@ -240,6 +264,11 @@ void PrefixCache::owners(std::vector<std::vector<int32_t>>& page_tables,
   DSV41RT_CHECK_CODE(kInternal, pages == stats_.pages && snapshots == stats_.snapshots,
                      "prefix cache: counts ", stats_.pages, " pages / ", stats_.snapshots,
                      " snapshots, the tree holds ", pages, " / ", snapshots);
+  DSV41RT_CHECK_CODE(kInternal,
+                     host == stats_.host_pages && int64_t(host_nodes_.size()) == host &&
+                         (tier_ ? tier_->entries() : 0) == host,
+                     "prefix cache: counts ", stats_.host_pages, " nodes on host, the tree holds ",
+                     host, ", the host tier ", (tier_ ? tier_->entries() : 0));
 }
 
 }  // namespace dsv41rt::engine

@@ -14,15 +14,27 @@
 // no request holds (its snapshot goes with it); a snapshot alone when a slot is needed. A page a
 // request holds is never evicted: a request holding a node's page holds every ancestor's too.
 //
+// Host tier (host_tier.h; off unless given a byte budget): an evicted page and the snapshot at its
+// end are copied into host memory instead of being forgotten, and the node stays in the tree "on
+// host" (no device page, no slot). A lookup that runs through nodes on host copies them back into
+// fresh pages (ancestors first) and, for the node the hit ends at, its snapshot into a fresh slot;
+// when the pool has no page to give, the hit stops at the last node it could bring back. Resident
+// nodes form a subtree holding the root (a resident node's parent is resident), so the device
+// eviction still takes only nodes without resident children, and the host tier dropping an entry
+// takes the node's whole subtree, which is all on host.
+//
 // Thread-safety: none; owned by the scheduler on the engine thread.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "core/export.h"
+#include "runtime/engine/host_tier.h"
+#include "runtime/model/host_state_copy.h"
 #include "runtime/model/kv_pool.h"
 
 namespace dsv41rt::engine {
@@ -41,11 +53,19 @@ struct PrefixCacheStats {
   int64_t reclaimable_pages = 0;  ///< of them, held by no request (evictable, leaf by leaf)
   int64_t snapshots = 0;          ///< slots holding snapshots
   int64_t evicted_pages = 0, evicted_snapshots = 0;
+  int64_t host_pages = 0;       ///< nodes on the host tier (their pages are not in the pool)
+  int64_t host_snapshots = 0;   ///< of them, with their snapshot on the host too
+  int64_t host_bytes = 0;       ///< host-tier bytes in use
+  int64_t offloaded_pages = 0;  ///< evicted pages copied to the host tier (total)
+  int64_t restored_pages = 0;   ///< pages copied back from the host tier (total)
 };
 
 class DSV41RT_API PrefixCache {
  public:
-  explicit PrefixCache(model::KvPool& pool);
+  /// `host_bytes` > 0 turns the host tier on (then `copy`, which moves pool storage to and from
+  /// the host, is required and must outlive the cache); 0 = off.
+  explicit PrefixCache(model::KvPool& pool, int64_t host_bytes = 0,
+                       model::HostStateCopy* copy = nullptr);
   ~PrefixCache();
   PrefixCache(const PrefixCache&) = delete;
   PrefixCache& operator=(const PrefixCache&) = delete;
@@ -53,7 +73,9 @@ class DSV41RT_API PrefixCache {
   int64_t page_tokens() const { return page_tokens_; }
 
   /// The longest cached prefix of `tokens` of at most `max_tokens` positions that ends at a
-  /// snapshot; marks its nodes used.
+  /// snapshot; marks its nodes used. Nodes on the host tier along the way are brought back into
+  /// pool pages (and the hit's snapshot into a slot), evicting other unreferenced cached pages if
+  /// needed; the hit stops at the last node that could be brought back.
   PrefixHit lookup(const std::vector<int32_t>& tokens, int64_t max_tokens);
   /// Counts one request's lookup for the stats: `queried` tokens, `hit` of them cached.
   void record_query(int64_t queried, int64_t hit);
@@ -76,8 +98,9 @@ class DSV41RT_API PrefixCache {
   /// snapshot it took while decoding with a later one).
   void drop_snapshot(const std::vector<int32_t>& tokens, int64_t boundary);
 
-  /// Frees the page of the least recently used leaf no request holds (and its snapshot).
-  /// False when there is none.
+  /// Frees the page of the least recently used node without resident children that no request
+  /// holds (and its snapshot), moving both to the host tier when it is on. False when there is
+  /// none.
   bool evict_page();
   /// Frees the least recently used snapshot slot other than `spare`. False when there is none.
   bool evict_snapshot(int32_t spare = -1);
@@ -85,7 +108,7 @@ class DSV41RT_API PrefixCache {
   /// forgets it without freeing it. Throws Error when no node holds that snapshot.
   void release_snapshot(int32_t slot);
   /// Forgets everything: every reference and snapshot goes back to the pool (pages that requests
-  /// still hold stay with them).
+  /// still hold stay with them), and the host tier is emptied.
   void reset();
 
   PrefixCacheStats stats() const;
@@ -97,13 +120,23 @@ class DSV41RT_API PrefixCache {
   struct Node;
   Node* child(const Node& parent, const int32_t* block) const;
   void touch(Node& n);
-  void erase_leaf(Node* n);
+  void erase_subtree(Node* n);
+  // Host tier (prefix_cache_host.cc).
+  bool offload(Node* n);
+  bool restore(Node* n, bool want_snapshot);
+  void forget_host(Node* n);
+  void restore_path(const std::vector<Node*>& path);
+  void check_host(const Node& n) const;
 
   model::KvPool& pool_;
   int64_t page_tokens_;
   std::unique_ptr<Node> root_;
   uint64_t clock_ = 0;
   PrefixCacheStats stats_;
+  model::HostStateCopy* copy_ = nullptr;
+  std::unique_ptr<HostTier> tier_;  // null when the host tier is off
+  std::unordered_map<uint64_t, Node*> host_nodes_;  // host-tier key -> node on host
+  uint64_t next_host_key_ = 0;
 };
 
 }  // namespace dsv41rt::engine

@@ -24,7 +24,8 @@
 
 namespace dsv41rt::engine {
 
-Scheduler::Scheduler(SchedulerConfig config, KvPool& pool, SlotCopier copier)
+Scheduler::Scheduler(SchedulerConfig config, KvPool& pool, SlotCopier copier,
+                     model::HostStateCopy* host_copy)
     : config_(config), pool_(pool), copier_(std::move(copier)) {
   DSV41RT_CHECK(config_.max_num_seqs >= 1, "scheduler: max_num_seqs must be >= 1, got ",
                 config_.max_num_seqs);
@@ -33,6 +34,8 @@ Scheduler::Scheduler(SchedulerConfig config, KvPool& pool, SlotCopier copier)
                 config_.max_num_batched_tokens);
   DSV41RT_CHECK(config_.max_model_len >= 0, "scheduler: max_model_len must be >= 0, got ",
                 config_.max_model_len);
+  DSV41RT_CHECK(config_.host_cache_bytes >= 0, "host-cache-memory must be >= 0 bytes, got ",
+                config_.host_cache_bytes);
   DSV41RT_CHECK(config_.max_prefill_tokens_while_decoding >= 0,
                 "scheduler: max_prefill_tokens_while_decoding must be >= 0, got ",
                 config_.max_prefill_tokens_while_decoding);
@@ -45,7 +48,7 @@ Scheduler::Scheduler(SchedulerConfig config, KvPool& pool, SlotCopier copier)
   if (config_.enable_prefix_caching) {
     DSV41RT_CHECK(static_cast<bool>(copier_),
                   "scheduler: enable_prefix_caching needs a slot copier");
-    cache_ = std::make_unique<PrefixCache>(pool_);
+    cache_ = std::make_unique<PrefixCache>(pool_, config_.host_cache_bytes, host_copy);
   }
 }
 

@@ -30,6 +30,8 @@
 // through the answer, not only the prompt). Under pool pressure the cache gives back unreferenced
 // pages (least recently used first) before anyone is preempted, and snapshot slots before an
 // admission waits for a slot.
+// With host_cache_bytes, pages the cache evicts go to its host tier and come back on a lookup that
+// reaches them (prefix_cache.h).
 //
 // Thread-safety: none; owned by the engine thread.
 #pragma once
@@ -57,6 +59,9 @@ struct SchedulerConfig {
   int64_t max_model_len = 0;  ///< max prompt + generated tokens per request (0 = pool capacity)
   int64_t max_prefill_tokens_while_decoding = 0;  ///< prefill tokens per step with decodes; 0 = off
   bool enable_prefix_caching = false;  ///< share cached prefixes across requests (needs a copier)
+  /// Bytes of host memory the prefix cache keeps evicted pages and snapshots in (0 = no host
+  /// tier; needs prefix caching and a host copier).
+  int64_t host_cache_bytes = 0;
 };
 
 enum class FinishReason { kNone, kLength, kStop, kAborted };
@@ -109,8 +114,10 @@ class DSV41RT_API Scheduler {
   /// pages): how a snapshot is taken and how it is restored into a request.
   using SlotCopier = std::function<void(int32_t from, int32_t to)>;
 
-  /// `copier` is required when config.enable_prefix_caching is set.
-  Scheduler(SchedulerConfig config, KvPool& pool, SlotCopier copier = {});
+  /// `copier` is required when config.enable_prefix_caching is set; `host_copy` (outliving the
+  /// scheduler) when config.host_cache_bytes > 0 too.
+  Scheduler(SchedulerConfig config, KvPool& pool, SlotCopier copier = {},
+            model::HostStateCopy* host_copy = nullptr);
   ~Scheduler();
 
   /// Throws Error (kInvalidArgument / kOutOfRange) naming the problem for an empty prompt,
