@@ -3,7 +3,8 @@
 // a pool small enough that the cache evicts and the scheduler preempts. After every step the pool
 // invariants hold (every page's references = the tables holding it, the cache's included); every
 // request that finished has the tokens and logprobs the same request gets from an engine without
-// the cache; at the end, after a reset, nothing is held.
+// the cache; at the end, after a reset, nothing is held. Run twice: without and with the host
+// tier (then evicted prefixes come back from host memory, and some must have).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -54,8 +55,7 @@ GenerationParams params(int64_t max_new, uint64_t seed) {
   return g;
 }
 
-TEST(PrefixCacheModelStress, RandomTrafficEqualsNoCacheRun) {
-  if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint";
+void run_stress(int64_t host_cache_bytes) {
   const char* fixed = std::getenv("DSV41RT_TEST_SEED");  // to replay a printed seed
   const unsigned seed = fixed ? unsigned(std::strtoul(fixed, nullptr, 10)) : std::random_device{}();
   std::printf("Prefix cache model stress seed: %u\n", seed);
@@ -71,8 +71,10 @@ TEST(PrefixCacheModelStress, RandomTrafficEqualsNoCacheRun) {
   };
 
   // About 40 pages of 4 positions beside 6 slots: four requests of up to ~100 tokens overflow it.
-  const EngineConfig config{
-      .max_num_seqs = 4, .max_num_batched_tokens = 24, .enable_prefix_caching = true};
+  const EngineConfig config{.max_num_seqs = 4,
+                            .max_num_batched_tokens = 24,
+                            .enable_prefix_caching = true,
+                            .host_cache_bytes = host_cache_bytes};
   Engine engine(load(3420ll << 10), config);
   const model::PoolUsage capacity = engine.stats().pool;
   std::printf("pool: %lld pages, %lld slots\n", (long long)capacity.pages_total,
@@ -111,6 +113,24 @@ TEST(PrefixCacheModelStress, RandomTrafficEqualsNoCacheRun) {
     ASSERT_FALSE(::testing::Test::HasFailure());
   }
   ASSERT_GT(engine.stats().prefix_cache.hits, 0) << "a prompt re-sent to an idle pool must hit";
+  if (host_cache_bytes > 0) {
+    // Likewise a restore: long prompts push the stem out of the pool (to the host), then the
+    // stem again comes back from there.
+    for (int rep = 0; rep < 3; ++rep) {
+      const std::vector<int32_t> prompt = random_tokens(96);
+      const GenerationParams p = params(2, 0);
+      submitted[engine.submit(prompt, p)] = {prompt, p};
+      while (!engine.idle()) step();
+    }
+    const GenerationParams p = params(4, 1);
+    const int64_t hits = engine.stats().prefix_cache.hits;
+    submitted[engine.submit(stems[0], p)] = {stems[0], p};
+    while (!engine.idle()) step();
+    ASSERT_FALSE(::testing::Test::HasFailure());
+    ASSERT_GT(engine.stats().prefix_cache.offloaded_pages, 0);
+    ASSERT_GT(engine.stats().prefix_cache.restored_pages, 0);
+    ASSERT_GT(engine.stats().prefix_cache.hits, hits);
+  }
 
   for (int op = 0; op < 220; ++op) {
     const int64_t dice = uniform(0, 99);
@@ -148,22 +168,26 @@ TEST(PrefixCacheModelStress, RandomTrafficEqualsNoCacheRun) {
   const EngineStats s = engine.stats();
   std::printf(
       "model stress: %zu submitted, %zu finished, %lld preemptions, %lld/%lld tokens hit, %lld "
-      "pages + %lld snapshots evicted\n",
+      "pages + %lld snapshots evicted; host tier: %lld pages offloaded, %lld restored\n",
       submitted.size(), finished.size(), (long long)s.scheduler.preemptions,
       (long long)s.prefix_cache.hits, (long long)s.prefix_cache.queries,
-      (long long)s.prefix_cache.evicted_pages, (long long)s.prefix_cache.evicted_snapshots);
+      (long long)s.prefix_cache.evicted_pages, (long long)s.prefix_cache.evicted_snapshots,
+      (long long)s.prefix_cache.offloaded_pages, (long long)s.prefix_cache.restored_pages);
   EXPECT_GT(finished.size(), 10u);
   EXPECT_GT(s.prefix_cache.hits, 0);
   EXPECT_GT(s.prefix_cache.evicted_pages, 0);  // the pool was under pressure
+  if (host_cache_bytes > 0) EXPECT_GT(s.prefix_cache.restored_pages, 0);
   engine.reset_prefix_cache();
   engine.check_invariants();
   EXPECT_EQ(engine.stats().pool.pages_used, 0);
   EXPECT_EQ(engine.stats().pool.slots_used, 0);
+  EXPECT_EQ(engine.stats().prefix_cache.host_bytes, 0);
 
   // The same requests on an engine without the cache: a request's tokens do not depend on its
   // batch, so all of them at once.
   EngineConfig off = config;
   off.enable_prefix_caching = false;
+  off.host_cache_bytes = 0;
   Engine reference(load(64ll << 20), off);
   std::map<int64_t, int64_t> ref_id;
   for (int64_t id : finished) {
@@ -182,6 +206,21 @@ TEST(PrefixCacheModelStress, RandomTrafficEqualsNoCacheRun) {
     EXPECT_EQ(results.at(id).tokens, expected.at(ref_id.at(id)).tokens);
     EXPECT_EQ(results.at(id).logprobs, expected.at(ref_id.at(id)).logprobs);
   }
+}
+
+TEST(PrefixCacheModelStress, RandomTrafficEqualsNoCacheRun) {
+  if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint";
+  run_stress(0);
+}
+
+TEST(PrefixCacheModelStress, WithTheHostTierEqualsNoCacheRun) {
+  if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint";
+  run_stress(64ll << 20);
+}
+
+TEST(PrefixCacheModelStress, WithASmallHostTierEqualsNoCacheRun) {
+  if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint";
+  run_stress(400ll << 10);  // a few pages and snapshots: the host tier drops entries too
 }
 
 }  // namespace

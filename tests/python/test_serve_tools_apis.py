@@ -313,7 +313,8 @@ MESSAGES_REJECTED = [  # (the body's changes, what the message names)
     ({"tool_choice": "auto"}, "tool_choice"),
     ({"tool_choice": {"type": "any"}}, "tool_choice"),
     ({"tool_choice": {"type": "tool", "name": "search"}}, "tool_choice"),
-    ({"tool_choice": {"type": "auto", "disable_parallel_tool_use": True}}, "disable_parallel_tool_use"),
+    ({"tool_choice": {"type": "auto", "disable_parallel_tool_use": "yes"}}, "disable_parallel_tool_use"),
+    ({"tool_choice": {"type": "auto", "parallel": False}}, "tool_choice.parallel"),
     ({"messages": [{"role": "user", "content": [TOOL_USE]}]}, "messages[0].content[0]"),
     (
         {"messages": [{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]},
@@ -413,7 +414,6 @@ RESPONSES_REJECTED = [  # (the body's changes, the error's param, what the messa
     ({"tools": [{"type": "function", "name": "f", "function": {}}]}, "tools[0]", "tools[0].function"),
     ({"tools": [RESPONSES_TOOLS[0], RESPONSES_TOOLS[0]]}, "tools", "twice"),
     ({"tool_choice": "sometimes"}, "tool_choice", "tool_choice"),
-    ({"parallel_tool_calls": False}, "parallel_tool_calls", "parallel_tool_calls"),
     ({"parallel_tool_calls": "no"}, "parallel_tool_calls", "parallel_tool_calls"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input", "input[0].arguments"),
     ({"input": [{"type": "function_call", "call_id": "", "name": "f", "arguments": "{}"}]}, "input", "call_id"),

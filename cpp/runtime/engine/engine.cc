@@ -16,8 +16,10 @@ class Engine::Impl {
         scheduler_(
             SchedulerConfig{std::min(config.max_num_seqs, exec_->pool().usage().slots_total),
                             config.max_num_batched_tokens, config.max_model_len,
-                            config.max_prefill_tokens_while_decoding, config.enable_prefix_caching},
-            exec_->pool(), [this](int32_t from, int32_t to) { copy_slot(from, to); }) {}
+                            config.max_prefill_tokens_while_decoding, config.enable_prefix_caching,
+                            config.host_cache_bytes},
+            exec_->pool(), [this](int32_t from, int32_t to) { copy_slot(from, to); },
+            exec_->host_state_copy()) {}
 
   void check(const std::vector<int32_t>& prompt, const GenerationParams& params) const {
     const ModelConfig& c = exec_->plan().config;

@@ -45,6 +45,12 @@ Scheduler::Scheduler(SchedulerConfig config, KvPool& pool, SlotCopier copier,
                 " pages, ", u.slots_total, " slots)");
   if (config_.max_model_len == 0)
     config_.max_model_len = u.pages_total * pool_.geometry().page_tokens;
+  DSV41RT_CHECK(config_.host_cache_bytes == 0 || config_.enable_prefix_caching,
+                "host-cache-memory (", config_.host_cache_bytes,
+                " bytes) needs enable-prefix-caching");
+  DSV41RT_CHECK(config_.host_cache_bytes == 0 || host_copy != nullptr,
+                "host-cache-memory is not supported by this executor (the context-parallel "
+                "drivers keep a request's state on several ranks)");
   if (config_.enable_prefix_caching) {
     DSV41RT_CHECK(static_cast<bool>(copier_),
                   "scheduler: enable_prefix_caching needs a slot copier");

@@ -19,6 +19,7 @@
 #include "dsv41rt/runtime.hpp"  // BackendStats, Decisions, Switch
 #include "kernels/sampling.h"
 #include "runtime/dequant_workspace.h"
+#include "runtime/model/host_state_copy.h"
 #include "runtime/model/kv_pool.h"
 #include "runtime/model/layer_plan.h"
 #include "runtime/model/memory_plan.h"
@@ -146,6 +147,10 @@ class DSV41RT_API Executor {
   /// `length` positions) into `dst`'s slot and pages, which must already cover that length. The
   /// destination then continues exactly as the source would (same logits for the same tokens).
   virtual void copy_state(const RequestView& src, const RequestView& dst) = 0;
+  /// Moves pages and slot states between the pool and host memory (the prefix cache's host
+  /// tier), or null where that is not supported (the context-parallel drivers: their state is
+  /// spread over several ranks' pools).
+  virtual HostStateCopy* host_state_copy() { return nullptr; }
   /// This executor as rank comm.rank() of a context-parallel group (every rank calls it with the
   /// same batch, its own request views and logits buffers): it computes the query rows
   /// g % size == rank of the batch's global rows, all-gathers each layer's normed hidden states

@@ -64,6 +64,9 @@ ModelExecutor::ModelExecutor(ModelPlan plan, ModelWeights weights, EngramTables 
       g, memory_.num_slots * g.slot_bytes + memory_.num_pages * g.page_bytes, memory_.num_slots,
       [be](int64_t bytes) { return std::static_pointer_cast<uint8_t>(be->alloc(bytes)); }));
   histories_.assign(size_t(memory_.num_slots * std::max<int64_t>(layout_->history_len(), 1)), 0);
+  host_copy_ = std::make_unique<BackendHostCopy>(
+      *backend_, *pool_, std::max<int64_t>(layout_->history_len(), 1),
+      [this](int32_t slot) { return history(pool_->slot_data(slot)); });
   workspaces_ = DequantWorkspaces([be](int64_t bytes) { return be->alloc(bytes); });
   runner_ =
       std::make_unique<ModelRunner>(plan_, *backend_, weights_, *layout_, *pool_, workspaces_);

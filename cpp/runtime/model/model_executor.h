@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "runtime/model/backend.h"
+#include "runtime/model/backend_host_copy.h"
 #include "runtime/model/decode_graphs.h"
 #include "runtime/model/executor.h"
 #include "runtime/model/model_runner.h"
@@ -25,6 +26,7 @@ class ModelExecutor final : public Executor {
     forward_impl(batch, &comm);
   }
   void copy_state(const RequestView& src, const RequestView& dst) override;
+  HostStateCopy* host_state_copy() override { return host_copy_.get(); }
 
   const ModelPlan& plan() const override { return plan_; }
   const StateLayout& layout() const override { return *layout_; }
@@ -51,6 +53,7 @@ class ModelExecutor final : public Executor {
   std::unique_ptr<KvPool> pool_;
   DequantWorkspaces workspaces_;
   std::vector<int32_t> histories_;  // every slot's Engram history (planning input, host side)
+  std::unique_ptr<BackendHostCopy> host_copy_;
   std::unique_ptr<ModelRunner> runner_;
   DecodeGraphs graphs_;
   bool bf16_gemm_ = false;  // tensor-core GEMM inputs (precision "bf16" or "fp8")

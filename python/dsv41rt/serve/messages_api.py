@@ -7,7 +7,8 @@ block, then text block, then a tool_use block per call with `input_json_delta`s;
 the engine path is the chat route's (recipe_stream.py). This module checks what the recipe would
 accept silently or reject without naming the field (the tool checks are tool_calls.py's, shared with
 chat), gives the calls Anthropic's `toolu_` ids, and answers errors in Anthropic's shape.
-`tool_choice` any / a named tool is a 400 until grammar-constrained decoding exists.
+`tool_choice` any / a named tool is a 400 until grammar-constrained decoding exists;
+`tool_choice.disable_parallel_tool_use: true` returns at most the first call (single_call.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .protocol import (
     recipe_request,
 )
 from .recipe_stream import Admit, RecipeRun, SseFraming, named_event_frames
+from .single_call import MESSAGES_ITEMS, FirstCallOnly
 from .tool_calls import check_function, check_tool_list, forced_choice
 
 MESSAGES_PATH = "/v1/messages"
@@ -157,12 +159,18 @@ def check_tools(body: dict) -> None:
         raise forced_choice(choice, '{"type": "auto"} or {"type": "none"}')
     if kind not in ("auto", "none"):
         raise ApiError(400, '\'tool_choice\' must be {"type": "auto" | "none"}', "tool_choice")
-    if set(choice) - {"type", "disable_parallel_tool_use"}:
-        raise ApiError(400, f"'tool_choice.{sorted(set(choice) - {'type'})[0]}' is not supported", "tool_choice")
+    extra = set(choice) - {"type", "disable_parallel_tool_use"}
+    if extra:
+        raise ApiError(400, f"'tool_choice.{sorted(extra)[0]}' is not supported", "tool_choice")
     flag = choice.get("disable_parallel_tool_use")
-    if flag not in (None, False):
-        # The stream cannot yet drop the later calls' blocks (chat's parallel_tool_calls: false can).
-        raise ApiError(400, "'tool_choice.disable_parallel_tool_use' true is not supported yet", "tool_choice")
+    if flag is not None and not isinstance(flag, bool):
+        raise ApiError(400, f"'tool_choice.disable_parallel_tool_use' must be a boolean, got {flag!r}", "tool_choice")
+
+
+def single_call(body: dict) -> bool:
+    """`tool_choice.disable_parallel_tool_use: true` (checked): at most one call is returned."""
+    choice = body.get("tool_choice")
+    return isinstance(choice, dict) and choice.get("disable_parallel_tool_use") is True
 
 
 def check_messages_request(body: dict, max_limit: int) -> None:
@@ -256,6 +264,7 @@ class MessagesApi:
         model, rid = body["model"], f"msg_{uuid.uuid4().hex}"
         generator = dr.MessagesRequest.chunk_generator(prep.conversation, rid, model)
         run = RecipeRun(self.state, self.admit, prep, generator, MESSAGES_USAGE)
+        single = FirstCallOnly(MESSAGES_ITEMS) if single_call(body) else None
 
         def final_usage(d: dict) -> None:
             # message_start carries the prompt's usage (output 0); message_delta and the response
@@ -269,7 +278,14 @@ class MessagesApi:
             def error_frame(err: ApiError) -> str:
                 return f"event: error\ndata: {json.dumps(as_anthropic(err).body())}\n\n"
 
-            frames = named_event_frames(dr.MessagesResponse, final_usage, ("usage", "tool_use"))
+            keep = single.keep if single else None
+            frames = named_event_frames(dr.MessagesResponse, final_usage, ("usage", "tool_use"), keep)
             return run.stream(SseFraming(frames, tuple, error_frame))
         response = dr.MessagesResponse(rid, model, int(time.time()), len(prep.prompt), 0)
-        return await run.respond(request, response, final_usage)
+
+        def finish(d: dict) -> None:
+            final_usage(d)
+            if single:
+                single.trim(d)
+
+        return await run.respond(request, response, finish)

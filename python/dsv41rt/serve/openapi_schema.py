@@ -195,7 +195,7 @@ def responses_request(api: ServedApi) -> JsonSchema:
             "user": _nullable({"type": "string"}),
             "tools": _nullable({"type": "array", "items": RESPONSES_TOOL}),
             "tool_choice": _nullable({"enum": ["auto", "none"], "description": "a forced call is not applied yet"}),
-            "parallel_tool_calls": _nullable({"const": True}),
+            "parallel_tool_calls": _nullable({"type": "boolean", "description": "false: at most one call"}),
         },
     }
 
@@ -256,7 +256,10 @@ def messages_request(api: ServedApi) -> JsonSchema:
                     "type": "object",
                     "required": ["type"],
                     "additionalProperties": False,
-                    "properties": {"type": {"enum": ["auto", "none"]}},
+                    "properties": {
+                        "type": {"enum": ["auto", "none"]},
+                        "disable_parallel_tool_use": _nullable({"type": "boolean", "description": "at most one call"}),
+                    },
                     "description": "a forced call (any, tool) is not applied yet",
                 }
             ),
@@ -426,7 +429,7 @@ def chat_request(api: ServedApi) -> JsonSchema:
             "top_logprobs": _nullable({**_int(0, 20), "description": "needs logprobs: true"}),
             "tools": _nullable({"type": "array", "items": TOOL}),
             "tool_choice": _nullable({"enum": ["auto", "none"], "description": "a forced call is not applied yet"}),
-            "parallel_tool_calls": _nullable({"const": True}),
+            "parallel_tool_calls": _nullable({"type": "boolean", "description": "false: at most one call"}),
             "thinking": _nullable(
                 {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["enabled", "disabled"]}}}
             ),

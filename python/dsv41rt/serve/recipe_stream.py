@@ -179,16 +179,22 @@ class RecipeRun:
 
 
 def named_event_frames(
-    response_type: Any, rewrite: Callable[[dict], None], keys_to_rewrite: tuple[str, ...]
+    response_type: Any,
+    rewrite: Callable[[dict], None],
+    keys_to_rewrite: tuple[str, ...],
+    keep: Callable[[dict], bool] | None = None,
 ) -> Callable[[Any], Iterable[str]]:
     """SSE with an `event:` line naming each event (Responses and Messages). An event whose JSON
     holds one of `keys_to_rewrite` is parsed and passed to `rewrite` (usage, echoed fields); the
-    others go out as the recipe wrote them."""
+    others go out as the recipe wrote them. With `keep` every event is parsed and passed to it
+    first: False drops the event (no frame), True sends it as `keep` left it (single_call.py)."""
 
     def frames(event: Any) -> Iterable[str]:
         text = event.to_json()
-        if any(f'"{key}"' in text for key in keys_to_rewrite):
+        if keep is not None or any(f'"{key}"' in text for key in keys_to_rewrite):
             d = json.loads(text)
+            if keep is not None and not keep(d):
+                return ()
             rewrite(d)
             text = json.dumps(d)
         return (f"event: {response_type.sse_event_name(event)}\ndata: {text}\n\n",)

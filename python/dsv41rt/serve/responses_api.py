@@ -10,7 +10,8 @@ the recipe would accept silently or reject without naming the field. The server 
 renders `tools` and `function_call` / `function_call_output` items and writes a parsed call as a
 `function_call` output item (streamed: `response.function_call_arguments.delta` / `.done`); the
 checks of the tool fields are tool_calls.py's, shared with chat; `tool_choice` required / named is a
-400 until grammar-constrained decoding exists.
+400 until grammar-constrained decoding exists. `parallel_tool_calls: false` returns at most the
+first call (single_call.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from .protocol import (
     recipe_request,
 )
 from .recipe_stream import Admit, RecipeRun, SseFraming, named_event_frames
+from .single_call import RESPONSES_ITEMS, FirstCallOnly
 from .tool_calls import check_function, check_tool_list, forced_choice
 
 RESPONSES_FIELDS = frozenset(
@@ -78,7 +80,7 @@ def _check_tool(where: str, tool: Any) -> str:
 
 def check_tools(body: dict) -> None:
     """`tools`, `tool_choice` (auto, none; required or a named function need grammar decoding: a
-    400) and `parallel_tool_calls` (false: a 400 until the stream can drop the later calls)."""
+    400) and `parallel_tool_calls` (a boolean; false keeps the first call, single_call.py)."""
     tools = body.get("tools")
     if tools is not None:
         check_tool_list(tools, _check_tool)
@@ -90,10 +92,6 @@ def check_tools(body: dict) -> None:
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise ApiError(400, f"'parallel_tool_calls' must be a boolean, got {parallel!r}", "parallel_tool_calls")
-    if parallel is False:
-        raise ApiError(
-            400, "'parallel_tool_calls' false is not supported yet on /v1/responses (use chat)", "parallel_tool_calls"
-        )
 
 
 def _check_string(item: dict, key: str, where: str, empty_ok: bool = False) -> None:
@@ -211,11 +209,15 @@ class ResponsesApi:
         generator = dr.ResponsesRequest.chunk_generator(prep.conversation, rid, model).with_echo(echo)
         run = RecipeRun(self.state, self.admit, prep, generator, RESPONSES_USAGE)
         metadata = body.get("metadata") or {}
+        parallel = body.get("parallel_tool_calls") is not False
+        single = None if parallel else FirstCallOnly(RESPONSES_ITEMS)
 
         def complete(response: Any) -> None:
-            # The recipe does not echo metadata; the final usage counts every generated token.
+            # The recipe does not echo metadata, and echoes parallel_tool_calls true whatever was
+            # asked; the final usage counts every generated token.
             if isinstance(response, dict):
                 response["metadata"] = metadata
+                response["parallel_tool_calls"] = parallel
                 if response.get("status") in ("completed", "incomplete", "failed"):
                     run.fix_usage(response.get("usage"))
 
@@ -223,12 +225,16 @@ class ResponsesApi:
             sent = [0]  # events sent: the next sequence_number (the recipe numbers them from 0)
 
             named = named_event_frames(
-                dr.ResponsesResponse, lambda event: complete(event.get("response")), ("response",)
+                dr.ResponsesResponse,
+                lambda event: complete(event.get("response")),
+                ("response",),
+                single.keep if single else None,
             )
 
             def frames(event: Any) -> Iterable[str]:
-                sent[0] += 1
-                return named(event)
+                out = tuple(named(event))
+                sent[0] += len(out)
+                return out
 
             def error_frame(err: ApiError) -> str:
                 event = {"type": "error", "code": err.code or err.type, "message": err.message, "param": err.param}
@@ -236,4 +242,10 @@ class ResponsesApi:
 
             return run.stream(SseFraming(frames, tuple, error_frame))
         response = dr.ResponsesResponse(rid, model, int(time.time()), len(prep.prompt), 0)
-        return await run.respond(request, response, complete)
+
+        def finish(d: dict) -> None:
+            complete(d)
+            if single:
+                single.trim(d)
+
+        return await run.respond(request, response, finish)

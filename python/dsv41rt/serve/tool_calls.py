@@ -15,7 +15,8 @@ recipe leaves to the server:
   `tool_choice` "required" or a named function is a 400 until grammar-constrained decoding exists
   (the recipe reports the constraint as `inference_options.output_constraint`, nothing enforces it).
 - `parallel_tool_calls: false`: at most the first call is returned (`ToolSettings.chunk` drops the
-  deltas of later calls from a stream, `ToolSettings.response` trims a whole response).
+  deltas of later calls from a stream, `ToolSettings.response` trims a whole response); the same
+  rule on Responses and Messages is single_call.py's.
 - `parse_output` / `ToolCallAccumulator`: the parsed result as frozen dataclasses, for tests and
   callers that want the calls rather than the protocol's chunks.
 """
