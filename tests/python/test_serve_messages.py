@@ -2,7 +2,7 @@
 model (CPU, behind an API key) driven by the official `anthropic` client and raw HTTP: streamed and
 not, thinking on and off, max_tokens and stop sequences as stop reasons, both key headers, and a 400
 in Anthropic's error shape naming the field for what the route does not apply (tool use:
-test_serve_tools_apis.py)."""
+test_serve_tools_apis.py); `/v1/messages/count_tokens` against /v1/messages' usage."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import os
 import threading
 
+import anthropic
 import httpx
 import pytest
 from serve_harness import LiveServer
@@ -165,6 +166,43 @@ def test_errors_before_the_route_are_in_anthropic_shape(server) -> None:
     assert r.status_code == 400 and r.json()["type"] == "error" and "JSON" in r.json()["error"]["message"]
     r = httpx.post(server.url + "/v1/messages", content=b"hi", headers={"x-api-key": KEY, "content-type": "text/plain"})
     assert r.status_code == 415 and r.json()["type"] == "error", r.text
+
+
+COUNT_TOKENS_REJECTED = [  # (the body's changes, what the message names): the generation's fields too
+    ({"max_tokens": 5}, "max_tokens"),
+    ({"stream": True}, "stream"),
+    ({"temperature": 0.5}, "temperature"),
+    ({"messages": []}, "messages"),
+    ({"messages": None}, "messages"),
+    ({"system": 5}, "system"),
+    ({"thinking": {"type": "sometimes"}}, "thinking"),
+    ({"tools": [{"name": "a b", "input_schema": {"type": "object"}}]}, "tools[0].name"),
+    ({"tool_choice": {"type": "any"}}, "tool_choice"),
+]
+
+
+def test_count_tokens_with_the_anthropic_client(server, client) -> None:
+    """/v1/messages/count_tokens counts the prompt /v1/messages renders for the same body: Anthropic
+    reports a prompt's tokens as input_tokens plus what the prefix cache served (cache_read)."""
+    tools = [{"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    for fields in (
+        {"messages": [{"role": "user", "content": "count me, a prompt never sent before"}]},
+        {"messages": USER_HI, "system": "Be brief.", "thinking": {"type": "disabled"}},
+        {"messages": USER_HI, "tools": tools, "tool_choice": {"type": "auto", "disable_parallel_tool_use": True}},
+    ):
+        counted = client.messages.count_tokens(model=MODEL, **fields)
+        r = client.messages.create(model=MODEL, max_tokens=2, **fields)
+        assert counted.input_tokens == r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0), (fields, r.usage)
+    r = httpx.post(server.url + "/v1/messages/count_tokens", json={"model": MODEL, "messages": USER_HI})
+    assert r.status_code == 401 and r.json()["type"] == "error", r.text  # behind the key, in Anthropic's shape
+    for change, named in COUNT_TOKENS_REJECTED:
+        body = {"model": MODEL, "messages": USER_HI, **change}
+        r = httpx.post(server.url + "/v1/messages/count_tokens", json=body, headers={"x-api-key": KEY}, timeout=60)
+        assert r.status_code == 400, (change, r.text)
+        assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error", r.text
+        assert named in r.json()["error"]["message"], (change, r.text)
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.count_tokens(model="nope", messages=USER_HI)  # type: ignore[arg-type]
 
 
 def test_raw_stream_frames_name_their_events(server) -> None:

@@ -31,6 +31,7 @@ ROUTES = {
     ("post", "/v1/completions"),
     ("post", "/v1/responses"),
     ("post", "/v1/messages"),
+    ("post", "/v1/messages/count_tokens"),
 }
 WITH_BODY = {(m, p) for m, p in ROUTES if m == "post" and p != "/reset_prefix_cache"}
 
@@ -70,7 +71,7 @@ def test_openapi_json_describes_every_route(server) -> None:
     for (method, path), op in ops.items():
         for status, response in op["responses"].items():
             if status.startswith(("4", "5")) and "content" in response and path != "/ready":  # {"ready": false}
-                error = "AnthropicError" if path == "/v1/messages" else "Error"
+                error = "AnthropicError" if path.startswith("/v1/messages") else "Error"
                 assert response["content"]["application/json"]["schema"] == {"$ref": f"#/components/schemas/{error}"}
         if (method, path) in WITH_BODY:
             assert {"400", "413", "415", "500", "503"} <= set(op["responses"]), (path, sorted(op["responses"]))

@@ -4,7 +4,8 @@ server's own app (create_app, every route as served) with a scripted engine that
 V4.1 output holding two DSML calls in multi-token steps (the tiny random model almost never calls a
 tool), driven by the official `openai` and `anthropic` clients, streamed and not: the first call is
 returned, no delta or event of the second is sent, and the streams stay well-formed (contiguous
-indices and sequence numbers)."""
+indices and sequence numbers). Also /v1/messages/count_tokens against the same app: it counts the
+prompt /v1/messages reports as `usage.input_tokens` (the scripted engine has no prefix cache)."""
 
 from __future__ import annotations
 
@@ -168,3 +169,36 @@ def test_messages_disable_parallel_tool_use(app, claude, seed) -> None:
     assert indices == {0, 1, 2}  # no event of a fourth block (the second call)
     partial = "".join(e.delta.partial_json for e in events if e.type == "content_block_delta" and e.index == 2)  # type: ignore[union-attr]
     _first_call_only(starts[2].content_block.name, partial)  # type: ignore[union-attr]
+
+
+COUNTED = [  # (name, the body's fields besides model and max_tokens)
+    ("one user turn", {"messages": USER}),
+    ("system, thinking off", {"system": "Be brief.", "thinking": {"type": "disabled"}, "messages": USER}),
+    ("tools and a tool choice", {"messages": USER, "tools": ANTHROPIC_TOOLS, "tool_choice": {"type": "auto"}}),
+    (
+        "a tool conversation",
+        {
+            "messages": [
+                *USER,
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": "Look it up.", "signature": "s"},
+                        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
+                    ],
+                },
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "21C"}]},
+            ],
+            "tools": ANTHROPIC_TOOLS,
+            "output_config": {"effort": "high"},
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize("name,fields", COUNTED, ids=[n for n, _ in COUNTED])
+def test_count_tokens_is_the_messages_input_tokens(claude, name, fields) -> None:
+    counted = claude.messages.count_tokens(model=MODEL, **fields)
+    r = claude.messages.create(model=MODEL, max_tokens=1024, **fields)
+    assert r.usage.cache_read_input_tokens == 0  # the scripted engine caches nothing
+    assert counted.input_tokens == r.usage.input_tokens > 0, (counted, r.usage)

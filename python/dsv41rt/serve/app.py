@@ -1,11 +1,11 @@
 """The FastAPI application: OpenAI-compatible routes over the engine thread.
 
 Routes: /v1/chat/completions, /v1/completions, /v1/responses (OpenAI's Responses API),
-/v1/messages (Anthropic's Messages API; SSE streaming and not), /v1/models, /tokenize, /detokenize,
-/health, /ready, /metrics, /version. Errors are OpenAI-style bodies (Anthropic's shape on
-/v1/messages) with the status the conventions give (400 invalid, 401 key, 404 model, 413 body size,
-503 queue full or draining with Retry-After). A client that disconnects cancels its request, which
-frees its pages at once.
+/v1/messages (Anthropic's Messages API; SSE streaming and not) and its /v1/messages/count_tokens,
+/v1/models, /tokenize, /detokenize, /health, /ready, /metrics, /version. Errors are OpenAI-style
+bodies (Anthropic's shape on the /v1/messages routes) with the status the conventions give (400
+invalid, 401 key, 404 model, 413 body size, 503 queue full or draining with Retry-After). A client
+that disconnects cancels its request, which frees its pages at once.
 """
 
 from __future__ import annotations
@@ -254,6 +254,11 @@ def create_app(state: ServerState) -> FastAPI:
     async def messages(request: Request):
         with anthropic_errors():
             return await messages_api.handle(await _read_json(request, cfg.max_request_bytes), request)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request):
+        with anthropic_errors():
+            return messages_api.count_tokens(await _read_json(request, cfg.max_request_bytes))
 
     @app.post("/v1/completions")
     async def completions(request: Request):

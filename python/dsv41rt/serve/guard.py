@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .messages_api import MESSAGES_PATH, as_anthropic
+from .messages_api import ANTHROPIC_PATHS, as_anthropic
 from .protocol import ApiError
 
 log = logging.getLogger("dsv41rt.serve")
@@ -99,8 +99,8 @@ class Guard:
 
         # The one place a bug becomes a 500 (the app has no exception handler for Exception: behind
         # it Starlette re-raises, and the server would log the error a second time).
-        # Anthropic's Messages route answers in Anthropic's error shape, its refusals too.
-        shaped = as_anthropic if scope.get("path") == MESSAGES_PATH else _as_is
+        # Anthropic's Messages routes answer in Anthropic's error shape, their refusals too.
+        shaped = as_anthropic if scope.get("path") in ANTHROPIC_PATHS else _as_is
         try:
             refusal = await self._refusal(Request(scope, receive))
             if refusal is not None:

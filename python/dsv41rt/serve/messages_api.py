@@ -9,6 +9,11 @@ accept silently or reject without naming the field (the tool checks are tool_cal
 chat), gives the calls Anthropic's `toolu_` ids, and answers errors in Anthropic's shape.
 `tool_choice` any / a named tool is a 400 until grammar-constrained decoding exists;
 `tool_choice.disable_parallel_tool_use: true` returns at most the first call (single_call.py).
+
+`POST /v1/messages/count_tokens` (Anthropic's token counting, which Claude Code calls) takes the
+same body without the generation fields and answers `{"input_tokens": N}`: the length of the prompt
+the same conversion and encoding give /v1/messages, so N is what a /v1/messages call with that body
+reports as `usage.input_tokens` plus `usage.cache_read_input_tokens` (the prefix cache's share).
 """
 
 from __future__ import annotations
@@ -40,11 +45,16 @@ from .single_call import MESSAGES_ITEMS, FirstCallOnly
 from .tool_calls import check_function, check_tool_list, forced_choice
 
 MESSAGES_PATH = "/v1/messages"
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+ANTHROPIC_PATHS = (MESSAGES_PATH, COUNT_TOKENS_PATH)  # errors in Anthropic's shape
 
 MESSAGES_FIELDS = frozenset(
     "model messages system max_tokens temperature top_p top_k stop_sequences stream thinking output_config"
     " metadata tools tool_choice".split()
 )
+# What Anthropic's count_tokens reads (the conversation, not the generation's settings); the other
+# fields of /v1/messages are a 400 naming them there, as Anthropic's API answers.
+COUNT_TOKENS_FIELDS = frozenset("model messages system thinking output_config tools tool_choice".split())
 # Anthropic's `output_config.effort` values; the recipe maps them as chat's `reasoning_effort` (medium: high).
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 # The keys of a custom tool (Anthropic's tool definition); `type` is absent or "custom".
@@ -184,6 +194,12 @@ def check_messages_request(body: dict, max_limit: int) -> None:
     stops = body.get("stop_sequences")
     if stops is not None and not (isinstance(stops, list) and all(isinstance(s, str) and s for s in stops)):
         raise ApiError(400, "'stop_sequences' must be a list of non-empty strings", "stop_sequences")
+    check_conversation(body)
+
+
+def check_conversation(body: dict) -> None:
+    """The checks of what the prompt is rendered from (shared with count_tokens): thinking, effort,
+    system, tools and messages."""
     thinking = body.get("thinking")
     if thinking is not None:
         kind = thinking.get("type") if isinstance(thinking, dict) else None
@@ -249,13 +265,25 @@ class MessagesApi:
     def __init__(self, state: Any, admit: Admit) -> None:
         self.state, self.admit = state, admit
 
+    def encode(self, body: dict) -> tuple[dr.ConversationRequest, list[int]]:
+        """The conversation of a checked body and its prompt (the same for count_tokens)."""
+        return self.state.chat.encode(recipe_request(dr.MessagesRequest, _recipe_body(body)))
+
+    def count_tokens(self, body: dict) -> dict[str, int]:
+        """`{"input_tokens": N}`: the prompt /v1/messages would render for `body`, counted. No
+        context check: a client counts to learn whether its conversation still fits."""
+        self.state.chat.check_model(body)
+        check_known_fields(body, COUNT_TOKENS_FIELDS)
+        check_conversation(body)
+        return {"input_tokens": len(self.encode(body)[1])}
+
     def prepare(self, body: dict) -> PreparedChat:
         state, cfg = self.state, self.state.cfg
         state.chat.check_model(body)
         check_messages_request(body, cfg.max_tokens_limit)
         # Anthropic's range: temperature in [0, 1]; they apply in both modes, as chat's do.
         asked_sampling = RequestedSampling.of(body, max_temperature=1.0)
-        conv, prompt = state.chat.encode(recipe_request(dr.MessagesRequest, _recipe_body(body)))
+        conv, prompt = self.encode(body)
         budget = OutputBudget(body["max_tokens"], "max_tokens", state.context_limit, cfg.default_max_tokens)
         return state.chat.prepared(body, conv, prompt, asked_sampling, budget, "messages")
 

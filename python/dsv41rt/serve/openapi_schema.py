@@ -74,7 +74,7 @@ ERROR_REASONS = {
 
 ANTHROPIC_ERROR_BODY: JsonSchema = {
     "type": "object",
-    "description": "Anthropic's error object: every error of /v1/messages (messages_api.py).",
+    "description": "Anthropic's error object: every error of the /v1/messages routes (messages_api.py).",
     "required": ["type", "error"],
     "additionalProperties": False,
     "properties": {
@@ -265,6 +265,25 @@ def messages_request(api: ServedApi) -> JsonSchema:
             ),
         },
     }
+
+
+# The fields of a /v1/messages body that only the generation reads: not in a count_tokens body.
+_GENERATION_ONLY = ("max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "stream", "metadata")
+
+
+def count_tokens_request(api: ServedApi) -> JsonSchema:
+    """Anthropic's count_tokens: a Messages body without the generation's fields (they are a 400)."""
+    messages = messages_request(api)
+    fields = {k: v for k, v in messages["properties"].items() if k not in _GENERATION_ONLY}
+    return {**messages, "required": ["model", "messages"], "properties": fields}
+
+
+COUNT_TOKENS_RESPONSE: JsonSchema = {
+    "type": "object",
+    "required": ["input_tokens"],
+    "additionalProperties": False,
+    "properties": {"input_tokens": {"type": "integer", "minimum": 0}},
+}
 
 
 UNDESCRIBED_OK: JsonSchema = {
@@ -604,6 +623,13 @@ def operations(api: ServedApi) -> dict[tuple[str, str], Operation]:
                 )
             },
             messages_request(api),
+            gen_errors,
+            "AnthropicError",
+        ),
+        ("post", "/v1/messages/count_tokens"): Operation(
+            "Anthropic's token counting: the prompt tokens /v1/messages would report for this body.",
+            {"200": _json(COUNT_TOKENS_RESPONSE)},
+            count_tokens_request(api),
             gen_errors,
             "AnthropicError",
         ),
