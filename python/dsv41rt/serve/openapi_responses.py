@@ -24,6 +24,29 @@ USAGE: JsonSchema = {
 
 FINISH_REASON: JsonSchema = {"type": ["string", "null"], "enum": ["stop", "length", "tool_calls", None]}
 
+# What an assistant message (a response's choice) and a delta (a chunk's) may hold.
+_ASSISTANT_FIELDS: JsonSchema = {
+    "role": {"const": "assistant"},
+    "content": {"type": ["string", "null"]},
+    "reasoning_content": {"type": ["string", "null"]},
+    "tool_calls": {"type": ["array", "null"]},
+}
+
+
+def _chat_choice(key: str, shape: JsonSchema) -> JsonSchema:
+    """A chat choice whose `key` ("message" in a response, "delta" in a chunk) is `shape` (its type
+    and required keys) holding the assistant fields."""
+    return {
+        "type": "object",
+        "required": ["index", key, "finish_reason"],
+        "properties": {
+            "index": {"type": "integer"},
+            key: {**shape, "properties": _ASSISTANT_FIELDS},
+            "logprobs": {"type": ["object", "null"]},
+            "finish_reason": FINISH_REASON,
+        },
+    }
+
 
 CHAT_RESPONSE: JsonSchema = {
     "type": "object",
@@ -34,28 +57,7 @@ CHAT_RESPONSE: JsonSchema = {
         "created": {"type": "integer"},
         "model": {"type": "string"},
         "system_fingerprint": {"type": ["string", "null"]},
-        "choices": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["index", "message", "finish_reason"],
-                "properties": {
-                    "index": {"type": "integer"},
-                    "message": {
-                        "type": "object",
-                        "required": ["role"],
-                        "properties": {
-                            "role": {"const": "assistant"},
-                            "content": {"type": ["string", "null"]},
-                            "reasoning_content": {"type": ["string", "null"]},
-                            "tool_calls": {"type": ["array", "null"]},
-                        },
-                    },
-                    "logprobs": {"type": ["object", "null"]},
-                    "finish_reason": FINISH_REASON,
-                },
-            },
-        },
+        "choices": {"type": "array", "items": _chat_choice("message", {"type": "object", "required": ["role"]})},
         "usage": USAGE,
     },
 }
@@ -98,27 +100,7 @@ CHAT_CHUNK: JsonSchema = {
         "created": {"type": "integer"},
         "model": {"type": "string"},
         "system_fingerprint": {"type": ["string", "null"]},
-        "choices": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["index", "delta", "finish_reason"],
-                "properties": {
-                    "index": {"type": "integer"},
-                    "delta": {
-                        "type": "object",
-                        "properties": {
-                            "role": {"const": "assistant"},
-                            "content": {"type": ["string", "null"]},
-                            "reasoning_content": {"type": ["string", "null"]},
-                            "tool_calls": {"type": ["array", "null"]},
-                        },
-                    },
-                    "logprobs": {"type": ["object", "null"]},
-                    "finish_reason": FINISH_REASON,
-                },
-            },
-        },
+        "choices": {"type": "array", "items": _chat_choice("delta", {"type": "object"})},
         # null on every chunk when stream_options.include_usage asked for it, then a last chunk
         # with no choices and the usage
         "usage": {"anyOf": [USAGE, {"type": "null"}]},
