@@ -303,6 +303,66 @@ TEST(PrefixCacheHostTier, APublisherTakesANodeOnHostBackWithItsOwnPage) {
   EXPECT_EQ(pool.usage().slots_used, 0);
 }
 
+TEST(PrefixCacheHostTier, SnapshotsEvictedAloneComeBackFromTheHost) {
+  KvPool pool(PoolGeometry{kPage, kPageBytes, kSlotBytes}, 8, 4);
+  PoolHostCopy copy(pool);
+  PrefixCache cache(pool, 1 << 20, &copy);
+  const Published p = publish(pool, cache);
+  EXPECT_TRUE(cache.evict_snapshot());  // a slot was needed: the snapshots go to the host
+  EXPECT_TRUE(cache.evict_snapshot());
+  EXPECT_FALSE(cache.evict_snapshot());
+  check(pool, cache);
+  PrefixCacheStats s = cache.stats();
+  EXPECT_EQ(s.snapshots, 0);
+  EXPECT_EQ(s.host_snapshots, 2);
+  EXPECT_EQ(s.offloaded_snapshots, 2);
+  EXPECT_EQ(s.pages, 3);
+  EXPECT_EQ(s.host_bytes, 2 * kSlotBytes);
+  EXPECT_EQ(pool.usage().slots_used, 0);
+  for (int32_t slot = 0; slot < pool.slot_count(); ++slot) {
+    fill(pool.slot_data(slot), kSlotBytes, 98);  // the snapshots can only come from the host
+  }
+  PrefixHit hit = cache.lookup(p.tokens, 12);
+  check(pool, cache);
+  ASSERT_EQ(hit.tokens, 12);
+  EXPECT_EQ(bytes_of(pool.slot_data(hit.snapshot_slot), kSlotBytes), p.snap12);
+  EXPECT_EQ(cache.stats().restored_snapshots, 1);
+  EXPECT_EQ(cache.stats().host_snapshots, 1);  // the one at 8 stays there until wanted
+  // Now every page to the host: the snapshot alone at 8 joins its page's entry.
+  while (cache.evict_page()) check(pool, cache);
+  s = cache.stats();
+  EXPECT_EQ(s.host_pages, 3);
+  EXPECT_EQ(s.host_snapshots, 2);
+  EXPECT_EQ(s.host_bytes, 3 * kPageBytes + 2 * kSlotBytes);
+  scribble(pool);
+  hit = cache.lookup(p.tokens, 11);
+  check(pool, cache);
+  ASSERT_EQ(hit.tokens, 8);
+  EXPECT_EQ(bytes_of(pool.slot_data(hit.snapshot_slot), kSlotBytes), p.snap8);
+  hit = cache.lookup(p.tokens, 12);
+  check(pool, cache);
+  ASSERT_EQ(hit.tokens, 12);
+  EXPECT_EQ(bytes_of(pool.slot_data(hit.snapshot_slot), kSlotBytes), p.snap12);
+  EXPECT_EQ(bytes_of(pool.page_data(hit.pages[2]), kPageBytes), p.page_bytes[2]);
+  // A publisher with a fresh snapshot replaces one on the host; dropping it drops either.
+  EXPECT_TRUE(cache.evict_snapshot());
+  EXPECT_TRUE(cache.evict_snapshot());
+  std::vector<int32_t> pages;
+  ASSERT_TRUE(pool.ensure_pages(pages, 13));
+  EXPECT_TRUE(cache.insert(p.tokens, 8, pages, pool.alloc_slot()));
+  check(pool, cache, {&pages});
+  EXPECT_EQ(cache.stats().host_snapshots, 1);
+  cache.drop_snapshot(p.tokens, 12);
+  check(pool, cache, {&pages});
+  EXPECT_EQ(cache.stats().host_snapshots, 0);
+  pool.free_pages(pages);
+  cache.reset();
+  check(pool, cache);
+  EXPECT_EQ(pool.usage().pages_used, 0);
+  EXPECT_EQ(pool.usage().slots_used, 0);
+  EXPECT_EQ(cache.stats().host_bytes, 0);
+}
+
 TEST(PrefixCacheHostTier, ResetEmptiesTheHostAndNegativeBudgetsAreErrors) {
   KvPool pool(PoolGeometry{kPage, kPageBytes, kSlotBytes}, 8, 4);
   PoolHostCopy copy(pool);

@@ -168,11 +168,13 @@ void run_stress(int64_t host_cache_bytes) {
   const EngineStats s = engine.stats();
   std::printf(
       "model stress: %zu submitted, %zu finished, %lld preemptions, %lld/%lld tokens hit, %lld "
-      "pages + %lld snapshots evicted; host tier: %lld pages offloaded, %lld restored\n",
+      "pages + %lld snapshots evicted; host tier: %lld pages + %lld snapshots offloaded, %lld + "
+      "%lld restored\n",
       submitted.size(), finished.size(), (long long)s.scheduler.preemptions,
       (long long)s.prefix_cache.hits, (long long)s.prefix_cache.queries,
       (long long)s.prefix_cache.evicted_pages, (long long)s.prefix_cache.evicted_snapshots,
-      (long long)s.prefix_cache.offloaded_pages, (long long)s.prefix_cache.restored_pages);
+      (long long)s.prefix_cache.offloaded_pages, (long long)s.prefix_cache.offloaded_snapshots,
+      (long long)s.prefix_cache.restored_pages, (long long)s.prefix_cache.restored_snapshots);
   EXPECT_GT(finished.size(), 10u);
   EXPECT_GT(s.prefix_cache.hits, 0);
   EXPECT_GT(s.prefix_cache.evicted_pages, 0);  // the pool was under pressure

@@ -125,6 +125,7 @@ bool PrefixCache::insert(const std::vector<int32_t>& tokens, int64_t boundary,
     n = next;
   }
   if (snapshot_slot < 0 || n->snapshot >= 0) return false;
+  if (n->host_snapshot) forget_host(n);  // the fresh snapshot replaces the one on the host
   n->snapshot = snapshot_slot;
   ++stats_.snapshots;
   return true;
@@ -138,6 +139,7 @@ void PrefixCache::drop_snapshot(const std::vector<int32_t>& tokens, int64_t boun
   for (int64_t end = page_tokens_; end <= boundary && n; end += page_tokens_) {
     n = child(*n, tokens.data() + end - page_tokens_);
   }
+  if (n && n->resident() && n->host_snapshot) forget_host(n);  // it went to the host meanwhile
   if (!n || n->snapshot < 0) return;
   pool_.free_slot(n->snapshot);
   n->snapshot = -1;
@@ -149,12 +151,11 @@ void PrefixCache::erase_subtree(Node* n) {
   // Leaves first. Only nodes without resident children are erased while resident, so the pages
   // freed here are never ones a request's deeper page depends on.
   while (!n->children.empty()) erase_subtree(n->children.begin()->second.get());
+  if (n->host != 0) forget_host(n);
   if (n->resident()) {
     std::vector<int32_t> table{n->page};
     pool_.free_pages(table);
     --stats_.pages;
-  } else {
-    forget_host(n);
   }
   if (n->snapshot >= 0) {
     pool_.free_slot(n->snapshot);
@@ -196,6 +197,7 @@ bool PrefixCache::evict_snapshot(int32_t spare) {
   };
   scan(*root_);
   if (!victim) return false;
+  if (tier_ && victim->host == 0) offload_snapshot(victim);  // kept on the host if it fits
   pool_.free_slot(victim->snapshot);
   victim->snapshot = -1;
   --stats_.snapshots;
@@ -236,7 +238,7 @@ PrefixCacheStats PrefixCache::stats() const {
 
 void PrefixCache::owners(std::vector<std::vector<int32_t>>& page_tables,
                          std::vector<int32_t>& slots) const {
-  int64_t pages = 0, snapshots = 0, host = 0;
+  int64_t pages = 0, snapshots = 0, host = 0, host_snapshots_alone = 0;
   std::function<void(const Node&)> walk = [&](const Node& n) {
     for (const auto& [key, c] : n.children) {
       DSV41RT_CHECK_CODE(kInternal,
@@ -251,6 +253,10 @@ void PrefixCache::owners(std::vector<std::vector<int32_t>>& page_tables,
       }
       DSV41RT_CHECK_CODE(kInternal, &n == root_.get() || n.resident(),
                          "prefix cache: resident page ", c->page, " under a node on host");
+      if (c->host != 0) {
+        check_host(*c);  // its snapshot alone is on the host
+        ++host_snapshots_alone;
+      }
       page_tables.push_back({c->page});
       ++pages;
       if (c->snapshot >= 0) {
@@ -265,8 +271,9 @@ void PrefixCache::owners(std::vector<std::vector<int32_t>>& page_tables,
                      "prefix cache: counts ", stats_.pages, " pages / ", stats_.snapshots,
                      " snapshots, the tree holds ", pages, " / ", snapshots);
   DSV41RT_CHECK_CODE(kInternal,
-                     host == stats_.host_pages && int64_t(host_nodes_.size()) == host &&
-                         (tier_ ? tier_->entries() : 0) == host,
+                     host == stats_.host_pages &&
+                         int64_t(host_nodes_.size()) == host + host_snapshots_alone &&
+                         (tier_ ? tier_->entries() : 0) == host + host_snapshots_alone,
                      "prefix cache: counts ", stats_.host_pages, " nodes on host, the tree holds ",
                      host, ", the host tier ", (tier_ ? tier_->entries() : 0));
 }

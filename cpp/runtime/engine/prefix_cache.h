@@ -16,7 +16,8 @@
 //
 // Host tier (host_tier.h; off unless given a byte budget): an evicted page and the snapshot at its
 // end are copied into host memory instead of being forgotten, and the node stays in the tree "on
-// host" (no device page, no slot). A lookup that runs through nodes on host copies them back into
+// host" (no device page, no slot); a snapshot evicted alone (a slot was needed) goes there too,
+// its node keeping its page. A lookup that runs through nodes on host copies them back into
 // fresh pages (ancestors first) and, for the node the hit ends at, its snapshot into a fresh slot;
 // when the pool has no page to give, the hit stops at the last node it could bring back. Resident
 // nodes form a subtree holding the root (a resident node's parent is resident), so the device
@@ -54,10 +55,12 @@ struct PrefixCacheStats {
   int64_t snapshots = 0;          ///< slots holding snapshots
   int64_t evicted_pages = 0, evicted_snapshots = 0;
   int64_t host_pages = 0;       ///< nodes on the host tier (their pages are not in the pool)
-  int64_t host_snapshots = 0;   ///< of them, with their snapshot on the host too
+  int64_t host_snapshots = 0;   ///< snapshots on the host tier (with their page or alone)
   int64_t host_bytes = 0;       ///< host-tier bytes in use
   int64_t offloaded_pages = 0;  ///< evicted pages copied to the host tier (total)
   int64_t restored_pages = 0;   ///< pages copied back from the host tier (total)
+  int64_t offloaded_snapshots = 0;  ///< evicted snapshots alone copied to the host tier (total)
+  int64_t restored_snapshots = 0;   ///< snapshots copied back from the host tier (total)
 };
 
 class DSV41RT_API PrefixCache {
@@ -122,8 +125,12 @@ class DSV41RT_API PrefixCache {
   void touch(Node& n);
   void erase_subtree(Node* n);
   // Host tier (prefix_cache_host.cc).
+  uint8_t* put_entry(Node* n, int64_t bytes, uint64_t& key);
   bool offload(Node* n);
+  bool offload_snapshot(Node* n);
+  int32_t slot_for_restore(bool evict);
   bool restore(Node* n, bool want_snapshot);
+  bool restore_snapshot(Node* n);
   void forget_host(Node* n);
   void restore_path(const std::vector<Node*>& path);
   void check_host(const Node& n) const;
