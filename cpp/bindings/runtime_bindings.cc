@@ -94,7 +94,8 @@ void register_options(nb::module_& m) {
       .def_rw("max_model_len", &PoolOptions::max_model_len)
       .def_rw("page_size", &PoolOptions::page_size)
       .def_rw("max_prefill_tokens_while_decoding", &PoolOptions::max_prefill_tokens_while_decoding)
-      .def_rw("enable_prefix_caching", &PoolOptions::enable_prefix_caching);
+      .def_rw("enable_prefix_caching", &PoolOptions::enable_prefix_caching)
+      .def_rw("host_cache_memory", &PoolOptions::host_cache_memory);
   nb::class_<NumericsOptions>(m, "NumericsOptions")
       .def(nb::init<>())
       .def_rw("precision", &NumericsOptions::precision)
@@ -143,6 +144,7 @@ void register_options(nb::module_& m) {
     d["enforce_eager"] = p.enforce_eager != 0;
     d["max_prefill_tokens_while_decoding"] = p.max_prefill_tokens_while_decoding;
     d["enable_prefix_caching"] = p.enable_prefix_caching != 0;
+    d["host_cache_memory"] = p.host_cache_memory;
     return d;
   });
 }
@@ -170,7 +172,11 @@ void register_results(nb::module_& m) {
                           DSV41RT_RO(PoolStats, slots_cached);
   nb::class_<PrefixCacheStats>(m, "PrefixCacheStats") DSV41RT_RO(PrefixCacheStats, queries)
       DSV41RT_RO(PrefixCacheStats, hits) DSV41RT_RO(PrefixCacheStats, evicted_pages)
-          DSV41RT_RO(PrefixCacheStats, evicted_snapshots);
+          DSV41RT_RO(PrefixCacheStats, evicted_snapshots) DSV41RT_RO(PrefixCacheStats, host_pages)
+              DSV41RT_RO(PrefixCacheStats, host_bytes) DSV41RT_RO(PrefixCacheStats, offloaded_pages)
+                  DSV41RT_RO(PrefixCacheStats, restored_pages)
+                      DSV41RT_RO(PrefixCacheStats, offloaded_snapshots)
+                          DSV41RT_RO(PrefixCacheStats, restored_snapshots);
   nb::class_<SchedulerStats>(m, "SchedulerStats") DSV41RT_RO(SchedulerStats, waiting)
       DSV41RT_RO(SchedulerStats, running) DSV41RT_RO(SchedulerStats, preemptions)
           DSV41RT_RO(SchedulerStats, admitted) DSV41RT_RO(SchedulerStats, finished)

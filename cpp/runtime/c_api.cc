@@ -134,6 +134,7 @@ dsv41rt::RuntimeOptions options_from(const dsv41rt_runtime_params& p) {
   o.pool.page_size = p.page_size;
   o.pool.max_prefill_tokens_while_decoding = p.max_prefill_tokens_while_decoding;
   o.pool.enable_prefix_caching = p.enable_prefix_caching != 0;
+  o.pool.host_cache_memory = p.host_cache_memory;
   return o;
 }
 
@@ -268,6 +269,7 @@ void dsv41rt_runtime_default_params(dsv41rt_runtime_params* p) {
   p->enforce_eager = d.device.enforce_eager ? 1 : 0;
   p->max_prefill_tokens_while_decoding = d.pool.max_prefill_tokens_while_decoding;
   p->enable_prefix_caching = d.pool.enable_prefix_caching ? 1 : 0;
+  p->host_cache_memory = d.pool.host_cache_memory;
 }
 
 void dsv41rt_sampling_default_params(dsv41rt_sampling_params* p) {
@@ -310,13 +312,15 @@ dsv41rt_status dsv41rt_runtime_create(uint32_t abi_version, const dsv41rt_runtim
   }
   if (!params) return fail(nullptr, DSV41RT_E_INVALID_ARGUMENT, "params is NULL");
   // Older layouts end before a field added since (0.1.0 before max_prefill_tokens_while_decoding,
-  // the next before enable_prefix_caching): read only the bytes the caller has, the rest keeps
-  // this library's defaults.
+  // the next before enable_prefix_caching, the next before host_cache_memory): read only the
+  // bytes the caller has, the rest keeps this library's defaults.
   constexpr size_t kSize010 = offsetof(dsv41rt_runtime_params, max_prefill_tokens_while_decoding);
   constexpr size_t kSizePrefill = offsetof(dsv41rt_runtime_params, enable_prefix_caching);
+  constexpr size_t kSizePrefixCaching = offsetof(dsv41rt_runtime_params, host_cache_memory);
   dsv41rt_runtime_params p;
   dsv41rt_runtime_default_params(&p);
-  if (params->struct_size == kSize010 || params->struct_size == kSizePrefill) {
+  if (params->struct_size == kSize010 || params->struct_size == kSizePrefill ||
+      params->struct_size == kSizePrefixCaching) {
     std::memcpy(&p, params, params->struct_size);
     p.struct_size = sizeof(p);
   } else if (dsv41rt_status s =

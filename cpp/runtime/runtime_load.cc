@@ -27,6 +27,8 @@ void check_options(const RuntimeOptions& o) {
   DSV41RT_CHECK(p.max_prefill_tokens_while_decoding >= 0,
                 "max_prefill_tokens_while_decoding must be >= 0 (0: no cap), got ",
                 p.max_prefill_tokens_while_decoding);
+  DSV41RT_CHECK(p.host_cache_memory >= 0, "host_cache_memory must be >= 0 (0: off), got ",
+                p.host_cache_memory);
   const ParallelOptions& c = o.parallel;
   DSV41RT_CHECK(c.context_parallel_size >= 1 && c.context_parallel_size <= 64,
                 "context_parallel_size ", c.context_parallel_size, " must be in [1, 64]");
@@ -89,6 +91,7 @@ LoadedModel load_model(const RuntimeOptions& o) {
   m.engine.max_model_len = o.pool.max_model_len;
   m.engine.max_prefill_tokens_while_decoding = o.pool.max_prefill_tokens_while_decoding;
   m.engine.enable_prefix_caching = o.pool.enable_prefix_caching;
+  m.engine.host_cache_bytes = o.pool.host_cache_memory;
   m.executor = model::make_executor(std::move(plan), std::move(weights), std::move(tables),
                                     executor_options(o));
   return m;

@@ -39,6 +39,7 @@ class RuntimeOptions:
     page_size: int = 64
     max_prefill_tokens_while_decoding: int = 0
     enable_prefix_caching: bool = True
+    host_cache_memory: int = 0
     enforce_eager: bool = False
     multistream: bool = True
     context_parallel_size: int = 1
@@ -65,6 +66,11 @@ class RuntimeOptions:
             self.max_prefill_tokens_while_decoding >= 0,
             "max_prefill_tokens_while_decoding",
             f"must be >= 0 (0: no cap), got {self.max_prefill_tokens_while_decoding}",
+        )
+        need(
+            self.host_cache_memory >= 0,
+            "host_cache_memory",
+            f"must be >= 0 (0: off), got {self.host_cache_memory}",
         )
         need(1 <= self.context_parallel_size <= 64, "context_parallel_size", "must be in [1, 64]")
         need(
@@ -188,6 +194,13 @@ _ROWS = (
         parse_bool,
         "enable_prefix_caching",
         "reuse the state of prompt prefixes earlier requests computed (exact; docs/design/prefix-cache.md)",
+    ),
+    Option(
+        "host_cache_memory",
+        parse_size,
+        "host_cache_memory",
+        "bytes of host memory (pinned on CUDA) the prefix cache keeps pages evicted from the pool in,"
+        " to bring them back instead of recomputing them; 0 = off",
     ),
     Option("enforce_eager", parse_bool, "enforce_eager", "CUDA: no decode CUDA graphs"),
     Option("multistream", parse_bool, "", "CUDA: window store, compressor and indexer on side streams"),

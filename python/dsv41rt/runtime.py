@@ -91,6 +91,7 @@ def core_options(
     c.pool.page_size = o.page_size
     c.pool.max_prefill_tokens_while_decoding = o.max_prefill_tokens_while_decoding
     c.pool.enable_prefix_caching = o.enable_prefix_caching
+    c.pool.host_cache_memory = o.host_cache_memory
     c.numerics.precision = _core.Precision.__members__[o.precision]
     c.numerics.kv_cache_dtype = _core.KvCacheDtype.__members__[o.kv_cache_dtype]
     c.device.device = o.device

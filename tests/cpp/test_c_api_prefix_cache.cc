@@ -122,3 +122,34 @@ TEST(CApiPrefixCache, ResetForgetsTheCachedPrefixes) {
 }
 
 }  // namespace
+
+namespace {
+
+// host_cache_memory: off by default; a host tier gives the same tokens; a negative size is an
+// error naming the field; a host built against the header before the field runs with it off.
+TEST(CApiPrefixCache, HostCacheMemoryOffByDefaultCheckedAndTheOlderLayout) {
+  dsv41rt_runtime_params p;
+  dsv41rt_runtime_default_params(&p);
+  EXPECT_EQ(p.host_cache_memory, 0);
+  if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint";
+  small_pool(p);
+  const std::vector<int32_t> prompt = prompt23();
+  std::pair<int64_t, int64_t> counters_on, counters_host, counters_old;
+  const auto on = run(p, prompt, 2, counters_on);
+  dsv41rt_runtime_params host = p;
+  host.host_cache_memory = 8ll << 20;
+  EXPECT_EQ(run(host, prompt, 2, counters_host), on);
+  EXPECT_EQ(counters_host, counters_on);
+  dsv41rt_runtime_params bad = p;
+  bad.host_cache_memory = -1;
+  dsv41rt_runtime* rt = nullptr;
+  EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &bad, &rt), DSV41RT_E_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(dsv41rt_last_error(nullptr)).find("host_cache_memory"), std::string::npos)
+      << dsv41rt_last_error(nullptr);
+  dsv41rt_runtime_params older = bad;  // -1 stays in the bytes an older host does not have
+  older.struct_size = offsetof(dsv41rt_runtime_params, host_cache_memory);
+  EXPECT_EQ(run(older, prompt, 2, counters_old), on);
+  EXPECT_EQ(counters_old, counters_on);
+}
+
+}  // namespace

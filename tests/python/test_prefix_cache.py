@@ -2,6 +2,7 @@
 without it, cached tokens per request, the counters, a reset that gives every page back, direct
 handles taking storage back from the cache; and through a live server: `cached_tokens` in the
 usage of completions and chat, the `/metrics` counters, `POST /reset_prefix_cache`.
+With `host_cache_memory`, a prompt whose state a small pool evicted comes back from host memory.
 The exactness at every kind of boundary and the randomised stress are the C++ suites
 tests/cpp/test_prefix_cache*.cc."""
 
@@ -83,6 +84,43 @@ def test_direct_handles_take_storage_back_from_the_cache(tiny_v41_dir) -> None:
         rt.release_handle(h)
 
 
+def _evict_then_resend(rt: Runtime) -> tuple[list[int], list[float], int]:
+    """A prompt, three long prompts that push its pages and snapshot out of a small pool, the prompt
+    again: its tokens, logprobs and cached tokens."""
+    rt.add_request(_prompt(37, 1), max_new_tokens=4)
+    _drain(rt)
+    for salt in (2, 3, 4):
+        rt.add_request(_prompt(96, salt), max_new_tokens=2)
+        _drain(rt)
+    again = rt.add_request(_prompt(37, 1), max_new_tokens=4)
+    return _drain(rt)[again]
+
+
+def test_host_tier_brings_evicted_prefixes_back(tiny_v41_dir) -> None:
+    # About 40 pages of 4 positions and 4 slots: the long prompts evict the first prompt's state.
+    kw = dict(kv_memory=2400 << 10, max_num_seqs=4, page_size=4, max_num_batched_tokens=24, max_model_len=128)
+    reference = _evict_then_resend(Runtime(tiny_v41_dir, enable_prefix_caching=False, **kw))
+    without_host = Runtime(tiny_v41_dir, **kw)
+    assert without_host.stats()["pages_total"] < 60
+    evicted = _evict_then_resend(without_host)
+    assert evicted[2] == 0  # recomputed: nothing of it was left in the pool
+    with_host = Runtime(tiny_v41_dir, host_cache_memory="1M", **kw)
+    restored = _evict_then_resend(with_host)
+    assert restored[2] == 36  # the last page boundary before token 37, from the host
+    assert restored[:2] == evicted[:2] == reference[:2]  # tokens and logprobs, exactly
+    s = with_host.stats()
+    assert s["prefix_cache_offloaded_pages"] > 0 and s["prefix_cache_restored_pages"] > 0
+    assert s["prefix_cache_restored_snapshots"] > 0
+    assert 0 < s["prefix_cache_host_bytes"] <= 1 << 20
+    with_host.check_invariants()
+    with_host.reset_prefix_cache()
+    s = with_host.stats()
+    assert s["prefix_cache_host_bytes"] == 0 and s["prefix_cache_host_pages"] == 0
+    assert s["pages_cached"] == 0 and s["slots_cached"] == 0
+    with pytest.raises(Exception, match="host-cache-memory: must be >= 0"):
+        Runtime(tiny_v41_dir, host_cache_memory=-1, **kw)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     model_dir = str(tmp_path_factory.mktemp("builtin") / "tiny-v41-seed0")
@@ -110,6 +148,11 @@ def test_server_reports_cached_tokens_and_counts(server) -> None:
     assert usages[1]["prompt_cache_miss_tokens"] == n - (n - 1) // 4 * 4
     assert _counter(server.url, "prefix_cache_queries_total") == queries + 2 * n
     assert _counter(server.url, "prefix_cache_hits_total") == hits + (n - 1) // 4 * 4
+    # The host tier is off by default: its metrics are there and stay at zero.
+    assert _counter(server.url, "prefix_cache_host_offloaded_pages_total") == 0
+    assert _counter(server.url, "prefix_cache_host_restored_pages_total") == 0
+    assert _counter(server.url, "prefix_cache_host_restored_snapshots_total") == 0
+    assert _counter(server.url, "prefix_cache_host_bytes") == 0
 
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "tell me a long story " * 4}], "max_tokens": 2}
     first = httpx.post(server.url + "/v1/chat/completions", json=chat, timeout=60).json()["usage"]

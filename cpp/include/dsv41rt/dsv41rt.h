@@ -95,6 +95,11 @@ typedef struct dsv41rt_runtime_params {
    * (docs/design/prefix-cache.md). Added after max_prefill_tokens_while_decoding: a struct_size
    * ending before this field is accepted and the field takes its default. */
   int32_t enable_prefix_caching;
+  /* Bytes of host memory (pinned on CUDA) the prefix cache keeps pages it evicts from the pool in,
+   * to bring them back instead of recomputing them; 0 = off (default). Added after
+   * enable_prefix_caching: a struct_size ending before this field is accepted and the field takes
+   * its default. */
+  int64_t host_cache_memory;
 } dsv41rt_runtime_params;
 
 typedef struct dsv41rt_sampling_params {

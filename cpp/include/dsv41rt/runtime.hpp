@@ -45,6 +45,9 @@ struct PoolOptions {
   int64_t max_prefill_tokens_while_decoding = 0;
   /// reuse the state of prompt prefixes earlier requests computed (docs/design/prefix-cache.md)
   bool enable_prefix_caching = true;
+  /// bytes of host memory (pinned on CUDA) the prefix cache keeps pages it evicts in, to bring
+  /// them back instead of recomputing them; 0 = off
+  int64_t host_cache_memory = 0;
 };
 
 struct NumericsOptions {
@@ -152,6 +155,11 @@ struct BackendStats {
 struct PrefixCacheStats {
   int64_t queries = 0, hits = 0;
   int64_t evicted_pages = 0, evicted_snapshots = 0;
+  /// host tier (host_cache_memory): nodes whose page is on the host now, host bytes in use, and
+  /// totals of pages and of snapshots (evicted alone) copied there on eviction, and of pages and
+  /// snapshots copied back for a hit
+  int64_t host_pages = 0, host_bytes = 0, offloaded_pages = 0, restored_pages = 0;
+  int64_t offloaded_snapshots = 0, restored_snapshots = 0;
 };
 struct DequantStats {
   int64_t dequant_calls = 0, reuse_hits = 0, rows_dequantised = 0, reallocations = 0;

@@ -218,6 +218,12 @@ class PoolOptions:
     @enable_prefix_caching.setter
     def enable_prefix_caching(self, arg: bool, /) -> None: ...
 
+    @property
+    def host_cache_memory(self) -> int: ...
+
+    @host_cache_memory.setter
+    def host_cache_memory(self, arg: int, /) -> None: ...
+
 class NumericsOptions:
     def __init__(self) -> None: ...
 
@@ -420,6 +426,24 @@ class PrefixCacheStats:
 
     @property
     def evicted_snapshots(self) -> int: ...
+
+    @property
+    def host_pages(self) -> int: ...
+
+    @property
+    def host_bytes(self) -> int: ...
+
+    @property
+    def offloaded_pages(self) -> int: ...
+
+    @property
+    def restored_pages(self) -> int: ...
+
+    @property
+    def offloaded_snapshots(self) -> int: ...
+
+    @property
+    def restored_snapshots(self) -> int: ...
 
 class SchedulerStats:
     @property

@@ -47,6 +47,32 @@ class _EngineCollector(Collector):
             s.get("prefix_cache_queries", 0),
         )
         yield counter("prefix_cache_hits", "Prompt tokens served by the prefix cache.", s.get("prefix_cache_hits", 0))
+        # The host tier (host-cache-memory): pages evicted from the pool into host memory and brought back.
+        yield counter(
+            "prefix_cache_host_offloaded_pages",
+            "KV pages the prefix cache copied to host memory on eviction.",
+            s.get("prefix_cache_offloaded_pages", 0),
+        )
+        yield counter(
+            "prefix_cache_host_restored_pages",
+            "KV pages the prefix cache brought back from host memory for a hit.",
+            s.get("prefix_cache_restored_pages", 0),
+        )
+        yield counter(
+            "prefix_cache_host_offloaded_snapshots",
+            "Prefix snapshots evicted alone (a slot was needed) that the prefix cache copied to host memory.",
+            s.get("prefix_cache_offloaded_snapshots", 0),
+        )
+        yield counter(
+            "prefix_cache_host_restored_snapshots",
+            "Prefix snapshots the prefix cache brought back from host memory for a hit.",
+            s.get("prefix_cache_restored_snapshots", 0),
+        )
+        yield gauge(
+            "prefix_cache_host_bytes",
+            "Host memory the prefix cache's host tier holds.",
+            s.get("prefix_cache_host_bytes", 0),
+        )
         yield counter(
             "dequant_reuse_hits",
             "Compressed-KV workspace acquires served without dequantising.",
