@@ -73,7 +73,7 @@ for step in ${STEPS:-tests}; do
       fails=0
       for t in .devcarry/gtest/test_*; do
         name=$(basename "$t")
-        if ! LD_LIBRARY_PATH=$PWD/.devcarry/gtest/lib timeout 300 "$t" >"$OUT/gtest_one.log" 2>&1; then
+        if ! LD_LIBRARY_PATH=$PWD/.devcarry/gtest/lib timeout "${GTEST_TIMEOUT:-300}" "$t" >"$OUT/gtest_one.log" 2>&1; then
           fails=$((fails + 1))
           grep -E "Failure|FAILED|error|Expected|Which is|actual" "$OUT/gtest_one.log" | head -30
         fi
@@ -96,7 +96,7 @@ for step in ${STEPS:-tests}; do
         name=$(basename "$t")
         cp "$t" "$OUT/gtest/"
         if [ -n "${GTESTS:-}" ] && [[ " $GTESTS " != *" $name "* ]]; then continue; fi
-        if ! timeout 300 "$t" >"$OUT/gtest_one.log" 2>&1; then
+        if ! timeout "${GTEST_TIMEOUT:-300}" "$t" >"$OUT/gtest_one.log" 2>&1; then
           fails=$((fails + 1))
           grep -E "Failure|FAILED|error|Expected|Which is|actual|seed" "$OUT/gtest_one.log" | head -30
         fi

@@ -9,7 +9,7 @@
 //     sums of k products in another order, "~1e-6 relative"); BF16 weights on CUDA cores are
 //     bitwise the FP32-weight result (same header); tensor cores against the CPU's emulation
 //     (set_tensor_cores(true) on both: BF16-rounded activations, exact products, FP32 sums in
-//     another order): the same 1e-5.
+//     another order; the tiled GEMM or, for k % 8 == 0, the wgmma one): the same 1e-5.
 //   rms_norm: |cuda − cpu| <= 1e-5 · |cpu| per element (each output is x·r·w with one per-row r
 //     whose FP32 sum of squares runs in another order: a few ulp).
 //   apply_rope: |cuda − cpu| <= 5e-7 · (|a| + |b|) per pair: device cosf/sinf (<= 2 ulp) against
@@ -30,8 +30,17 @@ TEST_P(BackendDense, LinearAndGroupedLinearOnEveryWeightPath) {
     int64_t m, groups, k, n;
   };
   // groups == 0: linear; otherwise grouped_linear (8 groups of 4096 -> 64 is wo_a's grouping).
-  const Case cases[] = {{1, 0, 1, 1},      {3, 0, 7, 5}, {33, 0, 100, 65}, {64, 0, 4096, 96},
-                        {130, 0, 37, 257}, {1, 1, 1, 1}, {5, 8, 64, 32},   {3, 8, 4096, 64}};
+  const Case cases[] = {{1, 0, 1, 1},
+                        {3, 0, 7, 5},
+                        {33, 0, 100, 65},
+                        {64, 0, 4096, 96},
+                        {130, 0, 37, 257},
+                        {1, 1, 1, 1},
+                        {5, 8, 64, 32},
+                        {3, 8, 4096, 64},
+                        // CUDA: the wgmma GEMM (k % 8 == 0, tiles cut by m and n)
+                        {200, 0, 264, 300},
+                        {150, 4, 64, 72}};
   for (const Case& c : cases) {
     const int64_t g = std::max<int64_t>(c.groups, 1), m = c.m, k = c.k, n = c.n;
     SCOPED_TRACE("m " + std::to_string(m) + " groups " + std::to_string(c.groups) + " k " +

@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm_tc.cuh"
+#include "kernels/cuda/gemm_wgmma.cuh"
 #include "kernels/cuda/moe_grouped.cuh"
 #include "kernels/cuda/quant.cuh"
 #include "kernels/cuda/swiglu.cuh"
@@ -20,9 +21,9 @@ __global__ void count_kernel(const int32_t* __restrict__ idx, int64_t pairs, int
 }
 
 // One thread: exclusive scan of the counts into placement cursors, and the tile table (each
-// expert's rows in kTcTileM-row tiles); the rest of the table is marked empty in parallel.
+// expert's rows in tile_rows-row tiles); the rest of the table is marked empty in parallel.
 __global__ void tile_table_kernel(int32_t* __restrict__ counts, int64_t E, int64_t max_tiles,
-                                  int32_t* __restrict__ tiles) {
+                                  int32_t* __restrict__ tiles, int32_t tile_rows) {
   __shared__ int32_t used;
   int32_t* group = tiles;
   int32_t* row0 = tiles + max_tiles;
@@ -31,7 +32,7 @@ __global__ void tile_table_kernel(int32_t* __restrict__ counts, int64_t E, int64
     int32_t offset = 0, n = 0;
     for (int64_t e = 0; e < E; ++e) {
       const int32_t count = counts[e];
-      for (int32_t r = 0; r < count; r += int32_t(kTcTileM)) {
+      for (int32_t r = 0; r < count; r += tile_rows) {
         group[n] = int32_t(e);
         row0[n] = offset + r;
         row_end[n] = offset + count;
@@ -117,6 +118,76 @@ __global__ void combine_kernel(const int32_t* __restrict__ idx, const int32_t* _
 
 int64_t align4(int64_t n) { return (n + 3) / 4 * 4; }  // 16-byte alignment of every carve
 
+// C[pairs, n] of the grouped rows: A staged once by the caller (ws.a_bf16, pitch kk), each
+// expert's [n, kk] matrix of w decoded into ws.b_bf16, as many experts per pass as fit.
+cudaError_t grouped_wgmma(const MoeGroupedWorkspace& ws, int64_t pairs, int64_t E, int64_t kk,
+                          int64_t n, const WeightView& w, int64_t max_tiles, float* c,
+                          cudaStream_t stream) {
+  const int64_t per = std::max<int64_t>(1, std::min(E, ws.b_bf16_elems / (n * kk)));
+  for (int64_t e0 = 0; e0 < E; e0 += per) {
+    const int64_t e1 = std::min(E, e0 + per);
+    cudaError_t err = weight_to_bf16(w, e0 * n, (e1 - e0) * n, ws.b_bf16, kk, stream);
+    if (err != cudaSuccess) return err;
+    WgmmaGemm g;
+    g.a = ws.a_bf16, g.lda = kk, g.b = ws.b_bf16, g.ldb = kk, g.c = c, g.ldc = n;
+    g.m = pairs, g.n = n, g.k = kk;
+    g.tiles = ws.tiles, g.max_tiles = max_tiles;
+    g.tile_entries = (pairs + kWgmmaTileM - 1) / kWgmmaTileM + E;
+    g.b_rows_per_group = n, g.group_lo = int32_t(e0), g.group_hi = int32_t(e1);
+    if ((err = gemm_bf16_wgmma(g, stream)) != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+// C[m, n] = A[m, kk] W^T for a dense matrix through the staging buffers.
+cudaError_t dense_wgmma(const MoeGroupedWorkspace& ws, const float* a, int64_t m, int64_t kk,
+                        int64_t n, const WeightView& w, float* c, cudaStream_t stream) {
+  cudaError_t err = rows_to_bf16(a, kk, m, kk, ws.a_bf16, kk, stream);
+  if (err == cudaSuccess) err = weight_to_bf16(w, 0, n, ws.b_bf16, kk, stream);
+  if (err != cudaSuccess) return err;
+  WgmmaGemm g;
+  g.a = ws.a_bf16, g.lda = kk, g.b = ws.b_bf16, g.ldb = kk, g.c = c, g.ldc = n;
+  g.m = m, g.n = n, g.k = kk;
+  return gemm_bf16_wgmma(g, stream);
+}
+
+// The routed and shared experts with every GEMM on the wgmma kernel (the tile table is in
+// kWgmmaTileM rows); otherwise the steps of moe_grouped_bf16 below, in the same order.
+cudaError_t moe_grouped_wgmma(const float* x, const float* weight, int64_t S, int64_t H, int64_t k,
+                              int64_t E, int64_t I, const WeightView& w1, const WeightView& w3,
+                              const WeightView& w2, const WeightView& sw1, const WeightView& sw3,
+                              const WeightView& sw2, int64_t Is, float limit, float* y,
+                              const MoeGroupedWorkspace& ws, int64_t max_tiles, cudaStream_t stream,
+                              bool fp8_hidden, const int32_t* idx) {
+  const int64_t pairs = S * k;
+  cudaError_t err = rows_to_bf16(x, H, pairs, H, ws.a_bf16, H, stream, ws.perm, k);
+  if (err != cudaSuccess) return err;
+  if ((err = grouped_wgmma(ws, pairs, E, H, I, w1, max_tiles, ws.gate, stream))) return err;
+  if ((err = grouped_wgmma(ws, pairs, E, H, I, w3, max_tiles, ws.up, stream))) return err;
+  routed_act_kernel<<<blocks_for(pairs * I), kThreads, 0, stream>>>(ws.gate, ws.up, ws.perm,
+                                                                    ws.counts, E, weight, I, limit);
+  if (fp8_hidden && (err = fp8_act_qdq(ws.gate, pairs, I, ws.gate, stream)) != cudaSuccess) {
+    return err;
+  }
+  if ((err = rows_to_bf16(ws.gate, I, pairs, I, ws.a_bf16, I, stream))) return err;
+  if ((err = grouped_wgmma(ws, pairs, E, I, H, w2, max_tiles, ws.out, stream))) return err;
+  const bool shared = sw1.data != nullptr;
+  if (shared) {
+    if ((err = dense_wgmma(ws, x, S, H, Is, sw1, ws.shared_gate, stream))) return err;
+    if ((err = dense_wgmma(ws, x, S, H, Is, sw3, ws.shared_up, stream))) return err;
+    shared_act_kernel<<<blocks_for(S * Is), kThreads, 0, stream>>>(ws.shared_gate, ws.shared_up,
+                                                                   S * Is, limit);
+    if (fp8_hidden &&
+        (err = fp8_act_qdq(ws.shared_gate, S, Is, ws.shared_gate, stream)) != cudaSuccess) {
+      return err;
+    }
+    if ((err = dense_wgmma(ws, ws.shared_gate, S, Is, H, sw2, ws.shared_out, stream))) return err;
+  }
+  combine_kernel<<<blocks_for(S * H), kThreads, 0, stream>>>(
+      idx, ws.inv, ws.out, shared ? ws.shared_out : nullptr, S, H, k, y);
+  return launch_status();
+}
+
 }  // namespace
 
 MoeGroupedSizes moe_grouped_sizes(int64_t S, int64_t H, int64_t k, int64_t E, int64_t I,
@@ -161,13 +232,22 @@ cudaError_t moe_grouped_bf16(const float* x, const int32_t* idx, const float* we
   if (fp8_hidden && (I % 32 != 0 || (shared && Is % 32 != 0))) return cudaErrorInvalidValue;
   const int64_t pairs = S * k;
   const int64_t max_tiles = moe_grouped_sizes(S, H, k, E, I, shared ? Is : 0).max_tiles;
+  const bool wgmma = ws.a_bf16 && ws.b_bf16 && H % 8 == 0 && I % 8 == 0 &&
+                     (!shared || Is % 8 == 0) && ws.b_bf16_elems >= I * H &&
+                     (!shared || ws.b_bf16_elems >= Is * H);
   cudaError_t err = cudaMemsetAsync(ws.counts, 0, sizeof(int32_t) * E, stream);
   if (err != cudaSuccess) return err;
+  // The wgmma path stages whole 128-row boxes of grouped rows: positions no pair takes read -1.
+  if (wgmma && (err = cudaMemsetAsync(ws.perm, 0xFF, sizeof(int32_t) * pairs, stream))) return err;
   count_kernel<<<blocks_for(pairs), kThreads, 0, stream>>>(idx, pairs, E, ws.counts);
-  tile_table_kernel<<<1, kThreads, 0, stream>>>(ws.counts, E, max_tiles, ws.tiles);
+  tile_table_kernel<<<1, kThreads, 0, stream>>>(ws.counts, E, max_tiles, ws.tiles,
+                                                int32_t(wgmma ? kWgmmaTileM : kTcTileM));
   place_kernel<<<blocks_for(pairs), kThreads, 0, stream>>>(idx, pairs, E, ws.counts + E, ws.perm,
                                                            ws.inv);
   if ((err = launch_status()) != cudaSuccess) return err;
+  if (wgmma)
+    return moe_grouped_wgmma(x, weight, S, H, k, E, I, w1, w3, w2, sw1, sw3, sw2, Is, limit, y, ws,
+                             max_tiles, stream, fp8_hidden, idx);
 
   // Routed experts: the gate and up projections of every expert's rows (tokens gathered through
   // perm), the scaled hidden units, then the down projections, all in grouped positions.

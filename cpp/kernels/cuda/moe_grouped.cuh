@@ -27,6 +27,14 @@ struct MoeGroupedWorkspace {
   float* out = nullptr;       ///< [S * k, H] each pair's down projection
   float *shared_gate = nullptr, *shared_up = nullptr;  ///< [S, Is]
   float* shared_out = nullptr;                         ///< [S, H]
+  // Optional, for forwards that are never graph-captured: with both set (and H, I, Is multiples
+  // of 8) the GEMMs run on the wgmma kernel (gemm_wgmma.cuh) over BF16 operands staged here.
+  // a_bf16: max(S * k * max(H, I), S * max(H, Is)) elements; b_bf16: b_bf16_elems elements, at
+  // least one expert's matrix (I * H) and the shared expert's (Is * H): experts are decoded into
+  // it as many at a time as fit.
+  uint16_t* a_bf16 = nullptr;
+  uint16_t* b_bf16 = nullptr;
+  int64_t b_bf16_elems = 0;
 };
 
 struct MoeGroupedSizes {

@@ -29,16 +29,17 @@ inline EncodeTiled encoder() {
   return fn;
 }
 
-/// A [rows, row_bytes] byte matrix (row pitch row_bytes) as a 2-D TMA tensor with
-/// box_bytes x box_rows boxes; parts of a box past the matrix arrive as zeros. Host only; a map
-/// is passed by value as a __grid_constant__ kernel parameter (graph capture keeps it).
+/// A [rows, row_bytes] byte matrix (row pitch `pitch_bytes`, a multiple of 16; 0 = row_bytes)
+/// as a 2-D TMA tensor with box_bytes x box_rows boxes; parts of a box past the matrix arrive as
+/// zeros. Host only; a map is passed by value as a __grid_constant__ kernel parameter (graph
+/// capture keeps it).
 inline cudaError_t byte_matrix_map(CUtensorMap* map, const void* data, int64_t row_bytes,
                                    int64_t rows, uint32_t box_bytes, uint32_t box_rows,
-                                   CUtensorMapSwizzle swizzle) {
+                                   CUtensorMapSwizzle swizzle, int64_t pitch_bytes = 0) {
   const EncodeTiled encode = encoder();
   if (!encode) return cudaErrorNotSupported;
   const cuuint64_t dims[2] = {cuuint64_t(row_bytes), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(row_bytes)};
+  const cuuint64_t strides[1] = {cuuint64_t(pitch_bytes ? pitch_bytes : row_bytes)};
   const cuuint32_t box[2] = {box_bytes, box_rows};
   const cuuint32_t elem[2] = {1, 1};
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(data), dims,

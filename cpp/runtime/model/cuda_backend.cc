@@ -10,6 +10,7 @@
 #include "kernels/cuda/decode_gemv_a8.cuh"
 #include "kernels/cuda/engram.cuh"
 #include "kernels/cuda/gemm_tc.cuh"
+#include "kernels/cuda/gemm_wgmma.cuh"
 #include "kernels/cuda/indexer.cuh"
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/mhc.cuh"
@@ -190,6 +191,7 @@ class CudaBackend final : public Backend {
     kc::DecodeGemv d;
     d.x = x, d.ldx = k, d.w = v, d.y = y, d.ldy = n, d.n = n, d.k = k, d.accumulate = accumulate;
     if (decode_gemv(d, m, s)) return;
+    if (wgmma_linear(x, k, v, 0, m, k, n, y, n, accumulate, s)) return;
     kc::TcGemm g;
     g.a = x, g.lda = k, g.b = v, g.c = y, g.ldc = n;
     g.m = m, g.n = n, g.k = k, g.accumulate = accumulate;
@@ -207,6 +209,12 @@ class CudaBackend final : public Backend {
     d.x = x, d.ldx = groups * k, d.w = v, d.y = y, d.ldy = groups * n, d.n = n, d.k = k;
     d.batch = groups, d.stride_x = k, d.stride_y = n, d.w_rows_per_batch = n;
     if (decode_gemv(d, m, s)) return;
+    if (wgmma_linear_applies(m, k)) {
+      for (int64_t gi = 0; gi < groups; ++gi) {
+        wgmma_linear(x + gi * k, groups * k, v, gi * n, m, k, n, y + gi * n, groups * n, false, s);
+      }
+      return;
+    }
     kc::TcGemm g;
     g.a = x, g.lda = groups * k, g.b = v;
     g.c = y, g.ldc = groups * n, g.m = m, g.n = n, g.k = k;
@@ -380,6 +388,11 @@ class CudaBackend final : public Backend {
   bool decode_gemv_a8(const float* x, const kernels::WeightView& v, int64_t m, int64_t k, int64_t n,
                       float* y, bool accumulate, Stream s);
   const float* fp8_act_qdq(const float* x, int64_t rows, int64_t k, Stream s);
+  bool wgmma_linear_applies(int64_t m, int64_t k) const;
+  bool wgmma_linear(const float* x, int64_t ldx, const kernels::WeightView& v, int64_t row0,
+                    int64_t m, int64_t k, int64_t n, float* y, int64_t ldy, bool accumulate,
+                    Stream s);
+  void* eager_workspace(DeviceArray<uint8_t>& array, int64_t bytes, Stream s);
   void size_gemv_workspaces(const BackendWeights& w, const ModelConfig& c);
   size_t stream_index(Stream s) const;
   float* gemv_workspace(Stream s, int64_t floats);
@@ -393,6 +406,10 @@ class CudaBackend final : public Backend {
   // for decode-sized forwards (never moves under a captured graph), act_grown_ for larger ones
   // (eager forwards only).
   std::array<DeviceArray<uint8_t>, 4> act_ws_, act_grown_;
+  // The BF16 operands of the wgmma prefill GEMM (activations; a chunk of decoded weight rows),
+  // one pair per stream; prefill-sized forwards only (never captured).
+  std::array<DeviceArray<uint8_t>, 4> wgmma_a_, wgmma_b_;
+  uint64_t wgmma_generation_ = 0;
   uint64_t gemv_generation_ = 0;
   int64_t d2h_bytes_ = 0, graph_updates_ = 0;
 };
@@ -440,6 +457,49 @@ const float* CudaBackend::fp8_act_qdq(const float* x, int64_t rows, int64_t k, S
   float* q = static_cast<float*>(act_workspace(s, rows * k * int64_t(sizeof(float))));
   DSV41RT_CU(kc::fp8_act_qdq(x, rows, k, q, cs(s)));
   return q;
+}
+
+// Forwards that are not decode-sized: the wgmma GEMM on BF16 operands staged here
+// (gemm_wgmma.cuh; the values gemm_tc would multiply, summed in another order). Every linear of
+// such a forward takes it, whatever its m, so a row's bits do not depend on how many rows the
+// forward has (the tiled GEMM stays for k % 8 != 0).
+// Weight rows are decoded to BF16 in chunks of about this many bytes (the workspace's size).
+constexpr int64_t kWgmmaWeightChunkBytes = int64_t(256) << 20;
+
+bool CudaBackend::wgmma_linear_applies(int64_t m, int64_t k) const {
+  return !decode_forward_ && m > 0 && k % 8 == 0;
+}
+
+bool CudaBackend::wgmma_linear(const float* x, int64_t ldx, const kernels::WeightView& v,
+                               int64_t row0, int64_t m, int64_t k, int64_t n, float* y, int64_t ldy,
+                               bool accumulate, Stream s) {
+  if (!wgmma_linear_applies(m, k) || v.format == WeightFormat::kF32) return false;
+  const size_t i = stream_index(s);
+  auto* a = static_cast<uint16_t*>(eager_workspace(wgmma_a_[i], m * k * 2, s));
+  DSV41RT_CU(kc::rows_to_bf16(x, ldx, m, k, a, k, cs(s)));
+  const int64_t chunk =
+      std::min(n, std::max<int64_t>(128, kWgmmaWeightChunkBytes / (k * 2) / 128 * 128));
+  auto* b = static_cast<uint16_t*>(eager_workspace(wgmma_b_[i], chunk * k * 2, s));
+  for (int64_t n0 = 0; n0 < n; n0 += chunk) {
+    const int64_t rows = std::min(chunk, n - n0);
+    DSV41RT_CU(kc::weight_to_bf16(v, row0 + n0, rows, b, k, cs(s)));
+    kc::WgmmaGemm g;
+    g.a = a, g.lda = k, g.b = b, g.ldb = k, g.c = y + n0, g.ldc = ldy;
+    g.m = m, g.n = rows, g.k = k, g.accumulate = accumulate;
+    DSV41RT_CU(kc::gemm_bf16_wgmma(g, cs(s)));
+  }
+  return true;
+}
+
+void* CudaBackend::eager_workspace(DeviceArray<uint8_t>& array, int64_t bytes, Stream s) {
+  if (bytes > array.capacity()) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    DSV41RT_CU(cudaStreamIsCapturing(cs(s), &st));
+    DSV41RT_CHECK_CODE(kInternal, st == cudaStreamCaptureStatusNone,
+                       "a prefill GEMM workspace would grow during graph capture");
+  }
+  return array.ensure([](int64_t b) { return cudart::device_alloc(b); },
+                      std::max<int64_t>(bytes, 1), wgmma_generation_);
 }
 
 size_t CudaBackend::stream_index(Stream s) const {
@@ -552,9 +612,16 @@ void CudaBackend::moe_experts(const float* x, const int32_t* idx, const float* w
     const int64_t int_bytes = (sz.ints * 4 + 255) / 256 * 256;
     const int64_t bytes = (int_bytes + sz.floats * 4 + 255) / 256 * 256;
     uint8_t* base = carve(bytes);
-    const kc::MoeGroupedWorkspace ws =
+    kc::MoeGroupedWorkspace ws =
         kc::moe_grouped_carve(reinterpret_cast<int32_t*>(base),
                               reinterpret_cast<float*>(base + int_bytes), S, H, k, E, I, Is);
+    if (!decode_forward_) {  // the wgmma GEMMs' BF16 operands (never under graph capture)
+      const size_t i = stream_index(s);
+      const int64_t a_elems = std::max(S * k * std::max(H, I), S * std::max(H, Is));
+      ws.b_bf16_elems = std::max({I * H, Is * H, kWgmmaWeightChunkBytes / 2});
+      ws.a_bf16 = static_cast<uint16_t*>(eager_workspace(wgmma_a_[i], a_elems * 2, s));
+      ws.b_bf16 = static_cast<uint16_t*>(eager_workspace(wgmma_b_[i], ws.b_bf16_elems * 2, s));
+    }
     DSV41RT_CU(kc::moe_grouped_bf16(x, idx, weight, S, H, k, E, I, w1, w3, w2, sw1, sw3, sw2, Is,
                                     limit, y, ws, cs(s), fp8));
     return;

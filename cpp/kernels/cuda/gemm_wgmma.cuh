@@ -1,0 +1,66 @@
+// Prefill GEMM on Hopper's BF16 tensor cores (wgmma): C[M, N] (+)= A[M, K] x B[N, K]^T with A
+// and B BF16 (K contiguous) and C FP32. Numerics: the products of BF16 values are exact and the
+// sums FP32 (the tensor core's accumulation), so against the CPU's FP32 evaluation of the same
+// BF16 operands only the summation order differs; every output's order depends on K alone (one
+// accumulator per output, K walked in order), so a row's result does not depend on M or on the
+// other rows of its tile.
+//
+// The executor's operands are FP32 activations and weights in their stored formats: the staging
+// kernels below make the BF16 operands (activations rounded RNE, as gemm_tc.cuh stages them;
+// weights decoded exactly, kernels/weight_view.h), so `precision = "bf16"` / `"fp8"` (whose
+// activations are FP8-QDQ'd first, hence BF16-exact) compute the same values as the tiled
+// tensor-core GEMM, summed in another order.
+//
+// Preconditions (gemm_bf16_wgmma_supported): sm_90a; k % 8 == 0 and lda, ldb % 8 == 0 (TMA rows
+// are 16-byte multiples); a, b 16-byte aligned. Parts of a tile past m, n or k read as zeros.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/export.h"
+#include "kernels/weight_view.h"
+
+namespace dsv41rt::kernels::cuda {
+
+/// Rows of C per CTA tile (the grouped-tile tables below are in units of it).
+constexpr int64_t kWgmmaTileM = 128;
+
+struct WgmmaGemm {
+  const uint16_t* a = nullptr;  ///< BF16 bits [m, k], row pitch lda
+  int64_t lda = 0;
+  const uint16_t* b = nullptr;  ///< BF16 bits [n, k], row pitch ldb
+  int64_t ldb = 0;
+  float* c = nullptr;  ///< FP32 [m, n], row pitch ldc
+  int64_t ldc = 0;
+  int64_t m = 0, n = 0, k = 0;
+  bool accumulate = false;  ///< C += instead of C =
+  // Grouped tiles (MoE; capture-safe: the table is read on the device): when `tiles` is set
+  // (group [max_tiles], row0 [max_tiles], row_end [max_tiles], as moe_grouped builds it, tiles of
+  // kWgmmaTileM rows), grid row t < tile_entries computes C rows [row0, row_end) of A rows from
+  // row0 with B rows (group - group_lo) * b_rows_per_group + [0, n); a tile whose group lies
+  // outside [group_lo, group_hi) (-1: unused) does nothing. A rows past row_end are read (as one
+  // box), never written.
+  const int32_t* tiles = nullptr;
+  int64_t max_tiles = 0, tile_entries = 0, b_rows_per_group = 0;
+  int32_t group_lo = 0, group_hi = 0;
+};
+
+/// Whether the kernel takes these operands (see the preconditions above).
+DSV41RT_API bool gemm_bf16_wgmma_supported(const WgmmaGemm& g);
+/// cudaErrorInvalidValue when not supported; cudaErrorNotSupported without the TMA encoder.
+DSV41RT_API cudaError_t gemm_bf16_wgmma(const WgmmaGemm& g, cudaStream_t stream);
+
+/// y[r, c] = bf16_rn(x[src, c]) for r < m, c < k (pitches in elements), src = r or, with a
+/// gather, gather[r] / gather_div (a negative gather[r] gives a row of zeros).
+DSV41RT_API cudaError_t rows_to_bf16(const float* x, int64_t ldx, int64_t m, int64_t k, uint16_t* y,
+                                     int64_t ldy, cudaStream_t stream,
+                                     const int32_t* gather = nullptr, int64_t gather_div = 1);
+/// y[r, c] = bf16(w.value(row0 + r, c)) for r < rows, c < w.cols: the exact decode (every value
+/// of a real checkpoint is a normal BF16; FP32 weights are rejected: rounding them would be a
+/// silent loss).
+DSV41RT_API cudaError_t weight_to_bf16(const WeightView& w, int64_t row0, int64_t rows, uint16_t* y,
+                                       int64_t ldy, cudaStream_t stream);
+
+}  // namespace dsv41rt::kernels::cuda
