@@ -49,6 +49,13 @@ PrefixHit PrefixCache::lookup(const std::vector<int32_t>& tokens, int64_t max_to
     if (!n) break;
     path.push_back(n);
   }
+  // Nodes past the deepest snapshot (in a slot or on the host) cannot end a hit: left out, they
+  // are neither brought back nor looked at again (bringing others back may drop them).
+  size_t usable = 0;
+  for (size_t k = 0; k < path.size(); ++k) {
+    if (path[k]->snapshot >= 0 || path[k]->host_snapshot) usable = k + 1;
+  }
+  path.resize(usable);
   if (tier_) restore_path(path);  // brings nodes on host back where it can
   for (size_t k = 0; k < path.size() && path[k]->resident(); ++k) {
     if (path[k]->snapshot >= 0) {

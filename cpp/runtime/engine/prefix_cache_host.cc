@@ -160,14 +160,12 @@ bool PrefixCache::restore_snapshot(Node* n) {
   return true;
 }
 
-// Brings the nodes of `path` (a lookup's matched blocks) back from the host, in order, up to the
-// deepest one with a snapshot, and that snapshot; stops at the first that cannot be brought back.
+// Brings the nodes of `path` (a lookup's matched blocks, ending at a snapshot in a slot or on the
+// host) back from the host, in order, and the last one's snapshot; stops at the first that cannot
+// be brought back. Every node of the path is pinned meanwhile: nothing evicts or drops it.
 void PrefixCache::restore_path(const std::vector<Node*>& path) {
-  size_t best = path.size();
-  for (size_t k = 0; k < path.size(); ++k) {
-    if (path[k]->snapshot >= 0 || path[k]->host_snapshot) best = k;
-  }
-  if (best == path.size()) return;
+  if (path.empty()) return;
+  const size_t best = path.size() - 1;
   for (size_t k = 0; k <= best; ++k) path[k]->pinned = true;
   bool whole = true;
   for (size_t k = 0; k <= best && whole; ++k) {
