@@ -6,9 +6,13 @@
 // sequence shows up as a wrong output. Randomised: requests share random prefixes, re-send
 // earlier conversations with more tokens, abort (also between schedule and complete), and the
 // small pool forces eviction and preemption; invariants are checked after every operation.
+// Run again with the host tier: evicted pages and snapshots then go to host entries (the mock's
+// state, saved under an id written into the entry's bytes) and come back.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -18,6 +22,7 @@
 
 #include "core/status.h"
 #include "runtime/engine/scheduler.h"
+#include "runtime/model/host_state_copy.h"
 #include "runtime/model/kv_pool.h"
 
 namespace dsv41rt::engine {
@@ -76,12 +81,53 @@ struct StatefulMock {
   }
 };
 
+// The host tier's copies for the mock: a copy to the host saves the page's rows or the slot's
+// sequence under a fresh id and writes the id into the entry's bytes, so entries the cache moves
+// with memcpy (a snapshot joining its page's entry) still find their state.
+class MockHostCopy final : public model::HostStateCopy {
+ public:
+  explicit MockHostCopy(StatefulMock& mock) : mock_(mock) {}
+  int64_t page_bytes() const override { return sizeof(uint64_t); }
+  int64_t slot_state_bytes() const override { return sizeof(uint64_t); }
+  std::shared_ptr<uint8_t> alloc_host(int64_t bytes) override {
+    return std::shared_ptr<uint8_t>(new uint8_t[size_t(bytes)], std::default_delete<uint8_t[]>());
+  }
+  void page_to_host(int32_t page, uint8_t* dst) override {
+    saved_pages_[put(dst)] = mock_.pages[page];
+  }
+  void page_from_host(const uint8_t* src, int32_t page) override {
+    mock_.pages[page] = saved_pages_.at(get(src));
+  }
+  void slot_to_host(int32_t slot, uint8_t* dst) override {
+    saved_slots_[put(dst)] = mock_.slots[slot];
+  }
+  void slot_from_host(const uint8_t* src, int32_t slot) override {
+    mock_.slots[slot] = saved_slots_.at(get(src));
+  }
+
+ private:
+  uint64_t put(uint8_t* dst) {
+    const uint64_t id = ++next_;
+    std::memcpy(dst, &id, sizeof(id));
+    return id;
+  }
+  static uint64_t get(const uint8_t* src) {
+    uint64_t id = 0;
+    std::memcpy(&id, src, sizeof(id));
+    return id;
+  }
+  StatefulMock& mock_;
+  uint64_t next_ = 0;
+  std::map<uint64_t, PageRows> saved_pages_;
+  std::map<uint64_t, std::vector<int32_t>> saved_slots_;
+};
+
 std::vector<int32_t> reference_output(std::vector<int32_t> seq, int64_t max_new) {
   for (int64_t i = 0; i < max_new; ++i) seq.push_back(next_token(seq));
   return seq;
 }
 
-TEST(PrefixCacheStress, RandomSharedPrefixesStayExactAndTheAccountsBalance) {
+void run_stress(int64_t host_cache_bytes) {
   const unsigned seed = std::random_device{}();
   std::printf("Prefix cache stress seed: %u\n", seed);
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -92,8 +138,12 @@ TEST(PrefixCacheStress, RandomSharedPrefixesStayExactAndTheAccountsBalance) {
 
   KvPool pool(model::PoolGeometry{kPage, 0, 0}, 32, 6);  // 128 tokens, 6 slots
   StatefulMock mock{pool, {}, {}};
-  Scheduler s({.max_num_seqs = 4, .max_num_batched_tokens = 20, .enable_prefix_caching = true},
-              pool, [&](int32_t from, int32_t to) { mock.copy(from, to); });
+  MockHostCopy host(mock);
+  Scheduler s({.max_num_seqs = 4,
+               .max_num_batched_tokens = 20,
+               .enable_prefix_caching = true,
+               .host_cache_bytes = host_cache_bytes},
+              pool, [&](int32_t from, int32_t to) { mock.copy(from, to); }, &host);
   std::vector<std::vector<int32_t>> stems, finished_seqs;
   for (int i = 0; i < 4; ++i) {
     std::vector<int32_t> stem(size_t(uniform(4, 60)));
@@ -179,15 +229,22 @@ TEST(PrefixCacheStress, RandomSharedPrefixesStayExactAndTheAccountsBalance) {
   const SchedulerStats st = s.stats();
   std::printf(
       "prefix stress: %lld finished, %lld aborts, %lld preemptions, %lld/%lld tokens hit, "
-      "%lld pages + %lld snapshots evicted\n",
+      "%lld pages + %lld snapshots evicted; host: %lld pages + %lld snapshots offloaded, %lld + "
+      "%lld restored\n",
       (long long)finished, (long long)aborts, (long long)st.preemptions, (long long)cs.hits,
-      (long long)cs.queries, (long long)cs.evicted_pages, (long long)cs.evicted_snapshots);
+      (long long)cs.queries, (long long)cs.evicted_pages, (long long)cs.evicted_snapshots,
+      (long long)cs.offloaded_pages, (long long)cs.offloaded_snapshots,
+      (long long)cs.restored_pages, (long long)cs.restored_snapshots);
   // The run exercised what it is about.
   EXPECT_GT(finished, 100);
   EXPECT_GT(cs.hits, 0);
   EXPECT_GT(cs.evicted_pages, 0);
   EXPECT_GT(cs.evicted_snapshots, 0);
   EXPECT_GT(st.preemptions, 0);
+  if (host_cache_bytes > 0) {
+    EXPECT_GT(cs.restored_pages, 0);
+    EXPECT_GT(cs.restored_snapshots, 0);
+  }
   // Idle: only the cache holds anything, and after a reset nothing does.
   EXPECT_EQ(pool.usage().pages_used, cs.pages);
   EXPECT_EQ(pool.usage().slots_used, cs.snapshots);
@@ -195,7 +252,13 @@ TEST(PrefixCacheStress, RandomSharedPrefixesStayExactAndTheAccountsBalance) {
   s.check_invariants();
   EXPECT_EQ(pool.usage().pages_used, 0);
   EXPECT_EQ(pool.usage().slots_used, 0);
+  EXPECT_EQ(s.prefix_cache()->stats().host_bytes, 0);
 }
+
+TEST(PrefixCacheStress, RandomSharedPrefixesStayExactAndTheAccountsBalance) { run_stress(0); }
+
+// 8 bytes an entry (16 with its snapshot): room for about 30 pages, so the tier drops entries too.
+TEST(PrefixCacheStress, WithTheHostTierEvictedStateComesBackExact) { run_stress(256); }
 
 // With no free slot and no other snapshot to evict, a request that hits a snapshot takes its slot
 // over (no copy) rather than losing the hit.
@@ -255,6 +318,19 @@ TEST(PrefixCacheStress, AdmissionTakesTheHitsSnapshotSlotOverWhenSlotsRunOut) {
 TEST(PrefixCacheStress, SchedulerNeedsACopierForPrefixCaching) {
   KvPool pool(model::PoolGeometry{kPage, 0, 0}, 8, 2);
   EXPECT_THROW(Scheduler({.enable_prefix_caching = true}, pool), Error);
+  auto copier = [](int32_t, int32_t) {};
+  KvPool host_pool(model::PoolGeometry{kPage, 8, 8}, 8, 2);
+  model::PoolHostCopy host(host_pool);
+  // The host tier needs prefix caching and a host copier, and a size >= 0.
+  EXPECT_THROW(Scheduler({.host_cache_bytes = 64}, host_pool, copier, &host), Error);
+  EXPECT_THROW(
+      Scheduler({.enable_prefix_caching = true, .host_cache_bytes = 64}, host_pool, copier),
+      Error);
+  EXPECT_THROW(
+      Scheduler({.enable_prefix_caching = true, .host_cache_bytes = -1}, host_pool, copier, &host),
+      Error);
+  Scheduler ok({.enable_prefix_caching = true, .host_cache_bytes = 64}, host_pool, copier, &host);
+  EXPECT_NE(ok.prefix_cache(), nullptr);
 }
 
 }  // namespace
