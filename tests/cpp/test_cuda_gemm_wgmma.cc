@@ -11,9 +11,12 @@
 // written (y starts as NaN poison unless accumulating). Shapes cover tiles cut by m, n and k
 // (TMA zero fill), odd n (the scalar epilogue), pitches wider than the rows and accumulation.
 // Also: the staging kernels bitwise (BF16 RNE; exact weight decode; the row gather), grouped tiles
-// in passes over chunks of groups (the MoE layout), determinism (eager twice, graph replay),
+// in passes over chunks of groups (the MoE layout), FP32 operands split into BF16 parts
+// (gemm_f32_split3), determinism (eager twice, graph replay),
 // independence of m (row 5 alone == row 5 of 300, bitwise) and rejections.
 #include <cuda_runtime_api.h>
+
+#include <cmath>
 
 #include "backend_test_util.h"
 #include "core/dtype.h"
@@ -269,6 +272,43 @@ TEST_F(BackendCudaGemmWgmma, GroupedTilesInPasses) {
     }
   }
   EXPECT_TRUE(within(got, want, tol));
+}
+
+// FP32 operands with FP32-exact products (three BF16 parts each, 9 part products): the sum of
+// the exact products in another order, so the any-order bound of an FP32 dot product over 9 k
+// terms holds. Workspaces of one tile each force several passes over m and n; values spread over
+// 2^-20 .. 2^20 so the low parts matter.
+TEST_F(BackendCudaGemmWgmma, Fp32Split3IsExactProductsInAnotherOrder) {
+  const int64_t m = 300, n = 260, k = 136, tm = kc::kWgmmaTileM;
+  std::vector<float> a = normal(m * k), b = normal(n * k);
+  for (float& v : a) v = std::ldexp(v, int(randint(-20, 20)));
+  for (float& v : b) v = std::ldexp(v, int(randint(-20, 20)));
+  Buffer<float> da = upload(cuda(), a), db = upload(cuda(), b);
+  Buffer<float> dc = poisoned<float>(cuda(), m * n);
+  Buffer<uint16_t> aw = poisoned<uint16_t>(cuda(), 9 * k * tm),
+                   bw = poisoned<uint16_t>(cuda(), 3 * k * 128);
+  ASSERT_EQ(kc::gemm_f32_split3(da.get(), k, db.get(), k, m, n, k, dc.get(), n, aw.get(),
+                                9 * k * tm, bw.get(), 3 * k * 128, stream()),
+            cudaSuccess);
+  const std::vector<float> c = dc.download();
+  ASSERT_TRUE(all_written(c));
+  std::vector<float> got;
+  std::vector<double> want, tol;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double sum = 0, mag = 0;
+      for (int64_t q = 0; q < k; ++q) {
+        const double t = double(a[i * k + q]) * b[j * k + q];
+        sum += t, mag += std::abs(t);
+      }
+      got.push_back(c[i * n + j]), want.push_back(sum), tol.push_back(2 * gamma_n(9 * k + 3) * mag);
+    }
+  }
+  EXPECT_TRUE(within(got, want, tol));
+  // A workspace smaller than one tile of rows is refused.
+  EXPECT_EQ(kc::gemm_f32_split3(da.get(), k, db.get(), k, m, n, k, dc.get(), n, aw.get(),
+                                9 * k * tm - 1, bw.get(), 3 * k * 128, stream()),
+            cudaErrorInvalidValue);
 }
 
 TEST_F(BackendCudaGemmWgmma, RejectsUnsupported) {

@@ -128,14 +128,15 @@ __global__ void engram_update_kernel(float* __restrict__ X, const float* __restr
 cudaError_t engram_forward(float* X, const float* emb, const float* wkv, const float* q_weight,
                            const float* k_weight, const uint8_t* token_mask, int64_t S, int64_t n,
                            int64_t H, int64_t D, float eps, float* kv_workspace,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, bool kv_ready) {
   if (S <= 0) return S == 0 ? cudaSuccess : cudaErrorInvalidValue;
   if (n < 1 || H <= 0 || D <= 0 || !kv_workspace) return cudaErrorInvalidValue;
   const int64_t kvw = (n + 1) * H;
   // Tokens per warp: as many as the batch fills (the arithmetic per output is the same).
-  cudaError_t err = S >= 16  ? launch_engram_kv<16>(emb, wkv, S, kvw, D, kv_workspace, stream)
-                    : S >= 4 ? launch_engram_kv<4>(emb, wkv, S, kvw, D, kv_workspace, stream)
-                             : launch_engram_kv<1>(emb, wkv, S, kvw, D, kv_workspace, stream);
+  cudaError_t err = kv_ready  ? cudaSuccess
+                    : S >= 16 ? launch_engram_kv<16>(emb, wkv, S, kvw, D, kv_workspace, stream)
+                    : S >= 4  ? launch_engram_kv<4>(emb, wkv, S, kvw, D, kv_workspace, stream)
+                              : launch_engram_kv<1>(emb, wkv, S, kvw, D, kv_workspace, stream);
   if (err != cudaSuccess) return err;
   const float inv_sqrt_h = static_cast<float>(std::pow(static_cast<double>(H), -0.5));
   const int64_t blocks = S * n < kMaxBlocks ? S * n : kMaxBlocks;

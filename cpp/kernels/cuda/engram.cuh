@@ -17,10 +17,12 @@ inline int64_t engram_forward_workspace(int64_t S, int64_t n, int64_t H) { retur
 /// In place on X [S, n, H] as kernels::cpu::engram_forward (the three per-stream reductions in
 /// FP64). emb [S, D], wkv [(n + 1) H, D], q_weight / k_weight [n, H], token_mask [S] or nullptr,
 /// kv_workspace: engram_forward_workspace(S, n, H) floats (must not alias the other buffers).
+/// kv_ready: the workspace already holds the kv projection emb · wkv^T [S, (n + 1) H] (computed
+/// by the caller, e.g. on tensor cores: gemm_wgmma.cuh gemm_f32_split3); emb and wkv are unused.
 DSV41RT_API cudaError_t engram_forward(float* X, const float* emb, const float* wkv,
                                        const float* q_weight, const float* k_weight,
                                        const uint8_t* token_mask, int64_t S, int64_t n, int64_t H,
                                        int64_t D, float eps, float* kv_workspace,
-                                       cudaStream_t stream);
+                                       cudaStream_t stream, bool kv_ready = false);
 
 }  // namespace dsv41rt::kernels::cuda

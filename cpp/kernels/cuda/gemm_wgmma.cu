@@ -16,6 +16,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm_wgmma.cuh"
 #include "kernels/cuda/tma.cuh"
@@ -221,6 +223,27 @@ __global__ void weight_to_bf16_kernel(const WeightView w, int64_t row0, int64_t 
   }
 }
 
+// y row r: for part p of x[r, :] (hi, mid, lo BF16 parts) and copy q < repeat, the k columns at
+// (p * repeat + q) * k.
+__global__ void split3_kernel(const float* __restrict__ x, int64_t ldx, int64_t m, int64_t k,
+                              uint16_t* __restrict__ y, int64_t ldy, int repeat) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < m * k;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / k, col = i % k;
+    const float v = x[r * ldx + col];
+    const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+    const float r1 = v - __bfloat162float(hi);
+    const __nv_bfloat16 mid = __float2bfloat16_rn(r1);
+    const __nv_bfloat16 lo = __float2bfloat16_rn(r1 - __bfloat162float(mid));
+    const uint16_t parts[3] = {__bfloat16_as_ushort(hi), __bfloat16_as_ushort(mid),
+                               __bfloat16_as_ushort(lo)};
+    uint16_t* row = y + r * ldy + col;
+    for (int p = 0; p < 3; ++p) {
+      for (int q = 0; q < repeat; ++q) row[(p * repeat + q) * k] = parts[p];
+    }
+  }
+}
+
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 int grid_for(int64_t items) {
@@ -266,6 +289,38 @@ cudaError_t gemm_bf16_wgmma(const WgmmaGemm& g, cudaStream_t stream) {
   if (grid.y > 65535) return cudaErrorInvalidValue;
   gemm_wgmma_kernel<<<grid, kGemmThreads, kSmem, stream>>>(map_a, map_b, p);
   return launch_status();
+}
+
+cudaError_t gemm_f32_split3(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t m,
+                            int64_t n, int64_t k, float* c, int64_t ldc, uint16_t* a_ws,
+                            int64_t a_ws_elems, uint16_t* b_ws, int64_t b_ws_elems,
+                            cudaStream_t stream) {
+  if (!a || !b || !c || !a_ws || !b_ws || m <= 0 || n <= 0 || k <= 0 || k % 8 != 0 || lda < k ||
+      ldb < k || ldc < n || a_ws_elems < 9 * k * kBM || b_ws_elems < 3 * k * kBN ||
+      !aligned16(a_ws) || !aligned16(b_ws)) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t m_chunk = std::min(m, a_ws_elems / (9 * k) / kBM * kBM);
+  const int64_t n_chunk = std::min(n, b_ws_elems / (3 * k) / kBN * kBN);
+  for (int64_t n0 = 0; n0 < n; n0 += n_chunk) {
+    const int64_t nc = std::min(n_chunk, n - n0);
+    split3_kernel<<<grid_for(nc * k), 256, 0, stream>>>(b + n0 * ldb, ldb, nc, k, b_ws, 3 * k, 1);
+    cudaError_t e = launch_status();
+    if (e != cudaSuccess) return e;
+    for (int64_t m0 = 0; m0 < m; m0 += m_chunk) {
+      const int64_t mc = std::min(m_chunk, m - m0);
+      split3_kernel<<<grid_for(mc * k), 256, 0, stream>>>(a + m0 * lda, lda, mc, k, a_ws, 9 * k, 3);
+      if ((e = launch_status()) != cudaSuccess) return e;
+      for (int part = 0; part < 3; ++part) {
+        WgmmaGemm g;
+        g.a = a_ws + 3 * k * part, g.lda = 9 * k, g.b = b_ws, g.ldb = 3 * k;
+        g.c = c + m0 * ldc + n0, g.ldc = ldc, g.m = mc, g.n = nc, g.k = 3 * k;
+        g.accumulate = part > 0;
+        if ((e = gemm_bf16_wgmma(g, stream)) != cudaSuccess) return e;
+      }
+    }
+  }
+  return cudaSuccess;
 }
 
 cudaError_t rows_to_bf16(const float* x, int64_t ldx, int64_t m, int64_t k, uint16_t* y,

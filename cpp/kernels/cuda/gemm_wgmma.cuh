@@ -63,4 +63,18 @@ DSV41RT_API cudaError_t rows_to_bf16(const float* x, int64_t ldx, int64_t m, int
 DSV41RT_API cudaError_t weight_to_bf16(const WeightView& w, int64_t row0, int64_t rows, uint16_t* y,
                                        int64_t ldy, cudaStream_t stream);
 
+/// C[m, n] = A[m, k] B[n, k]^T for FP32 A and B (row pitches lda, ldb, ldc) with FP32-exact
+/// products on the BF16 tensor cores: each operand is split into three BF16 parts, x = x0 + x1 +
+/// x2 exactly (8 significant bits each), and every part product x_i y_j (16 bits) is exact in
+/// FP32, so C is the sum of the 9 k exact products in another order than an FP32 dot product:
+/// summation order is the only difference (subnormal parts aside). Staged as A'' = [a0 a0 a0 a1 a1
+/// a1 a2 a2 a2] (9 k per row) and B' = [b0 b1 b2] (3 k per row); C = A''_0 B'^T + A''_1 B'^T +
+/// A''_2 B'^T, three wgmma GEMMs with K = 3 k, added in that order. a_ws / b_ws: BF16 workspaces
+/// of a_ws_elems >= 9 k * kWgmmaTileM and b_ws_elems >= 3 k * 128 elements; larger ones take more
+/// rows per pass. k % 8 == 0.
+DSV41RT_API cudaError_t gemm_f32_split3(const float* a, int64_t lda, const float* b, int64_t ldb,
+                                        int64_t m, int64_t n, int64_t k, float* c, int64_t ldc,
+                                        uint16_t* a_ws, int64_t a_ws_elems, uint16_t* b_ws,
+                                        int64_t b_ws_elems, cudaStream_t stream);
+
 }  // namespace dsv41rt::kernels::cuda

@@ -258,8 +258,9 @@ class CudaBackend final : public Backend {
                       const float* k_weight, int64_t S, int64_t n, int64_t H, int64_t D, float eps,
                       Scratch scratch, Stream s) override {
     float* ws = static_cast<float*>(scratch.get(kc::engram_forward_workspace(S, n, H) * 4));
-    DSV41RT_CU(
-        kc::engram_forward(X, emb, wkv, q_weight, k_weight, nullptr, S, n, H, D, eps, ws, cs(s)));
+    const bool kv_ready = engram_kv_tensor_cores(emb, wkv, S, (n + 1) * H, D, ws, s);
+    DSV41RT_CU(kc::engram_forward(X, emb, wkv, q_weight, k_weight, nullptr, S, n, H, D, eps, ws,
+                                  cs(s), kv_ready));
   }
   void moe_route(const float* x, const float* gate, const float* bias, int64_t S, int64_t H,
                  int64_t E, int64_t k, float scale, bool normalize, int32_t* idx, float* weight,
@@ -389,6 +390,8 @@ class CudaBackend final : public Backend {
                       float* y, bool accumulate, Stream s);
   const float* fp8_act_qdq(const float* x, int64_t rows, int64_t k, Stream s);
   bool wgmma_linear_applies(int64_t m, int64_t k) const;
+  bool engram_kv_tensor_cores(const float* emb, const float* wkv, int64_t S, int64_t kvw, int64_t D,
+                              float* kv, Stream s);
   bool wgmma_linear(const float* x, int64_t ldx, const kernels::WeightView& v, int64_t row0,
                     int64_t m, int64_t k, int64_t n, float* y, int64_t ldy, bool accumulate,
                     Stream s);
@@ -488,6 +491,28 @@ bool CudaBackend::wgmma_linear(const float* x, int64_t ldx, const kernels::Weigh
     g.m = m, g.n = rows, g.k = k, g.accumulate = accumulate;
     DSV41RT_CU(kc::gemm_bf16_wgmma(g, cs(s)));
   }
+  return true;
+}
+
+// The Engram kv projection (FP32 weights) of a forward that is not decode-sized, in precision
+// fp8: FP32-exact products on the wgmma kernel (gemm_f32_split3), 9 BF16 products per FP32 one;
+// the CUDA-core kernel (one warp per output) took 0.8 s per call on a 4096-token bench-40
+// prefill. Precision fp32 keeps that kernel: its rows stay bitwise the same at every batch size
+// (prefix-cache hits re-run short suffixes), which the tensor-core sum order is not. Precision
+// bf16 keeps it too: with this path its GPU-vs-emulation gate failed at 200 tokens on the H200
+// (session 20; the fp8 and fp32 gates passed), as it did with the tensor-core attention.
+bool CudaBackend::engram_kv_tensor_cores(const float* emb, const float* wkv, int64_t S, int64_t kvw,
+                                         int64_t D, float* kv, Stream s) {
+  if (!tc_ || !fp8_ || decode_forward_ || D % 8 != 0 || S < 1) return false;
+  const size_t i = stream_index(s);
+  const int64_t tile = kc::kWgmmaTileM, budget = kWgmmaWeightChunkBytes / 2;  // elements
+  const int64_t a_elems = std::max(9 * D * tile, std::min(9 * D * ((S + tile - 1) / tile * tile),
+                                                          budget / (9 * D) / tile * tile * 9 * D));
+  const int64_t b_elems = std::max(3 * D * tile, budget / (3 * D) / tile * tile * 3 * D);
+  auto* a = static_cast<uint16_t*>(eager_workspace(wgmma_a_[i], a_elems * 2, s));
+  auto* b = static_cast<uint16_t*>(eager_workspace(wgmma_b_[i], b_elems * 2, s));
+  DSV41RT_CU(
+      kc::gemm_f32_split3(emb, D, wkv, D, S, kvw, D, kv, kvw, a, a_elems, b, b_elems, cs(s)));
   return true;
 }
 
