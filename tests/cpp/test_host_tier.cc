@@ -83,6 +83,34 @@ TEST(HostTier, EvictsLeastRecentlyUsedToMakeRoom) {
   EXPECT_EQ(tier.entries(), 0);
 }
 
+TEST(HostTier, FreedBuffersAreReusedWithinTheBudget) {
+  int64_t allocations = 0, allocated = 0;
+  HostTier tier(100, [&](int64_t bytes) {
+    ++allocations;
+    allocated += bytes;
+    return std::shared_ptr<uint8_t>(new uint8_t[size_t(bytes)], std::default_delete<uint8_t[]>());
+  });
+  std::vector<uint64_t> dropped;
+  uint8_t* a = tier.put(1, 40, kAny, dropped);
+  ASSERT_NE(tier.put(2, 40, kAny, dropped), nullptr);
+  tier.erase(1);
+  EXPECT_EQ(tier.used_bytes(), 40);
+  EXPECT_EQ(tier.held_bytes(), 80);  // entry 1's buffer is kept
+  EXPECT_EQ(tier.put(3, 40, kAny, dropped), a);  // and reused: no new allocation
+  EXPECT_EQ(allocations, 2);
+  // Evicting for room keeps the victim's buffer too: a same-size entry takes it.
+  ASSERT_NE(tier.put(4, 40, kAny, dropped), nullptr);  // 2 goes
+  EXPECT_EQ(allocations, 2);
+  // Another size: kept buffers are freed until the new one fits the budget.
+  tier.erase(3);
+  ASSERT_NE(tier.put(5, 60, kAny, dropped), nullptr);
+  EXPECT_EQ(allocations, 3);
+  EXPECT_LE(tier.held_bytes(), 100);
+  EXPECT_EQ(tier.used_bytes(), 100);
+  tier.clear();
+  EXPECT_EQ(tier.held_bytes(), 0);
+}
+
 TEST(HostTier, BadInputIsAnError) {
   EXPECT_THROW(HostTier(0), Error);
   EXPECT_THROW(HostTier(-5), Error);

@@ -178,7 +178,9 @@ void run_stress(int64_t host_cache_bytes) {
   EXPECT_GT(finished.size(), 10u);
   EXPECT_GT(s.prefix_cache.hits, 0);
   EXPECT_GT(s.prefix_cache.evicted_pages, 0);  // the pool was under pressure
-  if (host_cache_bytes > 0) EXPECT_GT(s.prefix_cache.restored_pages, 0);
+  if (host_cache_bytes > 0) {
+    EXPECT_GT(s.prefix_cache.restored_pages, 0);
+  }
   engine.reset_prefix_cache();
   engine.check_invariants();
   EXPECT_EQ(engine.stats().pool.pages_used, 0);

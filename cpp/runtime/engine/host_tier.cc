@@ -42,13 +42,33 @@ uint8_t* HostTier::put(uint64_t key, int64_t bytes, const std::function<bool(uin
     dropped.push_back(v);
   }
   Entry e;
-  e.data = allocator_(bytes);
+  e.data = buffer(bytes);
   e.bytes = bytes;
   e.pos = order_.insert(order_.end(), key);
   uint8_t* data = e.data.get();
   entries_.emplace(key, std::move(e));
   used_ += bytes;
   return data;
+}
+
+// A kept buffer of that size, else a new one once kept buffers of other sizes have made room
+// (put() checked that entries leave it).
+std::shared_ptr<uint8_t> HostTier::buffer(int64_t bytes) {
+  auto same = spare_.find(bytes);
+  if (same != spare_.end() && !same->second.empty()) {
+    std::shared_ptr<uint8_t> b = std::move(same->second.back());
+    same->second.pop_back();
+    spare_bytes_ -= bytes;
+    return b;
+  }
+  auto over = [&] { return used_ + spare_bytes_ + bytes > budget_; };
+  for (auto it = spare_.begin(); over() && it != spare_.end(); ++it) {
+    while (!it->second.empty() && over()) {
+      it->second.pop_back();
+      spare_bytes_ -= it->first;
+    }
+  }
+  return allocator_(bytes);
 }
 
 uint8_t* HostTier::data(uint64_t key) { return entry(key).data.get(); }
@@ -65,6 +85,8 @@ void HostTier::erase(uint64_t key) {
   auto it = entries_.find(key);
   DSV41RT_CHECK(it != entries_.end(), "host cache tier: no entry ", key);
   used_ -= it->second.bytes;
+  spare_[it->second.bytes].push_back(std::move(it->second.data));
+  spare_bytes_ += it->second.bytes;
   order_.erase(it->second.pos);
   entries_.erase(it);
 }
@@ -72,7 +94,9 @@ void HostTier::erase(uint64_t key) {
 void HostTier::clear() {
   entries_.clear();
   order_.clear();
+  spare_.clear();
   used_ = 0;
+  spare_bytes_ = 0;
 }
 
 }  // namespace dsv41rt::engine
