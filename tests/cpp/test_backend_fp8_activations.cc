@@ -7,7 +7,8 @@
 //   - outside decode-sized forwards: the op is BITWISE the precision-"bf16" op on the host-QDQ'd
 //     x (the CUDA QDQ kernel is bitwise the CPU codec, and QDQ'd values are BF16-exact, so the
 //     same kernels see the same values); BF16 matrices (fp8_input false) are untouched by the mode;
-//   - decode-sized forwards (set_forward_rows <= 64): CUDA runs FP8 32 x 32 blocks on the FP8
+//   - decode-sized forwards (set_forward_rows(rows <= 64, ...)): CUDA runs FP8 32 x 32 blocks on
+//   the FP8
 //     tensor cores (kernels/cuda/decode_gemv_a8.cuh); checked against an FP64 sum over the QDQ'd
 //     x within that header's bound: 2^-10 Σ|qx·w| per block for the tensor core's block sums plus
 //     FP32 rounding of the promoted sum (γ_(k/32 + 66) Σ|qx·w|, splits included). The CPU
@@ -94,7 +95,7 @@ TEST_P(BackendFp8Activations, InputsOfFp8AndFp4MatricesAreQuantised) {
         Buffer<float> y = poisoned<float>(b, rows * sh.n);
         b.set_tensor_cores(true);
         b.set_fp8_activations(fp8);
-        b.set_forward_rows(1 << 20);  // not decode-sized: the FP8 tensor-core GEMV stays out
+        b.set_forward_rows(1 << 20, false);  // not decode-sized: the FP8 tensor-core GEMV stays out
         if (sh.groups == 0) {
           b.linear(dx.get(), w, sh.m, sh.k, sh.n, y.get(), false, b.stream(0));
         } else {
@@ -132,9 +133,9 @@ TEST_P(BackendFp8Activations, DecodeSizedFp8BlocksMeetTheBlockSumBound) {
       if (acc) y.upload(y0);
       b.set_tensor_cores(true);
       b.set_fp8_activations(true);
-      b.set_forward_rows(m);
+      b.set_forward_rows(m, false);
       b.linear(dx.get(), mat, m, k, n, y.get(), acc, b.stream(0));
-      b.set_forward_rows(1 << 20);
+      b.set_forward_rows(1 << 20, false);
       b.set_fp8_activations(false);
       b.set_tensor_cores(false);
       const std::vector<float> got = y.download(), xq = act_qdq(x, m, k);

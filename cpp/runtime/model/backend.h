@@ -107,8 +107,14 @@ class DSV41RT_API Backend {
   /// Rows of the current forward as it runs (after graph padding). A backend may choose kernels
   /// by it (CUDA: skinny decode kernels for <= 64 rows), never by an op's own row count, so the
   /// choice, and with it each row's result, is one per forward; the threshold must sit on a
-  /// power-of-two boundary so that a decode graph bucket never straddles it. Default: ignored.
-  virtual void set_forward_rows(int64_t rows) { (void)rows; }
+  /// power-of-two boundary so that a decode graph bucket never straddles it. `decode_batch`:
+  /// every item of the forward is one token, i.e. it may run as a captured decode graph; the
+  /// backend then takes no kernel whose workspace grows with the forward (CUDA: the staged
+  /// prefill GEMM), so such a batch runs the same kernels captured and eager. Default: ignored.
+  virtual void set_forward_rows(int64_t rows, bool decode_batch) { (void)rows, (void)decode_batch; }
+  /// Changes whenever a workspace the backend keeps for its ops (not the caller's Scratch) moves,
+  /// e.g. grows for a larger forward: a captured graph that baked the old address in is stale.
+  virtual uint64_t workspace_generation() const { return 0; }
 
   // ---- ops (contracts: kernels/*.h)
   // --------------------------------------------------------------

@@ -170,7 +170,13 @@ class CudaBackend final : public Backend {
 
   void set_tensor_cores(bool on) override { tc_ = on; }
   void set_fp8_activations(bool on) override { fp8_ = on; }
-  void set_forward_rows(int64_t rows) override { decode_forward_ = rows <= kDecodeMaxRows; }
+  // The wgmma workspaces are never used under capture (eager_workspace refuses), so they are not
+  // part of what a graph depends on.
+  uint64_t workspace_generation() const override { return gemv_generation_; }
+  void set_forward_rows(int64_t rows, bool decode_batch) override {
+    decode_forward_ = rows <= kDecodeMaxRows;
+    staged_gemm_ = !decode_forward_ && !decode_batch;
+  }
 
   // Tensor cores take BF16-exact weights only (precision "bf16"): the skinny decode kernel in
   // decode-sized forwards, the tiled tensor-core GEMM otherwise. Everything else, and every matrix
@@ -401,7 +407,9 @@ class CudaBackend final : public Backend {
   float* gemv_workspace(Stream s, int64_t floats);
   void* act_workspace(Stream s, int64_t bytes);
 
-  bool tc_ = false, fp8_ = false, decode_forward_ = false;
+  // staged_gemm_: this forward may take the wgmma GEMMs, whose staging workspaces grow with the
+  // forward (neither decode-sized nor a decode batch: never under graph capture).
+  bool tc_ = false, fp8_ = false, decode_forward_ = false, staged_gemm_ = true;
   // Split-K partials of the decode GEMV, one per stream (ops on different streams overlap);
   // sized at load for every matrix of the model, so they never move under a captured graph.
   std::array<DeviceArray<float>, 4> gemv_ws_;
@@ -470,7 +478,7 @@ const float* CudaBackend::fp8_act_qdq(const float* x, int64_t rows, int64_t k, S
 constexpr int64_t kWgmmaWeightChunkBytes = int64_t(256) << 20;
 
 bool CudaBackend::wgmma_linear_applies(int64_t m, int64_t k) const {
-  return !decode_forward_ && m > 0 && k % 8 == 0;
+  return staged_gemm_ && m > 0 && k % 8 == 0;
 }
 
 bool CudaBackend::wgmma_linear(const float* x, int64_t ldx, const kernels::WeightView& v,
@@ -503,7 +511,7 @@ bool CudaBackend::wgmma_linear(const float* x, int64_t ldx, const kernels::Weigh
 // (session 20; the fp8 and fp32 gates passed), as it did with the tensor-core attention.
 bool CudaBackend::engram_kv_tensor_cores(const float* emb, const float* wkv, int64_t S, int64_t kvw,
                                          int64_t D, float* kv, Stream s) {
-  if (!tc_ || !fp8_ || decode_forward_ || D % 8 != 0 || S < 1) return false;
+  if (!tc_ || !fp8_ || !staged_gemm_ || D % 8 != 0 || S < 1) return false;
   const size_t i = stream_index(s);
   const int64_t tile = kc::kWgmmaTileM, budget = kWgmmaWeightChunkBytes / 2;  // elements
   const int64_t a_elems = std::max(9 * D * tile, std::min(9 * D * ((S + tile - 1) / tile * tile),
@@ -516,13 +524,14 @@ bool CudaBackend::engram_kv_tensor_cores(const float* emb, const float* wkv, int
   return true;
 }
 
+// A workspace of the staged (prefill) GEMMs: used by eager forwards only, since it may grow with
+// the next forward and a graph would keep its old address.
 void* CudaBackend::eager_workspace(DeviceArray<uint8_t>& array, int64_t bytes, Stream s) {
-  if (bytes > array.capacity()) {
-    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    DSV41RT_CU(cudaStreamIsCapturing(cs(s), &st));
-    DSV41RT_CHECK_CODE(kInternal, st == cudaStreamCaptureStatusNone,
-                       "a prefill GEMM workspace would grow during graph capture");
-  }
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  DSV41RT_CU(cudaStreamIsCapturing(cs(s), &st));
+  DSV41RT_CHECK_CODE(kInternal, st == cudaStreamCaptureStatusNone,
+                     "a staged (prefill) GEMM ran under graph capture: decode batches must not "
+                     "take it (Backend::set_forward_rows)");
   return array.ensure([](int64_t b) { return cudart::device_alloc(b); },
                       std::max<int64_t>(bytes, 1), wgmma_generation_);
 }
@@ -640,7 +649,7 @@ void CudaBackend::moe_experts(const float* x, const int32_t* idx, const float* w
     kc::MoeGroupedWorkspace ws =
         kc::moe_grouped_carve(reinterpret_cast<int32_t*>(base),
                               reinterpret_cast<float*>(base + int_bytes), S, H, k, E, I, Is);
-    if (!decode_forward_) {  // the wgmma GEMMs' BF16 operands (never under graph capture)
+    if (staged_gemm_) {  // the wgmma GEMMs' BF16 operands (never under graph capture)
       const size_t i = stream_index(s);
       const int64_t a_elems = std::max(S * k * std::max(H, I), S * std::max(H, Is));
       ws.b_bf16_elems = std::max({I * H, Is * H, kWgmmaWeightChunkBytes / 2});

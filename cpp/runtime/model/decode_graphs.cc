@@ -5,7 +5,7 @@ namespace dsv41rt::model {
 void DecodeGraphs::run(DecodeBucket bucket, const ForwardPlan& padded, ModelRunner& runner,
                        Backend& be, DequantWorkspaces& workspaces) {
   Graph& g = graphs_[bucket];
-  if (valid(g, runner, workspaces)) {
+  if (valid(g, runner, workspaces, be)) {
     be.replay(*g.exec, runner.main());
     DequantCounters n = workspaces.counters();
     n.dequant_calls += g.delta.dequant_calls;
@@ -28,6 +28,7 @@ void DecodeGraphs::capture(Graph& g, const ForwardPlan& padded, ModelRunner& run
   const DequantCounters before = workspaces.counters();
   const uint64_t generation = runner.generation();
   const uint64_t ws_generation = workspaces.storage_generation();
+  const uint64_t backend_generation = be.workspace_generation();
   const uint8_t* meta_base = runner.meta_base();
   workspaces.begin_forward();
   runner.reset_forward_state();
@@ -45,10 +46,11 @@ void DecodeGraphs::capture(Graph& g, const ForwardPlan& padded, ModelRunner& run
              after.rows_dequantised - before.rows_dequantised, 0};
   g.generation = generation;
   g.ws_generation = ws_generation;
+  g.backend_generation = backend_generation;
   g.meta_base = meta_base;
   // A buffer that moved during capture (it cannot: the eager run before sized them) would leave
   // the graph pointing at freed memory; keep it only when nothing moved.
-  if (!valid(g, runner, workspaces)) {
+  if (!valid(g, runner, workspaces, be)) {
     g.exec.reset();
     return;
   }

@@ -1,8 +1,9 @@
 // Decode forwards replayed as graphs, one per decode bucket (forward_plan.h): the first forward
 // of a bucket runs eagerly and is then captured; later ones replay it after the host uploaded
 // their padded plan. A graph bakes buffer addresses in, so it is valid while nothing it uses has
-// moved (the runner's buffers, the dequant workspaces, the plan buffer); when something has, it
-// is captured again (and updated in place where the backend can).
+// moved (the runner's buffers, the dequant workspaces, the plan buffer, the backend's own
+// workspaces); when something has, it is captured again (and updated in place where the backend
+// can).
 #pragma once
 
 #include <cstdint>
@@ -30,13 +31,15 @@ class DecodeGraphs {
  private:
   struct Graph {
     std::unique_ptr<BackendGraph> exec;
-    uint64_t generation = 0, ws_generation = 0;
+    uint64_t generation = 0, ws_generation = 0, backend_generation = 0;
     const uint8_t* meta_base = nullptr;
     DequantCounters delta;  // the acquires of one captured forward
   };
-  static bool valid(const Graph& g, const ModelRunner& runner, const DequantWorkspaces& ws) {
+  static bool valid(const Graph& g, const ModelRunner& runner, const DequantWorkspaces& ws,
+                    const Backend& be) {
     return g.exec && g.generation == runner.generation() &&
-           g.ws_generation == ws.storage_generation() && g.meta_base == runner.meta_base();
+           g.ws_generation == ws.storage_generation() && g.meta_base == runner.meta_base() &&
+           g.backend_generation == be.workspace_generation();
   }
   void capture(Graph& g, const ForwardPlan& padded, ModelRunner& runner, Backend& be,
                DequantWorkspaces& workspaces);

@@ -109,7 +109,9 @@ void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicat
   // its kernels by the forward's rows (decode-sized forwards on the skinny decode kernels).
   backend_->set_tensor_cores(bf16_gemm_);
   backend_->set_fp8_activations(fp8_act_);
-  backend_->set_forward_rows(f.rows);
+  const bool decode_batch =
+      std::all_of(batch.begin(), batch.end(), [](const BatchItem& b) { return b.n == 1; });
+  backend_->set_forward_rows(f.rows, decode_batch);
   const Stream s = runner_->main();
   backend_->record_time(kForwardStart, s);
   if (bucket.items > 0) {
