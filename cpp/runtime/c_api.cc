@@ -431,9 +431,12 @@ dsv41rt_status dsv41rt_reset_prefix_cache(dsv41rt_runtime* rt) {
 dsv41rt_status dsv41rt_get_stats(dsv41rt_runtime* rt, dsv41rt_stats* out) {
   return guarded(rt, [&]() -> dsv41rt_status {
     if (!out) return fail(rt, DSV41RT_E_INVALID_ARGUMENT, "out is NULL");
-    // The 0.1.0 layout ended before the prefix cache counters: those are then not written.
+    // The 0.1.0 layout ended before the prefix cache counters, the next before the host tier's:
+    // what a layout does not have is not written.
     constexpr size_t kSize010 = offsetof(dsv41rt_stats, prefix_cache_queries);
-    if (out->struct_size != sizeof(*out) && out->struct_size != kSize010) {
+    constexpr size_t kSizePrefix = offsetof(dsv41rt_stats, prefix_cache_host_bytes);
+    if (out->struct_size != sizeof(*out) && out->struct_size != kSize010 &&
+        out->struct_size != kSizePrefix) {
       return fail(rt, DSV41RT_E_ABI_MISMATCH,
                   "dsv41rt_stats.struct_size is not this library's (dsv41rt_stats_init)");
     }
@@ -447,9 +450,14 @@ dsv41rt_status dsv41rt_get_stats(dsv41rt_runtime* rt, dsv41rt_stats* out) {
     out->page_size = s.pool.page_size;
     out->tokens_generated = s.tokens_generated;
     out->steps = s.steps;
-    if (out->struct_size == sizeof(*out)) {
+    if (out->struct_size >= kSizePrefix) {
       out->prefix_cache_queries = s.prefix_cache.queries;
       out->prefix_cache_hits = s.prefix_cache.hits;
+    }
+    if (out->struct_size == sizeof(*out)) {
+      out->prefix_cache_host_bytes = s.prefix_cache.host_bytes;
+      out->prefix_cache_host_offloaded_pages = s.prefix_cache.offloaded_pages;
+      out->prefix_cache_host_restored_pages = s.prefix_cache.restored_pages;
     }
     return DSV41RT_OK;
   });

@@ -73,6 +73,15 @@ std::vector<std::vector<int32_t>> run(const dsv41rt_runtime_params& p,
   EXPECT_EQ(dsv41rt_get_stats(rt, &old), DSV41RT_OK);
   EXPECT_EQ(old.steps, st.steps);
   EXPECT_EQ(old.prefix_cache_queries, -7);
+  // One built against the header before the host tier's counters: filled up to its end too.
+  dsv41rt_stats before_host;
+  dsv41rt_stats_init(&before_host);
+  before_host.struct_size = offsetof(dsv41rt_stats, prefix_cache_host_bytes);
+  before_host.prefix_cache_host_bytes = -7;
+  EXPECT_EQ(dsv41rt_get_stats(rt, &before_host), DSV41RT_OK);
+  EXPECT_EQ(before_host.prefix_cache_hits, st.prefix_cache_hits);
+  EXPECT_EQ(before_host.prefix_cache_host_bytes, -7);
+  EXPECT_GE(st.prefix_cache_host_bytes, 0);
   EXPECT_EQ(dsv41rt_runtime_destroy(rt), DSV41RT_OK);
   return out;
 }
@@ -124,6 +133,76 @@ TEST(CApiPrefixCache, ResetForgetsTheCachedPrefixes) {
 }  // namespace
 
 namespace {
+
+// Runs `prompts` one after the other to completion on a new runtime; the tokens of each. `st`:
+// the stats at the end.
+std::vector<std::vector<int32_t>> run_prompts(const dsv41rt_runtime_params& p,
+                                              const std::vector<std::vector<int32_t>>& prompts,
+                                              dsv41rt_stats& st) {
+  dsv41rt_runtime* rt = nullptr;
+  EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt), DSV41RT_OK)
+      << dsv41rt_last_error(nullptr);
+  std::vector<std::vector<int32_t>> out;
+  if (!rt) return out;
+  dsv41rt_request_params rp;
+  dsv41rt_request_default_params(&rp);
+  rp.max_new_tokens = 4;
+  rp.ignore_eos = 1;
+  for (const std::vector<int32_t>& prompt : prompts) {
+    int64_t id = 0;
+    EXPECT_EQ(dsv41rt_submit(rt, prompt.data(), prompt.size(), &rp, &id), DSV41RT_OK);
+    std::vector<int32_t> tokens;
+    for (int done = 0; !done;) {
+      int32_t buf[8];
+      size_t n = 0;
+      EXPECT_EQ(dsv41rt_wait(rt, id, -1, buf, 8, &n, &done), DSV41RT_OK);
+      tokens.insert(tokens.end(), buf, buf + n);
+    }
+    out.push_back(tokens);
+  }
+  dsv41rt_stats_init(&st);
+  EXPECT_EQ(dsv41rt_get_stats(rt, &st), DSV41RT_OK);
+  EXPECT_EQ(dsv41rt_runtime_destroy(rt), DSV41RT_OK);
+  return out;
+}
+
+// In a pool of about 40 pages, three long prompts push a prompt's state out; sent again, it comes
+// back from the host tier (the counters say so) with the tokens of a run without the cache.
+TEST(CApiPrefixCache, TheHostTierBringsAnEvictedPromptBack) {
+  if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint";
+  dsv41rt_runtime_params p;
+  dsv41rt_runtime_default_params(&p);
+  p.checkpoint_dir = checkpoint();
+  p.kv_memory = 2400ll << 10;
+  p.max_num_seqs = 4;
+  p.page_size = 4;
+  p.max_num_batched_tokens = 24;
+  p.max_model_len = 128;
+  auto tokens = [](size_t n, int32_t salt) {
+    std::vector<int32_t> t(n);
+    for (size_t i = 0; i < n; ++i) t[i] = int32_t(3 + (7919 * i + 104729 * size_t(salt)) % 100000);
+    return t;
+  };
+  const std::vector<std::vector<int32_t>> prompts = {tokens(37, 1), tokens(96, 2), tokens(96, 3),
+                                                     tokens(96, 4), tokens(37, 1)};
+  dsv41rt_stats off_stats, cache_stats, host_stats;
+  dsv41rt_runtime_params off = p;
+  off.enable_prefix_caching = 0;
+  const auto reference = run_prompts(off, prompts, off_stats);
+  const auto cache = run_prompts(p, prompts, cache_stats);
+  dsv41rt_runtime_params host = p;
+  host.host_cache_memory = 1 << 20;
+  const auto with_host = run_prompts(host, prompts, host_stats);
+  ASSERT_EQ(reference.size(), prompts.size());
+  EXPECT_EQ(cache, reference);
+  EXPECT_EQ(with_host, reference);
+  EXPECT_LT(cache_stats.pages_total, 60);
+  EXPECT_EQ(cache_stats.prefix_cache_host_restored_pages, 0);
+  EXPECT_GT(host_stats.prefix_cache_host_offloaded_pages, 0);
+  EXPECT_GT(host_stats.prefix_cache_host_restored_pages, 0);
+  EXPECT_GT(host_stats.prefix_cache_host_bytes, 0);
+  EXPECT_GT(host_stats.prefix_cache_hits, cache_stats.prefix_cache_hits);  // the re-sent prompt
+}
 
 // host_cache_memory: off by default; a host tier gives the same tokens; a negative size is an
 // error naming the field; a host built against the header before the field runs with it off.

@@ -136,6 +136,11 @@ typedef struct dsv41rt_stats {
   /* Prefix cache, in prompt tokens (each request counted once): looked up, and found cached.
    * Added after 0.1.0: a struct_size ending before them is accepted and they are not written. */
   int64_t prefix_cache_queries, prefix_cache_hits;
+  /* The prefix cache's host tier (host_cache_memory): host bytes in use, and totals of pages copied
+   * there on eviction and back for a hit. Added after prefix_cache_hits: a struct_size ending
+   * before them is accepted and they are not written. */
+  int64_t prefix_cache_host_bytes, prefix_cache_host_offloaded_pages,
+      prefix_cache_host_restored_pages;
 } dsv41rt_stats;
 
 DSV41RT_C_API uint32_t dsv41rt_abi_version(void);
