@@ -453,7 +453,7 @@ Stats Runtime::Impl::to_stats(const engine::Engine& en) const {
   s.pool.pages_used -= s.pool.pages_cached;
   s.pool.slots_used -= s.pool.slots_cached;
   const engine::PrefixCacheStats& c = e.prefix_cache;
-  s.prefix_cache = {c.queries,         c.hits,           c.evicted_pages,
+  s.prefix_cache = {c.queries,           c.hits,           c.evicted_pages,
                     c.evicted_snapshots, c.host_pages,     c.host_bytes,
                     c.offloaded_pages,   c.restored_pages, c.offloaded_snapshots,
                     c.restored_snapshots};

@@ -37,10 +37,14 @@ TEST(HostTier, EvictsLeastRecentlyUsedToMakeRoom) {
   EXPECT_EQ(tier.used_bytes(), 80);
   // Entries the caller spares are skipped; a put that cannot make room changes nothing.
   dropped.clear();
-  ASSERT_NE(tier.put(5, 60, [](uint64_t k) { return k != 2; }, dropped), nullptr);
+  ASSERT_NE(tier.put(
+                5, 60, [](uint64_t k) { return k != 2; }, dropped),
+            nullptr);
   EXPECT_EQ(dropped, std::vector<uint64_t>{4});
   dropped.clear();
-  EXPECT_EQ(tier.put(6, 80, [](uint64_t k) { return k != 2; }, dropped), nullptr);
+  EXPECT_EQ(tier.put(
+                6, 80, [](uint64_t k) { return k != 2; }, dropped),
+            nullptr);
   EXPECT_TRUE(dropped.empty());
   EXPECT_EQ(tier.entries(), 2);
   EXPECT_EQ(tier.used_bytes(), 100);
@@ -71,7 +75,7 @@ TEST(HostTier, FreedBuffersAreReusedWithinTheBudget) {
   ASSERT_NE(tier.put(2, 40, kAny, dropped), nullptr);
   tier.erase(1);
   EXPECT_EQ(tier.used_bytes(), 40);
-  EXPECT_EQ(tier.held_bytes(), 80);  // entry 1's buffer is kept
+  EXPECT_EQ(tier.held_bytes(), 80);              // entry 1's buffer is kept
   EXPECT_EQ(tier.put(3, 40, kAny, dropped), a);  // and reused: no new allocation
   EXPECT_EQ(allocations, 2);
   // Evicting for room keeps the victim's buffer too: a same-size entry takes it.

@@ -11,11 +11,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstring>
-#include <memory>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -139,11 +139,12 @@ void run_stress(int64_t host_cache_bytes) {
   KvPool pool(model::PoolGeometry{kPage, 0, 0}, 32, 6);  // 128 tokens, 6 slots
   StatefulMock mock{pool, {}, {}};
   MockHostCopy host(mock);
-  Scheduler s({.max_num_seqs = 4,
-               .max_num_batched_tokens = 20,
-               .enable_prefix_caching = true,
-               .host_cache_bytes = host_cache_bytes},
-              pool, [&](int32_t from, int32_t to) { mock.copy(from, to); }, &host);
+  Scheduler s(
+      {.max_num_seqs = 4,
+       .max_num_batched_tokens = 20,
+       .enable_prefix_caching = true,
+       .host_cache_bytes = host_cache_bytes},
+      pool, [&](int32_t from, int32_t to) { mock.copy(from, to); }, &host);
   std::vector<std::vector<int32_t>> stems, finished_seqs;
   for (int i = 0; i < 4; ++i) {
     std::vector<int32_t> stem(size_t(uniform(4, 60)));
@@ -324,8 +325,7 @@ TEST(PrefixCacheStress, SchedulerNeedsACopierForPrefixCaching) {
   // The host tier needs prefix caching and a host copier, and a size >= 0.
   EXPECT_THROW(Scheduler({.host_cache_bytes = 64}, host_pool, copier, &host), Error);
   EXPECT_THROW(
-      Scheduler({.enable_prefix_caching = true, .host_cache_bytes = 64}, host_pool, copier),
-      Error);
+      Scheduler({.enable_prefix_caching = true, .host_cache_bytes = 64}, host_pool, copier), Error);
   EXPECT_THROW(
       Scheduler({.enable_prefix_caching = true, .host_cache_bytes = -1}, host_pool, copier, &host),
       Error);

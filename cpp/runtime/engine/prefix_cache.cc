@@ -248,10 +248,10 @@ void PrefixCache::owners(std::vector<std::vector<int32_t>>& page_tables,
   int64_t pages = 0, snapshots = 0, host = 0, host_snapshots_alone = 0;
   std::function<void(const Node&)> walk = [&](const Node& n) {
     for (const auto& [key, c] : n.children) {
-      DSV41RT_CHECK_CODE(kInternal,
-                         c->parent == &n && c->key == key &&
-                             int64_t(key.size()) == page_tokens_ && !c->pinned,
-                         "prefix cache: malformed node (page ", c->page, ")");
+      DSV41RT_CHECK_CODE(
+          kInternal,
+          c->parent == &n && c->key == key && int64_t(key.size()) == page_tokens_ && !c->pinned,
+          "prefix cache: malformed node (page ", c->page, ")");
       if (!c->resident()) {
         check_host(*c);  // owns no device page and no slot
         ++host;

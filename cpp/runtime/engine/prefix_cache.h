@@ -54,11 +54,11 @@ struct PrefixCacheStats {
   int64_t reclaimable_pages = 0;  ///< of them, held by no request (evictable, leaf by leaf)
   int64_t snapshots = 0;          ///< slots holding snapshots
   int64_t evicted_pages = 0, evicted_snapshots = 0;
-  int64_t host_pages = 0;       ///< nodes on the host tier (their pages are not in the pool)
-  int64_t host_snapshots = 0;   ///< snapshots on the host tier (with their page or alone)
-  int64_t host_bytes = 0;       ///< host-tier bytes in use
-  int64_t offloaded_pages = 0;  ///< evicted pages copied to the host tier (total)
-  int64_t restored_pages = 0;   ///< pages copied back from the host tier (total)
+  int64_t host_pages = 0;           ///< nodes on the host tier (their pages are not in the pool)
+  int64_t host_snapshots = 0;       ///< snapshots on the host tier (with their page or alone)
+  int64_t host_bytes = 0;           ///< host-tier bytes in use
+  int64_t offloaded_pages = 0;      ///< evicted pages copied to the host tier (total)
+  int64_t restored_pages = 0;       ///< pages copied back from the host tier (total)
   int64_t offloaded_snapshots = 0;  ///< evicted snapshots alone copied to the host tier (total)
   int64_t restored_snapshots = 0;   ///< snapshots copied back from the host tier (total)
 };
@@ -141,7 +141,7 @@ class DSV41RT_API PrefixCache {
   uint64_t clock_ = 0;
   PrefixCacheStats stats_;
   model::HostStateCopy* copy_ = nullptr;
-  std::unique_ptr<HostTier> tier_;  // null when the host tier is off
+  std::unique_ptr<HostTier> tier_;                  // null when the host tier is off
   std::unordered_map<uint64_t, Node*> host_nodes_;  // host-tier key -> node on host
   uint64_t next_host_key_ = 0;
 };

@@ -182,10 +182,10 @@ void PrefixCache::check_host(const Node& n) const {
                          host_nodes_.count(n.host) && host_nodes_.at(n.host) == &n &&
                          (!n.resident() || n.host_snapshot),
                      "prefix cache: node with a malformed host entry (key ", n.host, ")");
-  const int64_t bytes = (n.resident() ? 0 : copy_->page_bytes()) +
-                        (n.host_snapshot ? copy_->slot_state_bytes() : 0);
-  DSV41RT_CHECK_CODE(kInternal, tier_->bytes(n.host) == bytes, "prefix cache: host entry ",
-                     n.host, " holds ", tier_->bytes(n.host), " bytes, expected ", bytes);
+  const int64_t bytes =
+      (n.resident() ? 0 : copy_->page_bytes()) + (n.host_snapshot ? copy_->slot_state_bytes() : 0);
+  DSV41RT_CHECK_CODE(kInternal, tier_->bytes(n.host) == bytes, "prefix cache: host entry ", n.host,
+                     " holds ", tier_->bytes(n.host), " bytes, expected ", bytes);
 }
 
 }  // namespace dsv41rt::engine
