@@ -56,13 +56,14 @@ def test_bf16_gpu_fails_the_fp8_comparison(tiny_v41_dir, references) -> None:
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("requests", (5, 12))
+@pytest.mark.parametrize("requests", (5, 12, 70))
 def test_fp8_graph_batched_decode_matches_eager(tiny_v41_dir, requests: int) -> None:
-    """5 and 12 requests (buckets 8 and 16): decode-sized forwards, FP8 tensor-core GEMVs."""
+    """5 and 12 requests (buckets 8 and 16): decode-sized forwards, FP8 tensor-core GEMVs; 70
+    (bucket 128): a decode batch over 64 rows, on the unstaged kernels in graph and eager alike."""
     from dsv41rt.runtime import Runtime
 
     prompts = [prompt_of(3 + 11 * i) for i in range(requests)]
-    kw = dict(max_num_seqs=16, precision="fp8")
+    kw = dict(max_num_seqs=128 if requests > 16 else 16, precision="fp8")
     graph = Runtime(tiny_v41_dir, "cuda", **kw)
     eager = Runtime(tiny_v41_dir, "cuda", enforce_eager=True, **kw)
     a = graph.generate(prompts, max_new_tokens=16, ignore_eos=True)
