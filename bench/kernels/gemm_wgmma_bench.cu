@@ -16,6 +16,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bench_util.cuh"
 #include "kernels/cuda/gemm_wgmma.cuh"
 
 namespace {
@@ -26,80 +27,14 @@ using dsv41rt::kernels::WeightView;
 
 constexpr double kBf16Roofline = 790e12;
 
-#define CHECK(call)                                                                           \
-  do {                                                                                        \
-    const cudaError_t e_ = (call);                                                            \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::printf("CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, \
-                  #call);                                                                     \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-
-// Bytes from a hash: BF16 pairs with |v| ~ 2^-7 (fmt 0), E4M3 codes without NaN (fmt 1).
-__global__ void fill_codes(uint8_t* p, int64_t n, uint32_t seed, int fmt) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
-    uint8_t b = uint8_t(h);
-    if (fmt == 1 && (b & 0x7F) == 0x7F) b = 0x3F;
-    if (fmt == 0 && (i & 1)) b = uint8_t(0x3C | (b & 0x80));
-    p[i] = b;
-  }
-}
-
-__global__ void fill_f32(float* p, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    p[i] = float(int(i % 17) - 8) * 0.125f;
-  }
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Median microseconds per call of `launch()`, `launches` calls captured in one graph.
-template <class F>
-double time_graph(cudaStream_t s, int launches, int reps, const F& launch) {
-  launch();  // loads the module outside capture
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < launches; ++i) launch();
-  CHECK(cudaStreamEndCapture(s, &graph));
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  CHECK(cudaGraphLaunch(exec, s));
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  std::vector<double> us;
-  for (int r = 0; r < reps; ++r) {
-    CHECK(cudaEventRecord(e0, s));
-    CHECK(cudaGraphLaunch(exec, s));
-    CHECK(cudaEventRecord(e1, s));
-    CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    us.push_back(double(ms) * 1e3 / launches);
-  }
-  CHECK(cudaEventDestroy(e0));
-  CHECK(cudaEventDestroy(e1));
-  CHECK(cudaGraphExecDestroy(exec));
-  CHECK(cudaGraphDestroy(graph));
-  return median(us);
-}
-
 struct Shape {
-  const char* name;
+  const char *name;
   int64_t n, k;
 };
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char **argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -115,7 +50,7 @@ int main(int argc, char** argv) {
 
   std::printf("| kernel | shape (n x k) | M | us / call | TFLOP/s or GB/s | %% of roofline |\n");
   std::printf("|---|---|---|---|---|---|\n");
-  for (const Shape& sh : shapes) {
+  for (const Shape &sh : shapes) {
     // Stored FP8 32 x 32 weights, their BF16 staging, activations FP32 and BF16, C FP32.
     uint8_t *w8 = nullptr, *sc = nullptr;
     uint16_t *wb = nullptr, *ab = nullptr;
@@ -133,18 +68,19 @@ int main(int argc, char** argv) {
     WeightView w;
     w.data = w8, w.scale = sc, w.format = WeightFormat::kFp8Block, w.rows = sh.n, w.cols = sh.k;
     w.block_rows = w.block_cols = 32;
-    const double wt_us =
-        time_graph(s, launches, reps, [&] { CHECK(kc::weight_to_bf16(w, 0, sh.n, wb, sh.k, s)); });
+    const double wt_us = time_graph(
+        s, launches, reps, [&](int) { CHECK(kc::weight_to_bf16(w, 0, sh.n, wb, sh.k, s)); });
     const double wt_bytes = double(sh.n * sh.k) * 3 + double(w.scale_bytes());
     std::printf("| weight_to_bf16 (FP8 32x32) | %s %lld x %lld | - | %.1f | %.0f GB/s | |\n",
                 sh.name, (long long)sh.n, (long long)sh.k, wt_us, wt_bytes / (wt_us * 1e-6) / 1e9);
     for (const int64_t m : ms) {
       const double cv_us = time_graph(
-          s, launches, reps, [&] { CHECK(kc::rows_to_bf16(x, sh.k, m, sh.k, ab, sh.k, s)); });
+          s, launches, reps, [&](int) { CHECK(kc::rows_to_bf16(x, sh.k, m, sh.k, ab, sh.k, s)); });
       kc::WgmmaGemm g;
       g.a = ab, g.lda = sh.k, g.b = wb, g.ldb = sh.k, g.c = c, g.ldc = sh.n;
       g.m = m, g.n = sh.n, g.k = sh.k;
-      const double us = time_graph(s, launches, reps, [&] { CHECK(kc::gemm_bf16_wgmma(g, s)); });
+      const double us =
+          time_graph(s, launches, reps, [&](int) { CHECK(kc::gemm_bf16_wgmma(g, s)); });
       const double tflops = 2.0 * double(m) * double(sh.n) * double(sh.k) / (us * 1e-6) / 1e12;
       std::printf("| rows_to_bf16 | %s | %lld | %.1f | %.0f GB/s | |\n", sh.name, (long long)m,
                   cv_us, double(m * sh.k) * 6 / (cv_us * 1e-6) / 1e9);
@@ -174,7 +110,7 @@ int main(int argc, char** argv) {
     CHECK(cudaMalloc(&bw, size_t(ws) * 2));
     fill_f32<<<1024, 256, 0, s>>>(a, m * k);
     fill_f32<<<1024, 256, 0, s>>>(b, n * k);
-    const double us = time_graph(s, 1, quick ? 2 : 3, [&] {
+    const double us = time_graph(s, 1, quick ? 2 : 3, [&](int) {
       CHECK(kc::gemm_f32_split3(a, k, b, k, m, n, k, c, n, aw, ws, bw, ws, s));
     });
     std::printf(

@@ -100,14 +100,6 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
   return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32);
 }
 
-// The weight tile's descriptor: K-major, 128-byte swizzle (what the TMA box lands as), 8-row
-// groups 1024 bytes apart (SBO); LBO is unused in this mode. Advancing 32 bytes along K inside
-// the 128-byte row is adding 2 to the start address field (the hardware swizzles the address).
-__device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t addr) {
-  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
-         (uint64_t(1) << 62);
-}
-
 // d = A (64 x 32 E4M3, desc a) * B (32 x N E4M3, desc b), FP32, not accumulated (predicate
 // scale-d false: d's inputs are ignored).
 template <int N>
@@ -229,12 +221,12 @@ struct Kernel {
       for (int r = 0; r < N / 2; ++r) d[bb][r] = 0.f;
       fence_regs(d[bb]);
     }
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+    tma::wgmma_fence();
 #pragma unroll
     for (int bb = 0; bb < C::kBatch; ++bb) {
       wgmma_fp8<N>(d[bb], block_a(da, b0 + bb), block_b(db, b0 + bb));
     }
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    tma::wgmma_commit();
   }
 
   // acc = fma(P_b, sw_b * sx_b, acc) for blocks b0 .. b0 + kBatch - 1 of piece i, in block order.
@@ -321,7 +313,7 @@ struct Kernel {
     float acc[N / 2];
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) acc[i] = 0.f;
-    const uint64_t da0 = smem_desc_sw128(base);
+    const uint64_t da0 = tma::desc_sw128(base);
     const uint64_t db0 = smem_desc(base + kWPiece, C::kXPlane, 128);
 
     for (int st = 0; st < nst; ++st) {
@@ -349,9 +341,9 @@ struct Kernel {
           if (q >= pieces) break;  // uniform
           if (q + 1 < pieces) {
             issue(d[(q + 1) % 2], da(q + 1), db(q + 1), 0);
-            asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+            tma::wgmma_wait<1>();
           } else {
-            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+            tma::wgmma_wait<0>();
           }
 #pragma unroll
           for (int bb = 0; bb < C::kBatch; ++bb) fence_regs(d[q % 2][bb]);
@@ -365,7 +357,7 @@ struct Kernel {
           for (int b0 = 0; b0 < kBlocks; b0 += C::kBatch) {
             float d[C::kBatch][N / 2];
             issue(d, da(q), db(q), b0);
-            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+            tma::wgmma_wait<0>();
 #pragma unroll
             for (int bb = 0; bb < C::kBatch; ++bb) fence_regs(d[bb]);
             promote(d, b0, sws, sxs, p.max_pieces, i0 + q, acc);

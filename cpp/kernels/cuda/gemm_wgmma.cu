@@ -39,26 +39,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// K-major operand in a 128-byte-swizzled tile (what the TMA box lands as): 8-row groups 1024
-// bytes apart (SBO), LBO unused; +32 bytes along K is +2 in the start-address field.
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
-  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
-         (uint64_t(1) << 62);
-}
-
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
 // Keeps the compiler from moving accumulator registers across an asynchronous wgmma.
 __device__ __forceinline__ void fence_operands(float (&d)[64]) {
 #pragma unroll
@@ -148,18 +128,18 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     tma::mbar_wait(smem_u32(&full[s]), (kt / kStages) & 1);
     const uint32_t a_tile = ring + s * kStageBytes + c * 64 * kBKBytes;
     const uint32_t b_tile = ring + s * kStageBytes + kATile;
-    const uint64_t da = desc_sw128(a_tile), db = desc_sw128(b_tile);
-    wgmma_fence();
+    const uint64_t da = tma::desc_sw128(a_tile), db = tma::desc_sw128(b_tile);
+    tma::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_bf16_n128(d, da + 2 * kk, db + 2 * kk, kt | kk);
-    wgmma_commit();
-    wgmma_wait<1>();  // the previous stage's group is done: its tiles may be refilled
+    tma::wgmma_commit();
+    tma::wgmma_wait<1>();  // the previous stage's group is done: its tiles may be refilled
     if (kt > 0) {
       __syncwarp();
-      if ((tid & 31) == 0) mbar_arrive(smem_u32(&empty[(kt - 1) % kStages]));
+      if ((tid & 31) == 0) tma::mbar_arrive(smem_u32(&empty[(kt - 1) % kStages]));
     }
   }
-  wgmma_wait<0>();
+  tma::wgmma_wait<0>();
   fence_operands(d);
 
   // d[4 j + 2 i + e] is row 16 w + lane / 4 + 8 i, column 8 j + 2 (lane % 4) + e of the 64 x 128.

@@ -1,5 +1,7 @@
-// Hopper bulk-copy (TMA) helpers shared by the decode kernels: the tensor-map encoder (host) and
-// the mbarrier / 2-D tensor load instructions (device). Only built for sm_90a.
+// Hopper bulk-copy (TMA) helpers shared by the wgmma kernels (decode A8 GEMM, prefill GEMM): the
+// tensor-map encoder (host), the mbarrier / 2-D tensor load instructions, the shared-memory
+// descriptor of a TMA-landed 128-byte-swizzled tile and the wgmma group fences (device). Only
+// built for sm_90a.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (the encoder is reached through the runtime: no libcuda link)
@@ -61,6 +63,10 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
                : "memory");
 }
+/// Arrives once (no transaction bytes).
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
 /// Waits until the phase of parity `parity` completed.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
@@ -82,6 +88,25 @@ __device__ __forceinline__ void load_2d(uint32_t dst, const CUtensorMap* map, in
       "{%2, %3}], [%4];" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
+}
+
+// wgmma operand descriptor of a K-major tile as a 128-byte-swizzled TMA box lands it (1024-byte
+// aligned): 8-row groups 1024 bytes apart (SBO), LBO unused in this mode. Advancing 32 bytes along
+// K inside the 128-byte row is adding 2 to the start address field (the hardware swizzles).
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+/// Waits until at most N committed wgmma groups of this warpgroup are pending.
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 #endif
 
