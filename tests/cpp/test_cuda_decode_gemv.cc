@@ -19,6 +19,7 @@
 
 #include "backend_test_util.h"
 #include "core/dtype.h"
+#include "host_weights.h"
 #include "kernels/cuda/decode_gemv.cuh"
 #include "kernels/weight_view.h"
 
@@ -29,29 +30,11 @@ namespace kc = kernels::cuda;
 using kernels::WeightFormat;
 using kernels::WeightView;
 
-struct HostWeights {
-  WeightFormat format = WeightFormat::kBF16;
-  int64_t rows = 0, cols = 0;
-  int32_t br = 0, bc = 0;
-  std::vector<uint8_t> data, scale;
-  WeightView view(const void* d, const uint8_t* s) const {
-    WeightView v;
-    v.data = d, v.scale = s, v.format = format, v.block_rows = br, v.block_cols = bc;
-    v.rows = rows, v.cols = cols;
-    return v;
-  }
-  WeightView host() const { return view(data.data(), scale.empty() ? nullptr : scale.data()); }
-};
-
 struct Shape {
   int64_t m, n, k;
   bool accumulate = false;
   int64_t batch = 1, w_rows_per_batch = 0;
 };
-
-const char* name(WeightFormat f) {
-  return f == WeightFormat::kBF16 ? "bf16" : (f == WeightFormat::kFp8Block ? "fp8" : "mxfp4");
-}
 
 class BackendCudaDecodeGemv : public CudaKernelTest {
  protected:
@@ -144,7 +127,7 @@ class BackendCudaDecodeGemv : public CudaKernelTest {
   }
 
   void run_and_check(const Shape& s, const HostWeights& hw) {
-    SCOPED_TRACE(std::string(name(hw.format)) + " blocks " + std::to_string(hw.br) + "x" +
+    SCOPED_TRACE(std::string(format_name(hw.format)) + " blocks " + std::to_string(hw.br) + "x" +
                  std::to_string(hw.bc) + " m " + std::to_string(s.m) + " n " + std::to_string(s.n) +
                  " k " + std::to_string(s.k) + " batch " + std::to_string(s.batch) +
                  (s.accumulate ? " accumulate" : ""));
@@ -196,7 +179,7 @@ TEST_F(BackendCudaDecodeGemv, LargeScales) {
 TEST_F(BackendCudaDecodeGemv, DeterministicAndIndependentOfM) {
   for (const WeightFormat f :
        {WeightFormat::kFp8Block, WeightFormat::kMxfp4, WeightFormat::kBF16}) {
-    SCOPED_TRACE(name(f));
+    SCOPED_TRACE(format_name(f));
     const HostWeights hw = make_weights(f, 1280, 5120, 32, 32);
     const Shape s64{64, 1280, 5120}, s1{1, 1280, 5120};
     ASSERT_GT(kc::decode_gemv_splits(gemv(s64, hw.host(), nullptr, nullptr)), 1)

@@ -20,6 +20,7 @@
 
 #include "backend_test_util.h"
 #include "core/dtype.h"
+#include "host_weights.h"
 #include "kernels/cuda/gemm_wgmma.cuh"
 #include "kernels/weight_view.h"
 
@@ -29,24 +30,6 @@ namespace {
 namespace kc = kernels::cuda;
 using kernels::WeightFormat;
 using kernels::WeightView;
-
-struct HostWeights {
-  WeightFormat format = WeightFormat::kBF16;
-  int64_t rows = 0, cols = 0;
-  int32_t br = 0, bc = 0;
-  std::vector<uint8_t> data, scale;
-  WeightView view(const void* d, const uint8_t* s) const {
-    WeightView v;
-    v.data = d, v.scale = s, v.format = format, v.block_rows = br, v.block_cols = bc;
-    v.rows = rows, v.cols = cols;
-    return v;
-  }
-  WeightView host() const { return view(data.data(), scale.empty() ? nullptr : scale.data()); }
-};
-
-const char* name(WeightFormat f) {
-  return f == WeightFormat::kBF16 ? "bf16" : (f == WeightFormat::kFp8Block ? "fp8" : "mxfp4");
-}
 
 struct Shape {
   int64_t m, n, k;
@@ -108,7 +91,7 @@ class BackendCudaGemmWgmma : public CudaKernelTest {
   }
 
   void run_and_check(const Shape& s, const HostWeights& hw) {
-    SCOPED_TRACE(std::string(name(hw.format)) + " m " + std::to_string(s.m) + " n " +
+    SCOPED_TRACE(std::string(format_name(hw.format)) + " m " + std::to_string(s.m) + " n " +
                  std::to_string(s.n) + " k " + std::to_string(s.k) + " pad " +
                  std::to_string(s.pad) + (s.accumulate ? " accumulate" : ""));
     const int64_t ldx = s.k + s.pad, ldc = s.n + s.pad;
@@ -187,7 +170,7 @@ TEST_F(BackendCudaGemmWgmma, StagingIsExact) {
   }
   for (const WeightFormat f :
        {WeightFormat::kBF16, WeightFormat::kFp8Block, WeightFormat::kMxfp4}) {
-    SCOPED_TRACE(name(f));
+    SCOPED_TRACE(format_name(f));
     const HostWeights hw = make_weights(f, 96, 160);
     Buffer<uint8_t> dw = upload(cuda(), hw.data);
     Buffer<uint8_t> ds = upload(cuda(), hw.scale.empty() ? std::vector<uint8_t>(1) : hw.scale);
