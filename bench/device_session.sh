@@ -14,6 +14,8 @@
 #   tiny     executor benchmark on tiny-v41 (both precisions)
 #   bench40  generate bench-40 and run the executor benchmark on it (precisions BENCH_PRECISIONS, default bf16)
 #   comm     NCCL communicator and context-parallel tests/timings
+#   prefix   TTFT of a PREFIX_TOKENS (default 32768) prompt cold, re-sent with a new 200-token suffix, and
+#            re-sent after eviction to the host tier (bench/prefix_ttft.py, precisions BENCH_PRECISIONS)
 #   profile  per-kernel device time of one bench-40 prefill and of eager decode steps (B 1, 8, 64), with
 #            kernels per step (after bench40, or generates it)
 #   kbench   the kernel microbenchmarks carried in .devcarry/bench (bench/kernels/*_bench.cu)
@@ -137,6 +139,14 @@ for step in ${STEPS:-tests}; do
           --out "$OUT/bench40_$prec.json" 2>&1 | tail -40
       done
       nvidia-smi --query-gpu=memory.used --format=csv,noheader
+      ;;
+    prefix)
+      [ -d /tmp/bench-40 ] || python3 -m dsv41rt make-checkpoint --preset bench-40 --seed 0 --out /tmp/bench-40 --workers 16 | tail -1
+      for prec in ${BENCH_PRECISIONS:-fp8}; do
+        echo "== prefix cache TTFT (bench-40, precision $prec)"
+        DSV41RT_COMMIT=$commit timeout "${BENCH_TIMEOUT:-420}" python3 -u bench/prefix_ttft.py --checkpoint /tmp/bench-40 \
+          --precision "$prec" --tokens "${PREFIX_TOKENS:-32768}" --out "$OUT/prefix_ttft_$prec.json" 2>&1 | tail -12
+      done
       ;;
     profile)
       echo "== where a bench-40 prefill spends its time"

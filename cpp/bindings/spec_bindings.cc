@@ -11,6 +11,8 @@
 #include "bindings/python_errors.h"
 #include "runtime/model/cache_bytes.h"
 #include "runtime/model/checkpoint_validation.h"
+#include "runtime/model/memory_plan.h"
+#include "runtime/model/state_layout.h"
 #include "runtime/model/tensor_spec.h"
 
 namespace nb = nanobind;
@@ -44,6 +46,25 @@ nb::dict cache_bytes_dict(const model::CacheBytes& b) {
   d["global_per_token"] = b.global_per_token;
   d["compressor_state_per_request"] = b.compressor_state_per_request;
   d["engram_history_per_request"] = b.engram_history_per_request;
+  return d;
+}
+
+// The executor's memory plan (memory_plan.h) for these pool options, before any weight is loaded:
+// benchmarks size a pool to hold a given number of positions with it.
+nb::dict memory_plan_dict(const ModelPlan& plan, int64_t kv_memory, int64_t max_num_seqs,
+                          int64_t max_num_batched_tokens, int64_t max_model_len, int64_t page_size,
+                          bool cache_quant) {
+  const model::StateLayout layout(plan, model::CacheFormats::of(cache_quant), page_size);
+  const model::MemoryPlan m = model::plan_memory(plan, layout, kv_memory, max_num_seqs,
+                                                 max_num_batched_tokens, max_model_len);
+  nb::dict d;
+  d["num_slots"] = m.num_slots;
+  d["slot_bytes"] = m.slot_bytes;
+  d["num_pages"] = m.num_pages;
+  d["page_bytes"] = m.page_bytes;
+  d["page_tokens"] = m.page_tokens;
+  d["workspace_bytes_per_page"] = m.workspace_bytes_per_page;
+  d["scratch_bytes"] = m.scratch_bytes;
   return d;
 }
 
@@ -84,6 +105,12 @@ void register_spec(nb::module_& m) {
       "Cache bytes of this plan in the release's formats: window_row, window_layers, "
       "window_per_request, global_per_token, compressor_state_per_request, "
       "engram_history_per_request.");
+  m.def("memory_plan", &memory_plan_dict, nb::arg("plan"), nb::arg("kv_memory"),
+        nb::arg("max_num_seqs"), nb::arg("max_num_batched_tokens"), nb::arg("max_model_len"),
+        nb::arg("page_size"), nb::arg("cache_quant") = true,
+        "How the executor splits a KV memory budget (memory_plan.h): num_slots, slot_bytes, "
+        "num_pages, page_bytes, page_tokens, workspace_bytes_per_page, scratch_bytes; raises "
+        "naming the shortfall when not one slot and one page fit.");
   m.def("open_checkpoint", &open_checkpoint_py, nb::arg("path"), nb::arg("validate") = true,
         "Open a checkpoint directory once: parse config.json, plan, map the safetensors files "
         "and (validate) check every tensor against the spec. Returns (ModelPlan, Checkpoint); "

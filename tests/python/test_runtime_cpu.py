@@ -153,3 +153,25 @@ def test_unknown_or_missing_device_is_a_clear_error(tiny_v41_dir: str) -> None:
 def test_load_progress_bar_counts_every_block(tiny_v41_dir: str, capsys) -> None:
     Runtime(tiny_v41_dir, progress=True)
     assert "13/13" in capsys.readouterr().err  # tiny-v41 has 13 blocks
+
+
+def test_memory_plan_is_the_pool_the_runtime_builds(tiny_v41_dir) -> None:
+    # _core.memory_plan (benchmarks size pools with it before loading weights) splits a budget as
+    # the executor does.
+    from dsv41rt import _core
+
+    plan = _core.build_model_plan(_core.load_model_config(tiny_v41_dir))
+    m = _core.memory_plan(plan, 3 << 20, 3, 24, 128, 8)
+    rt = Runtime(
+        tiny_v41_dir, kv_memory=3 << 20, max_num_seqs=3, max_num_batched_tokens=24, max_model_len=128, page_size=8
+    )
+    s = rt.stats()
+    assert (s["pages_total"], s["slots_total"]) == (m["num_pages"], m["num_slots"]) and m["num_pages"] > 1
+    assert (s["page_bytes"], s["slot_bytes"], s["scratch_bytes"]) == (
+        m["page_bytes"],
+        m["slot_bytes"],
+        m["scratch_bytes"],
+    )
+    assert s["workspace_bytes_per_page"] == m["workspace_bytes_per_page"] and m["page_tokens"] == 8
+    with pytest.raises(Exception, match="KV memory budget of 1024 bytes is too small"):
+        _core.memory_plan(plan, 1024, 3, 24, 128, 8)

@@ -129,6 +129,11 @@ def cache_bytes(plan: ModelPlan) -> dict:
     Cache bytes of this plan in the release's formats: window_row, window_layers, window_per_request, global_per_token, compressor_state_per_request, engram_history_per_request.
     """
 
+def memory_plan(plan: ModelPlan, kv_memory: int, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, page_size: int, cache_quant: bool = True) -> dict:
+    """
+    How the executor splits a KV memory budget (memory_plan.h): num_slots, slot_bytes, num_pages, page_bytes, page_tokens, workspace_bytes_per_page, scratch_bytes; raises naming the shortfall when not one slot and one page fit.
+    """
+
 def open_checkpoint(path: str, validate: bool = True) -> tuple:
     """
     Open a checkpoint directory once: parse config.json, plan, map the safetensors files and (validate) check every tensor against the spec. Returns (ModelPlan, Checkpoint); raises dsv41rt.errors.ConfigError / CheckpointError naming the field, file or tensor.
