@@ -7,6 +7,8 @@
 //     first request finished, a re-sent prompt, the next turn of a conversation, two requests
 //     sharing a prefix at once, two computing the same prefix at once), with the dequant
 //     workspace's reuse on and off.
+// Both on every backend: "cpu", and "cuda" in CUDA builds (the fp32 mode, bitwise as on the CPU;
+// the instance skips without a GPU, fails with DSV41RT_REQUIRE_CUDA=1).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -16,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "backend_test_util.h"
 #include "core/safetensors.h"
 #include "held_request.h"
 #include "runtime/engine/engine.h"
@@ -32,12 +35,14 @@ const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
 #define NEED_CHECKPOINT() \
   if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint"
 
-std::shared_ptr<Executor> load(int64_t page_tokens, int64_t kv_memory = 64ll << 20) {
+std::shared_ptr<Executor> load(const std::string& device, int64_t page_tokens,
+                               int64_t kv_memory = 64ll << 20) {
   const std::string dir = checkpoint();
   ModelPlan plan = build_model_plan(load_model_config(dir));
   EngramTables tables = load_engram_tables(dir, plan.config);
   ModelWeights weights = load_weights(std::make_shared<Checkpoint>(dir), plan);
   ExecutorOptions options;
+  options.device = device;
   options.kv_memory = kv_memory;
   options.max_num_seqs = 8;  // slots: 4 running requests (the engine's limit) + 4 snapshots
   options.page_tokens = page_tokens;
@@ -59,11 +64,18 @@ std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& 
 
 using dsv41rt::testing::Held;
 
-TEST(PrefixCacheModel, SnapshotAndSharedPagesContinueBitwise) {
+class PrefixCacheModel : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "cuda") DSV41RT_SKIP_WITHOUT_CUDA();
+  }
+};
+
+TEST_P(PrefixCacheModel, SnapshotAndSharedPagesContinueBitwise) {
   NEED_CHECKPOINT();
   // Pages of 2 positions (the largest compression ratio), so every boundary kind is a page
   // boundary: the window is 8 positions and the Engram history 3 ids on tiny-v41.
-  auto e = load(/*page_tokens=*/2);
+  auto e = load(GetParam(), /*page_tokens=*/2);
   ASSERT_EQ(e->plan().config.sliding_window, 8);
   const int64_t V = e->plan().config.vocab_size;
   const std::vector<int32_t> first = tokens(40, 1);
@@ -93,6 +105,8 @@ TEST(PrefixCacheModel, SnapshotAndSharedPagesContinueBitwise) {
   EXPECT_EQ(e->pool().usage().pages_used, 0);
 }
 
+DSV41RT_INSTANTIATE_BACKENDS(PrefixCacheModel);
+
 }  // namespace
 }  // namespace dsv41rt::model
 
@@ -101,6 +115,7 @@ namespace {
 
 using model::checkpoint;
 using model::concat;
+using model::PrefixCacheModel;
 using model::load;
 using model::tokens;
 
@@ -136,9 +151,9 @@ GenerationParams params(int64_t max_new, uint64_t seed) {
 }
 
 // The scenario of the test below; returns every request's outcome by submission order.
-std::vector<Outcome> run_scenario(bool caching, bool workspace_reuse) {
+std::vector<Outcome> run_scenario(const std::string& device, bool caching, bool workspace_reuse) {
   Engine engine(
-      load(/*page_tokens=*/4),
+      load(device, /*page_tokens=*/4),
       {.max_num_seqs = 4, .max_num_batched_tokens = 16, .enable_prefix_caching = caching});
   engine.executor().workspaces().set_reuse(workspace_reuse);
   std::map<int64_t, Outcome> out;
@@ -176,11 +191,11 @@ std::vector<Outcome> run_scenario(bool caching, bool workspace_reuse) {
   return by_order;
 }
 
-TEST(PrefixCacheModel, EngineTokensWithHitsEqualThoseWithout) {
+TEST_P(PrefixCacheModel, EngineTokensWithHitsEqualThoseWithout) {
   NEED_CHECKPOINT();
-  const std::vector<Outcome> off = run_scenario(false, true);
-  const std::vector<Outcome> on = run_scenario(true, true);
-  const std::vector<Outcome> on_no_reuse = run_scenario(true, false);
+  const std::vector<Outcome> off = run_scenario(GetParam(), false, true);
+  const std::vector<Outcome> on = run_scenario(GetParam(), true, true);
+  const std::vector<Outcome> on_no_reuse = run_scenario(GetParam(), true, false);
   ASSERT_EQ(off.size(), on.size());
   for (size_t i = 0; i < off.size(); ++i) {
     SCOPED_TRACE("request " + std::to_string(i));
