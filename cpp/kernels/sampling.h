@@ -77,6 +77,14 @@ struct SampledToken {
 /// The uniform in [0, 1) used for (seed, step): every backend's sampler draws with it.
 DSV41RT_API double sampling_uniform(uint64_t seed, uint64_t step);
 
+// Token masks (grammar-constrained decoding, runtime/engine/grammar.h): before sampling, the
+// tokens a row's mask does not allow get logit -inf, so the sampler never draws them and the
+// reported logprobs are those of the constrained distribution (vLLM applies its grammar bitmask to
+// the logits before its sampler too). A mask is token_mask_words(V) 32-bit words: token t is
+// allowed iff bit (t % 32) of word t / 32 is set (xgrammar's bitmask layout); bits past V are
+// ignored.
+inline int64_t token_mask_words(int64_t V) { return (V + 31) / 32; }
+
 }  // namespace dsv41rt::kernels
 
 namespace dsv41rt::kernels::cpu {
@@ -93,5 +101,11 @@ DSV41RT_API void sampling_probs(const float* logits, int64_t V, const SamplingPa
 DSV41RT_API SampledToken sample_token(const float* logits, int64_t V, const SamplingParams& p,
                                       const int32_t* prompt, int64_t n_prompt,
                                       const int32_t* output, int64_t n_output, uint64_t step);
+
+/// Token masks (above): for i < n, logits row rows[i] ([V] at logits + rows[i] * V) gets -inf at
+/// every token its mask words[i * token_mask_words(V) ...] does not allow; allowed ones are left
+/// as they are.
+DSV41RT_API void mask_tokens(float* logits, const int64_t* rows, int64_t n, int64_t V,
+                             const uint32_t* words);
 
 }  // namespace dsv41rt::kernels::cpu

@@ -97,7 +97,8 @@ class Runtime::Impl {
   ~Impl() { shutdown(); }
 
   int64_t submit(std::vector<int32_t> prompt, const RequestParams& params, Callback cb) {
-    const engine::GenerationParams g = generation_params(params);
+    engine::GenerationParams g = generation_params(params);
+    if (!params.grammar.kind.empty()) g.grammar = compile_grammar(params.grammar);
     engine_->check(prompt, g);  // reads constants only: no wait for a running step
     int64_t id;
     {
@@ -247,6 +248,13 @@ class Runtime::Impl {
   void refresh() { snapshot(); }
   const RuntimeOptions& options() const { return options_; }
 
+  void set_grammar_vocab(const std::vector<std::string>& tokens, const std::vector<int32_t>& stops) {
+    auto vocab = std::make_shared<const engine::GrammarVocab>(
+        tokens, exec_->plan().config.vocab_size, stops);
+    std::lock_guard<std::mutex> l(mu_);
+    grammar_vocab_ = std::move(vocab);
+  }
+
  private:
   struct Pending {
     int64_t id;
@@ -320,6 +328,23 @@ class Runtime::Impl {
   }
 
   // One engine step with the inbox and the cancels applied first (under engine_mu_ only).
+
+  // A request's grammar, compiled on the submitting thread (never the engine's).
+  std::shared_ptr<engine::RequestGrammar> compile_grammar(const GrammarParams& g) {
+    std::shared_ptr<const engine::GrammarVocab> vocab;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      vocab = grammar_vocab_;
+    }
+    DSV41RT_CHECK_CODE(kInvalidArgument, engine::GrammarVocab::available(),
+                       "grammar-constrained decoding is not in this build (configured without "
+                       "xgrammar)");
+    DSV41RT_CHECK_CODE(kInvalidArgument, vocab != nullptr,
+                       "a grammar needs the tokenizer's vocabulary: call set_grammar_vocab first "
+                       "(the Python Runtime gives it from the checkpoint's tokenizer.json)");
+    return vocab->compile(g);
+  }
+
   std::vector<RequestOutput> run_step(std::vector<int64_t>* scheduled = nullptr) {
     std::deque<Pending> inbox;
     std::vector<int64_t> cancels;
@@ -352,7 +377,8 @@ class Runtime::Impl {
       r.top_ids = std::move(o.top_ids);
       r.top_logprobs = std::move(o.top_logprobs);
       r.finished = o.finished;
-      r.reason = reason_of(o.reason);
+      r.reason = o.error.empty() ? reason_of(o.reason) : FinishReason::kError;
+      r.error = std::move(o.error);
       r.cached_tokens = o.cached_tokens;
       outs.push_back(std::move(r));
     }
@@ -410,6 +436,7 @@ class Runtime::Impl {
   RuntimeOptions options_;
   const int64_t fail_at_step_ = failpoint_engine_step();
   int64_t steps_run_ = 0;  // by the engine thread
+  std::shared_ptr<const engine::GrammarVocab> grammar_vocab_;  // under mu_
   std::shared_ptr<model::Executor> exec_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<Sequences> sequences_;
@@ -534,6 +561,13 @@ void Runtime::reset_dequant_counters() {
   impl_->with_engine([](auto&, model::Executor& x, auto&) { x.workspaces().reset_counters(); });
   impl_->refresh();
 }
+void Runtime::set_grammar_vocab(const std::vector<std::string>& tokens,
+                                const std::vector<int32_t>& stop_token_ids) {
+  impl_->set_grammar_vocab(tokens, stop_token_ids);
+}
+
+bool Runtime::grammar_available() { return engine::GrammarVocab::available(); }
+
 void Runtime::reset_prefix_cache() {
   impl_->with_engine([](engine::Engine& en, auto&, auto&) { en.reset_prefix_cache(); });
   impl_->refresh();

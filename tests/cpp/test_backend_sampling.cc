@@ -11,6 +11,8 @@
 //   - Raw logprobs and top alternatives: top ids exactly (logit descending, ties to the lower id);
 //     logprobs on the CPU within one FP32 ulp of a float64 log_softmax written here (both round an
 //     FP64 value once), on CUDA within 1e-5 of the CPU's (device exp/log in a different sum order).
+//   - Token masks (Backend::mask_tokens): EXACT on both instances against a naive loop written
+//     here (masked tokens -inf, every other logit untouched, rows not named untouched).
 //   - Logits the CPU sampler refuses (NaN, +inf, nothing finite): the CPU backend throws Error, the
 //     CUDA backend draws token −1 for that row and samples the other rows normally.
 #include <algorithm>
@@ -286,6 +288,30 @@ TEST_P(BackendSampling, RejectsAnEmptyVocabulary) {
   in.logits = {0.0f};
   in.add(0, SamplingParams{}, 0);
   EXPECT_THROW(sample(backend(), in), Error);
+}
+
+TEST_P(BackendSampling, MaskTokensSetsDisallowedLogitsToMinusInfinity) {
+  const int64_t rows = 5, V = 1003;  // V not a multiple of 32: the last word is partial
+  const int64_t W = kernels::token_mask_words(V);
+  const std::vector<float> logits = normal(rows * V);
+  const std::vector<int64_t> masked = {3, 0, 4};  // rows 1 and 2 keep their logits
+  std::vector<uint32_t> words(masked.size() * size_t(W));
+  for (uint32_t& w : words) w = uint32_t(randint(0, 0xFFFFFFFFll));
+  words[1 * W] = 0;                 // a word with nothing allowed
+  words[2 * W + 3] = 0xFFFFFFFFu;  // and one with everything
+  std::vector<float> want = logits;
+  for (size_t i = 0; i < masked.size(); ++i) {
+    for (int64_t t = 0; t < V; ++t) {
+      const bool allowed = (words[i * W + t / 32] >> (t % 32)) & 1u;
+      if (!allowed) want[masked[i] * V + t] = -INFINITY;
+    }
+  }
+  Backend& b = backend();
+  Buffer<float> dl = upload(b, logits);
+  Buffer<int64_t> dr = upload(b, masked);
+  Buffer<uint32_t> dw = upload(b, words);
+  b.mask_tokens(dl.get(), dr.get(), int64_t(masked.size()), V, dw.get(), b.stream(0));
+  EXPECT_TRUE(bitwise_equal(dl.download(), want));
 }
 
 DSV41RT_INSTANTIATE_BACKENDS(BackendSampling);

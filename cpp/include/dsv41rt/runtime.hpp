@@ -98,11 +98,26 @@ struct SamplingParams {
   int32_t top_logprobs = 0;  ///< alternatives returned per token, [0, 20]
 };
 
+/// Grammar-constrained decoding (runtime/engine/grammar.h): the output must match this grammar;
+/// needs the tokenizer's vocabulary (Runtime::set_grammar_vocab).
+struct GrammarParams {
+  /// "" (none), "json_object", "json_schema", "structural_tag" (xgrammar's JSON format), "ebnf"
+  /// (root rule "root") or "regex"
+  std::string kind;
+  std::string text;  ///< the schema / structural tag / grammar / pattern ("json_object": unused)
+  /// The output is free until this token is drawn and held to the grammar after it (e.g. the
+  /// end of the reasoning, "</think>"); -1: from the first token.
+  int32_t start_token = -1;
+  /// With start_token: the token is forced once this many tokens came without it; -1: never.
+  int64_t start_within = -1;
+};
+
 struct RequestParams {
   int64_t max_new_tokens = 16;
   SamplingParams sampling;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;  ///< otherwise the model's end-of-sequence token also stops
+  GrammarParams grammar;
 };
 
 enum class FinishReason { kNone, kLength, kStop, kAborted, kError };
@@ -250,6 +265,15 @@ class DSV41RT_API Runtime {
   void reset_prefix_cache();
   /// Context-parallel rank > 0 in its own process: replays rank 0's calls until it shuts down.
   void run_cp_worker();
+  /// The vocabulary grammars compile against (RequestParams::grammar): tokens[i] the bytes token i
+  /// decodes to ("" for a control token no grammar may produce; ids past the list up to the
+  /// model's vocabulary likewise), stop_token_ids the tokens that end a completed grammar (the
+  /// end-of-sequence token). Replaces an earlier one; requests already submitted keep theirs.
+  /// Throws Error when this build has no grammar support (grammar_available()).
+  void set_grammar_vocab(const std::vector<std::string>& tokens,
+                         const std::vector<int32_t>& stop_token_ids);
+  /// Whether this build can constrain outputs to grammars (built with xgrammar).
+  static bool grammar_available();
 
  private:
   class Impl;

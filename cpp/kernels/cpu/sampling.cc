@@ -201,5 +201,16 @@ SampledToken sample_token(const float* logits, int64_t V, const SamplingParams& 
   return out;
 }
 
+void mask_tokens(float* logits, const int64_t* rows, int64_t n, int64_t V, const uint32_t* words) {
+  const int64_t W = token_mask_words(V);
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = logits + rows[i] * V;
+    const uint32_t* mask = words + i * W;
+    for (int64_t t = 0; t < V; ++t) {
+      if (!((mask[t / 32] >> (t % 32)) & 1u)) row[t] = -INFINITY;
+    }
+  }
+}
+
 }  // namespace cpu
 }  // namespace dsv41rt::kernels

@@ -290,7 +290,26 @@ cudaError_t launch(const float* logits, const int64_t* logit_rows, int64_t rows,
   return launch_status();
 }
 
+// One thread per (token, row): the 32 threads of a warp share one mask word.
+__global__ void mask_tokens_kernel(float* __restrict__ logits, const int64_t* __restrict__ rows,
+                                   int64_t V, int64_t W, const uint32_t* __restrict__ words) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t i = blockIdx.y;
+  if (t >= V) return;
+  if (!((words[i * W + t / 32] >> (t % 32)) & 1u)) logits[rows[i] * V + t] = -INFINITY;
+}
+
 }  // namespace
+
+cudaError_t mask_tokens(float* logits, const int64_t* rows, int64_t n, int64_t V,
+                        const uint32_t* words, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (!logits || !rows || !words || V < 1 || n < 0 || n > 65535) return cudaErrorInvalidValue;
+  constexpr int kThreads = 256;
+  const dim3 grid(unsigned((V + kThreads - 1) / kThreads), unsigned(n));
+  mask_tokens_kernel<<<grid, kThreads, 0, stream>>>(logits, rows, V, token_mask_words(V), words);
+  return launch_status();
+}
 
 int64_t sampling_workspace_bytes(int64_t V) {
   const int64_t P = pow2_at_least(V);

@@ -33,4 +33,9 @@ DSV41RT_API cudaError_t sample_token(const float* logits, const int64_t* logit_r
                                      float* logprobs, int32_t max_top, int32_t* top_ids,
                                      float* top_logprobs, cudaStream_t stream);
 
+/// Token masks (kernels/sampling.h, kernels::cpu::mask_tokens): logits rows rows[i] get -inf at
+/// the tokens mask words[i * token_mask_words(V) ...] does not allow; n <= 65535 rows.
+DSV41RT_API cudaError_t mask_tokens(float* logits, const int64_t* rows, int64_t n, int64_t V,
+                                    const uint32_t* words, cudaStream_t stream);
+
 }  // namespace dsv41rt::kernels::cuda

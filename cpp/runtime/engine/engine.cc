@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <string>
 #include <unordered_set>
 
 #include "core/status.h"
@@ -59,6 +60,7 @@ class Engine::Impl {
     std::vector<model::BatchItem> batch(plan.chunks.size());
     std::vector<model::SampleSpec> specs(plan.chunks.size());
     std::vector<kernels::SampledToken> sampled(plan.chunks.size());
+    std::vector<std::vector<uint32_t>> masks(plan.chunks.size());  // grammars' next tokens
     KvPool& pool = exec_->pool();
     for (size_t i = 0; i < plan.chunks.size(); ++i) {
       const ScheduledChunk& ch = plan.chunks[i];
@@ -78,6 +80,10 @@ class Engine::Impl {
       sp.output = r.tokens.data() + r.prompt_len;
       sp.n_output = r.generated();
       sp.step = uint64_t(r.generated());
+      if (RequestGrammar* g = meta_.at(ch.request_id).params.grammar.get()) {
+        masks[i].resize(size_t(kernels::token_mask_words(exec_->plan().config.vocab_size)));
+        if (g->next_mask(masks[i].data(), r.generated())) sp.mask = masks[i].data();
+      }
       b.sample = &sp;
       b.sampled = &sampled[i];
     }
@@ -104,7 +110,11 @@ class Engine::Impl {
       scheduler_.append_token(ch.request_id, s.token);
       ++tokens_generated_;
       const int64_t generated = scheduler_.request(ch.request_id).generated();
-      if (m.stops.count(s.token)) {
+      RequestGrammar* g = m.params.grammar.get();
+      if (g && !g->accept(s.token)) {
+        out.reason = FinishReason::kStop;
+        out.error = "the request's grammar cannot take the drawn token " + std::to_string(s.token);
+      } else if (m.stops.count(s.token) || (g && g->terminated())) {
         out.reason = FinishReason::kStop;
       } else if (generated >= m.params.max_new_tokens) {
         out.reason = FinishReason::kLength;

@@ -14,6 +14,7 @@
 
 #include "core/export.h"
 #include "kernels/sampling.h"
+#include "runtime/engine/grammar.h"
 #include "runtime/engine/scheduler.h"
 #include "runtime/model/executor.h"
 
@@ -33,6 +34,9 @@ struct GenerationParams {
   kernels::SamplingParams sampling;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;  ///< otherwise the model's eos_token_id also stops
+  /// Holds the output to a grammar (grammar.h; compiled at submit, before the engine sees it);
+  /// the request ends with kStop once the grammar is complete.
+  std::shared_ptr<RequestGrammar> grammar;
 };
 
 struct RequestOutput {
@@ -45,6 +49,9 @@ struct RequestOutput {
   FinishReason reason = FinishReason::kNone;
   /// Prompt tokens served by the prefix cache (set on a request's first output; -1 elsewhere).
   int64_t cached_tokens = -1;
+  /// Set when the request ended on an error of its own (a grammar that could not take the drawn
+  /// token): the runtime reports it as FinishReason::kError.
+  std::string error;
 };
 
 struct EngineStats {

@@ -201,6 +201,10 @@ class DSV41RT_API Backend {
   virtual void gather_rows(const float* src, const int64_t* rows, int64_t n, int64_t dim,
                            float* dst, Stream s) = 0;
   virtual void scale(float* x, int64_t n, float factor, Stream s) = 0;
+  /// Token masks (kernels/sampling.h): logits rows rows[i] (i < n) get -inf at every token mask
+  /// words[i * token_mask_words(V) ...] does not allow.
+  virtual void mask_tokens(float* logits, const int64_t* rows, int64_t n, int64_t V,
+                           const uint32_t* words, Stream s) = 0;
   /// Draws one token for each of `rows` rows (kernels/sampling.h): row r samples logits row
   /// logit_rows[r] with params[r] at step steps[r]; history holds the penalty inputs (row r's
   /// prompt history[prompt_off[r]..prompt_off[r+1]), its output

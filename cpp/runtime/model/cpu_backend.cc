@@ -309,6 +309,10 @@ class CpuBackend final : public Backend {
     k::gather_rows(src, rows, n, dim, dst);
   }
   void scale(float* x, int64_t n, float factor, Stream) override { k::scale_inplace(x, n, factor); }
+  void mask_tokens(float* logits, const int64_t* rows, int64_t n, int64_t V, const uint32_t* words,
+                   Stream) override {
+    k::mask_tokens(logits, rows, n, V, words);
+  }
   void sample(const float* logits, const int64_t* logit_rows, int64_t rows, int64_t V,
               const kernels::SamplingParams* params, const int32_t* history,
               const int64_t* prompt_off, const int64_t* output_off, const uint64_t* steps,

@@ -365,6 +365,10 @@ class CudaBackend final : public Backend {
   void scale(float* x, int64_t n, float factor, Stream s) override {
     DSV41RT_CU(kc::scale_inplace(x, n, factor, cs(s)));
   }
+  void mask_tokens(float* logits, const int64_t* rows, int64_t n, int64_t V, const uint32_t* words,
+                   Stream s) override {
+    DSV41RT_CU(kc::mask_tokens(logits, rows, n, V, words, cs(s)));
+  }
   void sample(const float* logits, const int64_t* logit_rows, int64_t rows, int64_t V,
               const kernels::SamplingParams* params, const int32_t* history,
               const int64_t* prompt_off, const int64_t* output_off, const uint64_t* steps,

@@ -102,6 +102,10 @@ struct SampleSpec {
   const int32_t* output = nullptr;
   int64_t n_output = 0;
   uint64_t step = 0;  ///< tokens the request generated before this one
+  /// The tokens this draw may take (kernels/sampling.h token masks: token_mask_words(vocab)
+  /// words), e.g. a grammar's next-token mask; null: every token. A forward with a mask runs
+  /// eagerly (not as a decode graph).
+  const uint32_t* mask = nullptr;
 };
 
 /// One unit of a batched forward.

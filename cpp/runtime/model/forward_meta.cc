@@ -52,6 +52,7 @@ ForwardMeta MetaUploader::upload(Backend& be, const ForwardPlan& f, int64_t hc, 
   const SamplePlan& sp = f.sample;
   const size_t s_row = add(sp.logit_row), s_params = add(sp.params), s_steps = add(sp.steps),
                s_poff = add(sp.prompt_off), s_ooff = add(sp.output_off);
+  const size_t m_row = add(sp.mask_logit_row), m_words = add(sp.mask_words);  // none in graphs
   const size_t history = add(sp.history);  // last: its length varies within a decode bucket
 
   const int64_t n = std::max<int64_t>(int64_t(bytes_.size()), 16);
@@ -90,6 +91,8 @@ ForwardMeta MetaUploader::upload(Backend& be, const ForwardPlan& f, int64_t hc, 
   m.prompt_off = at<int64_t>(s_poff);
   m.output_off = at<int64_t>(s_ooff);
   m.history = at<int32_t>(history);
+  m.mask_logit_row = at<int64_t>(m_row);
+  m.mask_words = at<uint32_t>(m_words);
   if (!q) {
     m.nq = f.rows;
     m.q_tokens = m.tokens, m.q_row_item = m.row_item, m.q_positions = m.positions;

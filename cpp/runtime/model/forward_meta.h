@@ -46,6 +46,8 @@ struct ForwardMeta {
   const kernels::SamplingParams* sample_params = nullptr;
   const uint64_t* sample_steps = nullptr;
   const int32_t* history = nullptr;
+  const int64_t* mask_logit_row = nullptr;  ///< SamplePlan's token masks (eager forwards only)
+  const uint32_t* mask_words = nullptr;
 };
 
 /// Packs plans into host staging and uploads them into a growable backend buffer.

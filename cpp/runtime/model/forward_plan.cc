@@ -39,8 +39,12 @@ void plan_groups(RatioPlan& rp, int32_t item, int64_t P, int64_t n, int64_t row0
 
 // Row `logit_row` of the head draws item `item`'s next token. Penalty inputs go into the history
 // only when a penalty reads them; the offsets are completed by finish_samples().
-void add_sample(SamplePlan& sp, const SampleSpec& s, int64_t logit_row, int32_t item) {
+void add_sample(SamplePlan& sp, const SampleSpec& s, int64_t logit_row, int32_t item, int64_t V) {
   sp.logit_row.push_back(logit_row);
+  if (s.mask) {
+    sp.mask_logit_row.push_back(logit_row);
+    sp.mask_words.insert(sp.mask_words.end(), s.mask, s.mask + kernels::token_mask_words(V));
+  }
   sp.params.push_back(s.params);
   sp.steps.push_back(s.step);
   sp.item.push_back(item);
@@ -156,7 +160,9 @@ ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout,
         f.head_rows.push_back(f.rows + t);
       }
     }
-    if (b.sample) add_sample(f.sample, *b.sample, int64_t(f.head_rows.size()) - 1, int32_t(i));
+    if (b.sample) {
+      add_sample(f.sample, *b.sample, int64_t(f.head_rows.size()) - 1, int32_t(i), c.vocab_size);
+    }
     f.rows += b.n;
   }
   finish_samples(f.sample, batch);

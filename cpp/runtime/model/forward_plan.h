@@ -45,6 +45,8 @@ struct SamplePlan {
   std::vector<int64_t> prompt_off, output_off;  // [rows + 1] into history (absolute)
   std::vector<int32_t> history;                 // penalty inputs: prompts, then outputs
   std::vector<int32_t> item;                    // [rows] the batch item (-1: padding)
+  std::vector<int64_t> mask_logit_row;          // [masked] head rows whose tokens are masked
+  std::vector<uint32_t> mask_words;             // [masked, token_mask_words(V)] their masks
   int32_t max_top = 0;  ///< top alternatives computed per row (kMaxTopLogprobs when padded)
   int64_t rows() const { return int64_t(logit_row.size()); }
 };

@@ -102,8 +102,11 @@ void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicat
   }
   // Decode batches run as the graph of their bucket where the backend has graphs; everything
   // else, and forwards that record decisions, eagerly.
-  const bool graphs =
-      options_.cuda_graphs && backend_->supports_graphs() && !runner_->record_decisions && !comm;
+  // Token masks (SampleSpec::mask) are per-step host data the graphs do not take: eager too.
+  const bool masked = std::any_of(batch.begin(), batch.end(),
+                                  [](const BatchItem& b) { return b.sample && b.sample->mask; });
+  const bool graphs = options_.cuda_graphs && backend_->supports_graphs() &&
+                      !runner_->record_decisions && !comm && !masked;
   const DecodeBucket bucket = graphs ? decode_bucket(c, batch) : DecodeBucket{};
   // Precision "bf16" / "fp8" runs every forward with BF16 / FP8 GEMM inputs; the backend picks
   // its kernels by the forward's rows (decode-sized forwards on the skinny decode kernels).

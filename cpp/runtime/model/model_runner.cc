@@ -147,6 +147,10 @@ void ModelRunner::head_and_sample(const ForwardPlan& f, const float* u) {
   const int64_t n = sp.rows();
   if (n == 0) return;
   const int32_t top = sp.max_top;
+  if (!sp.mask_logit_row.empty()) {
+    be_.mask_tokens(logits, meta_.mask_logit_row, int64_t(sp.mask_logit_row.size()), V,
+                    meta_.mask_words, s);
+  }
   be_.sample(logits, meta_.sample_logit_row, n, V, meta_.sample_params, meta_.history,
              meta_.prompt_off, meta_.output_off, meta_.sample_steps, buf(tokens_, n),
              buf(logprobs_, n), top, top > 0 ? buf(top_ids_, n * top) : nullptr,
