@@ -231,16 +231,36 @@ void register_runtime(nb::module_& m) {
       .def(
           "submit",
           [](Runtime& rt, std::vector<int32_t> prompt, int64_t max_new_tokens, nb::dict sampling,
-             std::vector<int32_t> stop_token_ids, bool ignore_eos) {
+             std::vector<int32_t> stop_token_ids, bool ignore_eos, nb::dict grammar) {
             RequestParams p;
             p.max_new_tokens = max_new_tokens;
             p.sampling = sampling_params_from_dict<SamplingParams>(sampling);
             p.stop_token_ids = std::move(stop_token_ids);
             p.ignore_eos = ignore_eos;
+            p.grammar = grammar_params_from_dict(grammar);
+            nb::gil_scoped_release release;  // a grammar compiles here (milliseconds and more)
             return rt.submit(std::move(prompt), p);
           },
           nb::arg("prompt"), nb::arg("max_new_tokens"), nb::arg("sampling") = nb::dict(),
-          nb::arg("stop_token_ids") = std::vector<int32_t>{}, nb::arg("ignore_eos") = false)
+          nb::arg("stop_token_ids") = std::vector<int32_t>{}, nb::arg("ignore_eos") = false,
+          nb::arg("grammar") = nb::dict(),
+          "Queues a request. grammar: {} or {kind, text, start_token, start_within} "
+          "(dsv41rt/runtime.hpp GrammarParams).")
+      .def(
+          "set_grammar_vocab",
+          [](Runtime& rt, const std::vector<nb::bytes>& tokens,
+             const std::vector<int32_t>& stop_token_ids) {
+            std::vector<std::string> t;
+            t.reserve(tokens.size());
+            for (const nb::bytes& b : tokens) t.emplace_back(b.c_str(), b.size());
+            nb::gil_scoped_release release;
+            rt.set_grammar_vocab(t, stop_token_ids);
+          },
+          nb::arg("tokens"), nb::arg("stop_token_ids"),
+          "The vocabulary grammars compile against: the bytes of each token (b'' for control "
+          "tokens) and the stop tokens.")
+      .def_static("grammar_available", &Runtime::grammar_available,
+                  "Whether this build has grammar-constrained decoding (xgrammar).")
       .def(
           "await_output",
           [](Runtime& rt, int64_t id, double timeout_s) {

@@ -59,6 +59,26 @@ Params sampling_params_from_dict(const nb::dict& d) {
   return p;
 }
 
+GrammarParams grammar_params_from_dict(const nb::dict& d) {
+  GrammarParams g;
+  for (auto [k, v] : d) {
+    DSV41RT_CHECK(nb::isinstance<nb::str>(k), "grammar: keys must be strings");
+    const std::string key = nb::borrow<nb::str>(k).c_str();
+    if (v.is_none()) continue;
+    if (key == "kind" || key == "text") {
+      DSV41RT_CHECK(nb::isinstance<nb::str>(v), "grammar: '", key, "' must be a string");
+      (key == "kind" ? g.kind : g.text) = nb::cast<std::string>(v);
+    } else if (key == "start_token") {
+      g.start_token = field<int32_t>(v, key);
+    } else if (key == "start_within") {
+      g.start_within = field<int64_t>(v, key);
+    } else {
+      DSV41RT_THROW("grammar: unknown key '", key, "'");
+    }
+  }
+  return g;
+}
+
 template kernels::SamplingParams sampling_params_from_dict<kernels::SamplingParams>(
     const nb::dict&);
 template SamplingParams sampling_params_from_dict<SamplingParams>(const nb::dict&);

@@ -16,4 +16,7 @@ namespace dsv41rt::bindings {
 template <class Params = kernels::SamplingParams>
 Params sampling_params_from_dict(const nanobind::dict& d);
 
+/// A request's grammar from {kind, text, start_token, start_within} (GrammarParams; {}: none).
+GrammarParams grammar_params_from_dict(const nanobind::dict& d);
+
 }  // namespace dsv41rt::bindings

@@ -22,8 +22,9 @@ from . import _core
 from .config import ModelConfig, load_config
 from .errors import Dsv41rtError
 from .options import RuntimeOptions
-from .sampling import GREEDY, SamplingParams
+from .sampling import GREEDY, Grammar, SamplingParams
 from .tokenizer.engram_file import engram_tables_for
+from .tokenizer.grammar_vocab import grammar_vocab
 
 
 class StepOutput(NamedTuple):
@@ -168,6 +169,8 @@ class Runtime:
         self.options = opts
         self._engine_thread = engine_thread
         self.config: ModelConfig = load_config(checkpoint)
+        self._checkpoint = checkpoint
+        self._grammar_vocab = False  # given to the core at the first grammar (set_grammar_vocab)
         core = core_options(
             checkpoint,
             opts,
@@ -205,15 +208,38 @@ class Runtime:
         sampling: SamplingParams | None = None,
         stop_token_ids: Sequence[int] | None = None,
         ignore_eos: bool = False,
+        grammar: Grammar | None = None,
     ) -> int:
-        """Queue a request (greedy unless `sampling` says otherwise); returns its id."""
+        """Queue a request (greedy unless `sampling` says otherwise); returns its id. With `grammar`
+        its output is held to it (the vocabulary comes from the checkpoint's tokenizer.json unless
+        set_grammar_vocab gave one); a grammar the compiler refuses raises here."""
         prompt = self._check_ids(prompt_ids, "prompt_ids")
         if not prompt:
             raise Dsv41rtError("prompt_ids must contain at least one token")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise Dsv41rtError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
         stops = self._check_ids(stop_token_ids or [], "stop_token_ids")
-        return self._rt.submit(prompt, max_new_tokens, (sampling or GREEDY).to_dict(), stops, ignore_eos)
+        if grammar is not None and not self._grammar_vocab:
+            self.set_grammar_vocab()
+        g = grammar.to_dict() if grammar is not None else {}
+        return self._rt.submit(prompt, max_new_tokens, (sampling or GREEDY).to_dict(), stops, ignore_eos, g)
+
+    def set_grammar_vocab(
+        self, tokens: Sequence[bytes] | None = None, stop_token_ids: Sequence[int] | None = None
+    ) -> None:
+        """The vocabulary grammars compile against: each token's bytes (b"" for control tokens) and
+        the tokens that end a completed grammar; by default the checkpoint's tokenizer.json
+        (dsv41rt.tokenizer.grammar_vocab) and the model's end-of-sequence token."""
+        if not _core.Runtime.grammar_available():
+            raise Dsv41rtError("grammar-constrained decoding is not in this build (configured without xgrammar)")
+        if tokens is None:
+            path = os.path.join(self._checkpoint, "tokenizer.json")
+            if not os.path.exists(path):
+                raise Dsv41rtError(f"{path}: a grammar needs the model's tokenizer (no tokenizer.json)")
+            tokens = grammar_vocab(path)
+        stops = list(stop_token_ids) if stop_token_ids is not None else [self.config.eos_token_id]
+        self._rt.set_grammar_vocab(list(tokens), stops)
+        self._grammar_vocab = True
 
     def abort(self, request_id: int, wait: bool = True) -> None:
         """End a request (its pages are freed). With an engine thread, wait=False returns at once and

@@ -22,3 +22,17 @@ class SamplingParams:
 
 
 GREEDY = SamplingParams()
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """Holds a request's output to a grammar (cpp/include/dsv41rt/runtime.hpp GrammarParams;
+    cpp/runtime/engine/grammar.h)."""
+
+    kind: str  # "json_object", "json_schema", "structural_tag" (xgrammar's JSON), "ebnf", "regex"
+    text: str = ""  # the schema / structural tag / grammar (root rule "root") / pattern
+    start_token: int = -1  # free output until this token is drawn (e.g. "</think>"); -1: held from the start
+    start_within: int = -1  # with start_token: forced once this many tokens came without it; -1: never
+
+    def to_dict(self) -> dict[str, str | int]:
+        return asdict(self)

@@ -225,15 +225,15 @@ def test_client_disconnect_cancels_and_frees_pages(server) -> None:
 
 UNAPPLIED = [
     ({"logit_bias": {"5": 10}}, "logit_bias"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"guided_json": {"type": "object"}}, "guided_json"),
     ({"best_of": 2}, "best_of"),
     ({"prompt_logprobs": 1}, "prompt_logprobs"),
     ({"made_up_field": 1}, "made_up_field"),
 ]
-CHAT_UNAPPLIED = [  # tool_choice forcing a call: until grammar-constrained decoding (test_serve_tools.py)
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+CHAT_UNAPPLIED = [
+    ({"response_format": {"type": "json_schema"}}, "response_format"),  # without its json_schema
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),  # not among the tools
     ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
     ({"echo": True}, "echo"),
 ]
@@ -246,7 +246,10 @@ def test_fields_not_applied_are_rejected(server, route) -> None:
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     if route == "/v1/completions":
         base: dict = {"model": MODEL, "prompt": "json please", "max_tokens": 2}
-        cases = UNAPPLIED + [({"tool_choice": "auto"}, "tool_choice")]
+        cases = UNAPPLIED + [
+            ({"tool_choice": "auto"}, "tool_choice"),
+            ({"response_format": {"type": "json_object"}}, "response_format"),
+        ]
     else:
         base = {"model": MODEL, "messages": [{"role": "user", "content": "json please"}], "max_tokens": 2}
         cases = UNAPPLIED + CHAT_UNAPPLIED

@@ -236,8 +236,9 @@ def test_tool_settings_checks_name_the_field() -> None:
         ({"tools": [{"type": "function", "function": {**fn, "parameters": [1]}}]}, "tools[0].function.parameters"),
         ({"tools": [{"type": "function", "function": {**fn, "description": 3}}]}, "tools[0].function.description"),
         ({"tools": [TOOLS[0], TOOLS[0]]}, "tools"),
-        ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice"),
-        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "search"}}}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),  # forces a call without tools
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "search"}}, "tool_choice"),
         ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
         ({"tools": TOOLS, "parallel_tool_calls": "no"}, "parallel_tool_calls"),
     ]
@@ -245,9 +246,11 @@ def test_tool_settings_checks_name_the_field() -> None:
         with pytest.raises(ApiError) as e:
             ToolSettings.of(body)
         assert e.value.status == 400 and e.value.param == param, (body, e.value.param, e.value.message)
-    with pytest.raises(ApiError) as e:
-        ToolSettings.of({"tools": TOOLS, "tool_choice": "required"})
-    assert "not supported yet" in e.value.message
+    # A forced call (grammar-constrained decoding holds the output to a calls block: grammar.py).
+    assert ToolSettings.of({"tools": TOOLS, "tool_choice": "required"}).offered
+    assert ToolSettings.of(
+        {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "search"}}}
+    ).offered
 
 
 def test_tool_choice_none_neither_offers_nor_parses(chat, tok) -> None:
@@ -388,13 +391,15 @@ def test_http_tools_with_the_openai_client(server) -> None:
     ]
     r = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=4)  # type: ignore[arg-type]
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
-    for kw, param in (
-        ({"tool_choice": "required"}, "tool_choice"),
-        ({"tool_choice": {"type": "function", "function": {"name": "search"}}}, "tool_choice"),
-    ):
-        with pytest.raises(openai.BadRequestError) as e:
-            client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=4, **kw)  # type: ignore[arg-type]
-        assert e.value.status_code == 400 and param in str(e.value) and "not supported yet" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:  # a named function that is not offered
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            tools=TOOLS,  # type: ignore[arg-type]
+            max_tokens=4,
+            tool_choice={"type": "function", "function": {"name": "nope"}},
+        )
+    assert e.value.status_code == 400 and "tool_choice" in str(e.value) and "nope" in str(e.value)
     bad_tools = [{"type": "function", "function": {"name": "no spaces allowed"}}]
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=messages, tools=bad_tools, max_tokens=4)  # type: ignore[arg-type]

@@ -582,7 +582,19 @@ class Runtime:
 
     def __init__(self, options: RuntimeOptions, progress: object | None = None) -> None: ...
 
-    def submit(self, prompt: Sequence[int], max_new_tokens: int, sampling: dict = {}, stop_token_ids: Sequence[int] = [], ignore_eos: bool = False) -> int: ...
+    def submit(self, prompt: Sequence[int], max_new_tokens: int, sampling: dict = {}, stop_token_ids: Sequence[int] = [], ignore_eos: bool = False, grammar: dict = {}) -> int:
+        """
+        Queues a request. grammar: {} or {kind, text, start_token, start_within} (dsv41rt/runtime.hpp GrammarParams).
+        """
+
+    def set_grammar_vocab(self, tokens: Sequence[bytes], stop_token_ids: Sequence[int]) -> None:
+        """
+        The vocabulary grammars compile against: the bytes of each token (b'' for control tokens) and the stop tokens.
+        """
+
+    @staticmethod
+    def grammar_available() -> bool:
+        """Whether this build has grammar-constrained decoding (xgrammar)."""
 
     def await_output(self, id: int, timeout_s: float) -> RequestOutput | None: ...
 

@@ -197,12 +197,16 @@ def create_app(state: ServerState) -> FastAPI:
             raise ApiError(400, f"'tokens' must be a list of token ids in [0, {state.vocab})", "tokens")
         return {"prompt": state.tok.decode(v)}
 
-    def admit(prompt: list[int], max_tokens: int, sampling, stops: list[int], ignore_eos: bool) -> Tracked:
+    def admit(
+        prompt: list[int], max_tokens: int, sampling, stops: list[int], ignore_eos: bool, grammar=None
+    ) -> Tracked:
         s = state.engine.stats
         if s.get("waiting", 0) >= cfg.max_num_queued_reqs:
             state.metrics.rejected("queue_full")
             raise ApiError(503, f"too many waiting requests ({s.get('waiting', 0)}); retry later")
-        req = Tracked(prompt, max_tokens, sampling, stops, ignore_eos, asyncio.Queue(), asyncio.get_running_loop())
+        req = Tracked(
+            prompt, max_tokens, sampling, stops, ignore_eos, asyncio.Queue(), asyncio.get_running_loop(), grammar
+        )
         state.engine.submit(req)
         return req
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..runtime import Runtime, StepOutput
-from ..sampling import SamplingParams
+from ..sampling import Grammar, SamplingParams
 
 log = logging.getLogger("dsv41rt.serve")
 
@@ -34,6 +34,7 @@ class Tracked:
     ignore_eos: bool
     out: asyncio.Queue
     loop: asyncio.AbstractEventLoop
+    grammar: Grammar | None = None
     arrival: float = field(default_factory=time.monotonic)
     first_forward: float | None = None  # when the first engine step that runs it began
     first_token: float | None = None
@@ -72,7 +73,7 @@ class EngineLoop:
         with self._lock:  # registered before the consumer can see its first output
             try:
                 req.engine_id = self.rt.add_request(
-                    req.prompt, req.max_tokens, req.sampling, req.stop_token_ids, req.ignore_eos
+                    req.prompt, req.max_tokens, req.sampling, req.stop_token_ids, req.ignore_eos, req.grammar
                 )
             except Exception as err:  # a request the engine refuses: report it, keep serving
                 self._deliver(req, err)

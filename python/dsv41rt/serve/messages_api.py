@@ -29,6 +29,7 @@ import deepseek_recipe as dr
 from fastapi import Request
 from fastapi.responses import Response
 
+from .grammar import split_forced_choice
 from .protocol import (
     ApiError,
     OutputBudget,
@@ -42,7 +43,7 @@ from .protocol import (
 )
 from .recipe_stream import Admit, RecipeRun, SseFraming, named_event_frames
 from .single_call import MESSAGES_ITEMS, FirstCallOnly
-from .tool_calls import check_function, check_tool_list, forced_choice
+from .tool_calls import check_forced_choice, check_function, check_tool_list
 
 MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
@@ -157,7 +158,7 @@ def _check_tool(where: str, tool: Any) -> str:
 
 
 def check_tools(body: dict) -> None:
-    """`tools` and `tool_choice`: auto and none; any or a named tool need grammar decoding (a 400)."""
+    """`tools` and `tool_choice`: auto, none, any or a named tool (a forced call: grammar.py)."""
     tools = body.get("tools")
     if tools is not None:
         check_tool_list(tools, _check_tool, "tool objects")
@@ -165,11 +166,11 @@ def check_tools(body: dict) -> None:
     if choice is None:
         return
     kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind not in ("auto", "none", "any", "tool"):
+        raise ApiError(400, '\'tool_choice\' must be {"type": "auto" | "none" | "any" | "tool"}', "tool_choice")
     if kind in ("any", "tool"):
-        raise forced_choice(choice, '{"type": "auto"} or {"type": "none"}')
-    if kind not in ("auto", "none"):
-        raise ApiError(400, '\'tool_choice\' must be {"type": "auto" | "none"}', "tool_choice")
-    extra = set(choice) - {"type", "disable_parallel_tool_use"}
+        check_forced_choice(tools, choice.get("name"), named=kind == "tool")
+    extra = set(choice) - {"type", "disable_parallel_tool_use"} - ({"name"} if kind == "tool" else set())
     if extra:
         raise ApiError(400, f"'tool_choice.{sorted(extra)[0]}' is not supported", "tool_choice")
     flag = choice.get("disable_parallel_tool_use")
@@ -266,8 +267,10 @@ class MessagesApi:
         self.state, self.admit = state, admit
 
     def encode(self, body: dict) -> tuple[dr.ConversationRequest, list[int]]:
-        """The conversation of a checked body and its prompt (the same for count_tokens)."""
-        return self.state.chat.encode(recipe_request(dr.MessagesRequest, _recipe_body(body)))
+        """The conversation of a checked body and its prompt (the same for count_tokens; a forced
+        tool_choice goes to the recipe as auto: grammar.split_forced_choice)."""
+        recipe_body, _ = split_forced_choice(body)
+        return self.state.chat.encode(recipe_request(dr.MessagesRequest, _recipe_body(recipe_body)))
 
     def count_tokens(self, body: dict) -> dict[str, int]:
         """`{"input_tokens": N}`: the prompt /v1/messages would render for `body`, counted. No
@@ -285,7 +288,8 @@ class MessagesApi:
         asked_sampling = RequestedSampling.of(body, max_temperature=1.0)
         conv, prompt = self.encode(body)
         budget = OutputBudget(body["max_tokens"], "max_tokens", state.context_limit, cfg.default_max_tokens)
-        return state.chat.prepared(body, conv, prompt, asked_sampling, budget, "messages")
+        forced = split_forced_choice(body)[1]
+        return state.chat.prepared(body, conv, prompt, asked_sampling, budget, "messages", forced)
 
     async def handle(self, body: dict, request: Request) -> Response:
         prep = self.prepare(body)

@@ -154,7 +154,8 @@ def _json_or_named_events(schema: JsonSchema, event_error: JsonSchema) -> JsonSc
 
 def responses_request(api: ServedApi) -> JsonSchema:
     """OpenAI's Responses API as responses_api.py reads it: text and reasoning, stateless, function
-    tools (tool_choice auto / none; the history's call items are not described here)."""
+    tools (tool_choice auto / none / required / a named function; the history's call items are not
+    described here)."""
     text_part = {
         "type": "object",
         "required": ["type", "text"],
@@ -194,7 +195,20 @@ def responses_request(api: ServedApi) -> JsonSchema:
             "store": _nullable({"const": False, "description": "stateless: nothing is stored"}),
             "user": _nullable({"type": "string"}),
             "tools": _nullable({"type": "array", "items": RESPONSES_TOOL}),
-            "tool_choice": _nullable({"enum": ["auto", "none"], "description": "a forced call is not applied yet"}),
+            "tool_choice": _nullable(
+                {
+                    "anyOf": [
+                        {"enum": ["auto", "none", "required"]},
+                        {
+                            "type": "object",
+                            "required": ["type", "name"],
+                            "additionalProperties": False,
+                            "properties": {"type": {"const": "function"}, "name": {"type": "string"}},
+                        },
+                    ],
+                    "description": "required / a named function: the output is held to a call (grammar)",
+                }
+            ),
             "parallel_tool_calls": _nullable({"type": "boolean", "description": "false: at most one call"}),
         },
     }
@@ -257,10 +271,11 @@ def messages_request(api: ServedApi) -> JsonSchema:
                     "required": ["type"],
                     "additionalProperties": False,
                     "properties": {
-                        "type": {"enum": ["auto", "none"]},
+                        "type": {"enum": ["auto", "none", "any", "tool"]},
+                        "name": {"type": "string", "description": "type tool: the tool to call"},
                         "disable_parallel_tool_use": _nullable({"type": "boolean", "description": "at most one call"}),
                     },
-                    "description": "a forced call (any, tool) is not applied yet",
+                    "description": "any / tool: the output is held to a call (grammar)",
                 }
             ),
         },
@@ -447,14 +462,61 @@ def chat_request(api: ServedApi) -> JsonSchema:
             "logprobs": _nullable({"type": "boolean"}),
             "top_logprobs": _nullable({**_int(0, 20), "description": "needs logprobs: true"}),
             "tools": _nullable({"type": "array", "items": TOOL}),
-            "tool_choice": _nullable({"enum": ["auto", "none"], "description": "a forced call is not applied yet"}),
+            "tool_choice": _nullable(
+                {
+                    "anyOf": [
+                        {"enum": ["auto", "none", "required"]},
+                        {
+                            "type": "object",
+                            "required": ["type", "function"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "type": {"const": "function"},
+                                "function": {
+                                    "type": "object",
+                                    "required": ["name"],
+                                    "additionalProperties": False,
+                                    "properties": {"name": {"type": "string"}},
+                                },
+                            },
+                        },
+                    ],
+                    "description": "required / a named function: the output is held to a call (grammar)",
+                }
+            ),
             "parallel_tool_calls": _nullable({"type": "boolean", "description": "false: at most one call"}),
             "thinking": _nullable(
                 {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["enabled", "disabled"]}}}
             ),
             "reasoning_effort": _nullable({"enum": REASONING_EFFORTS}),
             "response_format": _nullable(
-                {"type": "object", "required": ["type"], "properties": {"type": {"const": "text"}}}
+                {
+                    "anyOf": [
+                        {
+                            "type": "object",
+                            "required": ["type"],
+                            "properties": {"type": {"enum": ["text", "json_object"]}},
+                        },
+                        {
+                            "type": "object",
+                            "required": ["type", "json_schema"],
+                            "properties": {
+                                "type": {"const": "json_schema"},
+                                "json_schema": {
+                                    "type": "object",
+                                    "required": ["name"],
+                                    "properties": {
+                                        "name": {"type": "string"},
+                                        "description": {"type": "string"},
+                                        "schema": {"type": "object"},
+                                        "strict": _nullable({"type": "boolean"}),
+                                    },
+                                },
+                            },
+                        },
+                    ],
+                    "description": "json_object / json_schema: the output is held to it (grammar)",
+                }
             ),
             "chat_template_kwargs": _nullable({"type": "object", "maxProperties": 0}),
         },

@@ -17,11 +17,13 @@ from typing import Any, TypeVar
 
 import deepseek_recipe as dr
 
-from ..sampling import SamplingParams
+from ..sampling import Grammar, SamplingParams
 
 # Tokens the V4.1 chat encoding needs as single added tokens (checked at start).
+EOS_TOKEN = "<｜end▁of▁sentence｜>"
 REQUIRED_SPECIAL_TOKENS = (
     "<｜begin▁of▁sentence｜>",
+    EOS_TOKEN,
     "<｜System｜>",
     "<｜User｜>",
     "<｜Assistant｜>",
@@ -119,16 +121,10 @@ def check_type(body: dict, key: str, kind: type | tuple[type, ...], what: str) -
 def check_fields(body: dict, allowed: frozenset[str]) -> None:
     """A 400 naming the first field this route does not apply (unknown, or a value not honoured yet)."""
     check_known_fields(body, allowed)
-    rf = body.get("response_format")
-    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
-        raise ApiError(
-            400,
-            '\'response_format\' other than {"type": "text"} is not applied yet (no constrained decoding)',
-            "response_format",
-        )
+    check_response_format(body.get("response_format"))
     from .tool_calls import ToolSettings  # here: tool_calls imports this module
 
-    ToolSettings.of(body)  # tools, tool_choice ("required" / named: 400 until grammar decoding), parallel
+    ToolSettings.of(body)  # tools, tool_choice (a forced call: grammar.py), parallel_tool_calls
     if body.get("logit_bias") not in (None, {}):
         raise ApiError(400, "'logit_bias' is not applied yet", "logit_bias")
     if body.get("chat_template_kwargs") not in (None, {}):
@@ -139,6 +135,30 @@ def check_fields(body: dict, allowed: frozenset[str]) -> None:
         raise ApiError(400, "'best_of' is not supported (one sequence per request)", "best_of")
     if body.get("store") not in (None, False):
         raise ApiError(400, "'store' is not supported (nothing is stored)", "store")
+
+
+def check_response_format(rf: Any) -> None:
+    """`response_format`: text, json_object or json_schema ({"json_schema": {"name", "schema",
+    "strict"}}), held to by grammar-constrained decoding (grammar.py); a 400 naming what is wrong."""
+    if rf is None:
+        return
+    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+        raise ApiError(400, "'response_format.type' must be text, json_object or json_schema", "response_format")
+    if rf["type"] != "json_schema":
+        return
+    js = rf.get("json_schema")
+    if not isinstance(js, dict) or not isinstance(js.get("name"), str):
+        raise ApiError(400, "'response_format.json_schema' must be an object with a 'name'", "response_format")
+    if js.get("schema") is not None and not isinstance(js["schema"], dict):
+        raise ApiError(400, "'response_format.json_schema.schema' must be a JSON Schema object", "response_format")
+    if js.get("strict") is not None and not isinstance(js["strict"], bool):
+        raise ApiError(400, "'response_format.json_schema.strict' must be a boolean", "response_format")
+
+
+def _parallel_off(body: dict) -> bool:
+    """Anthropic's `tool_choice.disable_parallel_tool_use: true` (Messages)."""
+    choice = body.get("tool_choice")
+    return isinstance(choice, dict) and choice.get("disable_parallel_tool_use") is True
 
 
 def include_usage(body: dict) -> bool:
@@ -185,6 +205,7 @@ class PreparedChat:
     ignore_eos: bool
     stream: bool
     logprobs: bool
+    grammar: Grammar | None = None  # response_format / a forced tool call (grammar.py)
 
 
 @dataclass(frozen=True)
@@ -263,6 +284,8 @@ class ChatProtocol:
         self.options = opts
         self.encoding = dr.DeepseekV41Encoding().with_tokenizer(tok.recipe)
         self.thinking_end_id = tok.hf.token_to_id("</think>")  # ends the reasoning (checked at start)
+        self.thinking_start_id = tok.hf.token_to_id("<think>")  # a prompt ending in it: thinking mode
+        self.eos_id = tok.hf.token_to_id(EOS_TOKEN)
 
     def check_model(self, body: dict) -> str:
         model = body.get("model")
@@ -279,14 +302,17 @@ class ChatProtocol:
         check_fields(body, CHAT_FIELDS)
         # Checked before the recipe's conversion, which rejects a wrong type without naming the field.
         asked_sampling = RequestedSampling.of(body, max_temperature=2.0)
-        conv, prompt = self.encode(recipe_request(dr.ChatCompletionRequest, body))
+        from .grammar import split_forced_choice  # here: grammar imports this module
+
+        recipe_body, forced = split_forced_choice(body)
+        conv, prompt = self.encode(recipe_request(dr.ChatCompletionRequest, recipe_body))
         asked, param = conv.inference_options.max_tokens, "max_tokens"
         if asked is not None and asked > max_limit:
             raise ApiError(400, f"'max_tokens' must be <= {max_limit}, got {asked}", "max_tokens")
         if body.get("max_completion_tokens") is not None:  # OpenAI's current name; wins, as in vLLM
             asked, param = _num(body, "max_completion_tokens", 0, 1, max_limit, integer=True), "max_completion_tokens"
         budget = OutputBudget(asked, param, context_limit, default_max)
-        return self.prepared(body, conv, prompt, asked_sampling, budget, "messages")
+        return self.prepared(body, conv, prompt, asked_sampling, budget, "messages", forced)
 
     def encode(self, request: RecipeRequest) -> tuple[dr.ConversationRequest, list[int]]:
         """The recipe's conversion of a protocol request (chat, Responses, Messages) and the prompt's
@@ -309,10 +335,11 @@ class ChatProtocol:
         asked_sampling: RequestedSampling,
         budget: OutputBudget,
         prompt_param: str,
+        forced: list[dict] | None = None,
     ) -> PreparedChat:
         """The engine request of a converted conversation (any of the recipe's protocols): the
         output budget, the sampling and our extras. `prompt_param` is the field a too long prompt
-        is blamed on."""
+        is blamed on; `forced`: the tools a forced `tool_choice` allows (grammar.split_forced_choice)."""
         context_limit = budget.context_limit
         if len(prompt) >= context_limit:
             raise ApiError(
@@ -338,6 +365,13 @@ class ChatProtocol:
         ignore_eos = body.get("ignore_eos", False)
         if not isinstance(ignore_eos, bool):
             raise ApiError(400, "'ignore_eos' must be a boolean", "ignore_eos")
+        from .grammar import output_grammar  # here: grammar imports this module
+
+        thinking = bool(prompt) and prompt[-1] == self.thinking_start_id
+        parallel = body.get("parallel_tool_calls") is not False and not _parallel_off(body)
+        grammar = output_grammar(
+            body, io.output_constraint, forced, parallel, self.thinking_end_id if thinking else None, max_tokens
+        )
         return PreparedChat(
             conv,
             prompt,
@@ -347,6 +381,7 @@ class ChatProtocol:
             ignore_eos,
             conv.stream,
             bool(io.logprobs),
+            grammar,
         )
 
     def processor(self, prep: PreparedChat, request_id: str, model: str) -> dr.StreamProcessor:

@@ -16,7 +16,7 @@ import deepseek_recipe as dr
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from ..sampling import SamplingParams
+from ..sampling import Grammar, SamplingParams
 from .engine_loop import Tracked
 from .protocol import FINISH, ApiError, PreparedChat, UsageKeys, count_held_tail, tokens_chunk
 
@@ -27,6 +27,15 @@ class ClientGone(Exception):
 
 DISCONNECT_CHECK_S = 0.25  # how often a non-streaming request looks for its client
 _NOTHING = object()  # no output within DISCONNECT_CHECK_S
+
+
+@dataclass(frozen=True)
+class _Tokens:
+    """The part of an engine output a `tokens` chunk carries (protocol.tokens_chunk)."""
+
+    new_tokens: list[int]
+    logprobs: list[float]
+    top_logprobs: list[dict[int, float]]
 
 
 async def outputs(req: Tracked, request: Request | None) -> AsyncIterator[Any]:
@@ -72,7 +81,7 @@ class SseFraming:
 
 # The app's admission: (prompt, max_tokens, sampling, stop token ids, ignore_eos) -> the submitted
 # request, or a 503 when the queue is full.
-Admit = Callable[[list[int], int, SamplingParams, list[int], bool], Tracked]
+Admit = Callable[[list[int], int, SamplingParams, list[int], bool, Grammar | None], Tracked]
 ChunkGenerator = dr.ChatCompletionChunkGenerator | dr.ResponsesChunkGenerator | dr.MessagesChunkGenerator
 
 
@@ -85,9 +94,14 @@ class RecipeRun:
     def __init__(self, state: Any, admit: Admit, prep: PreparedChat, generator: ChunkGenerator, usage: UsageKeys):
         self.state, self.prep, self.usage_keys = state, prep, usage
         self.proc = dr.StreamProcessor(generator, prep.conversation.parsing_options, state.tok.recipe)
-        self.req = admit(prep.prompt, prep.max_tokens, prep.sampling, prep.stop_token_ids, prep.ignore_eos)
+        self.req = admit(
+            prep.prompt, prep.max_tokens, prep.sampling, prep.stop_token_ids, prep.ignore_eos, prep.grammar
+        )
         self.started = False  # the `ready` chunk (the prompt's usage) was pushed
         self.generated = 0  # tokens pushed to the processor (it may not count a held-back tail)
+        # The tokens that end a request with "stop": not output (vLLM's default), else the recipe
+        # would decode the end-of-sequence token into the content.
+        self.stops = set(prep.stop_token_ids) | (set() if prep.ignore_eos else {state.chat.eos_id})
         stage = prep.conversation.parsing_options.thinking_initial_stage
         self.in_reasoning = stage is not None and stage.starts_in_reasoning()
         self.reasoning_tokens = 0  # generated before `</think>` (which counts as content)
@@ -125,7 +139,11 @@ class RecipeRun:
         if self.in_reasoning:
             self._count_reasoning(item.new_tokens)
         out = self._ready(item.cached_tokens)
-        out += self.proc.push(tokens_chunk(item, self.prep.logprobs)) if item.new_tokens else []
+        shown: Any = item
+        if item.finish_reason == "stop" and item.new_tokens and item.new_tokens[-1] in self.stops:
+            n = len(item.new_tokens) - 1  # counted in the usage, not output
+            shown = _Tokens(item.new_tokens[:n], item.logprobs[:n], (item.top_logprobs or [])[:n])
+        out += self.proc.push(tokens_chunk(shown, self.prep.logprobs)) if shown.new_tokens else []
         if item.finished and item.finish_reason in FINISH and not self.proc.finished:
             out += self.proc.push(dr.InferenceChunk.finish(FINISH[item.finish_reason]))
             out += self.proc.finish()

@@ -26,6 +26,7 @@ import deepseek_recipe as dr
 from fastapi import Request
 from fastapi.responses import Response
 
+from .grammar import split_forced_choice
 from .protocol import (
     ApiError,
     OutputBudget,
@@ -39,7 +40,7 @@ from .protocol import (
 )
 from .recipe_stream import Admit, RecipeRun, SseFraming, named_event_frames
 from .single_call import RESPONSES_ITEMS, FirstCallOnly
-from .tool_calls import check_function, check_tool_list, forced_choice
+from .tool_calls import check_forced_choice, check_function, check_tool_list
 
 RESPONSES_FIELDS = frozenset(
     "model input instructions max_output_tokens temperature top_p stream reasoning metadata store user tools"
@@ -79,16 +80,22 @@ def _check_tool(where: str, tool: Any) -> str:
 
 
 def check_tools(body: dict) -> None:
-    """`tools`, `tool_choice` (auto, none; required or a named function need grammar decoding: a
-    400) and `parallel_tool_calls` (a boolean; false keeps the first call, single_call.py)."""
+    """`tools`, `tool_choice` (auto, none, required or a named function: a forced call, grammar.py)
+    and `parallel_tool_calls` (a boolean; false keeps the first call, single_call.py)."""
     tools = body.get("tools")
     if tools is not None:
         check_tool_list(tools, _check_tool)
     choice = body.get("tool_choice")
-    if choice == "required" or isinstance(choice, dict):
-        raise forced_choice(choice)
-    if choice not in (None, "auto", "none"):
-        raise ApiError(400, f'\'tool_choice\' must be "auto" or "none" here, got {choice!r}', "tool_choice")
+    if isinstance(choice, dict):
+        if choice.get("type") != "function":
+            raise ApiError(400, '\'tool_choice\' must be {"type": "function", "name": ...}', "tool_choice")
+        check_forced_choice(tools, choice.get("name"), named=True)
+    elif choice == "required":
+        check_forced_choice(tools, None, named=False)
+    elif choice not in (None, "auto", "none"):
+        raise ApiError(
+            400, f'\'tool_choice\' must be "auto", "none", "required" or a function, got {choice!r}', "tool_choice"
+        )
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise ApiError(400, f"'parallel_tool_calls' must be a boolean, got {parallel!r}", "parallel_tool_calls")
@@ -195,13 +202,14 @@ class ResponsesApi:
         state.chat.check_model(body)
         check_responses_request(body, cfg.max_tokens_limit)
         asked_sampling = RequestedSampling.of(body, max_temperature=2.0)
-        request = recipe_request(dr.ResponsesRequest, body)
+        recipe_body, forced = split_forced_choice(body)
+        request = recipe_request(dr.ResponsesRequest, recipe_body)
         echo = request.echo()  # the settings the response objects report, read before conversion
         conv, prompt = state.chat.encode(request)
         budget = OutputBudget(
             body.get("max_output_tokens"), "max_output_tokens", state.context_limit, cfg.default_max_tokens
         )
-        return state.chat.prepared(body, conv, prompt, asked_sampling, budget, "input"), echo
+        return state.chat.prepared(body, conv, prompt, asked_sampling, budget, "input", forced), echo
 
     async def handle(self, body: dict, request: Request) -> Response:
         prep, echo = self.prepare(body)

@@ -12,8 +12,8 @@ recipe leaves to the server:
 
 - `ToolSettings.of`: the checks of `tools`, `tool_choice` and `parallel_tool_calls`, each a 400
   naming its field (the recipe's messages name some, not all, and accept names over 64 chars);
-  `tool_choice` "required" or a named function is a 400 until grammar-constrained decoding exists
-  (the recipe reports the constraint as `inference_options.output_constraint`, nothing enforces it).
+  `tool_choice` "required" or a named function forces a call: the recipe reports it as
+  `inference_options.output_constraint`, grammar.py holds the output to a DSML calls block.
 - `parallel_tool_calls: false`: at most the first call is returned (`ToolSettings.chunk` drops the
   deltas of later calls from a stream, `ToolSettings.response` trims a whole response); the same
   rule on Responses and Messages is single_call.py's.
@@ -34,9 +34,6 @@ import deepseek_recipe as dr
 from .protocol import ApiError
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-NEEDS_GRAMMAR = (
-    "is not supported yet: forcing a tool call needs grammar-constrained decoding, which this server does not have"
-)
 
 
 def _bad(param: str, message: str) -> ApiError:
@@ -71,10 +68,17 @@ def check_tool_list(tools: Any, check: Callable[[str, Any], str], what: str = "f
         raise _bad("tools", f"names the function {dup!r} twice")
 
 
-def forced_choice(choice: Any, instead: str = '"auto" or "none"') -> ApiError:
-    """The 400 of a `tool_choice` that forces a call (any, or a named one) until grammar-constrained
-    decoding exists; the same on every route (`instead`: the route's spelling of what works)."""
-    return ApiError(400, f"'tool_choice' {json.dumps(choice)} {NEEDS_GRAMMAR}; use {instead}", "tool_choice")
+def check_forced_choice(tools: Any, name: Any, named: bool) -> None:
+    """A `tool_choice` that forces a call (any / required, or a named tool, `name`): there must be
+    tools, and a named one among them; the same on every route."""
+    if not tools:
+        raise _bad("tool_choice", "forces a tool call but 'tools' is empty or missing")
+    if named:
+        if not isinstance(name, str):
+            raise _bad("tool_choice", "must name the function to call")
+        names = [(t.get("function") or t).get("name") for t in tools if isinstance(t, dict)]
+        if name not in names:
+            raise _bad("tool_choice", f"names {name!r}, which is not among 'tools'")
 
 
 def _check_chat_tool(where: str, tool: Any) -> str:
@@ -104,10 +108,14 @@ class ToolSettings:
         if tools is not None:
             check_tool_list(tools, _check_chat_tool)
         choice = body.get("tool_choice")
-        if choice in ("required",) or isinstance(choice, dict):
-            raise forced_choice(choice)
-        if choice not in (None, "auto", "none"):
-            raise _bad("tool_choice", f'must be "auto" or "none" here, got {choice!r}')
+        if isinstance(choice, dict):
+            if choice.get("type") != "function" or not isinstance(choice.get("function"), dict):
+                raise _bad("tool_choice", 'must be {"type": "function", "function": {"name": ...}}')
+            check_forced_choice(tools, choice["function"].get("name"), named=True)
+        elif choice == "required":
+            check_forced_choice(tools, None, named=False)
+        elif choice not in (None, "auto", "none"):
+            raise _bad("tool_choice", f'must be "auto", "none", "required" or a named function, got {choice!r}')
         parallel = body.get("parallel_tool_calls")
         if parallel is not None and not isinstance(parallel, bool):
             raise _bad("parallel_tool_calls", f"must be a boolean, got {parallel!r}")

@@ -53,12 +53,16 @@ def _bytes_to_unicode() -> dict[int, str]:
 _CHAR_TO_BYTE = {c: b for b, c in _bytes_to_unicode().items()}
 
 
-def _byte_level_decode(token: str) -> str:
+def byte_level_bytes(token: str) -> bytes:
+    """The bytes a byte-level BPE vocabulary entry stands for (its own UTF-8 when it is not one)."""
     try:
-        raw = bytes(_CHAR_TO_BYTE[c] for c in token)
+        return bytes(_CHAR_TO_BYTE[c] for c in token)
     except KeyError:
-        raw = token.encode("utf-8")
-    return raw.decode("utf-8", errors="replace")
+        return token.encode("utf-8")
+
+
+def _byte_level_decode(token: str) -> str:
+    return byte_level_bytes(token).decode("utf-8", errors="replace")
 
 
 def _strip_white_space(text: str) -> str:

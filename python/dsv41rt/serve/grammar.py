@@ -1,0 +1,140 @@
+"""The grammar a request's output is held to (issue 23, grammar-constrained decoding).
+
+deepseek-recipe resolves what a request constrains into `inference_options.output_constraint`:
+`response_format` json_object / json_schema (kind "json", schema "" or the schema) and a forced tool
+call (chat `tool_choice` "required" or a named function, Responses the same, Messages "any" or a
+named tool: kind "tool_call_required", schema the JSON list of the tools that may be called). This
+module turns it into the engine's Grammar (cpp/runtime/engine/grammar.h, xgrammar underneath):
+
+- JSON: the schema, strict (xgrammar's JSON-schema grammar, compact: no free whitespace), or any
+  JSON object;
+- a forced call: V4.1's DSML tool-call block exactly as deepseek-recipe renders and parses it,
+  `\\n\\n<｜DSML｜ calls>\\n` + one or more `<｜DSML｜ invoke name="NAME">\\n ... </｜DSML｜ invoke>\\n`
+  (one when parallel calls are off) + `</｜DSML｜ calls>`, each invoke's parameters in its schema's
+  order (required ones always, the others optional), every value compact JSON of its property
+  schema (`string="false"`, strings too), as xgrammar structural tags; the `｜DSML｜` marker is its
+  own token, as the encoding has it. Parameters outside `properties` cannot be produced.
+
+In thinking mode (the prompt ends with `<think>`) the constraint applies to the answer, after
+`</think>`: the reasoning is free, and `</think>` is forced once half the output budget went to it,
+so the constrained answer always has the other half.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..sampling import Grammar
+from .protocol import ApiError
+
+DSML = "｜DSML｜"
+
+
+def _const(text: str) -> dict[str, Any]:
+    return {"type": "const_string", "value": text}
+
+
+# The marker is one token in the V4.1 encoding, and the recipe's stream parser finds the markup by
+# it: the grammar takes the token, never the same text spelled with other tokens.
+MARKER: dict[str, Any] = {"type": "token", "token": DSML}
+
+
+def _markup(before: str, after: str) -> list[dict[str, Any]]:
+    """`before` + the marker token + `after`, e.g. `<｜DSML｜ calls>`."""
+    return [_const(before), MARKER, _const(after)]
+
+
+def _parameter(name: str, schema: Any) -> dict[str, Any]:
+    """One `<｜DSML｜ parameter name="NAME" string="false">VALUE</｜DSML｜ parameter>\\n`: the value
+    as compact JSON of its property schema, strings too. The recipe parses it as it parses the raw
+    form (`string="true"`) the model also writes for strings, but only JSON lets the grammar hold a
+    string exactly (UTF-8, maxLength, pattern, any text including "</")."""
+    key = json.dumps(name, ensure_ascii=False)[1:-1]
+    content = {
+        "type": "json_schema",
+        "json_schema": schema if isinstance(schema, dict) else {},
+        "max_whitespace_cnt": 1,
+    }
+    elements = _markup("<", f' parameter name="{key}" string="false">')
+    return {"type": "sequence", "elements": [*elements, content, *_markup("</", " parameter>\n")]}
+
+
+def _invoke(fn: dict[str, Any]) -> dict[str, Any]:
+    """`<｜DSML｜ invoke name="NAME">\\n` + its parameters in the schema's order (the required ones
+    always, the others optional) + `</｜DSML｜ invoke>\\n`."""
+    params = fn.get("parameters") or {}
+    props = params.get("properties") or {}
+    required = set(params.get("required") or [])
+    elements = _markup("<", f' invoke name="{fn["name"]}">\n')
+    for name, schema in props.items():
+        p = _parameter(name, schema)
+        elements.append(p if name in required else {"type": "optional", "content": p})
+    return {"type": "sequence", "elements": elements + _markup("</", " invoke>\n")}
+
+
+def dsml_calls_tag(tools: list[dict[str, Any]], parallel: bool) -> dict[str, Any]:
+    """xgrammar's structural tag for a DSML calls block calling one (or, parallel, more) of `tools`
+    ({"name", "parameters"} each)."""
+    invokes = [_invoke(tool) for tool in tools]
+    one: dict[str, Any] = invokes[0] if len(invokes) == 1 else {"type": "or", "elements": invokes}
+    calls = {"type": "plus", "content": one} if parallel else one
+    elements = [*_markup("\n\n<", " calls>\n"), calls, *_markup("</", " calls>")]
+    return {"type": "structural_tag", "format": {"type": "sequence", "elements": elements}}
+
+
+def split_forced_choice(body: dict) -> tuple[dict, list[dict[str, Any]] | None]:
+    """A request body whose `tool_choice` forces a call (chat / Responses "required" or a named
+    function, Messages "any" or a named tool), as (the body with `tool_choice` auto, for the
+    recipe's conversion, the tools that may be called as {"name", "parameters"}); other bodies as
+    (body, None). The recipe refuses a forced choice in thinking mode; the grammar applies it after
+    the reasoning instead. The route's checks ran first (the named tool is among `tools`)."""
+    choice = body.get("tool_choice")
+    kind = choice.get("type") if isinstance(choice, dict) else choice
+    if kind not in ("required", "function", "any", "tool"):
+        return body, None
+    tools = []
+    for t in body.get("tools") or []:
+        fn = t.get("function", t)
+        tools.append({"name": fn["name"], "parameters": fn.get("parameters", t.get("input_schema"))})
+    if kind in ("function", "tool"):
+        name = choice.get("name") or (choice.get("function") or {}).get("name")
+        tools = [t for t in tools if t["name"] == name]
+    auto: Any = "auto"
+    if kind in ("any", "tool"):  # Anthropic's shape keeps its other settings
+        auto = {k: v for k, v in choice.items() if k == "disable_parallel_tool_use"} | {"type": "auto"}
+    return {**body, "tool_choice": auto}, tools
+
+
+def output_grammar(
+    body: dict,
+    constraint: Any,
+    forced: list[dict[str, Any]] | None,
+    parallel: bool,
+    thinking_end: int | None,
+    max_tokens: int,
+) -> Grammar | None:
+    """The Grammar of the request `body` (None: unconstrained): a forced call among `forced` (from
+    split_forced_choice), else the recipe's output constraint (JSON; the schema as the client sent
+    it: the recipe's copy drops keywords such as maxLength and maxItems). `thinking_end`: the
+    `</think>` token when the prompt opens a reasoning block, else None."""
+    start: dict[str, int] = {}
+    if thinking_end is not None:
+        start = {"start_token": thinking_end, "start_within": max_tokens // 2}
+    if forced is not None:
+        if not forced:
+            raise ApiError(400, "'tool_choice' forces a call but no tool can be called", "tool_choice")
+        return Grammar("structural_tag", json.dumps(dsml_calls_tag(forced, parallel)), **start)
+    if constraint is None:
+        return None
+    if constraint.kind == "json":
+        rf = body.get("response_format") or {}
+        asked = (rf.get("json_schema") or {}).get("schema") if rf.get("type") == "json_schema" else None
+        if isinstance(asked, dict):
+            return Grammar("json_schema", json.dumps(asked), **start)
+        if constraint.schema:
+            return Grammar("json_schema", constraint.schema, **start)
+        return Grammar("json_object", **start)
+    if constraint.kind in ("tool_call", "tool_call_required"):
+        return None  # tools offered, none forced (forced choices never reach the recipe: above)
+    raise ApiError(400, f"the output constraint {constraint.kind!r} is not supported by this server")
