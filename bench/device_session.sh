@@ -59,6 +59,10 @@ else
       echo "googletest build failed"
     test_defs=(-C cmake.define.DSV41RT_BUILD_TESTS=ON -C cmake.define.GTest_ROOT=/tmp/gtest)
   fi
+  # xgrammar's source (grammar-constrained decoding): the machine cannot download it, so it is
+  # carried as the pinned sdist (cmake/Xgrammar.cmake), e.g. build/_downloads/xgrammar-*.tar.gz.
+  xg=$(ls .devcarry/xgrammar-*.tar.gz 2>/dev/null | head -1)
+  [ -n "$xg" ] && test_defs+=(-C cmake.define.DSV41RT_XGRAMMAR_SOURCE="$PWD/$xg")
   python3 -m pip wheel --no-build-isolation --no-deps -v -w "$OUT/wheel" -C build-dir=/tmp/dsv41rt-build "${test_defs[@]}" . \
     >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -20; tail -20 "$OUT/build.log"; exit 1; }
   echo "built in $(($(date +%s) - start)) s"
