@@ -152,6 +152,12 @@ dsv41rt::RequestParams request_from(const dsv41rt_request_params& p) {
   r.sampling.seed = s.seed;
   r.stop_token_ids.assign(p.stop_token_ids, p.stop_token_ids + p.n_stop_token_ids);
   r.ignore_eos = p.ignore_eos != 0;
+  if (p.struct_size == sizeof(p) && p.grammar_kind) {  // older layouts have no grammar
+    r.grammar.kind = p.grammar_kind;
+    r.grammar.text = p.grammar_text ? p.grammar_text : "";
+    r.grammar.start_token = p.grammar_start_token;
+    r.grammar.start_within = p.grammar_start_within;
+  }
   return r;
 }
 
@@ -293,6 +299,8 @@ void dsv41rt_request_default_params(dsv41rt_request_params* p) {
   p->struct_size = sizeof(*p);
   p->max_new_tokens = dsv41rt::RequestParams{}.max_new_tokens;
   dsv41rt_sampling_default_params(&p->sampling);
+  p->grammar_start_token = -1;
+  p->grammar_start_within = -1;
 }
 
 void dsv41rt_stats_init(dsv41rt_stats* s) {
@@ -372,7 +380,9 @@ dsv41rt_status dsv41rt_submit(dsv41rt_runtime* rt, const int32_t* tokens, size_t
       return fail(rt, DSV41RT_E_INVALID_ARGUMENT,
                   "tokens, n_tokens > 0, params and out_id are required");
     }
-    if (params->struct_size != sizeof(*params) ||
+    // The 0.1.0 layout ended before the grammar fields.
+    constexpr size_t kSize010 = offsetof(dsv41rt_request_params, grammar_kind);
+    if ((params->struct_size != sizeof(*params) && params->struct_size != kSize010) ||
         params->sampling.struct_size != sizeof(params->sampling)) {
       return fail(
           rt, DSV41RT_E_ABI_MISMATCH,
@@ -424,6 +434,29 @@ dsv41rt_status dsv41rt_cancel(dsv41rt_runtime* rt, int64_t id) {
 dsv41rt_status dsv41rt_reset_prefix_cache(dsv41rt_runtime* rt) {
   return guarded(rt, [&]() -> dsv41rt_status {
     rt->runtime->reset_prefix_cache();
+    return DSV41RT_OK;
+  });
+}
+
+dsv41rt_status dsv41rt_set_grammar_vocab(dsv41rt_runtime* rt, const char* const* tokens,
+                                         const size_t* lengths, size_t n_tokens,
+                                         const int32_t* stop_token_ids, size_t n_stop_token_ids) {
+  return guarded(rt, [&]() -> dsv41rt_status {
+    if ((n_tokens && (!tokens || !lengths)) || (n_stop_token_ids && !stop_token_ids)) {
+      return fail(rt, DSV41RT_E_INVALID_ARGUMENT,
+                  "tokens and lengths (n_tokens > 0) or stop_token_ids (n > 0) is NULL");
+    }
+    std::vector<std::string> t;
+    t.reserve(n_tokens);
+    for (size_t i = 0; i < n_tokens; ++i) {
+      if (lengths[i] && !tokens[i]) {
+        return fail(rt, DSV41RT_E_INVALID_ARGUMENT,
+                    "tokens[" + std::to_string(i) + "] is NULL with a nonzero length");
+      }
+      t.emplace_back(lengths[i] ? tokens[i] : "", lengths[i]);
+    }
+    rt->runtime->set_grammar_vocab(
+        t, std::vector<int32_t>(stop_token_ids, stop_token_ids + n_stop_token_ids));
     return DSV41RT_OK;
   });
 }

@@ -126,6 +126,16 @@ typedef struct dsv41rt_request_params {
   int32_t ignore_eos;              /* nonzero: do not stop at the model's end-of-sequence token */
   dsv41rt_token_callback callback; /* NULL: collect with dsv41rt_poll / dsv41rt_wait */
   void* user_data;
+  /* Grammar-constrained decoding (runtime.hpp GrammarParams; needs dsv41rt_set_grammar_vocab).
+   * grammar_kind: NULL (none), "json_object", "json_schema", "structural_tag", "ebnf" or "regex";
+   * grammar_text: the schema / structural tag / grammar (root rule "root") / pattern (copied at
+   * submit). The output is free until grammar_start_token is drawn (-1, the default: held from the
+   * first token), which is forced after grammar_start_within tokens (-1, the default: never). A
+   * struct_size ending before grammar_kind (the 0.1.0 layout) is accepted: no grammar. */
+  const char* grammar_kind;
+  const char* grammar_text;
+  int32_t grammar_start_token;
+  int64_t grammar_start_within;
 } dsv41rt_request_params;
 
 typedef struct dsv41rt_stats {
@@ -184,6 +194,17 @@ DSV41RT_C_API dsv41rt_status dsv41rt_get_stats(dsv41rt_runtime* rt, dsv41rt_stat
  * share stay with them): later requests recompute their prompts. OK (a no-op) when prefix
  * caching is off. Safe while requests run. */
 DSV41RT_C_API dsv41rt_status dsv41rt_reset_prefix_cache(dsv41rt_runtime* rt);
+
+/* The vocabulary grammars compile against: tokens[i] (lengths[i] bytes, embedded zeros allowed)
+ * the bytes token i decodes to, an empty one for a control token no grammar may produce (ids past
+ * n_tokens up to the model's vocabulary likewise); stop_token_ids end a completed grammar (the
+ * end-of-sequence token). Copied. E_INVALID_ARGUMENT when this build has no grammar support or
+ * the arguments do not fit the model. */
+DSV41RT_C_API dsv41rt_status dsv41rt_set_grammar_vocab(dsv41rt_runtime* rt,
+                                                       const char* const* tokens,
+                                                       const size_t* lengths, size_t n_tokens,
+                                                       const int32_t* stop_token_ids,
+                                                       size_t n_stop_token_ids);
 
 #ifdef __cplusplus
 }
