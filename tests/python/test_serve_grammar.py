@@ -192,6 +192,7 @@ def test_json_schema_response_format_is_valid(client, thinking: bool) -> None:
 
 
 def test_messages_any_and_responses_required_force_calls(server) -> None:
+    # One call each (these routes take no seed: a random model's parallel calls could run long).
     tools = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TOOLS]
     a = anthropic.Anthropic(base_url=server.url, api_key="none")
     m = a.messages.create(
@@ -199,7 +200,7 @@ def test_messages_any_and_responses_required_force_calls(server) -> None:
         max_tokens=400,
         messages=QUESTION,
         tools=tools,
-        tool_choice={"type": "any"},  # type: ignore[arg-type]
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},  # type: ignore[arg-type]
     )
     uses = [b for b in m.content if b.type == "tool_use"]
     assert m.stop_reason == "tool_use" and uses, m.content
@@ -210,7 +211,12 @@ def test_messages_any_and_responses_required_force_calls(server) -> None:
         {"type": "function", "name": t["function"]["name"], "parameters": t["function"]["parameters"]} for t in TOOLS
     ]
     r = o.responses.create(
-        model=MODEL, input="weather in Paris?", tools=rtools, tool_choice="required", max_output_tokens=400
+        model=MODEL,
+        input="weather in Paris?",
+        tools=rtools,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=400,
     )  # type: ignore[arg-type]
     calls = [i for i in r.output if i.type == "function_call"]
     assert calls, r.output
