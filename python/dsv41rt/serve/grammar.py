@@ -97,12 +97,13 @@ def split_forced_choice(body: dict) -> tuple[dict, list[dict[str, Any]] | None]:
     for t in body.get("tools") or []:
         fn = t.get("function", t)
         tools.append({"name": fn["name"], "parameters": fn.get("parameters", t.get("input_schema"))})
+    named: dict[str, Any] = choice if isinstance(choice, dict) else {}
     if kind in ("function", "tool"):
-        name = choice.get("name") or (choice.get("function") or {}).get("name")
+        name = named.get("name") or (named.get("function") or {}).get("name")
         tools = [t for t in tools if t["name"] == name]
     auto: Any = "auto"
     if kind in ("any", "tool"):  # Anthropic's shape keeps its other settings
-        auto = {k: v for k, v in choice.items() if k == "disable_parallel_tool_use"} | {"type": "auto"}
+        auto = {k: v for k, v in named.items() if k == "disable_parallel_tool_use"} | {"type": "auto"}
     return {**body, "tool_choice": auto}, tools
 
 
@@ -118,23 +119,25 @@ def output_grammar(
     split_forced_choice), else the recipe's output constraint (JSON; the schema as the client sent
     it: the recipe's copy drops keywords such as maxLength and maxItems). `thinking_end`: the
     `</think>` token when the prompt opens a reasoning block, else None."""
-    start: dict[str, int] = {}
-    if thinking_end is not None:
-        start = {"start_token": thinking_end, "start_within": max_tokens // 2}
+    start_token, start_within = (thinking_end, max_tokens // 2) if thinking_end is not None else (-1, -1)
+
+    def held(kind: str, text: str = "") -> Grammar:
+        return Grammar(kind, text, start_token=start_token, start_within=start_within)
+
     if forced is not None:
         if not forced:
             raise ApiError(400, "'tool_choice' forces a call but no tool can be called", "tool_choice")
-        return Grammar("structural_tag", json.dumps(dsml_calls_tag(forced, parallel)), **start)
+        return held("structural_tag", json.dumps(dsml_calls_tag(forced, parallel)))
     if constraint is None:
         return None
     if constraint.kind == "json":
         rf = body.get("response_format") or {}
         asked = (rf.get("json_schema") or {}).get("schema") if rf.get("type") == "json_schema" else None
         if isinstance(asked, dict):
-            return Grammar("json_schema", json.dumps(asked), **start)
+            return held("json_schema", json.dumps(asked))
         if constraint.schema:
-            return Grammar("json_schema", constraint.schema, **start)
-        return Grammar("json_object", **start)
+            return held("json_schema", constraint.schema)
+        return held("json_object")
     if constraint.kind in ("tool_call", "tool_call_required"):
         return None  # tools offered, none forced (forced choices never reach the recipe: above)
     raise ApiError(400, f"the output constraint {constraint.kind!r} is not supported by this server")
