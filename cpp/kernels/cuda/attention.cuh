@@ -12,6 +12,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/export.h"
@@ -38,6 +39,19 @@ DSV41RT_API cudaError_t sparse_attention_tc(const float* q, const float* kv_a, i
                                             const float* sink, int64_t S, int64_t n_heads,
                                             int64_t D, int64_t K, float scale, float* out,
                                             cudaStream_t stream);
+
+/// The same products for forwards with many query rows (kernels/cuda/attention_prefill_tc.cu): a
+/// block per query and 64 heads, the key list in 32-key chunks through a cp.async pipeline, no
+/// split of the key list (so a row's bits differ from sparse_attention_tc's at summation-order
+/// level, and never depend on the batch). `workspace` (16-byte aligned) holds
+/// sparse_attention_prefill_tc_workspace bytes: the key arrays' BF16 copy the kernel reads.
+DSV41RT_API cudaError_t sparse_attention_prefill_tc(const float* q, const float* kv_a, int64_t T_a,
+                                                    const float* kv_b, int64_t T_b,
+                                                    const int32_t* indices, const float* sink,
+                                                    int64_t S, int64_t n_heads, int64_t D,
+                                                    int64_t K, float scale, void* workspace,
+                                                    float* out, cudaStream_t stream);
+DSV41RT_API size_t sparse_attention_prefill_tc_workspace(int64_t T_a, int64_t T_b, int64_t D);
 
 /// D a multiple of 64 up to 512 and q, kv_a, kv_b 16-byte aligned.
 DSV41RT_API bool sparse_attention_tc_supported(int64_t D, const float* q, const float* kv_a,

@@ -351,6 +351,17 @@ class CudaBackend final : public Backend {
     // 1.09e-2 to FP32; bench/results/2026-12-02-h200-attention-tc.md) while fp32 and fp8 pass.
     const bool bf16_mode = tc_ && !fp8_;
     if (keys_bf16 && !bf16_mode && kc::sparse_attention_tc_supported(D, q, kv_a, kv_b)) {
+      // Prefill-like forwards (never captured) in precision fp8 take the throughput kernel;
+      // precision fp32 keeps one kernel for every forward, so a row's bits do not depend on how
+      // the prompt was chunked or batched (tests/python/test_cuda_executor.py).
+      if (staged_gemm_ && fp8_) {
+        void* ws =
+            eager_workspace(attn_keys_[stream_index(s)],
+                            int64_t(kc::sparse_attention_prefill_tc_workspace(T_a, T_b, D)), s);
+        DSV41RT_CU(kc::sparse_attention_prefill_tc(q, kv_a, T_a, kv_b, T_b, idx, sink, S, n_heads,
+                                                   D, K, scale, ws, out, cs(s)));
+        return;
+      }
       DSV41RT_CU(kc::sparse_attention_tc(q, kv_a, T_a, kv_b, T_b, idx, sink, S, n_heads, D, K,
                                          scale, out, cs(s)));
       return;
@@ -424,6 +435,8 @@ class CudaBackend final : public Backend {
   // The BF16 operands of the wgmma prefill GEMM (activations; a chunk of decoded weight rows),
   // one pair per stream; prefill-sized forwards only (never captured).
   std::array<DeviceArray<uint8_t>, 4> wgmma_a_, wgmma_b_;
+  // The prefill attention kernel's BF16 copy of the key arrays, per stream (eager forwards only).
+  std::array<DeviceArray<uint8_t>, 4> attn_keys_;
   uint64_t wgmma_generation_ = 0;
   uint64_t gemv_generation_ = 0;
   int64_t d2h_bytes_ = 0, graph_updates_ = 0;
@@ -528,14 +541,14 @@ bool CudaBackend::engram_kv_tensor_cores(const float* emb, const float* wkv, int
   return true;
 }
 
-// A workspace of the staged (prefill) GEMMs: used by eager forwards only, since it may grow with
-// the next forward and a graph would keep its old address.
+// A workspace of the staged (prefill) GEMMs and the prefill attention: used by eager forwards only,
+// since it may grow with the next forward and a graph would keep its old address.
 void* CudaBackend::eager_workspace(DeviceArray<uint8_t>& array, int64_t bytes, Stream s) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   DSV41RT_CU(cudaStreamIsCapturing(cs(s), &st));
   DSV41RT_CHECK_CODE(kInternal, st == cudaStreamCaptureStatusNone,
-                     "a staged (prefill) GEMM ran under graph capture: decode batches must not "
-                     "take it (Backend::set_forward_rows)");
+                     "a staged (prefill) GEMM or attention ran under graph capture: decode "
+                     "batches must not take it (Backend::set_forward_rows)");
   return array.ensure([](int64_t b) { return cudart::device_alloc(b); },
                       std::max<int64_t>(bytes, 1), wgmma_generation_);
 }
