@@ -69,70 +69,81 @@ TEST_P(BackendAttention, IndexerScoresWithPerQueryKeyOffsets) {
   struct Case {
     int64_t S, H, D, T;
   };
-  for (const Case c : {Case{9, 32, 128, 300}, Case{5, 3, 100, 9}, Case{37, 16, 32, 37}}) {
-    const int64_t S = c.S, H = c.H, D = c.D, T = c.T, key_rows = T + 50;
-    SCOPED_TRACE("S " + std::to_string(S) + " H " + std::to_string(H) + " D " + std::to_string(D));
-    const std::vector<float> q = normal(S * H * D), keys = normal(key_rows * D);
-    const std::vector<float> w = normal(S * H, 1.0 / std::sqrt(double(D * H)));
-    std::vector<int64_t> key_offset(static_cast<size_t>(S));
-    for (int64_t& o : key_offset) o = randint(0, key_rows - T);
-    const std::vector<int64_t> vis = visible_counts(S, T);
-    auto run = [&](Backend& b) {
-      Buffer<float> dq = upload(b, q), dk = upload(b, keys), dw = upload(b, w);
-      Buffer<int64_t> doff = upload(b, key_offset), dvis = upload(b, vis);
-      Buffer<float> scores = poisoned<float>(b, S * T);
-      b.indexer_scores(dq.get(), dk.get(), doff.get(), dw.get(), dvis.get(), S, H, D, T,
-                       scores.get(), b.stream(0));
-      return scores.download();
-    };
-    const std::vector<float> got = run(backend());
-    if (on_cuda()) {
-      const std::vector<float> want = run(cpu());
-      std::vector<float> got_finite, want_finite;
-      for (size_t i = 0; i < got.size(); ++i) {
-        ASSERT_EQ(std::isfinite(got[i]), std::isfinite(want[i])) << "element " << i;
-        if (std::isfinite(want[i]))
-          got_finite.push_back(got[i]), want_finite.push_back(want[i]);
-        else
-          EXPECT_EQ(bits_of(got[i]), bits_of(-INFINITY)) << "element " << i;
+  // Each case runs with FP32 values and with BF16 values (the MXFP4 caches', which the CUDA
+  // backend multiplies on tensor cores: 32 and 64 heads of 128 / 256 channels; 20 heads leave an
+  // m tile part empty; 300 / 130 entries leave a partial 64-entry tile).
+  for (const Case c : {Case{9, 32, 128, 300}, Case{5, 3, 100, 9}, Case{37, 16, 32, 37},
+                       Case{6, 64, 128, 130}, Case{4, 20, 256, 70}})
+    for (const bool values_bf16 : {false, true}) {
+      const int64_t S = c.S, H = c.H, D = c.D, T = c.T, key_rows = T + 50;
+      SCOPED_TRACE("S " + std::to_string(S) + " H " + std::to_string(H) + " D " +
+                   std::to_string(D) + (values_bf16 ? " BF16 values" : " FP32 values"));
+      std::vector<float> q = normal(S * H * D), keys = normal(key_rows * D);
+      if (values_bf16) {
+        for (float& v : q) v = round_bf16(v);
+        for (float& v : keys) v = round_bf16(v);
       }
-      EXPECT_LE(rel_error(got_finite, want_finite), 1e-5);
-      continue;
-    }
-    // scores[s, j] = Σ_h w·relu(q_h·k_j): H rounded dot products of D terms, then an H-term sum;
-    // |error| <= γ_{D+H+2} Σ_h |w_h| Σ_d |q_hd k_jd| (relu is 1-Lipschitz).
-    std::vector<double> want(got.size()), tol(got.size(), 0.0);
-    for (int64_t s = 0; s < S; ++s) {
-      for (int64_t j = 0; j < T; ++j) {
-        if (j >= std::clamp<int64_t>(vis[s], 0, T)) {
-          want[s * T + j] = -INFINITY;
-          EXPECT_EQ(bits_of(got[s * T + j]), bits_of(-INFINITY)) << s << ", " << j;
-          continue;
+      const std::vector<float> w = normal(S * H, 1.0 / std::sqrt(double(D * H)));
+      std::vector<int64_t> key_offset(static_cast<size_t>(S));
+      for (int64_t& o : key_offset) o = randint(0, key_rows - T);
+      const std::vector<int64_t> vis = visible_counts(S, T);
+      auto run = [&](Backend& b) {
+        Buffer<float> dq = upload(b, q), dk = upload(b, keys), dw = upload(b, w);
+        Buffer<int64_t> doff = upload(b, key_offset), dvis = upload(b, vis);
+        Buffer<float> scores = poisoned<float>(b, S * T);
+        b.indexer_scores(dq.get(), dk.get(), doff.get(), dw.get(), dvis.get(), S, H, D, T,
+                         values_bf16, scores.get(), b.stream(0));
+        return scores.download();
+      };
+      const std::vector<float> got = run(backend());
+      if (on_cuda()) {
+        const std::vector<float> want = run(cpu());
+        std::vector<float> got_finite, want_finite;
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_EQ(std::isfinite(got[i]), std::isfinite(want[i])) << "element " << i;
+          if (std::isfinite(want[i]))
+            got_finite.push_back(got[i]), want_finite.push_back(want[i]);
+          else
+            EXPECT_EQ(bits_of(got[i]), bits_of(-INFINITY)) << "element " << i;
         }
-        const float* k = &keys[(key_offset[s] + j) * D];
-        double total = 0, budget = 0;
-        for (int64_t h = 0; h < H; ++h) {
-          double dot = 0, abs_dot = 0;
-          for (int64_t d = 0; d < D; ++d) {
-            dot += double(q[(s * H + h) * D + d]) * k[d];
-            abs_dot += std::abs(double(q[(s * H + h) * D + d]) * k[d]);
+        EXPECT_LE(rel_error(got_finite, want_finite), 1e-5);
+        continue;
+      }
+      // scores[s, j] = Σ_h w·relu(q_h·k_j): H rounded dot products of D terms, then an H-term sum;
+      // |error| <= γ_{D+H+2} Σ_h |w_h| Σ_d |q_hd k_jd| (relu is 1-Lipschitz).
+      std::vector<double> want(got.size()), tol(got.size(), 0.0);
+      for (int64_t s = 0; s < S; ++s) {
+        for (int64_t j = 0; j < T; ++j) {
+          if (j >= std::clamp<int64_t>(vis[s], 0, T)) {
+            want[s * T + j] = -INFINITY;
+            EXPECT_EQ(bits_of(got[s * T + j]), bits_of(-INFINITY)) << s << ", " << j;
+            continue;
           }
-          total += w[s * H + h] * std::max(dot, 0.0);
-          budget += std::abs(double(w[s * H + h])) * abs_dot;
+          const float* k = &keys[(key_offset[s] + j) * D];
+          double total = 0, budget = 0;
+          for (int64_t h = 0; h < H; ++h) {
+            double dot = 0, abs_dot = 0;
+            for (int64_t d = 0; d < D; ++d) {
+              dot += double(q[(s * H + h) * D + d]) * k[d];
+              abs_dot += std::abs(double(q[(s * H + h) * D + d]) * k[d]);
+            }
+            total += w[s * H + h] * std::max(dot, 0.0);
+            budget += std::abs(double(w[s * H + h])) * abs_dot;
+          }
+          want[s * T + j] = total;
+          tol[s * T + j] = gamma_n(D + H + 2) * budget;
         }
-        want[s * T + j] = total;
-        tol[s * T + j] = gamma_n(D + H + 2) * budget;
       }
-    }
-    std::vector<float> finite_got;
-    std::vector<double> finite_want, finite_tol;
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (std::isfinite(want[i])) {
-        finite_got.push_back(got[i]), finite_want.push_back(want[i]), finite_tol.push_back(tol[i]);
+      std::vector<float> finite_got;
+      std::vector<double> finite_want, finite_tol;
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (std::isfinite(want[i])) {
+          finite_got.push_back(got[i]), finite_want.push_back(want[i]),
+              finite_tol.push_back(tol[i]);
+        }
       }
+      EXPECT_TRUE(within(finite_got, finite_want, finite_tol));
     }
-    EXPECT_TRUE(within(finite_got, finite_want, finite_tol));
-  }
 }
 
 TEST_P(BackendAttention, CandidateBlocksAndMask) {
@@ -377,9 +388,11 @@ TEST_P(BackendAttention, RejectsBadSizes) {
   Buffer<int32_t> i32 = upload(be, std::vector<int32_t>(8, 0));
   Buffer<uint8_t> u8 = poisoned<uint8_t>(be, 64);
   const Stream s = be.stream(0);
-  EXPECT_THROW(be.indexer_scores(f.get(), f.get(), nullptr, f.get(), i64.get(), 1, 1, /*D=*/0, 4,
-                                 f.get(), s),
-               Error);
+  for (const bool values_bf16 : {false, true}) {
+    EXPECT_THROW(be.indexer_scores(f.get(), f.get(), nullptr, f.get(), i64.get(), 1, 1, /*D=*/0, 4,
+                                   values_bf16, f.get(), s),
+                 Error);
+  }
   EXPECT_THROW(be.candidate_blocks(f.get(), i64.get(), 1, 8, 2, /*block_size=*/0, u8.get(), s),
                Error);
   EXPECT_THROW(be.topk_select(f.get(), 1, 8, /*k=*/-1, i32.get(), s), Error);

@@ -21,6 +21,19 @@ DSV41RT_API cudaError_t indexer_scores_offset(const float* q, const float* keys,
                                               int64_t D, int64_t T, float* scores,
                                               cudaStream_t stream);
 
+/// The same on tensor cores (kernels/cuda/indexer_tc.cu) for queries and keys whose every element
+/// is a BF16 value (the MXFP4 caches'; a value that is not is rounded to one: the caller's
+/// precondition, not checked): exact products, FP32 sums per head in another order (mostly exact
+/// for MXFP4 values), the head sum in the CPU's order. Requires indexer_scores_tc_supported
+/// (cudaErrorInvalidValue otherwise).
+DSV41RT_API cudaError_t indexer_scores_tc(const float* q, const float* keys,
+                                          const int64_t* key_offset, const float* w,
+                                          const int64_t* n_visible, int64_t S, int64_t H, int64_t D,
+                                          int64_t T, float* scores, cudaStream_t stream);
+/// 1 <= H <= 64, D a multiple of 64 up to 256, q and keys 16-byte aligned.
+DSV41RT_API bool indexer_scores_tc_supported(int64_t H, int64_t D, const float* q,
+                                             const float* keys);
+
 /// mask [S, T] (uint8): 1 for every visible entry of a kept block (block score = max entry
 /// score; the newest visible block forced in; the top min(topk_blocks, n_blocks) blocks with
 /// score > −inf kept, ties to the lower block index).

@@ -182,9 +182,11 @@ class DSV41RT_API Backend {
                                  const int64_t* comp_offset, int64_t comp_base, int32_t* idx,
                                  Stream s) = 0;
   // Indexer (kernels/indexer.h).
+  /// values_bf16: the caller promises every query and key element is a BF16 value (the MXFP4
+  /// index caches'), which lets a backend multiply them on BF16 tensor cores exactly.
   virtual void indexer_scores(const float* q, const float* keys, const int64_t* key_offset,
                               const float* w, const int64_t* n_visible, int64_t S, int64_t H,
-                              int64_t D, int64_t T, float* scores, Stream s) = 0;
+                              int64_t D, int64_t T, bool values_bf16, float* scores, Stream s) = 0;
   virtual void candidate_blocks(const float* scores, const int64_t* n_visible, int64_t S, int64_t T,
                                 int64_t topk_blocks, int64_t block_size, uint8_t* mask,
                                 Stream s) = 0;

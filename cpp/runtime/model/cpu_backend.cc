@@ -284,7 +284,7 @@ class CpuBackend final : public Backend {
   }
   void indexer_scores(const float* q, const float* keys, const int64_t* key_offset, const float* w,
                       const int64_t* n_visible, int64_t S, int64_t H, int64_t D, int64_t T,
-                      float* scores, Stream) override {
+                      bool /*values_bf16*/, float* scores, Stream) override {
     k::indexer_scores_offset(q, keys, key_offset, w, n_visible, S, H, D, T, scores);
   }
   void candidate_blocks(const float* scores, const int64_t* n_visible, int64_t S, int64_t T,

@@ -326,7 +326,14 @@ class CudaBackend final : public Backend {
   }
   void indexer_scores(const float* q, const float* keys, const int64_t* key_offset, const float* w,
                       const int64_t* n_visible, int64_t S, int64_t H, int64_t D, int64_t T,
-                      float* scores, Stream s) override {
+                      bool values_bf16, float* scores, Stream s) override {
+    // Tensor cores when the values are BF16 (the MXFP4 index caches), every regime: the kernel
+    // needs no workspace and a row's bits depend on its own query only.
+    if (values_bf16 && kc::indexer_scores_tc_supported(H, D, q, keys)) {
+      DSV41RT_CU(
+          kc::indexer_scores_tc(q, keys, key_offset, w, n_visible, S, H, D, T, scores, cs(s)));
+      return;
+    }
     DSV41RT_CU(
         kc::indexer_scores_offset(q, keys, key_offset, w, n_visible, S, H, D, T, scores, cs(s)));
   }

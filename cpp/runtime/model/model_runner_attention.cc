@@ -85,7 +85,9 @@ void ModelRunner::indexer(const LayerPlan& layer, const LayerWeights& w, const F
   int32_t* topk = buf(topk_, N * KI);
   be_.unpack_paged(key_format, paged(layer.kv_source, true, f), DI, f.items, T, mr.count,
                    mr.comp_offset, ikeys, s);
-  be_.indexer_scores(qi, ikeys, qv.key_offset, wts, qv.n_visible, N, HI, DI, T, scores, s);
+  // MXFP4 index caches (queries QDQ'd the same way above) hold BF16 values.
+  be_.indexer_scores(qi, ikeys, qv.key_offset, wts, qv.n_visible, N, HI, DI, T,
+                     key_format != kernels::RowFormat::kF32, scores, s);
   if (layer.candidates == CandidateRole::kSource) {
     uint8_t* mask = buf(mask_, N * T);
     if (T > 0) {

@@ -1,0 +1,137 @@
+// Lightning-indexer scores on tensor cores (contract: kernels/indexer.h; launcher and
+// preconditions: kernels/cuda/indexer.cuh).
+//
+// The index queries and keys are MXFP4 after the cache QDQ (spec §2.7.2): every element is E2M1
+// times a power of two, a BF16 value, so each product q·k on BF16 tensor cores is exact and only
+// the summation order of a head's dot differs from the CPU's (a 32-element block of such
+// products is a small multiple of one quantum, so the dots are mostly exact in any order). The
+// head sum Σ_h w_h · relu(dot_h) runs in FP32 in the CPU reference's head order.
+//
+// Layout: a block takes one query and 64 consecutive entries; warp w computes the dots of all
+// heads (m16 tiles) with entries 16 w .. 16 w + 15 (two n8 tiles) over the whole head dimension,
+// writes them to shared memory, and thread j then sums entry j over the heads.
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/indexer.cuh"
+#include "kernels/cuda/mma_bf16.cuh"
+
+namespace dsv41rt::kernels::cuda {
+namespace {
+
+using namespace mma;  // NOLINT(google-build-using-namespace): the shared mma helpers
+
+constexpr int kWarps = 4;
+constexpr int kBlockThreads = 32 * kWarps;
+constexpr int kEntries = 16 * kWarps;  // entries per block
+constexpr int kMaxHeads = 64;
+constexpr int kMaxD = 256;
+constexpr int kDotStride = kEntries + 4;  // floats per head row of the dot tile
+
+size_t tc_smem_bytes(int64_t H, int64_t D) {
+  const int64_t rows = (H + 15) / 16 * 16;
+  return size_t(rows + kEntries) * D * 2 + size_t(rows) * kDotStride * 4;
+}
+
+__global__ void __launch_bounds__(kBlockThreads)
+    indexer_scores_tc_kernel(const float* __restrict__ q, const float* __restrict__ keys,
+                             const int64_t* __restrict__ key_offset, const float* __restrict__ w,
+                             const int64_t* __restrict__ n_visible, int64_t H, int64_t D, int64_t T,
+                             float* __restrict__ scores) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int Dn = static_cast<int>(D), Hn = static_cast<int>(H);
+  const int mtiles = (Hn + 15) / 16;
+  __nv_bfloat16* q_sh = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [mtiles·16][D]
+  __nv_bfloat16* k_sh = q_sh + mtiles * 16 * Dn;                     // [kEntries][D]
+  float* dot_sh = reinterpret_cast<float*>(k_sh + kEntries * Dn);    // [mtiles·16][..]
+
+  const int64_t tiles = (T + kEntries - 1) / kEntries;
+  const int64_t s = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * kEntries;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int64_t vis = n_visible[s];
+  vis = vis < 0 ? 0 : (vis > T ? T : vis);
+  if (j0 >= vis) {  // nothing visible in this tile (block-uniform)
+    for (int j = tid; j < kEntries; j += kBlockThreads)
+      if (j0 + j < T) scores[s * T + j0 + j] = -INFINITY;
+    return;
+  }
+  // Queries and keys to BF16 (exact: they are BF16 values); heads past H and entries past the
+  // visible ones as zeros.
+  const float* kbase = keys + ((key_offset ? key_offset[s] : 0) + j0) * D;
+  for (int i = tid; i < (mtiles * 16 + kEntries) * (Dn / 4); i += kBlockThreads) {
+    const int row = i / (Dn / 4), col = (i % (Dn / 4)) * 4;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    __nv_bfloat16* dst;
+    if (row < mtiles * 16) {
+      if (row < Hn) v = *reinterpret_cast<const float4*>(q + (s * H + row) * D + col);
+      dst = q_sh + swz(row, col, Dn);
+    } else {
+      const int e = row - mtiles * 16;
+      if (j0 + e < vis) v = *reinterpret_cast<const float4*>(kbase + int64_t(e) * D + col);
+      dst = k_sh + swz(e, col, Dn);
+    }
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    *reinterpret_cast<uint2*>(dst) = make_uint2(*reinterpret_cast<const uint32_t*>(&lo),
+                                                *reinterpret_cast<const uint32_t*>(&hi));
+  }
+  __syncthreads();
+  const int g = lane >> 2, t = lane & 3;
+  for (int mt = 0; mt < mtiles; ++mt) {
+    float c[2][4] = {};
+    for (int ks = 0; ks < Dn / 16; ++ks) {
+      uint32_t a[4], b[4];
+      ldsm_x4(q_sh + swz(mt * 16 + (lane & 15), ks * 16 + ((lane >> 4) << 3), Dn), a);
+      const int key = warp * 16 + (lane & 7) + ((lane >> 4) << 3);
+      ldsm_x4(k_sh + swz(key, ks * 16 + (((lane >> 3) & 1) << 3), Dn), b);
+      mma_bf16(c[0], a, b[0], b[1]);
+      mma_bf16(c[1], a, b[2], b[3]);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int col = warp * 16 + nt * 8 + 2 * t, row = mt * 16 + g;
+      *reinterpret_cast<float2*>(dot_sh + row * kDotStride + col) = make_float2(c[nt][0], c[nt][1]);
+      *reinterpret_cast<float2*>(dot_sh + (row + 8) * kDotStride + col) =
+          make_float2(c[nt][2], c[nt][3]);
+    }
+  }
+  __syncthreads();
+  for (int j = tid; j < kEntries; j += kBlockThreads) {
+    if (j0 + j >= T) continue;
+    float total = -INFINITY;
+    if (j0 + j < vis) {
+      total = 0.0f;
+      for (int h = 0; h < Hn; ++h) total += fmaxf(dot_sh[h * kDotStride + j], 0.0f) * w[s * H + h];
+    }
+    scores[s * T + j0 + j] = total;
+  }
+}
+
+}  // namespace
+
+bool indexer_scores_tc_supported(int64_t H, int64_t D, const float* q, const float* keys) {
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return H >= 1 && H <= kMaxHeads && D >= 64 && D <= kMaxD && D % 64 == 0 && aligned(q) &&
+         aligned(keys);
+}
+
+cudaError_t indexer_scores_tc(const float* q, const float* keys, const int64_t* key_offset,
+                              const float* w, const int64_t* n_visible, int64_t S, int64_t H,
+                              int64_t D, int64_t T, float* scores, cudaStream_t stream) {
+  if (S < 0 || T < 0 || !indexer_scores_tc_supported(H, D, q, keys)) return cudaErrorInvalidValue;
+  if (S == 0 || T == 0) return cudaSuccess;
+  const int64_t tiles = (T + kEntries - 1) / kEntries;
+  if (S > 0x7fffffff / tiles) return cudaErrorInvalidValue;
+  const size_t smem = tc_smem_bytes(H, D);
+  const cudaError_t attr =
+      cudaFuncSetAttribute(indexer_scores_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem));
+  if (attr != cudaSuccess) return attr;
+  indexer_scores_tc_kernel<<<static_cast<unsigned>(S * tiles), kBlockThreads, smem, stream>>>(
+      q, keys, key_offset, w, n_visible, H, D, T, scores);
+  return launch_status();
+}
+
+}  // namespace dsv41rt::kernels::cuda
