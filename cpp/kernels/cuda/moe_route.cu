@@ -12,11 +12,11 @@
 #include <cooperative_groups.h>
 #include <cuda_pipeline.h>
 
-#include <climits>
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe.cuh"
+#include "kernels/cuda/moe_route_common.cuh"
 
 namespace dsv41rt::kernels::cuda {
 namespace {
@@ -27,14 +27,6 @@ constexpr int kRouteSplit = 8;            // blocks per token (a portable cluste
 constexpr int kMaxExpertsPerBlock = 128;  // 8 lanes each: 1024 threads
 constexpr int kRowPad = 8;                // floats of padding per staged row (bank spread)
 constexpr size_t kRouteSmemBudget = 200 * 1024;
-
-// torch softplus(threshold 20) as the CPU computes it (log1pf(expf(x))): each step goes through
-// FP64 and is rounded to FP32, which reproduces correctly rounded expf / log1pf.
-__device__ float softplus_ref(float x) {
-  if (x > 20.0f) return x;
-  const float e = static_cast<float>(exp(static_cast<double>(x)));
-  return static_cast<float>(log1p(static_cast<double>(e)));
-}
 
 struct RouteShape {
   int64_t S, H, E, k;
@@ -121,11 +113,8 @@ __global__ void __cluster_dims__(kRouteSplit, 1, 1)
         const float* wr = gate_w + e * sh.H;
         float tail = 0.0f;
         for (int64_t i = nfull; i < sh.H; ++i) tail = __fadd_rn(tail, __fmul_rn(xr[i], wr[i]));
-        const float logit =
-            __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(a[0], a[1]), __fadd_rn(a[2], a[3])),
-                                __fadd_rn(__fadd_rn(a[4], a[5]), __fadd_rn(a[6], a[7]))),
-                      tail);
-        const float s = __fsqrt_rn(softplus_ref(logit));
+        const float logit = route::combine_lanes(a, tail);
+        const float s = __fsqrt_rn(route::softplus_ref(logit));
         s_part[g] = s;
         c_part[g] = bias ? __fadd_rn(s, bias[e]) : s;
       }
@@ -141,45 +130,8 @@ __global__ void __cluster_dims__(kRouteSplit, 1, 1)
     }
     cluster.sync();  // block 0 has read the others' scores (they may move on or exit)
     if (rank == 0 && threadIdx.x < 32) {
-      const int lane = threadIdx.x;
-      int32_t* it = idx + t * sh.k;
-      float* wt = weight + t * sh.k;
-      // The CPU's pass (best = first untaken, replaced by any strictly greater choice) picks the
-      // first untaken expert when its choice is NaN, else the lowest index holding the largest
-      // non-NaN choice: lanes find both over their experts, the warp combines them.
-      for (int64_t jj = 0; jj < sh.k; ++jj) {
-        int first = INT_MAX, best = -1;
-        float bv = 0.0f;
-        for (int64_t e = lane; e < sh.E; e += 32) {
-          if (taken[e]) continue;
-          if (first == INT_MAX) first = int(e);
-          const float v = c_all[e];
-          if (v == v && (best < 0 || v > bv)) best = int(e), bv = v;
-        }
-        for (int off = 16; off > 0; off >>= 1) {
-          first = min(first, __shfl_xor_sync(0xffffffffu, first, off));
-          const int ob = __shfl_xor_sync(0xffffffffu, best, off);
-          const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-          if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) best = ob, bv = ov;
-        }
-        const float cf = c_all[first];
-        const int chosen = (best < 0 || cf != cf) ? first : best;
-        if (lane == 0) {
-          taken[chosen] = 1;
-          it[jj] = chosen;
-          wt[jj] = s_all[chosen];
-        }
-        __syncwarp();
-      }
-      if (lane == 0) {
-        if (normalize && sh.k > 1) {
-          float sum = 0.0f;
-          for (int64_t jj = 0; jj < sh.k; ++jj) sum = __fadd_rn(sum, wt[jj]);
-          const float denom = __fadd_rn(sum, 1e-20f);
-          for (int64_t jj = 0; jj < sh.k; ++jj) wt[jj] = __fdiv_rn(wt[jj], denom);
-        }
-        for (int64_t jj = 0; jj < sh.k; ++jj) wt[jj] = __fmul_rn(wt[jj], scale);
-      }
+      route::select_experts(s_all, c_all, taken, sh.E, sh.k, normalize, scale, idx + t * sh.k,
+                            weight + t * sh.k);
     }
     // The next token restages after a __syncthreads(); block 0's selection reads only its own
     // shared memory, which no other block writes.
@@ -195,6 +147,10 @@ cudaError_t moe_route(const float* x, const float* gate_w, const float* bias, in
   if (H <= 0 || E <= 0 || k < 1 || k > E) return cudaErrorInvalidValue;
   RouteShape sh{S, H, E, k, (E + kRouteSplit - 1) / kRouteSplit, 0, false};
   if (sh.per > kMaxExpertsPerBlock) return cudaErrorInvalidValue;  // E <= 1024
+  if (S >= kRouteTiledMinTokens) {  // prefill: gate rows staged once per tile of tokens
+    return moe_route_tiled(x, gate_w, bias, S, H, E, k, routed_scaling_factor, normalize, idx,
+                           weight, stream);
+  }
   sh.vec4 = H % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
             reinterpret_cast<uintptr_t>(gate_w) % 16 == 0;
   // Staging width: as many columns as the budget holds for x plus `per` padded rows.
