@@ -17,7 +17,8 @@
 #   prefix   TTFT of a PREFIX_TOKENS (default 32768) prompt cold, re-sent with a new 200-token suffix, and
 #            re-sent after eviction to the host tier (bench/prefix_ttft.py, precisions BENCH_PRECISIONS)
 #   profile  per-kernel device time of one bench-40 prefill and of eager decode steps (B 1, 8, 64), with
-#            kernels per step (after bench40, or generates it)
+#            kernels per step (after bench40, or generates it); PROFILE_TOKENS, PROFILE_BATCHES,
+#            PROFILE_PRECISION, PROFILE_KV_MEMORY (bytes; 32k tokens need ~26 GiB)
 #   kbench   the kernel microbenchmarks carried in .devcarry/bench (bench/kernels/*_bench.cu)
 #   cp2      (2 GPUs) CP 2 over NCCL vs CP 1 on the tiny presets, threads and one process per GPU
 #   bf16diag GPU precision bf16 vs the CPU emulation of it, per position (errors saved for analysis)
@@ -156,7 +157,7 @@ for step in ${STEPS:-tests}; do
       echo "== where a bench-40 prefill spends its time"
       [ -d /tmp/bench-40 ] || python3 -m dsv41rt make-checkpoint --preset bench-40 --seed 0 --out /tmp/bench-40 --workers 16 | tail -1
       timeout 200 python3 -u bench/profile_prefill.py --checkpoint /tmp/bench-40 --tokens "${PROFILE_TOKENS:-4096}" \
-        --precision "${PROFILE_PRECISION:-bf16}" \
+        --precision "${PROFILE_PRECISION:-bf16}" --kv-memory "${PROFILE_KV_MEMORY:-$((8 << 30))}" \
         --decode-batches "${PROFILE_BATCHES:-1,8,64}" 2>&1 | tee "$OUT/profile.log" | tail -80
       ;;
     kbench)

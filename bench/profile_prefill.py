@@ -22,6 +22,7 @@ def main() -> int:
     ap.add_argument("--precision", default="bf16")
     ap.add_argument("--top", type=int, default=18)
     ap.add_argument("--decode-batches", default="8")
+    ap.add_argument("--kv-memory", type=int, default=8 << 30, help="bytes (a 32k prefill needs ~26 GiB)")
     args = ap.parse_args()
     import torch
     from dsv41rt.runtime import Runtime
@@ -30,7 +31,7 @@ def main() -> int:
     rt = Runtime(
         args.checkpoint,
         "cuda",
-        kv_memory=8 << 30,
+        kv_memory=args.kv_memory,
         max_num_seqs=max(batches) + 1,
         max_num_batched_tokens=args.tokens,
         max_model_len=args.tokens + 8,
