@@ -13,15 +13,26 @@ from collections import defaultdict
 from ..checkpoint.reader import open_checkpoint
 from ..checkpoint.tensor_spec import physical_tensors
 from ..config import ModelPlan, build_plan, cache_bytes, config_from_dict, preset_names
+from ..config.parallel_plan import gpu_bytes
 from ..config.plan import Role
 from ..config.presets import preset_config_json
 from ..errors import ConfigError
+from ..options import parse_size
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="print the layer plan, tensors and cache bytes of a checkpoint or preset")
     p.add_argument("path", help=f"checkpoint directory or preset name ({', '.join(preset_names())})")
     p.add_argument("--no-validate", action="store_true", help="skip checking tensors against the config")
+    p.add_argument(
+        "--tensor-parallel-size", type=int, default=1, help="GPUs the weights are split over (per-GPU bytes)"
+    )
+    p.add_argument(
+        "--expert-parallel-size", type=int, default=1, help="groups of those GPUs the routed experts are split over"
+    )
+    p.add_argument(
+        "--kv-memory", default="16G", help="KV budget per GPU for the fit check (default 16G; sizes like 8G, 512M)"
+    )
     p.set_defaults(run=run)
 
 
@@ -93,6 +104,32 @@ def _cache_summary(plan: ModelPlan) -> list[str]:
     ]
 
 
+# Device memory as the vendors state it, and what the fit check keeps back for the CUDA context and
+# the GEMM / attention staging workspaces (which sit outside kv-memory; docs/design/gpu-decode.md).
+_DEVICES = (("H200", 141_000_000_000), ("B200", 192_000_000_000))
+_RESERVE = 4 << 30
+
+
+def _parallel_summary(plan: ModelPlan, tp: int, ep: int, kv_memory: int) -> list[str]:
+    b = gpu_bytes(list(physical_tensors(plan)), plan, tp, ep)
+    lines = [
+        f"Per GPU (tensor-parallel-size {tp}, expert-parallel-size {ep}; placement: "
+        "python/dsv41rt/config/parallel_plan.py):",
+        f"  weights on each GPU: {_fmt_bytes(b.device)} ({b.device:,} B: split {_fmt_bytes(b.split)}, "
+        f"routed experts {_fmt_bytes(b.experts)}, replicated {_fmt_bytes(b.replicated)})",
+        f"  Engram tables in host memory, once per host: {_fmt_bytes(b.host)} ({b.host:,} B)",
+    ]
+    need = b.device + kv_memory + _RESERVE
+    for name, capacity in _DEVICES:
+        verdict = "fits" if need <= capacity else "does not fit"
+        rest = f"{_fmt_bytes(capacity - need)} left" if need <= capacity else f"{_fmt_bytes(need - capacity)} short"
+        lines.append(
+            f"  {name} ({capacity / 1e9:.0f} GB): {verdict} with kv-memory {_fmt_bytes(kv_memory)} and a "
+            f"{_fmt_bytes(_RESERVE)} reserve ({_fmt_bytes(need)} needed, {rest})"
+        )
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     if os.path.isdir(args.path):
         opened = open_checkpoint(args.path, validate=not args.no_validate)
@@ -127,4 +164,7 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(_tensor_summary(tensors, source)))
     print()
     print("\n".join(_cache_summary(plan)))
+    print()
+    kv_memory = parse_size(args.kv_memory, "--kv-memory")
+    print("\n".join(_parallel_summary(plan, args.tensor_parallel_size, args.expert_parallel_size, kv_memory)))
     return 0
