@@ -195,20 +195,7 @@ def responses_request(api: ServedApi) -> JsonSchema:
             "store": _nullable({"const": False, "description": "stateless: nothing is stored"}),
             "user": _nullable({"type": "string"}),
             "tools": _nullable({"type": "array", "items": RESPONSES_TOOL}),
-            "tool_choice": _nullable(
-                {
-                    "anyOf": [
-                        {"enum": ["auto", "none", "required"]},
-                        {
-                            "type": "object",
-                            "required": ["type", "name"],
-                            "additionalProperties": False,
-                            "properties": {"type": {"const": "function"}, "name": {"type": "string"}},
-                        },
-                    ],
-                    "description": "required / a named function: the output is held to a call (grammar)",
-                }
-            ),
+            "tool_choice": _openai_tool_choice({"name": {"type": "string"}}),
             "parallel_tool_calls": _nullable({"type": "boolean", "description": "false: at most one call"}),
         },
     }
@@ -310,6 +297,25 @@ UNDESCRIBED_OK: JsonSchema = {
 def _nullable(schema: JsonSchema) -> JsonSchema:
     """`null` is accepted wherever a field is optional (the routes read it as "not given")."""
     return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _openai_tool_choice(named: JsonSchema) -> JsonSchema:
+    """tool_choice of the OpenAI routes: a mode, or {"type": "function", <named>} naming the function
+    (chat: {"function": {"name"}}; Responses: {"name"})."""
+    return _nullable(
+        {
+            "anyOf": [
+                {"enum": ["auto", "none", "required"]},
+                {
+                    "type": "object",
+                    "required": ["type", *named],
+                    "additionalProperties": False,
+                    "properties": {"type": {"const": "function"}, **named},
+                },
+            ],
+            "description": "required / a named function: the output is held to a call (grammar)",
+        }
+    )
 
 
 def _int(lo: int, hi: int) -> JsonSchema:
@@ -462,26 +468,14 @@ def chat_request(api: ServedApi) -> JsonSchema:
             "logprobs": _nullable({"type": "boolean"}),
             "top_logprobs": _nullable({**_int(0, 20), "description": "needs logprobs: true"}),
             "tools": _nullable({"type": "array", "items": TOOL}),
-            "tool_choice": _nullable(
+            "tool_choice": _openai_tool_choice(
                 {
-                    "anyOf": [
-                        {"enum": ["auto", "none", "required"]},
-                        {
-                            "type": "object",
-                            "required": ["type", "function"],
-                            "additionalProperties": False,
-                            "properties": {
-                                "type": {"const": "function"},
-                                "function": {
-                                    "type": "object",
-                                    "required": ["name"],
-                                    "additionalProperties": False,
-                                    "properties": {"name": {"type": "string"}},
-                                },
-                            },
-                        },
-                    ],
-                    "description": "required / a named function: the output is held to a call (grammar)",
+                    "function": {
+                        "type": "object",
+                        "required": ["name"],
+                        "additionalProperties": False,
+                        "properties": {"name": {"type": "string"}},
+                    }
                 }
             ),
             "parallel_tool_calls": _nullable({"type": "boolean", "description": "false: at most one call"}),
