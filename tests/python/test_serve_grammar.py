@@ -248,3 +248,8 @@ def test_runtime_grammar_and_its_errors(tiny_v41_dir) -> None:
         rt.add_request([0, 5, 6], grammar=Grammar("json_schema", "{not json"))
     with pytest.raises(Exception, match="grammar kind 'yaml'"):
         rt.add_request([0, 5, 6], grammar=Grammar("yaml"))
+    # A field of the wrong type is named with the dictionary it belongs to.
+    with pytest.raises(Exception, match="grammar: 'start_token' must be a number, got a bool"):
+        rt.add_request([0, 5, 6], grammar=Grammar("json_object", start_token=True))
+    with pytest.raises(Exception, match="grammar: 'start_within' has the wrong type"):
+        rt.add_request([0, 5, 6], grammar=Grammar("json_object", start_within="3"))  # type: ignore[arg-type]
