@@ -313,7 +313,27 @@ void register_runtime(nb::module_& m) {
                                 [&](float* out) { rt.decode(seqs, tokens.data(), out); });
           },
           nb::arg("seqs"), nb::arg("tokens"))
-      .def("close_sequence", &Runtime::close_sequence, nb::arg("seq"));
+      .def("close_sequence", &Runtime::close_sequence, nb::arg("seq"))
+      .def(
+          "export_sequence",
+          [](Runtime& rt, int64_t seq) {
+            std::vector<uint8_t> blob;
+            {
+              nb::gil_scoped_release release;
+              blob = rt.export_sequence(seq);
+            }
+            return nb::bytes(reinterpret_cast<const char*>(blob.data()), blob.size());
+          },
+          nb::arg("seq"))
+      .def(
+          "import_sequence",
+          [](Runtime& rt, nb::bytes blob) {
+            const auto* data = static_cast<const uint8_t*>(blob.data());
+            const size_t size = blob.size();
+            nb::gil_scoped_release release;  // the bytes object stays alive: the caller holds it
+            return rt.import_sequence(data, size);
+          },
+          nb::arg("blob"));
 }
 
 }  // namespace dsv41rt::bindings

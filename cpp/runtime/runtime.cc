@@ -248,7 +248,8 @@ class Runtime::Impl {
   void refresh() { snapshot(); }
   const RuntimeOptions& options() const { return options_; }
 
-  void set_grammar_vocab(const std::vector<std::string>& tokens, const std::vector<int32_t>& stops) {
+  void set_grammar_vocab(const std::vector<std::string>& tokens,
+                         const std::vector<int32_t>& stops) {
     auto vocab = std::make_shared<const engine::GrammarVocab>(
         tokens, exec_->plan().config.vocab_size, stops);
     std::lock_guard<std::mutex> l(mu_);
@@ -435,7 +436,7 @@ class Runtime::Impl {
 
   RuntimeOptions options_;
   const int64_t fail_at_step_ = failpoint_engine_step();
-  int64_t steps_run_ = 0;  // by the engine thread
+  int64_t steps_run_ = 0;                                      // by the engine thread
   std::shared_ptr<const engine::GrammarVocab> grammar_vocab_;  // under mu_
   std::shared_ptr<model::Executor> exec_;
   std::unique_ptr<engine::Engine> engine_;
@@ -532,6 +533,15 @@ void Runtime::decode(const std::vector<int64_t>& seqs, const int32_t* tokens, fl
 void Runtime::close_sequence(int64_t seq) {
   impl_->with_engine([&](auto&, auto&, Sequences& s) { s.close(seq); });
   impl_->refresh();
+}
+std::vector<uint8_t> Runtime::export_sequence(int64_t seq) {
+  return impl_->with_engine([&](auto&, auto&, Sequences& s) { return s.export_state(seq); });
+}
+int64_t Runtime::import_sequence(const uint8_t* data, size_t size) {
+  const int64_t id =
+      impl_->with_engine([&](auto&, auto&, Sequences& s) { return s.import_state(data, size); });
+  impl_->refresh();  // it may have taken a slot or pages back from the prefix cache
+  return id;
 }
 
 ModelInfo Runtime::info() const {

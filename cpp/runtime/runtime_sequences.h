@@ -4,6 +4,7 @@
 // Runtime calls it under the lock that also guards the engine's steps.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -35,6 +36,14 @@ class Sequences {
   /// One token per sequence in one batched forward; logits [seqs, vocab].
   void decode(const std::vector<int64_t>& seqs, const int32_t* tokens, float* logits);
   void close(int64_t seq);
+  /// `seq`'s state as one checked blob (runtime/sequence_state.h), for import into another
+  /// runtime of the same model and pool layout; Error(kUnsupported) where the executor cannot
+  /// copy its state to the host (context parallelism).
+  std::vector<uint8_t> export_state(int64_t seq);
+  /// A new sequence holding the state of a blob export_state made (here or in another runtime):
+  /// it continues exactly as the exported sequence would. The blob is checked before any pool
+  /// memory is taken.
+  int64_t import_state(const uint8_t* data, size_t size);
 
  private:
   struct Sequence {
@@ -45,6 +54,7 @@ class Sequences {
 
   Sequence& find(int64_t seq);
   model::RequestView view(const Sequence& s) const;
+  model::PoolGeometry state_geometry(model::HostStateCopy& copy) const;
   void free(Sequence& s);
   /// Pages for `positions` positions of `s`, or Error(kOutOfRange) naming `what`.
   void reserve(Sequence& s, int64_t positions, int64_t seq);

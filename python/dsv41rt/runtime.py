@@ -369,6 +369,20 @@ class Runtime:
     def release_handle(self, handle: int) -> None:
         self._rt.close_sequence(handle)
 
+    def export_handle(self, handle: int) -> bytes:
+        """`handle`'s cache state as one self-describing, checksummed blob (the request slot and
+        the pages covering its length: cpp/runtime/sequence_state.h), for import_handle in another
+        runtime of the same model and pool layout (the prefill/decode handoff)."""
+        return self._rt.export_sequence(handle)
+
+    def import_handle(self, blob: bytes) -> int:
+        """A new handle from export_handle's blob: it continues exactly as the exported handle
+        would. A truncated or corrupted blob, or one from another model or pool layout, raises
+        (naming what differs) before any pool memory is taken."""
+        if not isinstance(blob, bytes):
+            raise Dsv41rtError(f"import_handle: expected bytes, got {type(blob).__name__}")
+        return self._rt.import_sequence(blob)
+
     def close(self) -> None:
         """Ends every request, stops the engine thread and releases the executor and its device
         memory now (a context-parallel rank 0 then shuts its worker processes down). The Runtime is

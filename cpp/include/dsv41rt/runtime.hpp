@@ -251,6 +251,14 @@ class DSV41RT_API Runtime {
   /// One token for each sequence in one batched forward; logits [seqs, vocab].
   void decode(const std::vector<int64_t>& seqs, const int32_t* tokens, float* logits);
   void close_sequence(int64_t seq);
+  /// `seq`'s cache state as one self-describing, checksummed blob (the request slot's state and
+  /// the pages covering its length), for another runtime of the same model and pool layout
+  /// (prefill/decode handoff). Error(kUnsupported) under context parallelism.
+  std::vector<uint8_t> export_sequence(int64_t seq);
+  /// A new sequence from a blob export_sequence made: it continues exactly as the exported one
+  /// would. A truncated or corrupted blob, or one from another model or pool layout, is refused
+  /// (Error naming the mismatch) before any pool memory is taken.
+  int64_t import_sequence(const uint8_t* data, size_t size);
 
   ModelInfo info() const;
   Stats stats() const;

@@ -638,6 +638,10 @@ class Runtime:
 
     def close_sequence(self, seq: int) -> None: ...
 
+    def export_sequence(self, seq: int) -> bytes: ...
+
+    def import_sequence(self, blob: bytes) -> int: ...
+
 def cuda_device_count() -> int:
     """
     Number of usable CUDA devices (0 for CPU-only builds or without a driver).
