@@ -80,3 +80,17 @@ def test_another_model_is_named(tiny_v41_dir: str, tmp_path) -> None:
     a.forward_tokens(h, [0, 5, 6, 7], all_logits=False)
     with pytest.raises(Exception, match="from another model"):
         b.import_handle(a.export_handle(h))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("precision", ["fp32", "fp8"])
+def test_cuda_an_imported_sequence_continues_bitwise(tiny_v41_dir: str, precision: str) -> None:
+    """The same handoff between two runtimes on one GPU (device pool and Engram history copied
+    through the host; run on the H200 by bench/device_session.sh, step suite)."""
+    a, b = (runtime(tiny_v41_dir, device="cuda", precision=precision) for _ in range(2))
+    prompt = [0] + [int(t) for t in np.random.default_rng(5).integers(3, 1000, 199)]
+    h = a.new_handle()
+    a.forward_tokens(h, prompt, all_logits=False)
+    h2 = b.import_handle(a.export_handle(h))
+    for t in DECODE:
+        assert np.array_equal(a.decode_handles([h], [t]), b.decode_handles([h2], [t])), f"token {t}"
