@@ -73,43 +73,18 @@ void Sequences::decode(const std::vector<int64_t>& seqs, const int32_t* tokens, 
   for (int64_t seq : seqs) find(seq).length += 1;
 }
 
-// The sizes a state blob carries: the host copy's (a slot's whole state may hold more than its
-// pool bytes, e.g. the Engram history the executor keeps on the host).
-model::PoolGeometry Sequences::state_geometry(model::HostStateCopy& copy) const {
-  return {exec_.pool().geometry().page_tokens, copy.page_bytes(), copy.slot_state_bytes()};
-}
-
 std::vector<uint8_t> Sequences::export_state(int64_t seq) {
   const Sequence& s = find(seq);
-  model::HostStateCopy* copy = exec_.host_state_copy();
-  DSV41RT_CHECK_CODE(kUnsupported, copy != nullptr,
-                     "export_state: this executor cannot copy a sequence's state to the host "
-                     "(context parallelism)");
-  const model::PoolGeometry g = state_geometry(*copy);
-  const int64_t n_pages = (s.length + g.page_tokens - 1) / g.page_tokens;
-  std::vector<uint8_t> slot(size_t(g.slot_bytes)), pages(size_t(n_pages * g.page_bytes));
-  copy->slot_to_host(s.slot, slot.data());
-  for (int64_t i = 0; i < n_pages; ++i) {
-    copy->page_to_host(s.pages[size_t(i)], pages.data() + i * g.page_bytes);
-  }
-  return encode_sequence_state(g, model_fingerprint(exec_.plan().config), s.length, slot, pages);
+  return export_sequence_state(exec_, s.slot, s.pages.data(), s.length);
 }
 
 int64_t Sequences::import_state(const uint8_t* data, size_t size) {
-  model::HostStateCopy* copy = exec_.host_state_copy();
-  DSV41RT_CHECK_CODE(kUnsupported, copy != nullptr,
-                     "import_state: this executor cannot copy a sequence's state from the host "
-                     "(context parallelism)");
-  const SequenceStateView v = decode_sequence_state(data, size, state_geometry(*copy),
-                                                    model_fingerprint(exec_.plan().config));
+  const SequenceStateView v = check_sequence_state(exec_, data, size);
   const int64_t id = open();
   try {
     Sequence& s = seqs_.at(id);
     reserve(s, v.header.length, id);
-    copy->slot_from_host(v.slot, s.slot);
-    for (int64_t i = 0; i < v.header.n_pages; ++i) {
-      copy->page_from_host(v.pages + i * v.header.page_bytes, s.pages[size_t(i)]);
-    }
+    write_sequence_state(exec_, v, s.slot, s.pages.data());
     s.length = v.header.length;
   } catch (...) {
     close(id);

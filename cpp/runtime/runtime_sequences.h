@@ -54,7 +54,6 @@ class Sequences {
 
   Sequence& find(int64_t seq);
   model::RequestView view(const Sequence& s) const;
-  model::PoolGeometry state_geometry(model::HostStateCopy& copy) const;
   void free(Sequence& s);
   /// Pages for `positions` positions of `s`, or Error(kOutOfRange) naming `what`.
   void reserve(Sequence& s, int64_t positions, int64_t seq);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "runtime/model/executor.h"
 
 namespace dsv41rt {
 namespace {
@@ -25,6 +26,20 @@ uint64_t checksum(SequenceStateHeader h, const uint8_t* payload, size_t n) {
   f.bytes(&h, sizeof h);
   f.bytes(payload, n);
   return f.h;
+}
+
+// The sizes a state blob carries: the host copy's (a slot's whole state may hold more than its
+// pool bytes, e.g. the Engram history the executor keeps on the host).
+model::HostStateCopy& host_copy(model::Executor& exec, const char* what) {
+  model::HostStateCopy* copy = exec.host_state_copy();
+  DSV41RT_CHECK_CODE(kUnsupported, copy != nullptr, what,
+                     ": this executor cannot copy a sequence's state between the device and the "
+                     "host (context parallelism)");
+  return *copy;
+}
+
+model::PoolGeometry state_geometry(model::Executor& exec, model::HostStateCopy& copy) {
+  return {exec.pool().geometry().page_tokens, copy.page_bytes(), copy.slot_state_bytes()};
 }
 
 }  // namespace
@@ -101,6 +116,35 @@ SequenceStateView decode_sequence_state(const uint8_t* data, size_t size,
                 "sequence state: ", h.n_pages, " pages for ", h.length, " positions of ",
                 h.page_tokens, " per page");
   return {h, data + sizeof h, data + sizeof h + h.slot_bytes};
+}
+
+std::vector<uint8_t> export_sequence_state(model::Executor& exec, int32_t slot,
+                                           const int32_t* pages, int64_t length) {
+  model::HostStateCopy& copy = host_copy(exec, "export a sequence's state");
+  const model::PoolGeometry g = state_geometry(exec, copy);
+  const int64_t n_pages = (length + g.page_tokens - 1) / g.page_tokens;
+  std::vector<uint8_t> slot_bytes(size_t(g.slot_bytes)), page_bytes(size_t(n_pages * g.page_bytes));
+  copy.slot_to_host(slot, slot_bytes.data());
+  for (int64_t i = 0; i < n_pages; ++i) {
+    copy.page_to_host(pages[i], page_bytes.data() + i * g.page_bytes);
+  }
+  return encode_sequence_state(g, model_fingerprint(exec.plan().config), length, slot_bytes,
+                               page_bytes);
+}
+
+SequenceStateView check_sequence_state(model::Executor& exec, const uint8_t* data, size_t size) {
+  model::HostStateCopy& copy = host_copy(exec, "import a sequence's state");
+  return decode_sequence_state(data, size, state_geometry(exec, copy),
+                               model_fingerprint(exec.plan().config));
+}
+
+void write_sequence_state(model::Executor& exec, const SequenceStateView& state, int32_t slot,
+                          const int32_t* pages) {
+  model::HostStateCopy& copy = host_copy(exec, "import a sequence's state");
+  copy.slot_from_host(state.slot, slot);
+  for (int64_t i = 0; i < state.header.n_pages; ++i) {
+    copy.page_from_host(state.pages + i * state.header.page_bytes, pages[i]);
+  }
 }
 
 }  // namespace dsv41rt

@@ -18,6 +18,9 @@
 #include "runtime/model/model_config.h"
 
 namespace dsv41rt {
+namespace model {
+class Executor;
+}
 
 struct SequenceStateHeader {
   char magic[8];                                // "DSV41SEQ"
@@ -51,5 +54,19 @@ struct SequenceStateView {
 DSV41RT_API SequenceStateView decode_sequence_state(const uint8_t* data, size_t size,
                                                     const model::PoolGeometry& geometry,
                                                     uint64_t fingerprint);
+
+// ---- Over an executor (its host copy and pool): what the direct sequences and the engine's
+// handoff share. Each throws Error(kUnsupported) when the executor cannot copy state to the host
+// (context parallelism).
+
+/// The blob of the state in `slot` and the pages covering `length` positions.
+DSV41RT_API std::vector<uint8_t> export_sequence_state(model::Executor& exec, int32_t slot,
+                                                       const int32_t* pages, int64_t length);
+/// decode_sequence_state against the executor's model and state sizes.
+DSV41RT_API SequenceStateView check_sequence_state(model::Executor& exec, const uint8_t* data,
+                                                   size_t size);
+/// Writes a checked state into `slot` and its header's n_pages `pages` (the caller's).
+DSV41RT_API void write_sequence_state(model::Executor& exec, const SequenceStateView& state,
+                                      int32_t slot, const int32_t* pages);
 
 }  // namespace dsv41rt

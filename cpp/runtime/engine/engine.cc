@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "core/status.h"
+#include "runtime/sequence_state.h"
 
 namespace dsv41rt::engine {
 
@@ -45,6 +46,50 @@ class Engine::Impl {
     m.params = params;
     m.stops.insert(params.stop_token_ids.begin(), params.stop_token_ids.end());
     if (!params.ignore_eos) m.stops.insert(c.eos_token_id);
+    return id;
+  }
+
+  SequenceStateView check_handoff(const std::vector<int32_t>& prompt, int32_t first_token,
+                                  const uint8_t* state, size_t state_size,
+                                  const GenerationParams& params) const {
+    check(prompt, params);
+    const ModelConfig& c = exec_->plan().config;
+    DSV41RT_CHECK(first_token >= 0 && first_token < c.vocab_size, "handoff: first token ",
+                  first_token, " is outside the vocabulary [0, ", c.vocab_size, ")");
+    DSV41RT_CHECK(!params.handoff, "handoff: a handed-off request cannot be handed off again");
+    DSV41RT_CHECK(params.max_new_tokens >= 2, "handoff: max_new_tokens ", params.max_new_tokens,
+                  " leaves nothing to decode after the first token");
+    const SequenceStateView view = check_sequence_state(*exec_, state, state_size);
+    DSV41RT_CHECK(view.header.length == int64_t(prompt.size()), "handoff: the state covers ",
+                  view.header.length, " positions, the prompt has ", prompt.size(), " tokens");
+    return view;
+  }
+
+  int64_t submit_handoff(std::vector<int32_t> prompt, int32_t first_token, const uint8_t* state,
+                         size_t state_size, const GenerationParams& params, int64_t id) {
+    // The state waits in host memory until admission; its view points into this copy.
+    auto blob = std::make_shared<std::vector<uint8_t>>(state, state + state_size);
+    const SequenceStateView view =
+        check_handoff(prompt, first_token, blob->data(), blob->size(), params);
+    if (params.grammar) {
+      DSV41RT_CHECK(params.grammar->accept(first_token),
+                    "handoff: the request's grammar cannot take its first token ", first_token);
+    }
+    model::Executor* exec = exec_.get();
+    const int64_t prompt_len = int64_t(prompt.size());
+    prompt.push_back(first_token);
+    id = scheduler_.submit_computed(
+        std::move(prompt), prompt_len, params.max_new_tokens,
+        [exec, blob, view](int32_t slot, const std::vector<int32_t>& pages) {
+          write_sequence_state(*exec, view, slot, pages.data());
+        },
+        id);
+    const ModelConfig& c = exec_->plan().config;
+    Meta& m = meta_[id];
+    m.params = params;
+    m.stops.insert(params.stop_token_ids.begin(), params.stop_token_ids.end());
+    if (!params.ignore_eos) m.stops.insert(c.eos_token_id);
+    m.reported_cached = true;  // the prefill engine reported it
     return id;
   }
 
@@ -117,6 +162,11 @@ class Engine::Impl {
       } else if (m.stops.count(s.token) || (g && g->terminated())) {
         out.reason = FinishReason::kStop;
       } else if (generated >= m.params.max_new_tokens) {
+        out.reason = FinishReason::kLength;
+      }
+      if (out.reason == FinishReason::kNone && m.params.handoff) {
+        const SchedRequest& r = scheduler_.request(ch.request_id);
+        out.handoff = export_sequence_state(*exec_, r.slot, r.pages.data(), r.computed);
         out.reason = FinishReason::kLength;
       }
       if (out.reason != FinishReason::kNone) {
@@ -197,6 +247,16 @@ void Engine::check(const std::vector<int32_t>& prompt, const GenerationParams& p
 }
 int64_t Engine::submit(std::vector<int32_t> prompt, const GenerationParams& params, int64_t id) {
   return impl_->submit(std::move(prompt), params, id);
+}
+void Engine::check_handoff(const std::vector<int32_t>& prompt, int32_t first_token,
+                           const uint8_t* state, size_t state_size,
+                           const GenerationParams& params) const {
+  impl_->check_handoff(prompt, first_token, state, state_size, params);
+}
+int64_t Engine::submit_handoff(std::vector<int32_t> prompt, int32_t first_token,
+                               const uint8_t* state, size_t state_size,
+                               const GenerationParams& params, int64_t id) {
+  return impl_->submit_handoff(std::move(prompt), first_token, state, state_size, params, id);
 }
 std::vector<RequestOutput> Engine::step(std::vector<int64_t>* scheduled) {
   return impl_->step(scheduled);

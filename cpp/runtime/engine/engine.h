@@ -37,6 +37,10 @@ struct GenerationParams {
   /// Holds the output to a grammar (grammar.h; compiled at submit, before the engine sees it);
   /// the request ends with kStop once the grammar is complete.
   std::shared_ptr<RequestGrammar> grammar;
+  /// Prefill role of disaggregated serving: the request ends after its first token and that
+  /// output carries its state (RequestOutput::handoff) for a decode engine's submit_handoff;
+  /// unless it ends at that token anyway (a stop token, max_new_tokens 1, its grammar).
+  bool handoff = false;
 };
 
 struct RequestOutput {
@@ -52,6 +56,9 @@ struct RequestOutput {
   /// Set when the request ended on an error of its own (a grammar that could not take the drawn
   /// token): the runtime reports it as FinishReason::kError.
   std::string error;
+  /// With GenerationParams::handoff: the request's state after its prompt (sequence_state.h),
+  /// set on its only output (finished, reason kLength); empty otherwise.
+  std::vector<uint8_t> handoff;
 };
 
 struct EngineStats {
@@ -76,6 +83,18 @@ class DSV41RT_API Engine {
   void check(const std::vector<int32_t>& prompt, const GenerationParams& params) const;
   /// Queues a request (check() first); returns its id (`id` when given: larger than any so far).
   int64_t submit(std::vector<int32_t> prompt, const GenerationParams& params, int64_t id = -1);
+  /// Throws Error naming what is wrong with a handoff (submit_handoff's checks; no pool access):
+  /// the request as check(), the first token, the state's size, checksum, model, pool layout
+  /// and length (the prompt's), max_new_tokens >= 2 (it counts the first token), no handoff.
+  void check_handoff(const std::vector<int32_t>& prompt, int32_t first_token, const uint8_t* state,
+                     size_t state_size, const GenerationParams& params) const;
+  /// Queues a request a prefill engine handed off: `prompt`, the `first_token` it generated there
+  /// and its state blob (RequestOutput::handoff; copied). Admitted in FIFO order like any
+  /// request, it takes a slot and the pages of its state, which is written there, and runs from
+  /// the first token's decode on: its outputs hold the second token onwards, equal to the request
+  /// run here from the start. check_handoff() first.
+  int64_t submit_handoff(std::vector<int32_t> prompt, int32_t first_token, const uint8_t* state,
+                         size_t state_size, const GenerationParams& params, int64_t id = -1);
   /// Runs one step; empty when there is nothing to do. `scheduled`: the ids whose tokens it ran.
   std::vector<RequestOutput> step(std::vector<int64_t>* scheduled = nullptr);
   /// Cancels a waiting or running request and frees its pages at once (kNotFound if unknown).

@@ -41,9 +41,9 @@ bool GrammarVocab::available() { return true; }
 
 GrammarVocab::GrammarVocab(const std::vector<std::string>& tokens, int64_t vocab_size,
                            const std::vector<int32_t>& stop_token_ids) {
-  DSV41RT_CHECK(vocab_size >= 1 && vocab_size <= (int64_t(1) << 30) &&
-                    int64_t(tokens.size()) <= vocab_size,
-                "grammar vocabulary: ", tokens.size(), " tokens for a vocabulary of ", vocab_size);
+  DSV41RT_CHECK(
+      vocab_size >= 1 && vocab_size <= (int64_t(1) << 30) && int64_t(tokens.size()) <= vocab_size,
+      "grammar vocabulary: ", tokens.size(), " tokens for a vocabulary of ", vocab_size);
   DSV41RT_CHECK(!stop_token_ids.empty(), "grammar vocabulary: at least one stop token is needed");
   for (int32_t t : stop_token_ids) {
     DSV41RT_CHECK(t >= 0 && t < vocab_size, "grammar vocabulary: stop token ", t,
@@ -76,10 +76,9 @@ std::shared_ptr<RequestGrammar> GrammarVocab::compile(const GrammarParams& g) co
   };
   std::unique_ptr<RequestGrammar::Impl> impl;
   try {
-    impl = std::make_unique<RequestGrammar::Impl>(
-        RequestGrammar::Impl{xg::GrammarMatcher(compiled()),
-                             kernels::token_mask_words(impl_->vocab_size), g.start_token,
-                             g.start_within, g.start_token < 0});
+    impl = std::make_unique<RequestGrammar::Impl>(RequestGrammar::Impl{
+        xg::GrammarMatcher(compiled()), kernels::token_mask_words(impl_->vocab_size), g.start_token,
+        g.start_within, g.start_token < 0});
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

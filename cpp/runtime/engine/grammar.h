@@ -3,9 +3,9 @@
 //
 // xgrammar's C++ core does the work (built in from its source distribution, cmake/Xgrammar.cmake):
 // GrammarVocab compiles a grammar against the tokenizer's vocabulary once per request (cached by
-// xgrammar across requests), and each RequestGrammar is one request's matcher: which tokens may come
-// next, then the token that was drawn. Both run on the host, beside the engine, without Python; the
-// mask goes to the device with the forward's other per-step data.
+// xgrammar across requests), and each RequestGrammar is one request's matcher: which tokens may
+// come next, then the token that was drawn. Both run on the host, beside the engine, without
+// Python; the mask goes to the device with the forward's other per-step data.
 //
 // A grammar may start late: with `start_token` (e.g. "</think>") the output is free until that
 // token is drawn and held to the grammar after it, and with `start_within` the token is forced

@@ -92,6 +92,22 @@ int64_t Scheduler::submit(std::vector<int32_t> prompt, int64_t max_new_tokens, i
   return id;
 }
 
+int64_t Scheduler::submit_computed(std::vector<int32_t> tokens, int64_t prompt_len,
+                                   int64_t max_new_tokens, StateWriter write, int64_t id) {
+  const int64_t known = int64_t(tokens.size());
+  DSV41RT_CHECK(
+      prompt_len >= 1 && known > prompt_len && known - prompt_len < max_new_tokens && write,
+      "scheduler: a computed request needs a prompt, at least one generated token, "
+      "room for another and a state writer (prompt ",
+      prompt_len, ", tokens ", known, ", max_new_tokens ", max_new_tokens, ")");
+  std::vector<int32_t> prompt(tokens.begin(), tokens.begin() + prompt_len);
+  id = submit(std::move(prompt), max_new_tokens, id);
+  SchedRequest& r = requests_.at(id);
+  r.tokens = std::move(tokens);
+  r.computed_state = std::move(write);
+  return id;
+}
+
 bool Scheduler::preempt_one(int64_t protect_id) {
   for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
     if (*it == protect_id) continue;
@@ -198,7 +214,8 @@ StepPlan Scheduler::schedule() {
   int64_t reserve = 0;
   if (!waiting_.empty() && int64_t(running_.size()) < max_num_seqs) {
     const SchedRequest& head = requests_.at(waiting_.front());
-    const int64_t need = int64_t(head.tokens.size()) - head.computed;
+    const int64_t need =  // one token for a request that brings its state
+        head.computed_state ? 1 : int64_t(head.tokens.size()) - head.computed;
     if (need <= prefill_room() / 2) reserve = need;
   }
   const int64_t running_cap =
@@ -221,7 +238,10 @@ StepPlan Scheduler::schedule() {
     }
     SchedRequest& r = requests_.at(id);
     if (!cache_ && pool_.free_slot_count() < 1) break;
-    const PrefixHit hit = cache_ ? admit_lookup(r) : PrefixHit{};
+    // A request computed elsewhere brings its state (no lookup): only its last token runs.
+    const bool brings_state = bool(r.computed_state);
+    if (brings_state) r.computed = int64_t(r.tokens.size()) - 1;
+    const PrefixHit hit = cache_ && !brings_state ? admit_lookup(r) : PrefixHit{};
     auto wait = [&] {  // not admitted: the shared pages go back until the next try
       pool_.free_pages(r.pages);
       r.computed = 0;
@@ -250,7 +270,13 @@ StepPlan Scheduler::schedule() {
       r.slot = pool_.alloc_slot();
       if (hit.snapshot_slot >= 0) restore_snapshot(r, hit);
     }
-    if (cache_ && r.cached < 0) cache_->record_query(int64_t(r.tokens.size()), hit.tokens);
+    if (brings_state) {
+      r.computed_state(r.slot, r.pages);
+      r.computed_state = nullptr;  // a later preemption recomputes
+    }
+    if (cache_ && r.cached < 0 && !brings_state) {
+      cache_->record_query(int64_t(r.tokens.size()), hit.tokens);
+    }
     if (r.cached < 0) r.cached = hit.tokens;
     r.running = true;
     r.admit_seq = next_admit_++;

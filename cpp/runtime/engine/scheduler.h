@@ -80,6 +80,8 @@ struct SchedRequest {
   int64_t cached = -1;  ///< tokens served by the prefix cache at the first admission (-1 before)
   int64_t snapshot_at = -1;  ///< boundary where this request publishes to the prefix cache, or -1
   int64_t decoded_snapshot = -1;  ///< boundary of its latest snapshot taken while decoding, or -1
+  /// submit_computed: writes the state of tokens[0, size - 1) at admission (then cleared).
+  std::function<void(int32_t slot, const std::vector<int32_t>& pages)> computed_state;
 
   int64_t generated() const { return int64_t(tokens.size()) - prompt_len; }
 };
@@ -127,6 +129,16 @@ class DSV41RT_API Scheduler {
   /// Queues a request (check() first); returns its id: `id` when given (it must be larger than
   /// every id so far), else the next one.
   int64_t submit(std::vector<int32_t> prompt, int64_t max_new_tokens, int64_t id = -1);
+
+  /// Writes a request's computed state into its new slot and pages (submit_computed).
+  using StateWriter = std::function<void(int32_t slot, const std::vector<int32_t>& pages)>;
+  /// A request whose first tokens were computed elsewhere (a prefill server's handoff): `tokens`
+  /// = prompt (prompt_len) + the tokens generated there, the state of all but the last of them
+  /// written by `write` into the slot and pages it gets at admission. It waits in the queue like
+  /// any request (FIFO, no prefix-cache lookup) and then runs from its last token's decode; if
+  /// preempted later, it recomputes like any other. Error as submit(), and for inconsistent sizes.
+  int64_t submit_computed(std::vector<int32_t> tokens, int64_t prompt_len, int64_t max_new_tokens,
+                          StateWriter write, int64_t id = -1);
 
   /// Plans the next step (allocating slots/pages, possibly preempting). Empty when idle.
   StepPlan schedule();

@@ -1,0 +1,256 @@
+// Prefill/decode handoff between two engines (issue 26) on the tiny checkpoint
+// (DSV41RT_TEST_CHECKPOINT): a prefill engine runs each prompt and samples the first token
+// (GenerationParams::handoff), a second engine continues from the exported state
+// (Engine::submit_handoff). Tokens, logprobs and top logprobs equal one engine's run of the same
+// requests, bitwise, for prompts of 1..300 tokens, greedy and seeded sampling, with prefix caching
+// on both sides. Bad blobs and a full pool are refused with the decode engine's pool untouched.
+// On every backend: "cpu", and "cuda" in CUDA builds (fp32, bitwise as on the CPU).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend_test_util.h"
+#include "core/safetensors.h"
+#include "core/status.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/engram_tables.h"
+#include "runtime/model/executor.h"
+#include "runtime/model/layer_plan.h"
+#include "runtime/model/model_config.h"
+
+namespace dsv41rt::engine {
+namespace {
+
+using namespace ::dsv41rt::model;  // NOLINT: the loaders of the checkpoint
+
+const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
+
+std::shared_ptr<model::Executor> load(const std::string& device, int64_t kv_memory = 64ll << 20) {
+  const std::string dir = checkpoint();
+  ModelPlan plan = build_model_plan(load_model_config(dir));
+  EngramTables tables = load_engram_tables(dir, plan.config);
+  ModelWeights weights = load_weights(std::make_shared<Checkpoint>(dir), plan);
+  model::ExecutorOptions options;
+  options.device = device;
+  options.kv_memory = kv_memory;
+  options.max_num_seqs = 8;
+  options.page_tokens = 4;
+  options.max_num_batched_tokens = 64;
+  return model::make_executor(std::move(plan), std::move(weights), std::move(tables), options);
+}
+
+std::vector<int32_t> tokens(int64_t n, int64_t salt) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    p[size_t(i)] = int32_t((i * 7919 + salt * 104729 + 13) % 120000 + 3);
+  }
+  return p;
+}
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<std::vector<float>> top_logprobs;
+  std::vector<uint8_t> handoff;
+  FinishReason reason = FinishReason::kNone;
+};
+
+void collect(const RequestOutput& o, Outcome& r) {
+  r.tokens.insert(r.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
+  r.logprobs.insert(r.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+  r.top_logprobs.insert(r.top_logprobs.end(), o.top_logprobs.begin(), o.top_logprobs.end());
+  if (!o.handoff.empty()) r.handoff = o.handoff;
+  if (o.finished) r.reason = o.reason;
+}
+
+std::map<int64_t, Outcome> drain(Engine& engine) {
+  std::map<int64_t, Outcome> out;
+  while (!engine.idle()) {
+    for (const RequestOutput& o : engine.step()) collect(o, out[o.id]);
+    engine.check_invariants();
+  }
+  return out;
+}
+
+GenerationParams params(int64_t max_new, uint64_t seed, bool handoff = false) {
+  GenerationParams g;
+  g.max_new_tokens = max_new;
+  g.ignore_eos = true;
+  g.sampling.temperature = seed == 0 ? 0.0f : 0.8f;
+  g.sampling.seed = seed;
+  g.sampling.top_logprobs = 3;
+  g.handoff = handoff;
+  return g;
+}
+
+// 16 prompts, 1..300 tokens (page boundaries, the window of 8, the longest compression ratio);
+// two share a stem so the prefix cache hits on both sides.
+std::vector<std::vector<int32_t>> prompts() {
+  std::vector<std::vector<int32_t>> p;
+  for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 16, 31, 64, 100, 129, 257, 300}) {
+    p.push_back(tokens(n, n));
+  }
+  std::vector<int32_t> turn = tokens(100, 100);
+  const std::vector<int32_t> more = tokens(20, 7);
+  turn.insert(turn.end(), more.begin(), more.end());
+  p.push_back(turn);
+  return p;
+}
+
+class EngineHandoff : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "cuda") DSV41RT_SKIP_WITHOUT_CUDA();
+    if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint";
+  }
+};
+
+TEST_P(EngineHandoff, PrefillThenDecodeEqualsOneEngine) {
+  const std::vector<std::vector<int32_t>> ps = prompts();
+  const EngineConfig cfg{
+      .max_num_seqs = 4, .max_num_batched_tokens = 64, .enable_prefix_caching = true};
+  for (uint64_t seed : {uint64_t(0), uint64_t(11)}) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const int64_t max_new = 6;
+    Engine single(load(GetParam()), cfg);
+    for (size_t i = 0; i < ps.size(); ++i) single.submit(ps[i], params(max_new, seed + i));
+    std::map<int64_t, Outcome> expected = drain(single);
+
+    Engine prefill(load(GetParam()), cfg);
+    Engine decode(load(GetParam()), cfg);
+    std::vector<int64_t> pre_ids;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      pre_ids.push_back(prefill.submit(ps[i], params(max_new, seed + i, /*handoff=*/true)));
+    }
+    std::map<int64_t, Outcome> first = drain(prefill);
+    EXPECT_EQ(prefill.stats().pool.pages_used, prefill.stats().prefix_cache.pages);
+    std::map<int64_t, int64_t> decode_of;  // prefill id -> decode id (16 queued, 4 run at once)
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const Outcome& f = first.at(pre_ids[i]);
+      ASSERT_EQ(f.tokens.size(), 1u) << "request " << i;
+      ASSERT_EQ(f.reason, FinishReason::kLength);
+      ASSERT_FALSE(f.handoff.empty()) << "request " << i;
+      decode_of[pre_ids[i]] = decode.submit_handoff(ps[i], f.tokens[0], f.handoff.data(),
+                                                    f.handoff.size(), params(max_new, seed + i));
+    }
+    const std::map<int64_t, Outcome> rest = drain(decode);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      SCOPED_TRACE("request " + std::to_string(i) + ", prompt of " + std::to_string(ps[i].size()));
+      Outcome got = first.at(pre_ids[i]);
+      const Outcome& tail = rest.at(decode_of.at(pre_ids[i]));
+      EXPECT_EQ(tail.reason, FinishReason::kLength);
+      got.tokens.insert(got.tokens.end(), tail.tokens.begin(), tail.tokens.end());
+      got.logprobs.insert(got.logprobs.end(), tail.logprobs.begin(), tail.logprobs.end());
+      got.top_logprobs.insert(got.top_logprobs.end(), tail.top_logprobs.begin(),
+                              tail.top_logprobs.end());
+      const Outcome& want = expected.at(int64_t(i) + 1);
+      ASSERT_EQ(want.tokens.size(), size_t(max_new));
+      EXPECT_EQ(got.tokens, want.tokens);
+      EXPECT_EQ(got.logprobs, want.logprobs);  // float ==: bitwise for finite values
+      EXPECT_EQ(got.top_logprobs, want.top_logprobs);
+    }
+    decode.reset_prefix_cache();
+    EXPECT_EQ(decode.stats().pool.pages_used, 0);
+    EXPECT_EQ(decode.stats().pool.slots_used, 0);
+  }
+}
+
+TEST_P(EngineHandoff, NoHandoffWhenTheRequestEndsAtItsFirstToken) {
+  Engine prefill(load(GetParam()), {.max_num_seqs = 4});
+  const int64_t id = prefill.submit(tokens(9, 1), params(1, 0, /*handoff=*/true));
+  const Outcome o = drain(prefill).at(id);
+  EXPECT_EQ(o.tokens.size(), 1u);
+  EXPECT_EQ(o.reason, FinishReason::kLength);
+  EXPECT_TRUE(o.handoff.empty());
+}
+
+TEST_P(EngineHandoff, BadStatesAreRefusedWithThePoolUntouched) {
+  Engine prefill(load(GetParam()), {.max_num_seqs = 4});
+  const std::vector<int32_t> prompt = tokens(30, 3);
+  const int64_t id = prefill.submit(prompt, params(4, 0, /*handoff=*/true));
+  const Outcome o = drain(prefill).at(id);
+  ASSERT_FALSE(o.handoff.empty());
+
+  Engine decode(load(GetParam()), {.max_num_seqs = 4});
+  auto refused = [&](const std::vector<int32_t>& p, int32_t first, std::vector<uint8_t> blob,
+                     const GenerationParams& g, const std::string& says) {
+    try {
+      decode.submit_handoff(p, first, blob.data(), blob.size(), g);
+      ADD_FAILURE() << "accepted; expected: " << says;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(decode.stats().pool.pages_used, 0);
+    EXPECT_EQ(decode.stats().pool.slots_used, 0);
+    decode.check_invariants();
+  };
+  std::vector<uint8_t> corrupt = o.handoff;
+  corrupt[corrupt.size() / 2] ^= 1;
+  refused(prompt, o.tokens[0], corrupt, params(4, 0), "checksum mismatch");
+  refused(prompt, o.tokens[0], {o.handoff.begin(), o.handoff.end() - 1}, params(4, 0), "truncated");
+  refused(tokens(29, 3), o.tokens[0], o.handoff, params(4, 0), "the prompt has 29 tokens");
+  refused(prompt, -1, o.handoff, params(4, 0), "first token -1");
+  refused(prompt, o.tokens[0], o.handoff, params(1, 0), "leaves nothing to decode");
+  refused(prompt, o.tokens[0], o.handoff, params(4, 0, true), "handed off again");
+}
+
+TEST_P(EngineHandoff, AHandoffWaitsForRoomAndThenRunsAsTheOthers) {
+  Engine prefill(load(GetParam()), {.max_num_seqs = 4});
+  const std::vector<int32_t> prompt = tokens(120, 5);  // 30 pages of 4
+  const int64_t id = prefill.submit(prompt, params(3, 0, /*handoff=*/true));
+  const Outcome o = drain(prefill).at(id);
+  ASSERT_FALSE(o.handoff.empty());
+  Engine decode(load(GetParam()), {.max_num_seqs = 2});
+  model::KvPool& pool = decode.executor().pool();
+  auto submit = [&] {
+    return decode.submit_handoff(prompt, o.tokens[0], o.handoff.data(), o.handoff.size(),
+                                 params(3, 0));
+  };
+  // Someone else holds all but 29 pages: its 120 computed positions + 1 need 31.
+  std::vector<int32_t> held;
+  const int64_t page_tokens = pool.geometry().page_tokens;
+  ASSERT_TRUE(pool.ensure_pages(held, (pool.usage().pages_total - 29) * page_tokens));
+  const model::PoolUsage before = pool.usage();
+  const int64_t first = submit();
+  EXPECT_TRUE(decode.step().empty());
+  EXPECT_EQ(decode.stats().scheduler.waiting, 1);
+  EXPECT_EQ(pool.usage().pages_used, before.pages_used);
+  EXPECT_EQ(pool.usage().slots_used, before.slots_used);
+  pool.free_pages(held);
+  // Three more than max_num_seqs 2 run at once: they queue and all end alike.
+  submit();
+  submit();
+  const std::map<int64_t, Outcome> rest = drain(decode);
+  ASSERT_EQ(rest.size(), 3u);
+  for (const auto& [rid, r] : rest) {
+    EXPECT_EQ(r.tokens, rest.at(first).tokens) << "request " << rid;
+    EXPECT_EQ(r.logprobs, rest.at(first).logprobs) << "request " << rid;
+    EXPECT_EQ(r.tokens.size(), 2u);
+  }
+  EXPECT_EQ(pool.usage().pages_used, 0);
+  decode.check_invariants();
+}
+
+TEST_P(EngineHandoff, AHandoffThatWouldNeverFitIsRefusedAtSubmit) {
+  Engine prefill(load(GetParam()), {.max_num_seqs = 4});
+  const std::vector<int32_t> prompt = tokens(40, 6);
+  const int64_t id = prefill.submit(prompt, params(3, 0, /*handoff=*/true));
+  const Outcome o = drain(prefill).at(id);
+  Engine decode(load(GetParam()), {.max_num_seqs = 2, .max_model_len = 41});
+  try {
+    decode.submit_handoff(prompt, o.tokens[0], o.handoff.data(), o.handoff.size(), params(3, 0));
+    ADD_FAILURE() << "a request longer than max_model_len was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_model_len"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(decode.idle());
+}
+
+DSV41RT_INSTANTIATE_BACKENDS(EngineHandoff);
+
+}  // namespace
+}  // namespace dsv41rt::engine
