@@ -33,7 +33,16 @@ NB_MODULE(_core, m) {
         try {
           std::rethrow_exception(p);
         } catch (const dsv41rt::Error& e) {
-          PyErr_SetString(static_cast<PyObject*>(payload), e.what());
+          // The instance carries `code` (status_code_name: "out_of_range", "invalid_argument",
+          // ...), e.g. for a server to answer 503 to a full pool and 400 to bad input.
+          PyObject* type = static_cast<PyObject*>(payload);
+          PyObject* value = PyObject_CallFunction(type, "s", e.what());
+          if (value == nullptr) return;  // the call's own error stands
+          PyObject* code = PyUnicode_FromString(dsv41rt::status_code_name(e.kind()));
+          if (code != nullptr) PyObject_SetAttrString(value, "code", code);
+          Py_XDECREF(code);
+          PyErr_SetObject(type, value);
+          Py_DECREF(value);
         }
       },
       error);

@@ -31,6 +31,19 @@ std::chrono::milliseconds millis(double seconds) {
   return std::chrono::milliseconds(int64_t(seconds * 1000.0 + 0.5));
 }
 
+// A request's params from the Python Runtime's arguments (sampling / grammar dictionaries).
+RequestParams request_params(int64_t max_new_tokens, const nb::dict& sampling,
+                             std::vector<int32_t> stop_token_ids, bool ignore_eos,
+                             const nb::dict& grammar) {
+  RequestParams p;
+  p.max_new_tokens = max_new_tokens;
+  p.sampling = sampling_params_from_dict<SamplingParams>(sampling);
+  p.stop_token_ids = std::move(stop_token_ids);
+  p.ignore_eos = ignore_eos;
+  p.grammar = grammar_params_from_dict(grammar);
+  return p;
+}
+
 // A float32 numpy array of `rows` x `cols` filled by `fill` with the GIL released.
 template <class Fill>
 F32Out logits_array(int64_t rows, int64_t cols, Fill&& fill) {
@@ -160,7 +173,11 @@ void register_results(nb::module_& m) {
       .def_ro("reason", &RequestOutput::reason)
       .def_ro("error", &RequestOutput::error)
       .def_ro("first_scheduled_ns", &RequestOutput::first_scheduled_ns)
-      .def_ro("cached_tokens", &RequestOutput::cached_tokens);
+      .def_ro("cached_tokens", &RequestOutput::cached_tokens)
+      .def_prop_ro("handoff", [](const RequestOutput& o) -> nb::object {
+        if (o.handoff.empty()) return nb::none();
+        return nb::bytes(reinterpret_cast<const char*>(o.handoff.data()), o.handoff.size());
+      });
 
 #define DSV41RT_RO(Cls, field) .def_ro(#field, &Cls::field)
   nb::class_<PoolStats>(m, "PoolStats") DSV41RT_RO(PoolStats, pages_total)
@@ -231,21 +248,35 @@ void register_runtime(nb::module_& m) {
       .def(
           "submit",
           [](Runtime& rt, std::vector<int32_t> prompt, int64_t max_new_tokens, nb::dict sampling,
-             std::vector<int32_t> stop_token_ids, bool ignore_eos, nb::dict grammar) {
-            RequestParams p;
-            p.max_new_tokens = max_new_tokens;
-            p.sampling = sampling_params_from_dict<SamplingParams>(sampling);
-            p.stop_token_ids = std::move(stop_token_ids);
-            p.ignore_eos = ignore_eos;
-            p.grammar = grammar_params_from_dict(grammar);
+             std::vector<int32_t> stop_token_ids, bool ignore_eos, nb::dict grammar, bool handoff) {
+            RequestParams p = request_params(max_new_tokens, sampling, std::move(stop_token_ids),
+                                             ignore_eos, grammar);
+            p.handoff = handoff;
             nb::gil_scoped_release release;  // a grammar compiles here (milliseconds and more)
             return rt.submit(std::move(prompt), p);
           },
           nb::arg("prompt"), nb::arg("max_new_tokens"), nb::arg("sampling") = nb::dict(),
           nb::arg("stop_token_ids") = std::vector<int32_t>{}, nb::arg("ignore_eos") = false,
-          nb::arg("grammar") = nb::dict(),
+          nb::arg("grammar") = nb::dict(), nb::arg("handoff") = false,
           "Queues a request. grammar: {} or {kind, text, start_token, start_within} "
-          "(dsv41rt/runtime.hpp GrammarParams).")
+          "(dsv41rt/runtime.hpp GrammarParams). handoff: end after the first token with the "
+          "request's state in the output (prefill role).")
+      .def(
+          "submit_handoff",
+          [](Runtime& rt, std::vector<int32_t> prompt, int32_t first_token, nb::bytes state,
+             int64_t max_new_tokens, nb::dict sampling, std::vector<int32_t> stop_token_ids,
+             bool ignore_eos, nb::dict grammar) {
+            const RequestParams p = request_params(max_new_tokens, sampling,
+                                                   std::move(stop_token_ids), ignore_eos, grammar);
+            const auto* data = static_cast<const uint8_t*>(state.data());
+            std::vector<uint8_t> blob(data, data + state.size());
+            nb::gil_scoped_release release;
+            return rt.submit_handoff(std::move(prompt), first_token, std::move(blob), p);
+          },
+          nb::arg("prompt"), nb::arg("first_token"), nb::arg("state"), nb::arg("max_new_tokens"),
+          nb::arg("sampling") = nb::dict(), nb::arg("stop_token_ids") = std::vector<int32_t>{},
+          nb::arg("ignore_eos") = false, nb::arg("grammar") = nb::dict(),
+          "Continues a request another runtime prefilled (decode role; dsv41rt/runtime.hpp).")
       .def(
           "set_grammar_vocab",
           [](Runtime& rt, const std::vector<nb::bytes>& tokens,

@@ -41,6 +41,7 @@ engine::GenerationParams generation_params(const RequestParams& p) {
   g.sampling.top_logprobs = s.top_logprobs;
   g.stop_token_ids = p.stop_token_ids;
   g.ignore_eos = p.ignore_eos;
+  g.handoff = p.handoff;
   return g;
 }
 
@@ -68,6 +69,7 @@ void gather(RequestOutput& into, RequestOutput&& more) {
   into.reason = more.reason;
   into.error = std::move(more.error);
   if (more.cached_tokens >= 0) into.cached_tokens = more.cached_tokens;  // on one output only
+  if (!more.handoff.empty()) into.handoff = std::move(more.handoff);     // on the last one
 }
 
 // A failpoint for the tests of engine failure (the C API's E_ENGINE_FAILED, the server's error
@@ -81,6 +83,15 @@ int64_t failpoint_engine_step() {
 }  // namespace
 
 class Runtime::Impl {
+  // A checked request on its way to the engine (the engine thread's inbox).
+  struct Pending {
+    int64_t id;
+    std::vector<int32_t> prompt;
+    engine::GenerationParams params;
+    int32_t first_token = -1;    // a handoff (submit_handoff): the token generated there
+    std::vector<uint8_t> state;  // and the state after the prompt
+  };
+
  public:
   explicit Impl(RuntimeOptions options) : options_(std::move(options)) {
     LoadedModel m = load_model(options_);
@@ -100,22 +111,28 @@ class Runtime::Impl {
     engine::GenerationParams g = generation_params(params);
     if (!params.grammar.kind.empty()) g.grammar = compile_grammar(params.grammar);
     engine_->check(prompt, g);  // reads constants only: no wait for a running step
-    int64_t id;
+    return enqueue({0, std::move(prompt), std::move(g)}, std::move(cb));
+  }
+
+  // A checked request to the engine: through the inbox (engine thread) or at once.
+  int64_t enqueue(Pending p, Callback cb) {
     {
       std::lock_guard<std::mutex> l(mu_);
       if (failed_) DSV41RT_THROW_CODE(kEngineFailed, "engine failed: ", failure_);
       DSV41RT_CHECK_CODE(kEngineFailed, !stop_, "the runtime is shut down");
-      id = next_id_++;
-      deliveries_[id].callback = std::move(cb);
+      p.id = next_id_++;
+      deliveries_[p.id].callback = std::move(cb);
       if (options_.engine_thread) {
-        inbox_.push_back({id, std::move(prompt), g});
+        const int64_t id = p.id;
+        inbox_.push_back(std::move(p));
         work_.notify_one();
         return id;
       }
     }
+    const int64_t id = p.id;
     try {  // no engine thread: the caller's next step() runs it
       std::lock_guard<std::mutex> e(engine_mu_);
-      engine_->submit(std::move(prompt), g, id);
+      submit_to_engine(p);
     } catch (...) {
       std::lock_guard<std::mutex> l(mu_);
       deliveries_.erase(id);
@@ -123,6 +140,16 @@ class Runtime::Impl {
     }
     snapshot();
     return id;
+  }
+
+  int64_t submit_handoff(std::vector<int32_t> prompt, int32_t first_token,
+                         std::vector<uint8_t> state, const RequestParams& params, Callback cb) {
+    engine::GenerationParams g = generation_params(params);
+    if (!params.grammar.kind.empty()) g.grammar = compile_grammar(params.grammar);
+    // Reads constants only (no wait for a running step); the engine checks again at submit.
+    engine_->check_handoff(prompt, first_token, state.data(), state.size(), g);
+    return enqueue({0, std::move(prompt), std::move(g), first_token, std::move(state)},
+                   std::move(cb));
   }
 
   std::optional<RequestOutput> await(int64_t id, std::chrono::milliseconds timeout) {
@@ -257,11 +284,14 @@ class Runtime::Impl {
   }
 
  private:
-  struct Pending {
-    int64_t id;
-    std::vector<int32_t> prompt;
-    engine::GenerationParams params;
-  };
+  void submit_to_engine(Pending& p) {  // engine_mu_ held
+    if (p.state.empty()) {
+      engine_->submit(std::move(p.prompt), p.params, p.id);
+    } else {
+      engine_->submit_handoff(std::move(p.prompt), p.first_token, p.state.data(), p.state.size(),
+                              p.params, p.id);
+    }
+  }
   struct Delivery {
     Callback callback;
     RequestOutput pending;  // gathered since the consumer last took
@@ -346,6 +376,21 @@ class Runtime::Impl {
     return vocab->compile(g);
   }
 
+  // Queued submits into the engine (engine_mu_ held); a refusal becomes the request's error
+  // output at the next step.
+  void submit_inbox(std::deque<Pending>& inbox) {
+    for (Pending& p : inbox) {
+      try {
+        submit_to_engine(p);
+      } catch (const std::exception& err) {  // checked at submit; state may have moved since
+        RequestOutput out;
+        out.id = p.id, out.finished = true, out.reason = FinishReason::kError,
+        out.error = err.what();
+        refused_.push_back(std::move(out));
+      }
+    }
+  }
+
   std::vector<RequestOutput> run_step(std::vector<int64_t>* scheduled = nullptr) {
     std::deque<Pending> inbox;
     std::vector<int64_t> cancels;
@@ -355,21 +400,12 @@ class Runtime::Impl {
       cancels.swap(cancels_);
     }
     std::lock_guard<std::mutex> e(engine_mu_);
-    std::vector<RequestOutput> refused;
-    for (Pending& p : inbox) {
-      try {
-        engine_->submit(std::move(p.prompt), p.params, p.id);
-      } catch (const std::exception& err) {  // checked at submit; state may have moved since
-        RequestOutput out;
-        out.id = p.id, out.finished = true, out.reason = FinishReason::kError,
-        out.error = err.what();
-        refused.push_back(std::move(out));
-      }
-    }
+    submit_inbox(inbox);
     for (int64_t id : cancels) {
       if (engine_->has_request(id)) engine_->cancel(id);  // else it finished meanwhile
     }
-    std::vector<RequestOutput> outs = std::move(refused);
+    std::vector<RequestOutput> outs = std::move(refused_);
+    refused_.clear();
     for (engine::RequestOutput& o : engine_->step(scheduled)) {
       RequestOutput r;
       r.id = o.id;
@@ -381,6 +417,7 @@ class Runtime::Impl {
       r.reason = o.error.empty() ? reason_of(o.reason) : FinishReason::kError;
       r.error = std::move(o.error);
       r.cached_tokens = o.cached_tokens;
+      r.handoff = std::move(o.handoff);
       outs.push_back(std::move(r));
     }
     return outs;
@@ -435,6 +472,7 @@ class Runtime::Impl {
   }
 
   RuntimeOptions options_;
+  std::vector<RequestOutput> refused_;  // under engine_mu_: submits the engine refused
   const int64_t fail_at_step_ = failpoint_engine_step();
   int64_t steps_run_ = 0;                                      // by the engine thread
   std::shared_ptr<const engine::GrammarVocab> grammar_vocab_;  // under mu_
@@ -497,6 +535,12 @@ Runtime& Runtime::operator=(Runtime&&) noexcept = default;
 
 int64_t Runtime::submit(std::vector<int32_t> prompt, const RequestParams& params, Callback cb) {
   return impl_->submit(std::move(prompt), params, std::move(cb));
+}
+int64_t Runtime::submit_handoff(std::vector<int32_t> prompt, int32_t first_token,
+                                std::vector<uint8_t> state, const RequestParams& params,
+                                Callback cb) {
+  return impl_->submit_handoff(std::move(prompt), first_token, std::move(state), params,
+                               std::move(cb));
 }
 std::optional<RequestOutput> Runtime::await(int64_t id, std::chrono::milliseconds timeout) {
   return impl_->await(id, timeout);

@@ -37,6 +37,7 @@ class StepOutput(NamedTuple):
     error: str = ""  # finish_reason "error": why the request could not go on
     first_scheduled: float = 0.0  # time.monotonic() when the first step running it began
     cached_tokens: int = -1  # prompt tokens served by the prefix cache (on the first token's output)
+    handoff: bytes | None = None  # add_request(handoff=True): the request's state, on its finished output
 
 
 def _step_output(o: Any) -> StepOutput:
@@ -53,6 +54,7 @@ def _step_output(o: Any) -> StepOutput:
         o.error,
         o.first_scheduled_ns * 1e-9,
         o.cached_tokens,
+        o.handoff,
     )
 
 
@@ -209,10 +211,48 @@ class Runtime:
         stop_token_ids: Sequence[int] | None = None,
         ignore_eos: bool = False,
         grammar: Grammar | None = None,
+        handoff: bool = False,
     ) -> int:
         """Queue a request (greedy unless `sampling` says otherwise); returns its id. With `grammar`
         its output is held to it (the vocabulary comes from the checkpoint's tokenizer.json unless
-        set_grammar_vocab gave one); a grammar the compiler refuses raises here."""
+        set_grammar_vocab gave one); a grammar the compiler refuses raises here. With `handoff`
+        (prefill role) it ends after its first token, whose output carries the request's state
+        (StepOutput.handoff) for another runtime's add_handoff_request; unless it ends at that token
+        anyway (a stop token, max_new_tokens 1, its grammar)."""
+        prompt, stops, g = self._request_args(prompt_ids, max_new_tokens, stop_token_ids, grammar)
+        sampling_dict = (sampling or GREEDY).to_dict()
+        return self._rt.submit(prompt, max_new_tokens, sampling_dict, stops, ignore_eos, g, handoff)
+
+    def add_handoff_request(
+        self,
+        prompt_ids: Sequence[int],
+        first_token: int,
+        state: bytes,
+        max_new_tokens: int = 16,
+        sampling: SamplingParams | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+        ignore_eos: bool = False,
+        grammar: Grammar | None = None,
+    ) -> int:
+        """Continue a request another runtime of the same model and pool layout prefilled (decode
+        role): its prompt, the first token generated there and its state (StepOutput.handoff); the
+        rest as add_request (max_new_tokens counts the first token). Its outputs hold the second
+        token onwards, equal to a run here from the start. It takes its pool pages at once: no room
+        now raises Dsv41rtError (code out_of_range); a bad state raises naming what is wrong."""
+        prompt, stops, g = self._request_args(prompt_ids, max_new_tokens, stop_token_ids, grammar)
+        (first,) = self._check_ids([first_token], "first_token")
+        if not isinstance(state, bytes | bytearray | memoryview):
+            raise Dsv41rtError(f"state must be bytes (StepOutput.handoff), got {type(state).__name__}")
+        sampling_dict = (sampling or GREEDY).to_dict()
+        return self._rt.submit_handoff(prompt, first, bytes(state), max_new_tokens, sampling_dict, stops, ignore_eos, g)
+
+    def _request_args(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        stop_token_ids: Sequence[int] | None,
+        grammar: Grammar | None,
+    ) -> tuple[list[int], list[int], dict[str, Any]]:
         prompt = self._check_ids(prompt_ids, "prompt_ids")
         if not prompt:
             raise Dsv41rtError("prompt_ids must contain at least one token")
@@ -222,7 +262,7 @@ class Runtime:
         if grammar is not None and not self._grammar_vocab:
             self.set_grammar_vocab()
         g = grammar.to_dict() if grammar is not None else {}
-        return self._rt.submit(prompt, max_new_tokens, (sampling or GREEDY).to_dict(), stops, ignore_eos, g)
+        return prompt, stops, g
 
     def set_grammar_vocab(
         self, tokens: Sequence[bytes] | None = None, stop_token_ids: Sequence[int] | None = None

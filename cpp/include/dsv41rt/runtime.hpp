@@ -118,6 +118,10 @@ struct RequestParams {
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;  ///< otherwise the model's end-of-sequence token also stops
   GrammarParams grammar;
+  /// Prefill role of disaggregated serving: the request ends after its first token, whose output
+  /// carries the request's state (RequestOutput::handoff) for another runtime's submit_handoff;
+  /// unless it ends at that token anyway (a stop token, max_new_tokens 1, its grammar).
+  bool handoff = false;
 };
 
 enum class FinishReason { kNone, kLength, kStop, kAborted, kError };
@@ -136,6 +140,9 @@ struct RequestOutput {
   /// prompt tokens served by the prefix cache: set (>= 0) on the output that carries the
   /// request's first token, -1 on the others
   int64_t cached_tokens = -1;
+  /// RequestParams::handoff: the request's state after its prompt (a checksummed blob for
+  /// submit_handoff), on its finished output; empty otherwise.
+  std::vector<uint8_t> handoff;
 };
 
 // ---- introspection ----------------------------------------------------------------------------
@@ -225,6 +232,16 @@ class DSV41RT_API Runtime {
   // Requests (continuous batching). Outputs go to the callback when one is given (on the engine
   // thread), else they are kept for await()/await_any().
   int64_t submit(std::vector<int32_t> prompt, const RequestParams& params, Callback on_output = {});
+  /// Continues a request another runtime of the same model and pool layout prefilled (decode
+  /// role): its `prompt`, the `first_token` it generated there and its `state`
+  /// (RequestOutput::handoff); `params` as the request's (max_new_tokens counts the first token,
+  /// so >= 2). Error(kInvalidArgument) here naming what is wrong with the state (size, checksum,
+  /// model, pool layout, prompt length) or the params. Queued like submit(); at admission it
+  /// takes a slot and the pages of its state and decodes from the first token on: its outputs
+  /// hold the second token onwards, equal to the request run here from the start.
+  int64_t submit_handoff(std::vector<int32_t> prompt, int32_t first_token,
+                         std::vector<uint8_t> state, const RequestParams& params,
+                         Callback on_output = {});
   /// The outputs of `id` gathered since the last call, waiting up to `timeout` for something new
   /// (nullopt when nothing came). After the finished output the id is forgotten.
   std::optional<RequestOutput> await(int64_t id, std::chrono::milliseconds timeout);

@@ -382,6 +382,9 @@ class RequestOutput:
     @property
     def cached_tokens(self) -> int: ...
 
+    @property
+    def handoff(self) -> object: ...
+
 class PoolStats:
     @property
     def pages_total(self) -> int: ...
@@ -582,9 +585,14 @@ class Runtime:
 
     def __init__(self, options: RuntimeOptions, progress: object | None = None) -> None: ...
 
-    def submit(self, prompt: Sequence[int], max_new_tokens: int, sampling: dict = {}, stop_token_ids: Sequence[int] = [], ignore_eos: bool = False, grammar: dict = {}) -> int:
+    def submit(self, prompt: Sequence[int], max_new_tokens: int, sampling: dict = {}, stop_token_ids: Sequence[int] = [], ignore_eos: bool = False, grammar: dict = {}, handoff: bool = False) -> int:
         """
-        Queues a request. grammar: {} or {kind, text, start_token, start_within} (dsv41rt/runtime.hpp GrammarParams).
+        Queues a request. grammar: {} or {kind, text, start_token, start_within} (dsv41rt/runtime.hpp GrammarParams). handoff: end after the first token with the request's state in the output (prefill role).
+        """
+
+    def submit_handoff(self, prompt: Sequence[int], first_token: int, state: bytes, max_new_tokens: int, sampling: dict = {}, stop_token_ids: Sequence[int] = [], ignore_eos: bool = False, grammar: dict = {}) -> int:
+        """
+        Continues a request another runtime prefilled (decode role; dsv41rt/runtime.hpp).
         """
 
     def set_grammar_vocab(self, tokens: Sequence[bytes], stop_token_ids: Sequence[int]) -> None:
