@@ -9,11 +9,11 @@ from .errors import Dsv41rtError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .commands import bench_cmd, cp_worker_cmd, inspect_cmd, make_checkpoint_cmd, run_cmds, serve_cmd
+    from .commands import bench_cmd, cp_worker_cmd, inspect_cmd, make_checkpoint_cmd, router_cmd, run_cmds, serve_cmd
 
     parser = argparse.ArgumentParser(prog="dsv41rt", description="Serving runtime for DeepSeek-V4.1 / V4 models")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (inspect_cmd, make_checkpoint_cmd, run_cmds, serve_cmd, bench_cmd, cp_worker_cmd):
+    for module in (inspect_cmd, make_checkpoint_cmd, run_cmds, serve_cmd, router_cmd, bench_cmd, cp_worker_cmd):
         module.register(sub)
     return parser
 

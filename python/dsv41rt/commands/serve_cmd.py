@@ -13,7 +13,7 @@ import sys
 from ..errors import Dsv41rtError
 from ..serve.config import KEYS, ServeConfig, build_config, dump, load_file
 
-_LIST_KEYS = ("served_model_name", "api_key")
+_LIST_KEYS = ("served_model_name", "api_key", "prefill_servers")
 
 
 def _add_config_flags(p: argparse.ArgumentParser) -> None:

@@ -23,7 +23,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
+from ..runtime import StepOutput
 from .completions import CompletionProtocol, CompletionStream
+from .disaggregation import HANDOFF_ROUTE, Handoff, HandoffMiddleware, HandoffStore, PrefillTag
+from .disaggregation import current as handoff_role
 from .engine_loop import EngineLoop, Tracked
 from .guard import Guard, error_response
 from .messages_api import MessagesApi, anthropic_errors
@@ -47,6 +50,7 @@ class ServerState:
         self.draining = False
         self.active = 0
         self.server: Any = None  # the uvicorn.Server, for the drain to stop it
+        self.handoffs = HandoffStore()  # prefill role: finished prefills for their decode servers
 
 
 def _stream_usage(chunk: str, with_usage: bool, fix_usage: Callable[[dict], None]) -> tuple[str, str | None]:
@@ -118,6 +122,8 @@ def create_app(state: ServerState) -> FastAPI:
     served = ServedApi(state.names, state.vocab, cfg.max_tokens_limit, state.context_limit, bool(cfg.api_key))
     install_openapi(app, served)
 
+    # disaggregation: the handoff role of a request a router sent (inside the guard)
+    app.add_middleware(HandoffMiddleware, state=state)
     # key, draining, JSON bodies, sizes; a bug anywhere below it is its logged 500 (guard.py)
     app.add_middleware(Guard, state=state)
 
@@ -207,8 +213,27 @@ def create_app(state: ServerState) -> FastAPI:
         req = Tracked(
             prompt, max_tokens, sampling, stops, ignore_eos, asyncio.Queue(), asyncio.get_running_loop(), grammar
         )
+        role = handoff_role.get()
+        if isinstance(role, Handoff):  # a decode server continues the prefill server's request
+            req.handoff = role
+        elif isinstance(role, PrefillTag):  # a prefill server keeps it for the decode server
+            handoff_id = role.handoff_id
+
+            def keep(r: Tracked, out: StepOutput) -> None:
+                if out.new_tokens:
+                    state.handoffs.put(handoff_id, Handoff(r.prompt, out, out.handoff))
+
+            req.on_handoff = keep
         state.engine.submit(req)
         return req
+
+    @app.get(HANDOFF_ROUTE + "/{handoff_id}")
+    async def take_handoff(handoff_id: str):
+        """A decode server takes a finished prefill's state (once)."""
+        h = state.handoffs.take(handoff_id)
+        if h is None:
+            raise ApiError(404, f"no handoff {handoff_id!r} (never made here, taken already, or expired)")
+        return Response(content=h.encode(), media_type="application/octet-stream")
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):

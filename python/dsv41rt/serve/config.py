@@ -19,6 +19,7 @@ from ..errors import Dsv41rtError
 from ..options import OPTIONS, RuntimeOptions, options_from, parse_bool, parse_int, parse_size
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+DISAGGREGATION_MODES = ("none", "prefill", "decode")
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,11 @@ class ServeConfig:
     shutdown_timeout: float = 30.0  # seconds in-flight requests may drain after SIGTERM
     log_level: str = "info"
     thinking: bool = True  # default thinking mode of chat requests that do not say
+    # Prefill/decode disaggregation (docs/design/disaggregation.md): "none", or this server's role
+    # behind `dsv41rt router`; a decode server fetches request state only from `prefill-servers`
+    # (with none given: from this host).
+    disaggregation_mode: str = "none"
+    prefill_servers: tuple[str, ...] = ()
     tiny_model_dir: str = field(default="", metadata={"help": "where the built-in model is generated"})
 
     def model_names(self, default: str) -> tuple[str, ...]:
@@ -102,6 +108,11 @@ def _validate(cfg: ServeConfig) -> ServeConfig:
     need(cfg.max_request_bytes >= 1024, "max-request-bytes", "must be >= 1024")
     need(0 <= cfg.port <= 65535, "port", f"must be in [0, 65535], got {cfg.port}")
     need(cfg.shutdown_timeout >= 0, "shutdown-timeout", "must be >= 0")
+    need(
+        cfg.disaggregation_mode in DISAGGREGATION_MODES,
+        "disaggregation-mode",
+        f"must be one of {', '.join(DISAGGREGATION_MODES)}, got {cfg.disaggregation_mode!r}",
+    )
     need(cfg.log_level in LOG_LEVELS, "log-level", f"must be one of {', '.join(LOG_LEVELS)}, got {cfg.log_level!r}")
     return cfg  # the model directory is checked when the server starts (configs travel between machines)
 

@@ -17,8 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import Dsv41rtError
 from ..runtime import Runtime, StepOutput
 from ..sampling import Grammar, SamplingParams
+from .disaggregation import Handoff, first_output
 
 log = logging.getLogger("dsv41rt.serve")
 
@@ -43,6 +45,10 @@ class Tracked:
     generated: int = 0
     engine_id: int = -1
     end_error: Exception | None = None  # delivered before the end when it is aborted
+    # Disaggregation (serve/disaggregation.py): a decode server's request continues `handoff`; a
+    # prefill server's request ends after its first token and hands its last output to `on_handoff`.
+    handoff: Handoff | None = None
+    on_handoff: Callable[[Tracked, StepOutput], None] | None = None
 
 
 class EngineLoop:
@@ -70,16 +76,61 @@ class EngineLoop:
             return {}
 
     def submit(self, req: Tracked) -> None:
+        if req.handoff is not None:
+            self._continue(req, req.handoff)
+            return
         with self._lock:  # registered before the consumer can see its first output
             try:
                 req.engine_id = self.rt.add_request(
-                    req.prompt, req.max_tokens, req.sampling, req.stop_token_ids, req.ignore_eos, req.grammar
+                    req.prompt,
+                    req.max_tokens,
+                    req.sampling,
+                    req.stop_token_ids,
+                    req.ignore_eos,
+                    req.grammar,
+                    handoff=req.on_handoff is not None,
                 )
             except Exception as err:  # a request the engine refuses: report it, keep serving
                 self._deliver(req, err)
                 self._deliver(req, None)
                 return
             self._live[req.engine_id] = req
+
+    def _continue(self, req: Tracked, h: Handoff) -> None:
+        """A decode server's request: the prefill server's first output, then the engine's."""
+        with self._lock:  # the first output is queued before the consumer can see the second
+            try:
+                if h.prompt != req.prompt:
+                    raise Dsv41rtError(
+                        f"handoff: the prefill server ran a prompt of {len(h.prompt)} tokens, this server "
+                        f"prepared {len(req.prompt)} tokens (different tokenizer or chat template?)"
+                    )
+                if not h.first.finished:
+                    if h.state is None:
+                        raise Dsv41rtError("handoff: the prefill server sent no state for an unfinished request")
+                    req.engine_id = self.rt.add_handoff_request(
+                        req.prompt,
+                        h.first.new_tokens[0],
+                        h.state,
+                        req.max_tokens,
+                        req.sampling,
+                        req.stop_token_ids,
+                        req.ignore_eos,
+                        req.grammar,
+                    )
+                    self._live[req.engine_id] = req
+            except Exception as err:
+                self._deliver(req, err)
+                self._deliver(req, None)
+                return
+            now = time.monotonic()
+            req.first_forward = req.first_token = req.last_token = now
+            req.generated = len(h.first.new_tokens)
+            self._deliver(req, first_output(h, req.engine_id))
+        if h.first.finished:  # it ended at its first token on the prefill server
+            if self._on_finish:
+                self._on_finish(req, h.first.finish_reason or "stop")
+            self._deliver(req, None)
 
     def cancel(self, req: Tracked, error: Exception | None = None) -> None:
         """Abort `req` (no-op once it finished); its stream gets `error`, when given, then its end."""
@@ -139,6 +190,8 @@ class EngineLoop:
         elif out.new_tokens or (out.finished and out.finish_reason != "abort"):
             self._deliver(req, out)
         if out.finished:
+            if req.on_handoff is not None and out.finish_reason != "error":
+                req.on_handoff(req, out)  # before the route sees the end: the router asks next
             if self._on_finish:
                 self._on_finish(req, out.finish_reason or "stop")
             self._deliver(req, None)

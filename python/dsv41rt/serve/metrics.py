@@ -78,6 +78,11 @@ class _EngineCollector(Collector):
             "Compressed-KV workspace acquires served without dequantising.",
             s.get("reuse_hits", 0),
         )
+        yield counter(
+            "model_tokens_computed",
+            "Positions run through the model: prompts, decodes and recomputation (not prefix-cache hits).",
+            s.get("tokens_computed", 0),
+        )
         yield counter("dequant_calls", "Compressed-KV workspace refills (dequantisations).", s.get("dequant_calls", 0))
 
 
@@ -106,7 +111,24 @@ class Metrics:
         self.e2e = Histogram(
             "dsv41rt:e2e_request_latency_seconds", "Arrival to last token.", m, buckets=E2E_BUCKETS, registry=r
         )
+        # Disaggregation (serve/disaggregation.py): request states a decode server fetched.
+        self.handoff_bytes = Counter(
+            "dsv41rt:handoff_received_bytes", "Request state bytes fetched from prefill servers.", m, registry=r
+        )
+        self.handoff_time = Histogram(
+            "dsv41rt:handoff_transfer_seconds",
+            "Time to fetch one request's state from its prefill server.",
+            m,
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.handoff_bytes.labels(model)  # zeros before the first handoff
+        self.handoff_time.labels(model)
         r.register(_EngineCollector(model, stats))
+
+    def handoff_received(self, size: int, seconds: float) -> None:
+        self.handoff_bytes.labels(self.model).inc(size)
+        self.handoff_time.labels(self.model).observe(seconds)
 
     def finished(
         self,

@@ -1,0 +1,152 @@
+"""Prefill/decode disaggregation end to end on the CPU (issue 26): `dsv41rt router` over a prefill
+server and a decode server (`dsv41rt serve --disaggregation-mode ...`, built-in tiny model), each
+its own process. The router's answers equal a single server's (the decode server asked directly,
+without a handoff), bitwise in tokens and logprobs; the OpenAI client sees one ordinary server;
+failures are clear errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+import numpy as np
+import pytest
+from serve_harness import LiveServer, free_port
+
+MODEL = "dsv41rt-tiny-v41"
+LENGTHS = [1, 2, 3, 5, 8, 9, 16, 17, 31, 40, 64, 100, 129, 200, 257, 300]
+
+
+class Router:
+    def __init__(self, prefill: list[str], decode: list[str]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        cmd = [sys.executable, "-m", "dsv41rt", "router", "--port", str(self.port), "--log-level", "warning"]
+        cmd += ["--prefill", *prefill, "--decode", *decode]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.output()
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise RuntimeError(f"router did not start:\n{self.output()}")
+
+    def output(self) -> str:
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("builtin") / "tiny-v41-seed0")
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_dir):
+    prefill = LiveServer("--disaggregation-mode", "prefill", model_dir=tiny_dir)
+    decode = LiveServer("--disaggregation-mode", "decode", model_dir=tiny_dir)
+    router = Router([prefill.url], [decode.url])
+    yield prefill, decode, router
+    router.stop()
+    assert decode.stop() == 0, decode.output()
+    assert prefill.stop() == 0, prefill.output()
+
+
+def _tokens_and_logprobs(body: dict) -> tuple:
+    c = body["choices"][0]
+    lp = c["logprobs"]
+    return c["text"], lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], c["finish_reason"]
+
+
+def metric(server: LiveServer, name: str) -> float:
+    for line in httpx.get(server.url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(f"dsv41rt:{name}{{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no metric {name}")
+
+
+def test_completions_through_the_router_equal_a_single_server(cluster) -> None:
+    """16 prompts of 1..300 tokens, greedy with logprobs: text, tokens, logprobs and top logprobs
+    equal the decode server's own answers, bitwise (JSON floats round-trip exactly). The prompt
+    runs on the prefill server only: the decode server computes the 7 decode positions alone."""
+    prefill, decode, router = cluster
+    rng = np.random.default_rng(26)
+    handoffs = metric(decode, "handoff_transfer_seconds_count")
+    for n in LENGTHS:
+        prompt = [int(t) for t in rng.integers(3, 1000, n)]
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 3, "ignore_eos": True}
+        direct = httpx.post(decode.url + "/v1/completions", json=body, timeout=120)
+        computed = metric(decode, "model_tokens_computed_total")
+        routed = httpx.post(router.url + "/v1/completions", json=body, timeout=120)
+        assert direct.status_code == 200 and routed.status_code == 200, (direct.text, routed.text)
+        assert _tokens_and_logprobs(routed.json()) == _tokens_and_logprobs(direct.json()), f"prompt of {n}"
+        assert routed.json()["usage"]["completion_tokens"] == 8
+        assert metric(decode, "model_tokens_computed_total") - computed == 7, f"prompt of {n}"
+    assert metric(decode, "handoff_transfer_seconds_count") - handoffs == len(LENGTHS)
+    assert metric(decode, "handoff_received_bytes_total") > 0
+
+
+def test_the_openai_client_sees_one_server_streamed_or_not(cluster) -> None:
+    openai = pytest.importorskip("openai")
+    _, decode, router = cluster
+    messages = [{"role": "user", "content": "Tell me about disaggregated serving."}]
+    kw = {"model": MODEL, "messages": messages, "max_tokens": 10, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    direct = openai.OpenAI(base_url=decode.url + "/v1", api_key="x").chat.completions.create(**kw)
+    client = openai.OpenAI(base_url=router.url + "/v1", api_key="x")
+    routed = client.chat.completions.create(**kw)
+    assert routed.choices[0].message.content == direct.choices[0].message.content
+    assert routed.choices[0].logprobs.model_dump() == direct.choices[0].logprobs.model_dump()
+    chunks = client.chat.completions.create(**kw, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == direct.choices[0].message.content
+    # One token only: the request ends on the prefill server and the decode server just answers it.
+    one = client.chat.completions.create(**{**kw, "max_tokens": 1})
+    assert one.choices[0].finish_reason == "length" and one.usage.completion_tokens == 1
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_a_bad_request_gets_the_servers_own_error(cluster) -> None:
+    _, _, router = cluster
+    r = httpx.post(router.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": -1}, timeout=60)
+    assert r.status_code == 400 and "max_tokens" in r.text
+
+
+def test_no_decode_server_is_a_503_with_retry_after_and_the_prefill_server_keeps_serving(cluster) -> None:
+    prefill, decode, _ = cluster
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    router = Router([prefill.url], [dead])
+    try:
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 4}
+        r = httpx.post(router.url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 503, r.text
+        assert r.headers.get("retry-after") == "1"
+        assert "decode" in r.json()["error"]["message"]
+    finally:
+        router.stop()
+    ok = httpx.post(prefill.url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 4}, timeout=60)
+    assert ok.status_code == 200, ok.text
+
+
+def test_a_decode_server_refuses_foreign_or_missing_handoffs(cluster) -> None:
+    prefill, decode, _ = cluster
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 4}
+    headers = {"x-dsv41rt-handoff-id": "abc", "x-dsv41rt-prefill-url": "http://example.com:1"}
+    r = httpx.post(decode.url + "/v1/completions", json=body, headers=headers, timeout=60)
+    assert r.status_code == 400 and "not a configured prefill server" in r.text
+    r = httpx.post(decode.url + "/v1/completions", json=body, headers={**headers, "x-dsv41rt-prefill-url": prefill.url})
+    assert r.status_code == 502 and "answered 404" in r.text
+    r = httpx.post(decode.url + "/v1/completions", json=body, headers={"x-dsv41rt-handoff-id": "a/b"}, timeout=60)
+    assert r.status_code == 400 and "not a handoff id" in r.text
