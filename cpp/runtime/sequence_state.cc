@@ -1,5 +1,6 @@
 #include "runtime/sequence_state.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -80,8 +81,9 @@ std::vector<uint8_t> encode_sequence_state(const model::PoolGeometry& geometry,
   h.length = length;
   h.n_pages = int64_t(pages.size()) / geometry.page_bytes;
   std::vector<uint8_t> out(sizeof h + slot.size() + pages.size());
-  std::memcpy(out.data() + sizeof h, slot.data(), slot.size());
-  std::memcpy(out.data() + sizeof h + slot.size(), pages.data(), pages.size());
+  // (empty vectors may have a null data(), which memcpy must not be given even for 0 bytes)
+  std::copy(slot.begin(), slot.end(), out.begin() + sizeof h);
+  std::copy(pages.begin(), pages.end(), out.begin() + std::ptrdiff_t(sizeof h + slot.size()));
   h.checksum = checksum(h, out.data() + sizeof h, out.size() - sizeof h);
   std::memcpy(out.data(), &h, sizeof h);
   return out;

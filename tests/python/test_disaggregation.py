@@ -150,3 +150,48 @@ def test_a_decode_server_refuses_foreign_or_missing_handoffs(cluster) -> None:
     assert r.status_code == 502 and "answered 404" in r.text
     r = httpx.post(decode.url + "/v1/completions", json=body, headers={"x-dsv41rt-handoff-id": "a/b"}, timeout=60)
     assert r.status_code == 400 and "not a handoff id" in r.text
+
+
+def _no_pages_held(server: LiveServer) -> None:
+    """After the prefix cache lets go, a server holds no KV pages: nothing leaked."""
+    assert httpx.post(server.url + "/reset_prefix_cache", timeout=30).status_code == 200
+    assert metric(server, "kv_cache_usage_perc") == 0.0
+
+
+def test_killed_servers_give_clear_errors_leak_nothing_and_the_router_keeps_serving(cluster, tiny_dir) -> None:
+    prefill, decode, _ = cluster
+    doomed_decode = LiveServer("--disaggregation-mode", "decode", model_dir=tiny_dir)
+    doomed_prefill = LiveServer("--disaggregation-mode", "prefill", model_dir=tiny_dir)
+    router = Router([prefill.url, doomed_prefill.url], [doomed_decode.url, decode.url])
+    try:
+        # A decode server killed mid-answer (round robin sends the first request to it): the stream
+        # ends with an error event naming the failure.
+        body = {"model": MODEL, "prompt": "hello", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=120) as r:
+            assert r.status_code == 200
+            events = (line for line in r.iter_lines() if line.startswith("data: "))
+            assert '"text"' in next(events)
+            doomed_decode.proc.kill()
+            rest = list(events)
+        assert "the decode server failed mid-answer" in rest[-1], rest[-3:]
+        # A prefill server killed after its prefill, before the decode server fetched the state:
+        # the decode server answers 502 and takes no pages.
+        handoff = {"x-dsv41rt-handoff-id": "killed-1"}
+        short = {"model": MODEL, "prompt": "hi there", "max_tokens": 4, "ignore_eos": True}
+        assert httpx.post(doomed_prefill.url + "/v1/completions", json=short, headers=handoff).status_code == 200
+        doomed_prefill.proc.kill()
+        doomed_prefill.proc.wait()
+        headers = {**handoff, "x-dsv41rt-prefill-url": doomed_prefill.url}
+        r2 = httpx.post(decode.url + "/v1/completions", json=short, headers=headers, timeout=60)
+        assert r2.status_code == 502 and "unreachable" in r2.text
+        # The router goes on over the surviving pair, skipping the dead peers.
+        for _ in range(4):
+            ok = httpx.post(router.url + "/v1/completions", json=short, timeout=60)
+            assert ok.status_code == 200, ok.text
+            assert ok.json()["usage"]["completion_tokens"] == 4
+        for survivor in (prefill, decode):
+            _no_pages_held(survivor)
+    finally:
+        router.stop()
+        doomed_decode.stop()
+        doomed_prefill.stop()

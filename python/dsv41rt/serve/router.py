@@ -7,7 +7,8 @@ keeps the request's state under that id; then the same body to a decode server, 
 state from that prefill server and streams the whole answer, first token included; the router
 passes that response through as it comes. The client sees one ordinary server.
 
-Failures: a peer that cannot be reached is skipped for the next one (round robin over each side);
+Failures: a peer that cannot be reached is skipped for the next one (round robin over each side),
+and passed over for PEER_COOLDOWN_S;
 a decode server that cannot fetch the state (502) or dies before answering makes the router start
 over with the next peers; when every attempt failed the client gets a 503 with Retry-After. A
 prefill server's own answer other than 200 (e.g. a 400 for a bad request) goes to the client as it
@@ -18,9 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +41,7 @@ GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses",
 # What a client's request carries that the servers need, and what their answers carry back.
 _REQUEST_HEADERS = ("authorization", "x-api-key", "content-type", "anthropic-version", "anthropic-beta")
 _RESPONSE_HEADERS = ("content-type", "retry-after")
+PEER_COOLDOWN_S = 5.0  # a peer that failed to answer is skipped this long
 
 
 @dataclass(frozen=True)
@@ -61,27 +65,43 @@ class Router:
         self._prefill = itertools.cycle(cfg.prefill)
         self._decode = itertools.cycle(cfg.decode)
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(cfg.timeout, connect=5.0))
+        self._down: dict[str, float] = {}  # peer -> until when it is skipped (it failed to answer)
         self.handoffs = 0
         self.retries = 0
+
+    def _pick(self, peers: Iterator[str], n: int) -> str:
+        """The next peer in round robin that has not failed lately (any, if all have)."""
+        now = time.monotonic()
+        first = next(peers)
+        peer = first
+        for _ in range(n):
+            if self._down.get(peer, 0.0) <= now:
+                return peer
+            peer = next(peers)
+        return first
+
+    def _failed(self, peer: str) -> None:
+        self._down[peer] = time.monotonic() + PEER_COOLDOWN_S
+        self.retries += 1
 
     async def generate(self, request: Request) -> Response:
         body = await request.body()
         headers = {k: v for k, v in request.headers.items() if k in _REQUEST_HEADERS}
         path = request.url.path
         failures: list[str] = []
-        for _ in range(max(len(self.cfg.prefill), len(self.cfg.decode)) + 1):
+        for _ in range(len(self.cfg.prefill) + len(self.cfg.decode)):
             handoff_id = uuid.uuid4().hex
-            prefill = next(self._prefill)
+            prefill = self._pick(self._prefill, len(self.cfg.prefill))
             try:
                 to_prefill = {**headers, HANDOFF_ID_HEADER: handoff_id}
                 r = await self.client.post(prefill + path, content=body, headers=to_prefill)
             except httpx.HTTPError as err:
                 failures.append(f"prefill {prefill}: {type(err).__name__}")
-                self.retries += 1
+                self._failed(prefill)
                 continue
             if r.status_code != 200:  # the request's own error (both sides check alike), or a busy server
                 return Response(r.content, r.status_code, headers=_passed(r.headers))
-            decode = next(self._decode)
+            decode = self._pick(self._decode, len(self.cfg.decode))
             to_decode = {**headers, HANDOFF_ID_HEADER: handoff_id, PREFILL_URL_HEADER: prefill}
             try:
                 answer = await self.client.send(
@@ -89,16 +109,27 @@ class Router:
                 )
             except httpx.HTTPError as err:
                 failures.append(f"decode {decode}: {type(err).__name__}")
-                self.retries += 1
+                self._failed(decode)
                 continue
             if answer.status_code == 502:  # it could not fetch the state: start over
                 failures.append(f"decode {decode}: {(await answer.aread()).decode(errors='replace')[:200]}")
                 await answer.aclose()
                 self.retries += 1
                 continue
+            if not answer.headers.get("content-type", "").startswith("text/event-stream"):
+                try:  # a whole answer: read it all, so a decode server that dies meanwhile is retried
+                    content = await answer.aread()
+                except httpx.HTTPError as err:
+                    failures.append(f"decode {decode} died while answering: {type(err).__name__}")
+                    self._failed(decode)
+                    continue
+                finally:
+                    await answer.aclose()
+                self.handoffs += 1
+                return Response(content, answer.status_code, headers=_passed(answer.headers))
             self.handoffs += 1
             return StreamingResponse(
-                answer.aiter_raw(),
+                _relay(answer, decode),
                 status_code=answer.status_code,
                 headers=_passed(answer.headers),
                 background=BackgroundTask(answer.aclose),
@@ -134,6 +165,19 @@ class Router:
             await self.client.aclose()
 
         return Starlette(routes=routes, lifespan=lifespan)
+
+
+async def _relay(answer: httpx.Response, decode: str) -> AsyncIterator[bytes]:
+    """A decode server's event stream as it comes; if the server dies mid-stream, an error event
+    (OpenAI's shape) ends it, so the client sees why its answer stopped."""
+    try:
+        async for chunk in answer.aiter_raw():
+            yield chunk
+    except httpx.HTTPError as err:
+        log.warning("decode server %s failed mid-stream: %s", decode, err)
+        message = f"the decode server failed mid-answer ({type(err).__name__}); retry the request"
+        body = {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
+        yield f"\n\ndata: {json.dumps(body)}\n\n".encode()
 
 
 def _passed(headers: Any) -> dict[str, str]:
