@@ -3,6 +3,7 @@
 // runtime, import into another, decoding continues bitwise): tests/python/test_sequence_state.py.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -38,8 +39,9 @@ TEST(SequenceState, RoundTripKeepsEveryByte) {
     const SequenceStateView v = decode_sequence_state(blob.data(), blob.size(), kGeometry, 7);
     EXPECT_EQ(v.header.length, length);
     EXPECT_EQ(v.header.n_pages, n_pages);
-    EXPECT_EQ(std::memcmp(v.slot, slot.data(), slot.size()), 0);
-    EXPECT_EQ(std::memcmp(v.pages, pages.data(), pages.size()), 0);
+    // std::equal, not memcmp: `pages` is empty (null data()) for length 0
+    EXPECT_TRUE(std::equal(slot.begin(), slot.end(), v.slot));
+    EXPECT_TRUE(std::equal(pages.begin(), pages.end(), v.pages));
   }
 }
 
