@@ -227,7 +227,7 @@ def create_app(state: ServerState) -> FastAPI:
         state.engine.submit(req)
         return req
 
-    @app.get(HANDOFF_ROUTE + "/{handoff_id}")
+    @app.get(HANDOFF_ROUTE + "/{handoff_id}", include_in_schema=False)  # between servers, not an API
     async def take_handoff(handoff_id: str):
         """A decode server takes a finished prefill's state (once)."""
         h = state.handoffs.take(handoff_id)
