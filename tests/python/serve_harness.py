@@ -20,11 +20,12 @@ def free_port() -> int:
 
 
 class LiveServer:
-    def __init__(self, *flags: str, model_dir: str | None = None) -> None:
+    def __init__(self, *flags: str, model_dir: str | None = None, command: str = "serve") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "dsv41rt", "serve", "--port", str(self.port), "--log-level", "warning", *flags]
+        # `command`: "serve", or "router" (prefill/decode disaggregation) with its own flags.
+        cmd = [sys.executable, "-m", "dsv41rt", command, "--port", str(self.port), "--log-level", "warning", *flags]
         if model_dir:
             cmd += ["--tiny-model-dir", model_dir]
         # One OpenMP thread per server: the tests run several processes on few cores, where

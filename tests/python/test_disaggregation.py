@@ -6,12 +6,6 @@ failures are clear errors."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import tempfile
-import time
-
 import httpx
 import numpy as np
 import pytest
@@ -21,32 +15,8 @@ MODEL = "dsv41rt-tiny-v41"
 LENGTHS = [1, 2, 3, 5, 8, 9, 16, 17, 31, 40, 64, 100, 129, 200, 257, 300]
 
 
-class Router:
-    def __init__(self, prefill: list[str], decode: list[str]) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "dsv41rt", "router", "--port", str(self.port), "--log-level", "warning"]
-        cmd += ["--prefill", *prefill, "--decode", *decode]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ))
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.output()
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        raise RuntimeError(f"router did not start:\n{self.output()}")
-
-    def output(self) -> str:
-        self.log.flush()
-        with open(self.log.name) as f:
-            return f.read()
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+def Router(prefill: list[str], decode: list[str]) -> LiveServer:  # noqa: N802 (reads as the process it starts)
+    return LiveServer("--prefill", *prefill, "--decode", *decode, command="router")
 
 
 @pytest.fixture(scope="module")
