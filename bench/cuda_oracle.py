@@ -47,15 +47,20 @@ def checkpoint(seed: int, root: str) -> str:
     return path
 
 
-def run_case(rt, p: list[int], forced: list[int] | None) -> tuple[np.ndarray, list[int]]:
-    """Prefill + GEN decode steps: greedy, or forced to `forced`; logits of positions 0..n+GEN-2."""
+def run_case(rt, p: list[int], forced: list[int] | None, decisions: list | None = None) -> tuple[np.ndarray, list[int]]:
+    """Prefill + GEN decode steps: greedy, or forced to `forced`; logits of positions 0..n+GEN-2.
+    With `decisions`, each forward's (logits, rt.window_kv_inputs()) is appended to it."""
     h = rt.new_handle()
     logits = [rt.forward_tokens(h, p)]
+    if decisions is not None:
+        decisions.append((logits[-1], rt.window_kv_inputs()))
     greedy: list[int] = []
     for i in range(GEN):
         greedy.append(int(np.argmax(logits[-1][-1])) if forced is None else forced[i])
         if i < GEN - 1:
             logits.append(rt.forward_tokens(h, [greedy[-1]]))
+            if decisions is not None:
+                decisions.append((logits[-1], rt.window_kv_inputs()))
     rt.release_handle(h)
     return np.ascontiguousarray(np.concatenate(logits)), greedy
 
@@ -95,7 +100,7 @@ def compare(path: str) -> int:
     from dsv41rt.runtime import Runtime
     from oracle.nemo_v41 import build_model
     from oracle.reference import reference
-    from test_oracle_v41 import diff_violations, tolerance
+    from test_oracle_v41 import diff_violations, tolerance, window_kv_rows
 
     data = np.load(path)
     failures = 0
@@ -104,7 +109,9 @@ def compare(path: str) -> int:
             ck = checkpoint(seed, root)
             model = build_model(ck)
             for quant in (True, False):
-                cpu = Runtime(ck, kv_cache_dtype="auto" if quant else "float32")
+                # The CPU run records its window-KV rounding inputs: the reference aligns its
+                # near-tie roundings to them (test_oracle_v41.py's rule).
+                cpu = Runtime(ck, kv_cache_dtype="auto" if quant else "float32", record_decisions=quant)
                 original = nemo_attention.quantize_cache
                 if not quant:
                     nemo_attention.quantize_cache = lambda values, **_: values
@@ -113,9 +120,11 @@ def compare(path: str) -> int:
                         key = f"s{seed}_q{int(quant)}_n{n}"
                         dgc, greedy = data[key + "_dgc"], [int(g) for g in data[key + "_greedy"]]
                         p = prompt_of(n)
-                        ours_cpu, _ = run_case(cpu, p, greedy)
+                        forwards: list = []
+                        ours_cpu, _ = run_case(cpu, p, greedy, forwards)
                         same = digest(ours_cpu) == str(data[key + "_cpu_sha"])
-                        ref = reference(model, p + greedy[:-1], prompt_len=n, length_noise=quant)
+                        window_kv = window_kv_rows(forwards)
+                        ref = reference(model, p + greedy[:-1], prompt_len=n, length_noise=quant, window_kv=window_kv)
                         tol = tolerance(ref)
                         bound = dgc + np.abs(ours_cpu - ref["logits"]).max(-1)
                         rows = np.arange(n - 1, n + GEN - 1)

@@ -217,7 +217,7 @@ _ROWS = (
         "",
         "ranks 1..N-1 as worker processes (NCCL on GPUs, TCP on the CPU)",
     ),
-    Option("record_decisions", parse_bool, "", "keep each forward's top-k and expert choices (debugging)"),
+    Option("record_decisions", parse_bool, "", "keep each forward's top-k, experts, window-KV inputs (debugging)"),
 )
 OPTIONS: dict[str, Option] = {o.name: o for o in _ROWS}
 assert list(OPTIONS) == [f.name for f in fields(RuntimeOptions)], "one table row per RuntimeOptions field"

@@ -29,6 +29,12 @@ unstable position comes after 24-68 positions in most cases, as early as positio
 it every position is within the capped bound). A negative control (a copy of the checkpoint with one
 routed expert dropped) must fail this rule. Greedy tokens must be the reference's argmax, unless the
 reference's margin to our token is within that position's tolerance (a tie).
+
+With cache quantisation on, the reference rounds each window-KV element to FP8 the way our runtime
+did wherever both sides' inputs to that rounding agree within 2^-18 of the row's amax (our inputs are
+recorded with `record_decisions`; tests/python/oracle/reference.py): a near-tie broken the other way
+by summation order is a discrete decision like a top-k flip, and aligning it keeps every later
+position comparable at the tight bound instead of hoping a jitter draw happens to flip the same tie.
 """
 
 from __future__ import annotations
@@ -62,7 +68,8 @@ def results(request, tmp_path_factory) -> dict:
     seed, quant = request.param
     ck = str(tmp_path_factory.mktemp(f"oracle-seed{seed}"))
     make_checkpoint(preset_config_json("tiny-v41"), ck, seed)
-    model, rt = build_model(ck), Runtime(ck, kv_cache_dtype="auto" if quant else "float32")
+    model = build_model(ck)
+    rt = Runtime(ck, kv_cache_dtype="auto" if quant else "float32", record_decisions=quant)
     original = nemo_attention.quantize_cache
     if not quant:
         nemo_attention.quantize_cache = lambda values, **_: values
@@ -71,18 +78,28 @@ def results(request, tmp_path_factory) -> dict:
         for n in LENGTHS:
             p = prompt_of(n)
             h = rt.new_handle()
-            logits = [rt.forward_tokens(h, p)]  # prefill: every prompt position
+            forwards = [(rt.forward_tokens(h, p), rt.window_kv_inputs())]  # prefill: every prompt position
             greedy = []
             for _ in range(GEN):  # decode through the caches
-                greedy.append(int(np.argmax(logits[-1][-1])))
-                logits.append(rt.forward_tokens(h, [greedy[-1]]))
+                greedy.append(int(np.argmax(forwards[-1][0][-1])))
+                forwards.append((rt.forward_tokens(h, [greedy[-1]]), rt.window_kv_inputs()))
             rt.release_handle(h)
-            ours = np.concatenate(logits)[: n + GEN - 1]  # the last token's logits are not needed
-            ref = reference(model, p + greedy[:-1], prompt_len=n, length_noise=quant)
+            ours = np.concatenate([f[0] for f in forwards])[: n + GEN - 1]  # the last one is not needed
+            ref = reference(
+                model, p + greedy[:-1], prompt_len=n, length_noise=quant, window_kv=window_kv_rows(forwards)
+            )
             out[n] = (ref, ours, np.asarray(greedy))
         return out
     finally:
         nemo_attention.quantize_cache = original
+
+
+def window_kv_rows(forwards: list[tuple[np.ndarray, dict[int, np.ndarray]]]) -> dict[int, np.ndarray] | None:
+    """Per layer, the window-KV rounding inputs (Runtime.window_kv_inputs) of all forwards in token
+    order (None when not recorded: cache quantisation off)."""
+    if not forwards[0][1]:
+        return None
+    return {layer: np.concatenate([inputs[layer] for _, inputs in forwards]) for layer in forwards[0][1]}
 
 
 NOISE_CAP = 1e-2  # larger reference noise marks an unstable position (see the module docstring)
@@ -201,14 +218,37 @@ def test_bound_rejects_a_dropped_expert(tmp_path, quant: bool) -> None:
     probe.score(p)
     expert = int(probe.decisions()["experts_L2"][0][0])  # routed for the first token in layer 2
     copy_with_zeroed(ck, str(tmp_path / "dropped"), [f"layers.2.ffn.experts.{expert}.w2.weight"])
-    ours = Runtime(str(tmp_path / "dropped"), kv_cache_dtype="auto" if quant else "float32").score(p)
+    dropped = Runtime(str(tmp_path / "dropped"), kv_cache_dtype="auto" if quant else "float32", record_decisions=quant)
+    ours = dropped.score(p)
+    window_kv = window_kv_rows([(ours, dropped.window_kv_inputs())])  # the full rule: roundings aligned too
     original = nemo_attention.quantize_cache
     if not quant:
         nemo_attention.quantize_cache = lambda values, **_: values
     try:
-        ref = reference(build_model(ck), p, prompt_len=len(p), length_noise=quant)
+        ref = reference(build_model(ck), p, prompt_len=len(p), length_noise=quant, window_kv=window_kv)
     finally:
         nemo_attention.quantize_cache = original
     why = bound_violations(ours, ref, np.arange(len(p)))
     print(f"dropped expert {expert} of layer 2, quant {quant}: {why}")
     assert why is not None, "the bound accepts a model with one routed expert dropped"
+
+
+def test_align_rounding_takes_our_side_only_within_fp32_noise() -> None:
+    """The alignment rounds an element our way only where our input is within the agreement bound
+    of the reference's (an FP8 midpoint nudged by 1 ulp each way), never where it is further off."""
+    require_oracle_packages()
+    import nemo_automodel.components.models.deepseek_v41.attention as nemo_attention
+    import torch
+    from oracle.reference import WINDOW_KV_AGREEMENT, align_rounding
+
+    quantize = nemo_attention.quantize_cache
+    ref = torch.linspace(-2.0, 2.0, 64).reshape(1, 1, 64)
+    ref[0, 0, 5] = 0.296875  # the FP8 midpoint between 0.28125 and 0.3125 (scale 2^-7 for amax 2)
+    rounded = quantize(ref, format="fp8", block_size=32)
+    for nudge, takes_ours in ((-1e-7, True), (-2.0 * WINDOW_KV_AGREEMENT * 2.0, False)):
+        ours = ref[0].numpy().copy()
+        ours[0, 5] += nudge
+        got = align_rounding(ref, rounded, ours, quantize, format="fp8", block_size=32)
+        assert float(rounded[0, 0, 5]) == 0.3125  # ties to even
+        assert float(got[0, 0, 5]) == (0.28125 if takes_ours else 0.3125), nudge
+        assert torch.equal(got[0, 0, :5], rounded[0, 0, :5]) and torch.equal(got[0, 0, 6:], rounded[0, 0, 6:])

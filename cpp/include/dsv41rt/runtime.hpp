@@ -79,7 +79,7 @@ struct RuntimeOptions {
   NumericsOptions numerics;
   DeviceOptions device;
   ParallelOptions parallel;
-  bool record_decisions = false;  ///< keep each forward's top-k and expert choices (debug)
+  bool record_decisions = false;  ///< keep each forward's decisions (Decisions; debug)
   /// true: an engine thread runs steps whenever there is work; false: the caller runs them with
   /// step() (scripting, deterministic tests).
   bool engine_thread = true;
@@ -197,11 +197,16 @@ struct Stats {
 };
 
 /// Discrete decisions of the last forward (record_decisions): per layer, rows x k (each row
-/// sorted): the indexer's top-k (index-source layers; -1 = none) and the routed experts.
+/// sorted): the indexer's top-k (index-source layers; -1 = none) and the routed experts. With
+/// them, per layer, the window-KV rows (rows x head_dim, FP32) as they enter their cache rounding:
+/// an oracle can tell a rounding that went the other way at a near-tie (both sides' inputs agree
+/// to FP32 noise) from a real difference.
 struct Decisions {
   int64_t rows = 0;
   std::map<int, std::vector<int32_t>> topk, experts;
   std::map<int, int64_t> topk_width, experts_width;
+  std::map<int, std::vector<float>> window_kv;
+  int64_t window_kv_width = 0;
 };
 
 /// Switches for A/B measurements between forwards.

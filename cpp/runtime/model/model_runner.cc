@@ -169,6 +169,15 @@ void ModelRunner::record(std::map<int, std::vector<int32_t>>& into, std::map<int
   width[layer] = k;
 }
 
+void ModelRunner::record_window_kv(int layer, const float* kv, int64_t rows, int64_t dim) {
+  std::vector<float>& dst = decisions_.window_kv[layer];
+  const size_t at = dst.size();
+  dst.resize(at + size_t(rows * dim));
+  be_.to_host(dst.data() + at, kv, rows * dim * int64_t(sizeof(float)), main());
+  be_.synchronize(main());
+  decisions_.window_kv_width = dim;
+}
+
 void ModelRunner::gather_rows(const float* local, int64_t dim, int64_t rows, float* out, Stream s) {
   const int64_t P = comm_->size(), count = qv_.max_local * dim;
   float* recv = buf(cp_recv_, P * count);

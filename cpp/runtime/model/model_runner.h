@@ -45,9 +45,10 @@ class ModelRunner {
   ModelRunner(const ModelPlan& plan, Backend& backend, const BackendWeights& weights,
               const StateLayout& layout, KvPool& pool, DequantWorkspaces& workspaces);
 
-  bool multistream = true;        ///< side streams (off: everything on the main stream)
-  bool record_decisions = false;  ///< keep each forward's top-k and expert choices
-  bool cp_timing = false;         ///< time the CP all-gather against the Q projection
+  bool multistream = true;  ///< side streams (off: everything on the main stream)
+  /// Keep each forward's Decisions (top-k, experts, window-KV rounding inputs).
+  bool record_decisions = false;
+  bool cp_timing = false;  ///< time the CP all-gather against the Q projection
 
   /// Host bookkeeping of a forward and the upload of its plan, outside any capture. With `comm`
   /// this runner is rank comm->rank() of a context-parallel group for this forward.
@@ -101,6 +102,8 @@ class ModelRunner {
   // Appends rows x k decisions (each row sorted) to `into[layer]`.
   void record(std::map<int, std::vector<int32_t>>& into, std::map<int, int64_t>& width, int layer,
               const int32_t* values, int64_t rows, int64_t k);
+  // Appends the rows x dim window-KV values entering their cache rounding to decisions_.
+  void record_window_kv(int layer, const float* kv, int64_t rows, int64_t dim);
 
   const ModelPlan& plan_;
   Backend& be_;

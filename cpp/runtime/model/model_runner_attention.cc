@@ -170,6 +170,7 @@ void ModelRunner::attention(const LayerPlan& layer, const LayerWeights& w, const
   be_.linear(xs, w.wkv, N, H, D, kv, false, s);
   be_.rms_norm(kv, w.kv_norm, N, D, eps, kv, s);
   be_.apply_rope(kv, N, 1, D, R, meta_.positions, w.inv_freq, false, s);
+  if (record_decisions) record_window_kv(layer.index, kv, N, D);
   be_.cache_qdq(fmt.window, kv, N, D, s);
   const kernels::RingRows ring{meta_.slots, layout_.window_offset(layer.index), W,
                                layout_.window_row_bytes()};
