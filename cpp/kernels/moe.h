@@ -75,4 +75,20 @@ DSV41RT_API void moe_forward(const float* x, const int32_t* idx, const float* we
                              int64_t I_shared, float limit, float* y,
                              GemmInputs inputs = GemmInputs::kFp32);
 
+/// Expert parallelism, the routed half of moe_forward on one rank: slots [S, k, H] (overwritten)
+/// holds swiglu_expert_e(x[t], weight[t, slot]) for every (t, slot) whose expert e lies in
+/// [e_begin, e_begin + count) and 0 for the others. experts: `count` entries, expert e_begin + i
+/// at i. Summing the ranks' slots (exactly one rank is non-zero per slot) and moe_combine give
+/// moe_forward's y bitwise.
+DSV41RT_API void moe_slots(const float* x, const int32_t* idx, const float* weight, int64_t S,
+                           int64_t H, int64_t k, int64_t E, int64_t I, const SwigluWeights* experts,
+                           int64_t e_begin, int64_t count, float limit, float* slots,
+                           GemmInputs inputs = GemmInputs::kFp32);
+
+/// The rest of moe_forward given every slot's routed output [S, k, H]: y[t] = t's slots summed
+/// from 0 in ascending expert id, then the shared expert added (skipped when shared == nullptr).
+DSV41RT_API void moe_combine(const float* x, const int32_t* idx, const float* slots, int64_t S,
+                             int64_t H, int64_t k, const SwigluWeights* shared, int64_t I_shared,
+                             float limit, float* y, GemmInputs inputs = GemmInputs::kFp32);
+
 }  // namespace dsv41rt::kernels::cpu

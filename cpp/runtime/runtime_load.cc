@@ -32,6 +32,8 @@ void check_options(const RuntimeOptions& o) {
   const ParallelOptions& c = o.parallel;
   DSV41RT_CHECK(c.context_parallel_size >= 1 && c.context_parallel_size <= 64,
                 "context_parallel_size ", c.context_parallel_size, " must be in [1, 64]");
+  DSV41RT_CHECK(c.expert_parallel_size >= 1 && c.expert_parallel_size <= 64,
+                "expert_parallel_size ", c.expert_parallel_size, " must be in [1, 64]");
 }
 
 const char* backend_name(CpBackend b) {
@@ -66,6 +68,7 @@ model::ExecutorOptions executor_options(const RuntimeOptions& o) {
   e.cp_rank = o.parallel.rank;
   e.cp_id = o.parallel.group_id;
   e.cp_workers = o.parallel.worker_threads;
+  e.ep_size = o.parallel.expert_parallel_size;
   return e;
 }
 

@@ -45,6 +45,7 @@ class RuntimeOptions:
     context_parallel_size: int = 1
     context_parallel_backend: str = "local"
     context_parallel_processes: bool = False
+    expert_parallel_size: int = 1
     record_decisions: bool = False
 
     def __post_init__(self) -> None:
@@ -73,6 +74,7 @@ class RuntimeOptions:
             f"must be >= 0 (0: off), got {self.host_cache_memory}",
         )
         need(1 <= self.context_parallel_size <= 64, "context_parallel_size", "must be in [1, 64]")
+        need(1 <= self.expert_parallel_size <= 64, "expert_parallel_size", "must be in [1, 64]")
         need(
             self.context_parallel_backend != "nccl" or self.device != "cpu",
             "context_parallel_backend",
@@ -216,6 +218,12 @@ _ROWS = (
         parse_bool,
         "",
         "ranks 1..N-1 as worker processes (NCCL on GPUs, TCP on the CPU)",
+    ),
+    Option(
+        "expert_parallel_size",
+        parse_int,
+        "",
+        "routed experts split over this many ranks (CPU: virtual ranks in this process; exact)",
     ),
     Option("record_decisions", parse_bool, "", "keep each forward's top-k, experts, window-KV inputs (debugging)"),
 )

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -224,6 +225,55 @@ TEST(MoeForward, RandomMatchesPerTokenReferenceAndIsBatchIndependent) {
   EXPECT_THROW(
       moe_forward(x.data(), idx.data(), wt.data(), S, H, k, E, I, ex.data(), &sh, Is, L, y.data()),
       Error);
+}
+
+// Expert parallelism: each of P ranks' moe_slots (its contiguous expert share, the others' slots
+// zero, poisoned buffers beforehand), summed slot by slot in rank order, then moe_combine, is
+// bitwise moe_forward, for P = 1, 2, 3, 6; shapes and ranges are checked.
+TEST(MoeSlots, RanksSummedThenCombinedEqualMoeForwardBitwise) {
+  const unsigned seed = std::random_device{}();
+  std::mt19937 g(seed);
+  const int S = 9, H = 16, I = 12, Is = 8, E = 6, k = 3;
+  auto x = random_vec(S * H, g, 2.0f);
+  std::vector<std::vector<float>> W1, W3, W2;
+  std::vector<SwigluWeights> ex(E);
+  for (int e = 0; e < E; ++e) {
+    W1.push_back(random_vec(I * H, g));
+    W3.push_back(random_vec(I * H, g));
+    W2.push_back(random_vec(H * I, g, 0.2f));
+    ex[e] = {W1[e].data(), W3[e].data(), W2[e].data()};
+  }
+  auto s1 = random_vec(Is * H, g), s3 = random_vec(Is * H, g), s2 = random_vec(H * Is, g, 0.2f);
+  SwigluWeights sh{s1.data(), s3.data(), s2.data()};
+  std::vector<int32_t> idx(S * k);
+  for (int t = 0; t < S; ++t) {  // k distinct experts per token, in random slot order
+    std::vector<int32_t> all(E);
+    for (int e = 0; e < E; ++e) all[e] = e;
+    std::shuffle(all.begin(), all.end(), g);
+    std::copy(all.begin(), all.begin() + k, idx.begin() + t * k);
+  }
+  auto wt = random_vec(S * k, g);
+  const float L = 7.0f;
+  std::vector<float> want(S * H, std::nanf(""));
+  moe_forward(x.data(), idx.data(), wt.data(), S, H, k, E, I, ex.data(), &sh, Is, L, want.data());
+  for (int P : {1, 2, 3, 6}) {
+    std::vector<float> sum(S * k * H, 0.0f), part(S * k * H);
+    for (int r = 0; r < P; ++r) {
+      const int per = E / P;
+      std::fill(part.begin(), part.end(), std::nanf(""));
+      moe_slots(x.data(), idx.data(), wt.data(), S, H, k, E, I, ex.data() + r * per, r * per, per,
+                L, part.data());
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+    }
+    std::vector<float> y(S * H, std::nanf(""));
+    moe_combine(x.data(), idx.data(), sum.data(), S, H, k, &sh, Is, L, y.data());
+    EXPECT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)))
+        << "P " << P << " seed " << seed;
+  }
+  std::vector<float> part(S * k * H);
+  EXPECT_THROW(
+      moe_slots(x.data(), idx.data(), wt.data(), S, H, k, E, I, ex.data(), 4, 3, L, part.data()),
+      Error);  // experts [4, 7) outside [0, 6)
 }
 
 }  // namespace

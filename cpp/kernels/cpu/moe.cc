@@ -1,5 +1,6 @@
 #include "kernels/moe.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -138,32 +139,29 @@ void swiglu_expert(const float* x, const float* w1, const float* w3, const float
   linear(g.data(), w2, m, I, H, y, accumulate);
 }
 
-void moe_forward(const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H,
-                 int64_t k, int64_t E, int64_t I, const SwigluWeights* experts,
-                 const SwigluWeights* shared, int64_t I_shared, float limit, float* y,
-                 GemmInputs inputs) {
-  DSV41RT_CHECK(S >= 0 && H > 0 && k >= 1 && E > 0 && I > 0, "moe_forward: S=", S, " H=", H,
-                " k=", k, " E=", E, " I=", I);
-  if (S == 0) return;
-  DSV41RT_CHECK(x && idx && weight && experts && y, "moe_forward: null pointer");
-  DSV41RT_CHECK(!shared || I_shared > 0, "moe_forward: I_shared=", I_shared);
-  // Bucket (token, slot) pairs by expert, token-major inside each expert.
+namespace {
+
+// Runs the routed experts [e_begin, e_begin + count) over their (token, slot) pairs, expert by
+// expert in ascending id with each expert's pairs token-major, and hands every pair's output row
+// to sink(pair = t * k + slot, row). experts[i] is expert e_begin + i.
+template <typename Sink>
+void run_routed(const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H,
+                int64_t k, int64_t E, int64_t I, const SwigluWeights* experts, int64_t e_begin,
+                int64_t count, float limit, GemmInputs inputs, Sink sink) {
   std::vector<std::vector<int64_t>> pairs(E);
   for (int64_t t = 0; t < S; ++t) {
     for (int64_t j = 0; j < k; ++j) {
       const int32_t e = idx[t * k + j];
-      DSV41RT_CHECK(e >= 0 && e < E, "moe_forward: idx[", t, ", ", j, "] = ", e, " outside [0, ", E,
-                    ")");
+      DSV41RT_CHECK(e >= 0 && e < E, "moe: idx[", t, ", ", j, "] = ", e, " outside [0, ", E, ")");
       pairs[e].push_back(t * k + j);
     }
   }
-  for (int64_t i = 0; i < S * H; ++i) y[i] = 0.0f;
   std::vector<float> xg, sg, out;
-  for (int64_t e = 0; e < E; ++e) {
+  for (int64_t e = e_begin; e < e_begin + count; ++e) {
     const auto& p = pairs[e];
     if (p.empty()) continue;
-    const SwigluWeights& w = experts[e];
-    DSV41RT_CHECK(w.w1 && w.w3 && w.w2, "moe_forward: expert ", e, " has no weights");
+    const SwigluWeights& w = experts[e - e_begin];
+    DSV41RT_CHECK(w.w1 && w.w3 && w.w2, "moe: expert ", e, " has no weights");
     const int64_t m = static_cast<int64_t>(p.size());
     xg.resize(m * H);
     sg.resize(m);
@@ -175,17 +173,73 @@ void moe_forward(const float* x, const int32_t* idx, const float* weight, int64_
     }
     swiglu_expert(xg.data(), w.w1, w.w3, w.w2, sg.data(), m, H, I, limit, out.data(), false,
                   inputs);
-    for (int64_t r = 0; r < m; ++r) {
-      float* yr = y + (p[r] / k) * H;
-      const float* o = out.data() + r * H;
+    for (int64_t r = 0; r < m; ++r) sink(p[r], out.data() + r * H);
+  }
+}
+
+void add_shared(const float* x, int64_t S, int64_t H, const SwigluWeights* shared, int64_t I_shared,
+                float limit, float* y, GemmInputs inputs) {
+  if (!shared) return;
+  DSV41RT_CHECK(shared->w1 && shared->w3 && shared->w2, "moe: shared expert weights");
+  swiglu_expert(x, shared->w1, shared->w3, shared->w2, nullptr, S, H, I_shared, limit, y,
+                /*accumulate=*/true, inputs);
+}
+
+}  // namespace
+
+void moe_forward(const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H,
+                 int64_t k, int64_t E, int64_t I, const SwigluWeights* experts,
+                 const SwigluWeights* shared, int64_t I_shared, float limit, float* y,
+                 GemmInputs inputs) {
+  DSV41RT_CHECK(S >= 0 && H > 0 && k >= 1 && E > 0 && I > 0, "moe_forward: S=", S, " H=", H,
+                " k=", k, " E=", E, " I=", I);
+  if (S == 0) return;
+  DSV41RT_CHECK(x && idx && weight && experts && y, "moe_forward: null pointer");
+  DSV41RT_CHECK(!shared || I_shared > 0, "moe_forward: I_shared=", I_shared);
+  for (int64_t i = 0; i < S * H; ++i) y[i] = 0.0f;
+  run_routed(x, idx, weight, S, H, k, E, I, experts, 0, E, limit, inputs,
+             [&](int64_t pair, const float* o) {
+               float* yr = y + (pair / k) * H;
+               for (int64_t c = 0; c < H; ++c) yr[c] += o[c];
+             });
+  add_shared(x, S, H, shared, I_shared, limit, y, inputs);
+}
+
+void moe_slots(const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H,
+               int64_t k, int64_t E, int64_t I, const SwigluWeights* experts, int64_t e_begin,
+               int64_t count, float limit, float* slots, GemmInputs inputs) {
+  DSV41RT_CHECK(S >= 0 && H > 0 && k >= 1 && E > 0 && I > 0, "moe_slots: S=", S, " H=", H, " k=", k,
+                " E=", E, " I=", I);
+  DSV41RT_CHECK(e_begin >= 0 && count >= 0 && e_begin + count <= E, "moe_slots: experts [", e_begin,
+                ", ", e_begin + count, ") outside [0, ", E, ")");
+  if (S == 0) return;
+  DSV41RT_CHECK(x && idx && weight && slots && (experts || count == 0), "moe_slots: null pointer");
+  for (int64_t i = 0; i < S * k * H; ++i) slots[i] = 0.0f;
+  run_routed(x, idx, weight, S, H, k, E, I, experts, e_begin, count, limit, inputs,
+             [&](int64_t pair, const float* o) { std::copy(o, o + H, slots + pair * H); });
+}
+
+void moe_combine(const float* x, const int32_t* idx, const float* slots, int64_t S, int64_t H,
+                 int64_t k, const SwigluWeights* shared, int64_t I_shared, float limit, float* y,
+                 GemmInputs inputs) {
+  DSV41RT_CHECK(S >= 0 && H > 0 && k >= 1, "moe_combine: S=", S, " H=", H, " k=", k);
+  if (S == 0) return;
+  DSV41RT_CHECK(x && idx && slots && y, "moe_combine: null pointer");
+  DSV41RT_CHECK(!shared || I_shared > 0, "moe_combine: I_shared=", I_shared);
+  std::vector<int64_t> order(static_cast<size_t>(k));
+  for (int64_t t = 0; t < S; ++t) {
+    // moe_forward adds a token's slots expert by expert in ascending id (ties keep slot order).
+    for (int64_t j = 0; j < k; ++j) order[j] = j;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return idx[t * k + a] < idx[t * k + b]; });
+    float* yr = y + t * H;
+    for (int64_t c = 0; c < H; ++c) yr[c] = 0.0f;
+    for (int64_t j : order) {
+      const float* o = slots + (t * k + j) * H;
       for (int64_t c = 0; c < H; ++c) yr[c] += o[c];
     }
   }
-  if (shared) {
-    DSV41RT_CHECK(shared->w1 && shared->w3 && shared->w2, "moe_forward: shared expert weights");
-    swiglu_expert(x, shared->w1, shared->w3, shared->w2, nullptr, S, H, I_shared, limit, y,
-                  /*accumulate=*/true, inputs);
-  }
+  add_shared(x, S, H, shared, I_shared, limit, y, inputs);
 }
 
 }  // namespace dsv41rt::kernels::cpu

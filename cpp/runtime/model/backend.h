@@ -151,6 +151,16 @@ class DSV41RT_API Backend {
   virtual void moe_experts(const float* x, const int32_t* idx, const float* weight, int64_t S,
                            int64_t H, int64_t k, int64_t E, int64_t I, const LayerWeights& w,
                            float limit, float* y, Scratch scratch, Stream s) = 0;
+  /// Expert parallelism (kernels/moe.h moe_slots / moe_combine): slots [S, k, H] = the routed
+  /// outputs of the (token, slot) pairs whose expert this rank holds (w.expert_begin, ..
+  /// + w.expert_count), 0 elsewhere; after the ranks' slots are summed, moe_combine gives
+  /// moe_experts' y bitwise.
+  virtual void moe_expert_slots(const float* x, const int32_t* idx, const float* weight, int64_t S,
+                                int64_t H, int64_t k, int64_t E, int64_t I, const LayerWeights& w,
+                                float limit, float* slots, Scratch scratch, Stream s) = 0;
+  virtual void moe_combine(const float* x, const int32_t* idx, const float* slots, int64_t S,
+                           int64_t H, int64_t k, int64_t I, const LayerWeights& w, float limit,
+                           float* y, Scratch scratch, Stream s) = 0;
   /// Cache quantise-dequantise in `f`'s format (kF32: nothing).
   virtual void cache_qdq(kernels::RowFormat f, float* x, int64_t rows, int64_t dim, Stream s) = 0;
   // Paged state (kernels/paged.h).

@@ -57,9 +57,11 @@ struct LayerWeights {
   const float *q_norm = nullptr, *kv_norm = nullptr, *attn_sink = nullptr, *comp_norm = nullptr,
               *idx_k_norm = nullptr;
   const float *inv_freq = nullptr;  ///< RoPE inverse frequencies of this layer
-  // MoE: routed experts stacked [E, I, H] / [E, H, I]; all six matrices share one format
+  // MoE: routed experts stacked [E, I, H] / [E, H, I]; all six matrices share one format. Under
+  // expert parallelism the stacks hold this rank's experts [expert_begin, + expert_count) only.
   const float *gate = nullptr, *bias = nullptr;
   Matrix w1, w3, w2, shared_w1, shared_w3, shared_w2;
+  int64_t expert_begin = 0, expert_count = 0;
   // Engram: FP8 E4M3 table [rows, head_dim] with UE8M0 scales [rows, head_dim / 32]
   const uint8_t *engram_table = nullptr, *engram_scale = nullptr;
   int64_t engram_rows = 0;

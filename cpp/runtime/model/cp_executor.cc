@@ -11,11 +11,14 @@ namespace {
 
 class CpExecutor final : public DelegatingExecutor {
  public:
+  // context_parallel: prefill forwards split their queries over the ranks (else every forward
+  // runs whole on every rank: the expert-parallel group).
   CpExecutor(std::vector<std::shared_ptr<Executor>> ranks,
-             std::vector<std::unique_ptr<comm::Communicator>> comms)
+             std::vector<std::unique_ptr<comm::Communicator>> comms, bool context_parallel)
       : DelegatingExecutor(ranks.empty() ? nullptr : ranks[0].get()),
         ranks_(std::move(ranks)),
-        comms_(std::move(comms)) {
+        comms_(std::move(comms)),
+        context_parallel_(context_parallel) {
     DSV41RT_CHECK(!ranks_.empty() && ranks_.size() == comms_.size(),
                   "a context-parallel group needs ranks and one communicator each (", ranks_.size(),
                   " executors, ", comms_.size(), " communicators)");
@@ -34,6 +37,10 @@ class CpExecutor final : public DelegatingExecutor {
 
   void forward(std::vector<BatchItem>& batch) override {
     check_cp_batch(*this, batch);  // bad input fails here, before any rank runs
+    if (!context_parallel_) {
+      on_every_rank(batch, [&](int r, std::vector<BatchItem>& mine) { ranks_[r]->forward(mine); });
+      return;
+    }
     bool prefill = false;
     for (const BatchItem& b : batch) prefill = prefill || b.n > 1;
     cp_forwards_ += prefill ? 1 : 0;
@@ -54,8 +61,12 @@ class CpExecutor final : public DelegatingExecutor {
 
   BackendStats backend_stats() const override {
     BackendStats s = ranks_[0]->backend_stats();
-    s.cp_size = int64_t(ranks_.size());
-    s.cp_forwards = cp_forwards_;  // forwards run context-parallel (the rest replicated)
+    if (context_parallel_) {
+      s.cp_size = int64_t(ranks_.size());
+      s.cp_forwards = cp_forwards_;  // forwards run context-parallel (the rest replicated)
+    } else {
+      s.ep_size = int64_t(ranks_.size());
+    }
     return s;
   }
   void set_switch(Switch which, bool on) override {
@@ -111,6 +122,7 @@ class CpExecutor final : public DelegatingExecutor {
 
   std::vector<std::shared_ptr<Executor>> ranks_;
   std::vector<std::unique_ptr<comm::Communicator>> comms_;
+  bool context_parallel_;
   int64_t cp_forwards_ = 0;
 };
 
@@ -146,7 +158,12 @@ void run_cp_forward(Executor& e, comm::Communicator& comm, std::vector<BatchItem
 
 std::shared_ptr<Executor> make_cp_executor(std::vector<std::shared_ptr<Executor>> ranks,
                                            std::vector<std::unique_ptr<comm::Communicator>> comms) {
-  return std::make_shared<CpExecutor>(std::move(ranks), std::move(comms));
+  return std::make_shared<CpExecutor>(std::move(ranks), std::move(comms), true);
+}
+
+std::shared_ptr<Executor> make_ep_executor(std::vector<std::shared_ptr<Executor>> ranks,
+                                           std::vector<std::unique_ptr<comm::Communicator>> comms) {
+  return std::make_shared<CpExecutor>(std::move(ranks), std::move(comms), false);
 }
 
 }  // namespace dsv41rt::model

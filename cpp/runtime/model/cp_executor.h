@@ -24,6 +24,12 @@ namespace dsv41rt::model {
 std::shared_ptr<Executor> make_cp_executor(std::vector<std::shared_ptr<Executor>> ranks,
                                            std::vector<std::unique_ptr<comm::Communicator>> comms);
 
+/// An expert-parallel group (docs/design/parallelism.md) on the same machinery: every forward
+/// runs on every rank with the whole batch (replicated attention and state); each rank's executor
+/// holds a shard of the routed experts and combines the MoE over comms[r] (its ep_comm).
+std::shared_ptr<Executor> make_ep_executor(std::vector<std::shared_ptr<Executor>> ranks,
+                                           std::vector<std::unique_ptr<comm::Communicator>> comms);
+
 /// What every rank's forward would refuse, checked once on the host before any rank runs (so bad
 /// input leaves the group usable). Throws Error naming the item.
 void check_cp_batch(const Executor& e, const std::vector<BatchItem>& batch);

@@ -104,6 +104,7 @@ class CpuWeightView {
       fp8 = fp8 && fp8_input(m.w1[e]) && fp8_input(m.w3[e]) && fp8_input(m.w2[e]);
     }
     fp8 = fp8 && exact;
+    L.expert_begin = m.expert_begin, L.expert_count = int64_t(m.w1.size());
     L.w1 = stack(m.w1, exact, fp8), L.w3 = stack(m.w3, exact, fp8), L.w2 = stack(m.w2, exact, fp8);
     L.shared_w1 = matrix(m.shared_w1), L.shared_w3 = matrix(m.shared_w3);
     L.shared_w2 = matrix(m.shared_w2);
@@ -219,23 +220,24 @@ class CpuBackend final : public Backend {
   void moe_experts(const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H,
                    int64_t kk, int64_t E, int64_t I, const LayerWeights& w, float limit, float* y,
                    Scratch, Stream) override {
-    std::vector<float> b1, b3, b2, s1, s3, s2;
-    const float* w1 = dense(w.w1, E * I, H, b1);
-    const float* w3 = dense(w.w3, E * I, H, b3);
-    const float* w2 = dense(w.w2, E * H, I, b2);
-    std::vector<kernels::SwigluWeights> experts(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) experts[e] = {w1 + e * I * H, w3 + e * I * H, w2 + e * H * I};
-    kernels::SwigluWeights shared{};
-    if (w.shared_w1) {
-      shared = {dense(w.shared_w1, I, H, s1), dense(w.shared_w3, I, H, s3),
-                dense(w.shared_w2, H, I, s2)};
-    }
-    k::GemmInputs inputs = k::GemmInputs::kFp32;
-    if (tc_ && moe_bf16_exact(w)) {
-      inputs = fp8_ && moe_fp8_inputs(w) ? k::GemmInputs::kFp8 : k::GemmInputs::kBf16;
-    }
-    k::moe_forward(x, idx, weight, S, H, kk, E, I, experts.data(), w.shared_w1 ? &shared : nullptr,
-                   I, limit, y, inputs);
+    DSV41RT_CHECK_CODE(kInternal, w.expert_begin == 0 && w.expert_count == E,
+                       "moe_experts on an expert-parallel shard (use moe_expert_slots)");
+    ExpertViews v(w, E, H, I);
+    k::moe_forward(x, idx, weight, S, H, kk, E, I, v.experts.data(), v.shared_or_null(), I, limit,
+                   y, moe_inputs(w));
+  }
+  void moe_expert_slots(const float* x, const int32_t* idx, const float* weight, int64_t S,
+                        int64_t H, int64_t kk, int64_t E, int64_t I, const LayerWeights& w,
+                        float limit, float* slots, Scratch, Stream) override {
+    ExpertViews v(w, w.expert_count, H, I);
+    k::moe_slots(x, idx, weight, S, H, kk, E, I, v.experts.data(), w.expert_begin, w.expert_count,
+                 limit, slots, moe_inputs(w));
+  }
+  void moe_combine(const float* x, const int32_t* idx, const float* slots, int64_t S, int64_t H,
+                   int64_t kk, int64_t I, const LayerWeights& w, float limit, float* y, Scratch,
+                   Stream) override {
+    ExpertViews v(w, 0, H, I);
+    k::moe_combine(x, idx, slots, S, H, kk, v.shared_or_null(), I, limit, y, moe_inputs(w));
   }
   void cache_qdq(RowFormat f, float* x, int64_t rows, int64_t dim, Stream) override {
     if (f == RowFormat::kFp8Window) k::fp8_window_qdq(x, rows, dim, x);
@@ -335,6 +337,34 @@ class CpuBackend final : public Backend {
  private:
   // FP32 values of a matrix read as [rows, cols]: the weights this backend loads are FP32
   // already; other stored formats (op tests hand both backends one Matrix) are decoded into buf.
+  // The FP32 views of a layer's first `count` stacked routed experts and its shared expert.
+  struct ExpertViews {
+    ExpertViews(const LayerWeights& w, int64_t count, int64_t H, int64_t I)
+        : experts(static_cast<size_t>(count)) {
+      if (count > 0) {
+        const float* w1 = dense(w.w1, count * I, H, b1);
+        const float* w3 = dense(w.w3, count * I, H, b3);
+        const float* w2 = dense(w.w2, count * H, I, b2);
+        for (int64_t e = 0; e < count; ++e) {
+          experts[e] = {w1 + e * I * H, w3 + e * I * H, w2 + e * H * I};
+        }
+      }
+      if (w.shared_w1) {
+        shared = {dense(w.shared_w1, I, H, s1), dense(w.shared_w3, I, H, s3),
+                  dense(w.shared_w2, H, I, s2)};
+      }
+    }
+    const kernels::SwigluWeights* shared_or_null() const { return shared.w1 ? &shared : nullptr; }
+    std::vector<float> b1, b3, b2, s1, s3, s2;
+    std::vector<kernels::SwigluWeights> experts;
+    kernels::SwigluWeights shared{};
+  };
+  // One GEMM-input decision for all of a layer's expert matrices (as the GPU's MoE op).
+  kernels::cpu::GemmInputs moe_inputs(const LayerWeights& w) const {
+    if (!tc_ || !moe_bf16_exact(w)) return kernels::cpu::GemmInputs::kFp32;
+    return fp8_ && moe_fp8_inputs(w) ? kernels::cpu::GemmInputs::kFp8
+                                     : kernels::cpu::GemmInputs::kBf16;
+  }
   static const float* dense(const Matrix& w, int64_t rows, int64_t cols, std::vector<float>& buf) {
     const kernels::WeightView v = w.view(rows, cols);
     if (v.format == WeightFormat::kF32) return static_cast<const float*>(v.data);

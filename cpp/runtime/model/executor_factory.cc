@@ -35,6 +35,35 @@ void check_copy_state(const model::KvPool& pool, const RequestView& src, const R
                 dst.n_pages);
 }
 
+namespace {
+
+// Expert parallelism over virtual ranks in this process (LocalComm): rank r's executor holds the
+// routed-expert shard r and everything else whole.
+std::shared_ptr<Executor> make_expert_group(ModelPlan plan, const ModelWeights& weights,
+                                            const EngramTables& engram,
+                                            const ExecutorOptions& options) {
+  DSV41RT_CHECK_CODE(kUnsupported,
+                     options.cp_size == 1 && options.cp_rank < 0 && options.cp_comm == "local",
+                     "expert_parallel_size ", options.ep_size,
+                     " does not compose with context parallelism yet (context_parallel_size ",
+                     options.cp_size, ")");
+  DSV41RT_CHECK_CODE(kUnsupported, options.device == "cpu",
+                     "expert parallelism runs on the CPU backend only so far (device '",
+                     options.device, "')");
+  const int P = int(options.ep_size);
+  auto comms = comm::make_local_group(P);
+  std::vector<std::shared_ptr<Executor>> ranks;
+  for (int r = 0; r < P; ++r) {
+    ExecutorOptions one = options;
+    one.ep_size = 1;
+    one.ep_comm = comms[r].get();
+    ranks.push_back(make_executor(plan, expert_shard(weights, plan, r, P), engram, one));
+  }
+  return make_ep_executor(std::move(ranks), std::move(comms));
+}
+
+}  // namespace
+
 std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights weights, EngramTables engram,
                                         ExecutorOptions options) {
   const std::string& d = options.device;
@@ -49,6 +78,9 @@ std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights weights, En
       options.cp_comm == "local" || options.cp_comm == "nccl" || options.cp_comm == "socket",
       "unknown context_parallel_backend '", options.cp_comm,
       "' (expected 'local', 'nccl' or 'socket')");
+  DSV41RT_CHECK_CODE(kInvalidArgument, options.ep_size >= 1 && options.ep_size <= 64,
+                     "expert_parallel_size ", options.ep_size, " must be in [1, 64]");
+  if (options.ep_size > 1) return make_expert_group(std::move(plan), weights, engram, options);
   const bool nccl = options.cp_comm == "nccl";
   DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_comm != "socket" || options.cp_rank >= 0,
                      "context_parallel_backend 'socket' is for one process per rank (set rank)");

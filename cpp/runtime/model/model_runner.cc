@@ -124,8 +124,23 @@ void ModelRunner::ffn(const LayerPlan& layer, const LayerWeights& w, float* X1, 
   float* mw = buf(moe_w_, N * k);
   be_.moe_route(xn_.get(), w.gate, w.bias, N, H, E, k, float(c.routed_scaling_factor),
                 c.norm_topk_prob, midx, mw, s);
-  be_.moe_experts(xn_.get(), midx, mw, N, H, k, E, c.moe_intermediate_size, w,
-                  float(c.swiglu_limit), yv_.get(), scratch(moe_scratch_), s);
+  const int64_t I = c.moe_intermediate_size;
+  const float limit = float(c.swiglu_limit);
+  if (expert_comm && expert_comm->size() > 1) {
+    // Each rank computes the (token, slot) outputs of its experts; their sum over the ranks has
+    // exactly one non-zero term per slot (exact), and the combine adds them in moe_experts'
+    // order, so the result is bitwise the one-rank one.
+    float* slots = buf(moe_slots_, N * k * H);
+    be_.moe_expert_slots(xn_.get(), midx, mw, N, H, k, E, I, w, limit, slots, scratch(moe_scratch_),
+                         s);
+    be_.synchronize(s);
+    expert_comm->all_reduce(slots, slots, size_t(N * k * H), DType::kF32, comm::ReduceOp::kSum);
+    be_.moe_combine(xn_.get(), midx, slots, N, H, k, I, w, limit, yv_.get(), scratch(moe_scratch_),
+                    s);
+  } else {
+    be_.moe_experts(xn_.get(), midx, mw, N, H, k, E, I, w, limit, yv_.get(), scratch(moe_scratch_),
+                    s);
+  }
   if (record_decisions) {
     record(decisions_.experts, decisions_.experts_width, layer.index, midx, N, k);
   }

@@ -48,6 +48,9 @@ class ModelRunner {
   bool multistream = true;  ///< side streams (off: everything on the main stream)
   /// Keep each forward's Decisions (top-k, experts, window-KV rounding inputs).
   bool record_decisions = false;
+  /// Expert parallelism: the group over which this rank's routed-expert shard is combined (null
+  /// or size 1: the weights hold every expert). Every rank runs every token (replicated attention).
+  comm::Communicator* expert_comm = nullptr;
   bool cp_timing = false;  ///< time the CP all-gather against the Q projection
 
   /// Host bookkeeping of a forward and the upload of its plan, outside any capture. With `comm`
@@ -127,7 +130,7 @@ class ModelRunner {
   DeviceArray<float> qr_, q_, kv_a_, o_, z_, cv_, cs_, latent_, qi_, wts_, ikeys_, scores_;
   DeviceArray<uint8_t> mask_;
   DeviceArray<int32_t> topk_, idx_, moe_idx_;
-  DeviceArray<float> moe_w_, emb_, hsel_, logits_;
+  DeviceArray<float> moe_w_, moe_slots_, emb_, hsel_, logits_;
   DeviceArray<uint8_t> engram_scratch_, moe_scratch_, sample_scratch_, mix_scratch_;
   DeviceArray<int32_t> tokens_, top_ids_;
   DeviceArray<float> logprobs_, top_lps_;

@@ -186,4 +186,31 @@ ModelWeights load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPla
   return w;
 }
 
+ModelWeights expert_shard(const ModelWeights& all, const ModelPlan& plan, int rank, int size) {
+  DSV41RT_CHECK_CODE(kInvalidArgument, size >= 1 && rank >= 0 && rank < size,
+                     "expert-parallel rank ", rank, " of ", size);
+  ModelWeights out;
+  out.checkpoint = all.checkpoint;
+  out.embed = all.embed, out.embed_bf16 = all.embed_bf16, out.head = all.head, out.norm = all.norm;
+  out.layers.reserve(plan.layers.size());
+  for (size_t li = 0; li < plan.layers.size(); ++li) {
+    const BlockWeights& b = all.layers[li];
+    const int64_t E = plan.layers[li].n_experts;
+    DSV41RT_CHECK_CODE(kInvalidArgument, E % size == 0, "expert_parallel_size ", size,
+                       " does not divide the ", E, " routed experts of layer ", li);
+    DSV41RT_CHECK_CODE(kInternal, b.moe.expert_begin == 0 && int64_t(b.moe.w1.size()) == E,
+                       "expert_shard: layer ", li, " is already a shard");
+    BlockWeights mine = b;  // replicated parts: a copy (views when loaded without host values)
+    MoeWeights& m = mine.moe;
+    const int64_t per = E / size;
+    m.expert_begin = rank * per;
+    for (std::vector<Tensor>* w : {&m.w1, &m.w2, &m.w3}) {
+      std::vector<Tensor> kept(w->begin() + m.expert_begin, w->begin() + m.expert_begin + per);
+      w->swap(kept);
+    }
+    out.layers.push_back(std::move(mine));
+  }
+  return out;
+}
+
 }  // namespace dsv41rt::model

@@ -60,8 +60,9 @@ struct AttentionWeights {
 
 struct MoeWeights {
   Tensor gate, bias;
-  std::vector<int32_t> tid2eid;  // V4 hash layers [vocab, k]
-  std::vector<Tensor> w1, w2, w3;
+  std::vector<int32_t> tid2eid;    // V4 hash layers [vocab, k]
+  std::vector<Tensor> w1, w2, w3;  // experts [expert_begin, expert_begin + w1.size())
+  int64_t expert_begin = 0;
   Tensor shared_w1, shared_w2, shared_w3;
 };
 
@@ -97,5 +98,12 @@ struct ModelWeights {
 DSV41RT_API ModelWeights
 load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPlan& plan, bool host_values = true,
              const std::function<void(int64_t done, int64_t total)>& progress = {});
+
+/// Expert parallelism: the weights rank `rank` of `size` holds, every layer's routed experts cut
+/// to its contiguous share [rank * E / size, (rank + 1) * E / size) (the rest freed; the
+/// replicated parts are shared with `all`). Throws Error(kInvalidArgument) naming the layer when
+/// size does not divide its expert count.
+DSV41RT_API ModelWeights expert_shard(const ModelWeights& all, const ModelPlan& plan, int rank,
+                                      int size);
 
 }  // namespace dsv41rt::model

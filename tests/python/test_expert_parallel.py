@@ -1,0 +1,64 @@
+"""Expert parallelism (routed experts split over virtual ranks over LocalComm, CPU) against one rank.
+
+Tolerance: bitwise. Every rank runs every token (replicated attention and state) with its
+contiguous share of each layer's routed experts; a rank writes the outputs of its experts' (token,
+slot) pairs and zeros elsewhere, the ranks' slots are summed (one non-zero term per slot: exact),
+and the combine adds each token's slots in the one-rank order (ascending expert id) before the
+shared expert. So EP = 2, 4, 8 give exactly the EP = 1 logits, and greedy generation under
+continuous batching (several requests per forward, sampling on rank 0) is identical.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+PROMPTS = (1, 37, 201)
+
+
+def prompt_of(n: int) -> list[int]:
+    return [0] + [int(t) for t in np.random.default_rng(5000 + n).integers(3, 129000, n - 1)]
+
+
+@pytest.fixture(scope="module")
+def released_dir(tmp_path_factory) -> str:
+    from dsv41rt.checkpoint.generator import make_checkpoint
+    from dsv41rt.config.presets import preset_config_json
+
+    path = str(tmp_path_factory.mktemp("released"))
+    make_checkpoint(preset_config_json("tiny-v41-released-schedule"), path, 0)
+    return path
+
+
+@pytest.mark.parametrize(("preset_dir", "sizes"), [("tiny_v41_dir", (2, 8)), ("released_dir", (4,))])
+def test_expert_parallel_equals_one_rank_bitwise(preset_dir: str, sizes: tuple[int, ...], request) -> None:
+    from dsv41rt.runtime import Runtime
+
+    path = request.getfixturevalue(preset_dir)
+    kw = dict(kv_memory=64 << 20, max_num_seqs=4)
+    base = Runtime(path, **kw)
+    want_logits = {n: base.score(prompt_of(n)) for n in PROMPTS}
+    want_tokens = base.generate([prompt_of(n) for n in PROMPTS], max_new_tokens=16, ignore_eos=True)
+    base.close()
+    for ep in sizes:
+        rt = Runtime(path, expert_parallel_size=ep, **kw)
+        assert rt.backend_stats()["ep_size"] == ep
+        for n in PROMPTS:
+            got = rt.score(prompt_of(n))
+            assert np.array_equal(got, want_logits[n]), (
+                f"ep {ep} prompt {n}: max |Δ| {np.abs(got - want_logits[n]).max()}"
+            )
+        assert rt.generate([prompt_of(n) for n in PROMPTS], max_new_tokens=16, ignore_eos=True) == want_tokens, ep
+        rt.close()
+
+
+def test_expert_parallel_sizes_that_cannot_work_are_refused(tiny_v41_dir: str) -> None:
+    from dsv41rt.errors import Dsv41rtError
+    from dsv41rt.runtime import Runtime
+
+    with pytest.raises(Dsv41rtError, match="does not divide the 8 routed experts of layer 0"):
+        Runtime(tiny_v41_dir, expert_parallel_size=3)
+    with pytest.raises(Dsv41rtError, match="does not compose with context parallelism"):
+        Runtime(tiny_v41_dir, expert_parallel_size=2, context_parallel_size=2)
+    with pytest.raises(Dsv41rtError, match="expert-parallel-size: must be in"):
+        Runtime(tiny_v41_dir, expert_parallel_size=0)
