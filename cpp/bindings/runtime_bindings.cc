@@ -132,6 +132,7 @@ void register_options(nb::module_& m) {
       .def_rw("context_parallel_size", &ParallelOptions::context_parallel_size)
       .def_rw("context_parallel_backend", &ParallelOptions::context_parallel_backend)
       .def_rw("expert_parallel_size", &ParallelOptions::expert_parallel_size)
+      .def_rw("tensor_parallel_size", &ParallelOptions::tensor_parallel_size)
       .def_rw("rank", &ParallelOptions::rank)
       .def_prop_rw(
           "group_id",
@@ -219,11 +220,12 @@ void register_results(nb::module_& m) {
                       DSV41RT_RO(BackendStats, cuda_graphs) DSV41RT_RO(BackendStats, tensor_cores)
                           DSV41RT_RO(BackendStats, cp_size) DSV41RT_RO(BackendStats, cp_forwards)
                               DSV41RT_RO(BackendStats, cp_processes)
-                                  DSV41RT_RO(BackendStats, ep_size)
-                                      DSV41RT_RO(BackendStats, cp_layers_timed)
-                                          DSV41RT_RO(BackendStats, cp_q_projection_us)
-                                              DSV41RT_RO(BackendStats, cp_all_gather_us)
-                                                  DSV41RT_RO(BackendStats, cp_overlap_us);
+                                  DSV41RT_RO(BackendStats, tp_size)
+                                      DSV41RT_RO(BackendStats, ep_size)
+                                          DSV41RT_RO(BackendStats, cp_layers_timed)
+                                              DSV41RT_RO(BackendStats, cp_q_projection_us)
+                                                  DSV41RT_RO(BackendStats, cp_all_gather_us)
+                                                      DSV41RT_RO(BackendStats, cp_overlap_us);
   nb::class_<Stats>(m, "Stats") DSV41RT_RO(Stats, pool) DSV41RT_RO(Stats, scheduler)
       DSV41RT_RO(Stats, dequant) DSV41RT_RO(Stats, backend) DSV41RT_RO(Stats, steps)
           DSV41RT_RO(Stats, tokens_computed) DSV41RT_RO(Stats, tokens_generated)

@@ -34,6 +34,8 @@ void check_options(const RuntimeOptions& o) {
                 "context_parallel_size ", c.context_parallel_size, " must be in [1, 64]");
   DSV41RT_CHECK(c.expert_parallel_size >= 1 && c.expert_parallel_size <= 64,
                 "expert_parallel_size ", c.expert_parallel_size, " must be in [1, 64]");
+  DSV41RT_CHECK(c.tensor_parallel_size >= 1 && c.tensor_parallel_size <= 64,
+                "tensor_parallel_size ", c.tensor_parallel_size, " must be in [1, 64]");
 }
 
 const char* backend_name(CpBackend b) {
@@ -69,6 +71,7 @@ model::ExecutorOptions executor_options(const RuntimeOptions& o) {
   e.cp_id = o.parallel.group_id;
   e.cp_workers = o.parallel.worker_threads;
   e.ep_size = o.parallel.expert_parallel_size;
+  e.tp_size = o.parallel.tensor_parallel_size;
   return e;
 }
 

@@ -45,6 +45,7 @@ class RuntimeOptions:
     context_parallel_size: int = 1
     context_parallel_backend: str = "local"
     context_parallel_processes: bool = False
+    tensor_parallel_size: int = 1
     expert_parallel_size: int = 1
     record_decisions: bool = False
 
@@ -74,6 +75,7 @@ class RuntimeOptions:
             f"must be >= 0 (0: off), got {self.host_cache_memory}",
         )
         need(1 <= self.context_parallel_size <= 64, "context_parallel_size", "must be in [1, 64]")
+        need(1 <= self.tensor_parallel_size <= 64, "tensor_parallel_size", "must be in [1, 64]")
         need(1 <= self.expert_parallel_size <= 64, "expert_parallel_size", "must be in [1, 64]")
         need(
             self.context_parallel_backend != "nccl" or self.device != "cpu",
@@ -218,6 +220,12 @@ _ROWS = (
         parse_bool,
         "",
         "ranks 1..N-1 as worker processes (NCCL on GPUs, TCP on the CPU)",
+    ),
+    Option(
+        "tensor_parallel_size",
+        parse_int,
+        "",
+        "attention heads and head vocabulary split over this many ranks (CPU: virtual ranks; exact)",
     ),
     Option(
         "expert_parallel_size",

@@ -103,6 +103,7 @@ def core_options(
     c.parallel.context_parallel_size = o.context_parallel_size
     c.parallel.context_parallel_backend = _core.CpBackend.__members__[o.context_parallel_backend]
     c.parallel.expert_parallel_size = o.expert_parallel_size
+    c.parallel.tensor_parallel_size = o.tensor_parallel_size
     c.parallel.rank = rank
     c.parallel.group_id = group_id
     c.parallel.worker_threads = worker_threads

@@ -67,6 +67,10 @@ struct ParallelOptions {
   /// Routed experts split over this many ranks (CPU, virtual ranks in this process; every rank
   /// runs every token, the MoE output combined exactly: logits bitwise those of 1 rank).
   int64_t expert_parallel_size = 1;
+  /// Attention heads, output groups and the head's vocabulary split over this many ranks (CPU,
+  /// virtual ranks; outputs all-gathered: logits bitwise those of 1 rank). Expert parallelism
+  /// inside it: expert_parallel_size 1 or the same size.
+  int64_t tensor_parallel_size = 1;
   /// Launchers only (one process per rank): this process's rank (-1: every rank in this
   /// process), the group's rendezvous (NCCL unique id bytes, or rank 0's "host:port"), and the
   /// test mode that runs the one-process-per-rank protocol with the ranks as threads.
@@ -172,7 +176,7 @@ struct BackendStats {
   int64_t last_forward_us = 0;  ///< device time of the last forward
   bool multistream = false, cuda_graphs = false, tensor_cores = false;
   int64_t cp_size = 1, cp_forwards = 0, cp_processes = 0;
-  int64_t ep_size = 1;  ///< expert-parallel ranks
+  int64_t tp_size = 1, ep_size = 1;  ///< tensor- and expert-parallel ranks
   /// The last context-parallel forward (switch kCpTiming): sums over layers, microseconds.
   int64_t cp_layers_timed = 0, cp_q_projection_us = 0, cp_all_gather_us = 0, cp_overlap_us = 0;
 };

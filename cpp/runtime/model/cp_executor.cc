@@ -12,13 +12,16 @@ namespace {
 class CpExecutor final : public DelegatingExecutor {
  public:
   // context_parallel: prefill forwards split their queries over the ranks (else every forward
-  // runs whole on every rank: the expert-parallel group).
+  // runs whole on every rank: the tensor/expert-parallel group of sizes tp, ep).
   CpExecutor(std::vector<std::shared_ptr<Executor>> ranks,
-             std::vector<std::unique_ptr<comm::Communicator>> comms, bool context_parallel)
+             std::vector<std::unique_ptr<comm::Communicator>> comms, bool context_parallel,
+             int64_t tp = 1, int64_t ep = 1)
       : DelegatingExecutor(ranks.empty() ? nullptr : ranks[0].get()),
         ranks_(std::move(ranks)),
         comms_(std::move(comms)),
-        context_parallel_(context_parallel) {
+        context_parallel_(context_parallel),
+        tp_(tp),
+        ep_(ep) {
     DSV41RT_CHECK(!ranks_.empty() && ranks_.size() == comms_.size(),
                   "a context-parallel group needs ranks and one communicator each (", ranks_.size(),
                   " executors, ", comms_.size(), " communicators)");
@@ -65,7 +68,7 @@ class CpExecutor final : public DelegatingExecutor {
       s.cp_size = int64_t(ranks_.size());
       s.cp_forwards = cp_forwards_;  // forwards run context-parallel (the rest replicated)
     } else {
-      s.ep_size = int64_t(ranks_.size());
+      s.tp_size = tp_, s.ep_size = ep_;
     }
     return s;
   }
@@ -90,10 +93,24 @@ class CpExecutor final : public DelegatingExecutor {
   void on_every_rank(std::vector<BatchItem>& batch, Fn fn) {
     const int P = int(ranks_.size());
     std::vector<std::vector<BatchItem>> batches(size_t(P), batch);
+    // Rank 0 returns the logits and draws the tokens. Under tensor parallelism every rank takes
+    // part in the head's all-gather, so the others compute them too, into scratch.
+    const int64_t V = plan().config.vocab_size;
+    std::vector<std::vector<float>> logits_scratch;
+    std::vector<kernels::SampledToken> sampled_scratch(tp_ > 1 ? batch.size() * size_t(P) : 0);
     for (int r = 1; r < P; ++r) {
-      for (BatchItem& b : batches[r]) {
+      for (size_t i = 0; i < batches[r].size(); ++i) {
+        BatchItem& b = batches[r][i];
         b.request = translate(r, b.request);
-        b.logits = nullptr;  // rank 0 returns the logits and draws the tokens
+        if (tp_ > 1 && (b.logits || b.sample)) {
+          if (b.logits) {
+            logits_scratch.emplace_back(size_t((b.all_logits ? b.n : 1) * V));
+            b.logits = logits_scratch.back().data();
+          }
+          if (b.sampled) b.sampled = &sampled_scratch[size_t(r) * batch.size() + i];
+          continue;
+        }
+        b.logits = nullptr;
         b.sample = nullptr;
         b.sampled = nullptr;
       }
@@ -123,6 +140,7 @@ class CpExecutor final : public DelegatingExecutor {
   std::vector<std::shared_ptr<Executor>> ranks_;
   std::vector<std::unique_ptr<comm::Communicator>> comms_;
   bool context_parallel_;
+  int64_t tp_, ep_;
   int64_t cp_forwards_ = 0;
 };
 
@@ -161,9 +179,10 @@ std::shared_ptr<Executor> make_cp_executor(std::vector<std::shared_ptr<Executor>
   return std::make_shared<CpExecutor>(std::move(ranks), std::move(comms), true);
 }
 
-std::shared_ptr<Executor> make_ep_executor(std::vector<std::shared_ptr<Executor>> ranks,
-                                           std::vector<std::unique_ptr<comm::Communicator>> comms) {
-  return std::make_shared<CpExecutor>(std::move(ranks), std::move(comms), false);
+std::shared_ptr<Executor> make_parallel_executor(
+    std::vector<std::shared_ptr<Executor>> ranks,
+    std::vector<std::unique_ptr<comm::Communicator>> comms, int64_t tp, int64_t ep) {
+  return std::make_shared<CpExecutor>(std::move(ranks), std::move(comms), false, tp, ep);
 }
 
 }  // namespace dsv41rt::model

@@ -24,11 +24,13 @@ namespace dsv41rt::model {
 std::shared_ptr<Executor> make_cp_executor(std::vector<std::shared_ptr<Executor>> ranks,
                                            std::vector<std::unique_ptr<comm::Communicator>> comms);
 
-/// An expert-parallel group (docs/design/parallelism.md) on the same machinery: every forward
-/// runs on every rank with the whole batch (replicated attention and state); each rank's executor
-/// holds a shard of the routed experts and combines the MoE over comms[r] (its ep_comm).
-std::shared_ptr<Executor> make_ep_executor(std::vector<std::shared_ptr<Executor>> ranks,
-                                           std::vector<std::unique_ptr<comm::Communicator>> comms);
+/// A tensor/expert-parallel group (docs/design/parallelism.md) on the same machinery: every
+/// forward runs on every rank with the whole batch (replicated state); each rank's executor holds
+/// its shards and runs the collectives over comms[r] (its group_comm). tp, ep: the group's sizes
+/// (reported in backend_stats).
+std::shared_ptr<Executor> make_parallel_executor(
+    std::vector<std::shared_ptr<Executor>> ranks,
+    std::vector<std::unique_ptr<comm::Communicator>> comms, int64_t tp, int64_t ep);
 
 /// What every rank's forward would refuse, checked once on the host before any rank runs (so bad
 /// input leaves the group usable). Throws Error naming the item.

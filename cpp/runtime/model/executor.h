@@ -91,12 +91,14 @@ struct ExecutorOptions {
   /// In-process group run through the one-process-per-rank protocol (leader + worker loops in
   /// threads): how the protocol is tested without several GPUs.
   bool cp_workers = false;
-  /// Expert parallelism (docs/design/parallelism.md): the routed experts split over this many
-  /// ranks (virtual ranks over LocalComm in one process, each running every token); 1 = off.
-  int64_t ep_size = 1;
-  /// Set by the group for each rank's executor: its expert communicator (not owned; null = the
-  /// weights hold every expert).
-  comm::Communicator* ep_comm = nullptr;
+  /// Tensor and expert parallelism (docs/design/parallelism.md): attention heads, output groups
+  /// and the head's vocabulary split over tp_size ranks; routed experts over ep_size ranks (1 or
+  /// tp_size when both are > 1). Virtual ranks over LocalComm in one process, each running every
+  /// token; 1 and 1 = off.
+  int64_t tp_size = 1, ep_size = 1;
+  /// Set by the group for each rank's executor: the group's communicator (not owned; null = not a
+  /// rank of a tensor/expert-parallel group).
+  comm::Communicator* group_comm = nullptr;
 };
 
 /// The next token of a request, drawn on the device from its last row's logits

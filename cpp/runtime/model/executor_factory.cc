@@ -1,4 +1,5 @@
 // Executor selection by device name (the only place that knows both backends).
+#include <algorithm>
 #include <exception>
 #include <string>
 #include <thread>
@@ -37,29 +38,34 @@ void check_copy_state(const model::KvPool& pool, const RequestView& src, const R
 
 namespace {
 
-// Expert parallelism over virtual ranks in this process (LocalComm): rank r's executor holds the
-// routed-expert shard r and everything else whole.
-std::shared_ptr<Executor> make_expert_group(ModelPlan plan, const ModelWeights& weights,
-                                            const EngramTables& engram,
-                                            const ExecutorOptions& options) {
+// Tensor / expert parallelism over virtual ranks in this process (LocalComm): rank r's executor
+// holds tensor shard r (heads, output groups, vocabulary) and expert shard r, the rest whole.
+std::shared_ptr<Executor> make_parallel_group(ModelPlan plan, const ModelWeights& weights,
+                                              const EngramTables& engram,
+                                              const ExecutorOptions& options) {
+  const int64_t tp = options.tp_size, ep = options.ep_size;
+  DSV41RT_CHECK_CODE(kUnsupported, tp == 1 || ep == 1 || ep == tp, "expert_parallel_size ", ep,
+                     " with tensor_parallel_size ", tp,
+                     ": expert parallelism inside tensor parallelism needs the same size (or 1)");
   DSV41RT_CHECK_CODE(kUnsupported,
                      options.cp_size == 1 && options.cp_rank < 0 && options.cp_comm == "local",
-                     "expert_parallel_size ", options.ep_size,
-                     " does not compose with context parallelism yet (context_parallel_size ",
+                     "tensor/expert parallelism (sizes ", tp, ", ", ep,
+                     ") does not compose with context parallelism yet (context_parallel_size ",
                      options.cp_size, ")");
   DSV41RT_CHECK_CODE(kUnsupported, options.device == "cpu",
-                     "expert parallelism runs on the CPU backend only so far (device '",
+                     "tensor/expert parallelism runs on the CPU backend only so far (device '",
                      options.device, "')");
-  const int P = int(options.ep_size);
+  const int P = int(std::max(tp, ep));
   auto comms = comm::make_local_group(P);
   std::vector<std::shared_ptr<Executor>> ranks;
   for (int r = 0; r < P; ++r) {
     ExecutorOptions one = options;
-    one.ep_size = 1;
-    one.ep_comm = comms[r].get();
-    ranks.push_back(make_executor(plan, expert_shard(weights, plan, r, P), engram, one));
+    one.group_comm = comms[r].get();
+    ModelWeights mine = tp > 1 ? tensor_shard(weights, plan, r, P) : weights;
+    if (ep > 1) mine = expert_shard(mine, plan, r, P);
+    ranks.push_back(make_executor(plan, std::move(mine), engram, one));
   }
-  return make_ep_executor(std::move(ranks), std::move(comms));
+  return make_parallel_executor(std::move(ranks), std::move(comms), tp, ep);
 }
 
 }  // namespace
@@ -80,7 +86,11 @@ std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights weights, En
       "' (expected 'local', 'nccl' or 'socket')");
   DSV41RT_CHECK_CODE(kInvalidArgument, options.ep_size >= 1 && options.ep_size <= 64,
                      "expert_parallel_size ", options.ep_size, " must be in [1, 64]");
-  if (options.ep_size > 1) return make_expert_group(std::move(plan), weights, engram, options);
+  DSV41RT_CHECK_CODE(kInvalidArgument, options.tp_size >= 1 && options.tp_size <= 64,
+                     "tensor_parallel_size ", options.tp_size, " must be in [1, 64]");
+  if ((options.ep_size > 1 || options.tp_size > 1) && !options.group_comm) {
+    return make_parallel_group(std::move(plan), weights, engram, options);
+  }
   const bool nccl = options.cp_comm == "nccl";
   DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_comm != "socket" || options.cp_rank >= 0,
                      "context_parallel_backend 'socket' is for one process per rank (set rank)");

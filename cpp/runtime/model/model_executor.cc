@@ -72,7 +72,8 @@ ModelExecutor::ModelExecutor(ModelPlan plan, ModelWeights weights, EngramTables 
       std::make_unique<ModelRunner>(plan_, *backend_, weights_, *layout_, *pool_, workspaces_);
   runner_->multistream = options_.multistream;
   runner_->record_decisions = options_.record_decisions;
-  runner_->expert_comm = options_.ep_comm;
+  runner_->expert_comm = options_.ep_size > 1 ? options_.group_comm : nullptr;
+  runner_->tensor_comm = options_.tp_size > 1 ? options_.group_comm : nullptr;
 }
 
 ModelExecutor::~ModelExecutor() {
@@ -107,7 +108,7 @@ void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicat
   const bool masked = std::any_of(batch.begin(), batch.end(),
                                   [](const BatchItem& b) { return b.sample && b.sample->mask; });
   const bool graphs = options_.cuda_graphs && backend_->supports_graphs() &&
-                      !runner_->record_decisions && !comm && !masked && !options_.ep_comm;
+                      !runner_->record_decisions && !comm && !masked && !options_.group_comm;
   const DecodeBucket bucket = graphs ? decode_bucket(c, batch) : DecodeBucket{};
   // Precision "bf16" / "fp8" runs every forward with BF16 / FP8 GEMM inputs; the backend picks
   // its kernels by the forward's rows (decode-sized forwards on the skinny decode kernels).

@@ -157,7 +157,13 @@ void ModelRunner::head_and_sample(const ForwardPlan& f, const float* u) {
   float* logits = buf(logits_, rows * V);
   be_.gather_rows(u, meta_.head_rows, rows, H, hsel, s);
   be_.rms_norm(hsel, w_.norm, rows, H, float(c.rms_norm_eps), hsel, s);
-  be_.linear(hsel, w_.head, rows, H, V, logits, false, s);
+  if (tp() > 1) {  // vocabulary-parallel head: each rank's columns, gathered
+    float* local = buf(tp_local_, rows * (V / tp()));
+    be_.linear(hsel, w_.head, rows, H, V / tp(), local, false, s);
+    gather_columns(local, rows, V / tp(), logits, s);
+  } else {
+    be_.linear(hsel, w_.head, rows, H, V, logits, false, s);
+  }
   const SamplePlan& sp = f.sample;
   const int64_t n = sp.rows();
   if (n == 0) return;
@@ -182,6 +188,20 @@ void ModelRunner::record(std::map<int, std::vector<int32_t>>& into, std::map<int
   std::vector<int32_t>& dst = into[layer];
   dst.insert(dst.end(), host.begin(), host.end());
   width[layer] = k;
+}
+
+void ModelRunner::gather_columns(const float* local, int64_t rows, int64_t cols, float* out,
+                                 Stream s) {
+  const int64_t P = tensor_comm->size();
+  float* recv = buf(tp_recv_, P * rows * cols);
+  be_.synchronize(s);
+  tensor_comm->all_gather(local, recv, size_t(rows * cols), DType::kF32);
+  const int64_t bytes = cols * int64_t(sizeof(float));
+  for (int64_t r = 0; r < P; ++r) {
+    for (int64_t i = 0; i < rows; ++i) {
+      be_.copy(out + i * P * cols + r * cols, recv + (r * rows + i) * cols, bytes, s);
+    }
+  }
 }
 
 void ModelRunner::record_window_kv(int layer, const float* kv, int64_t rows, int64_t dim) {

@@ -51,6 +51,10 @@ class ModelRunner {
   /// Expert parallelism: the group over which this rank's routed-expert shard is combined (null
   /// or size 1: the weights hold every expert). Every rank runs every token (replicated attention).
   comm::Communicator* expert_comm = nullptr;
+  /// Tensor parallelism: the group whose ranks hold a share of the heads, output groups and head
+  /// vocabulary each (weights sliced so); outputs are all-gathered, never partially summed, so the
+  /// result is bitwise the one-rank one. Null or size 1: the weights are whole.
+  comm::Communicator* tensor_comm = nullptr;
   bool cp_timing = false;  ///< time the CP all-gather against the Q projection
 
   /// Host bookkeeping of a forward and the upload of its plan, outside any capture. With `comm`
@@ -105,6 +109,10 @@ class ModelRunner {
   // Appends rows x k decisions (each row sorted) to `into[layer]`.
   void record(std::map<int, std::vector<int32_t>>& into, std::map<int, int64_t>& width, int layer,
               const int32_t* values, int64_t rows, int64_t k);
+  // Tensor parallelism: every rank's [rows, cols] block all-gathered into out [rows, P * cols]
+  // (rank r's block at columns r * cols).
+  void gather_columns(const float* local, int64_t rows, int64_t cols, float* out, Stream s);
+  int64_t tp() const { return tensor_comm ? tensor_comm->size() : 1; }
   // Appends the rows x dim window-KV values entering their cache rounding to decisions_.
   void record_window_kv(int layer, const float* kv, int64_t rows, int64_t dim);
 
@@ -130,7 +138,7 @@ class ModelRunner {
   DeviceArray<float> qr_, q_, kv_a_, o_, z_, cv_, cs_, latent_, qi_, wts_, ikeys_, scores_;
   DeviceArray<uint8_t> mask_;
   DeviceArray<int32_t> topk_, idx_, moe_idx_;
-  DeviceArray<float> moe_w_, moe_slots_, emb_, hsel_, logits_;
+  DeviceArray<float> moe_w_, moe_slots_, emb_, hsel_, logits_, tp_recv_, tp_local_;
   DeviceArray<uint8_t> engram_scratch_, moe_scratch_, sample_scratch_, mix_scratch_;
   DeviceArray<int32_t> tokens_, top_ids_;
   DeviceArray<float> logprobs_, top_lps_;

@@ -111,7 +111,8 @@ void ModelRunner::indexer(const LayerPlan& layer, const LayerWeights& w, const F
 
 void ModelRunner::attention(const LayerPlan& layer, const LayerWeights& w, const ForwardPlan& f) {
   const ModelConfig& c = plan_.config;
-  const int64_t H = c.hidden_size, D = c.head_dim, nh = c.num_attention_heads;
+  // Under tensor parallelism this rank's heads (and their output groups) only.
+  const int64_t H = c.hidden_size, D = c.head_dim, nh = c.num_attention_heads / tp();
   const int64_t R = c.qk_rope_head_dim, W = c.sliding_window, N = f.rows, NQ = meta_.nq;
   const float eps = float(c.rms_norm_eps);
   const Stream s = main();
@@ -222,10 +223,16 @@ void ModelRunner::attention(const LayerPlan& layer, const LayerWeights& w, const
   be_.sparse_attention(q, kv_a, f.old_rows + N, comp, comp_rows, idx, w.attn_sink, NQ, nh, D,
                        W + KI, float(1.0 / std::sqrt(double(D))), keys_bf16, o, s);
   be_.apply_rope(o, NQ, nh, D, R, meta_.q_positions, w.inv_freq, true, s);
-  const int64_t g = c.o_groups, kg = nh * D / g, ro = c.o_lora_rank;
-  float* z = buf(z_, NQ * g * ro);
-  be_.grouped_linear(o, w.wo_a, NQ, g, kg, ro, z, s);
-  be_.linear(z, w.wo_b, NQ, g * ro, H, yv_.get(), false, s);
+  const int64_t g = c.o_groups / tp(), kg = nh * D / g, ro = c.o_lora_rank;
+  float* z = buf(z_, NQ * c.o_groups * ro);
+  if (tp() > 1) {  // this rank's groups, gathered: wo_b (whole) then sums in the one-rank order
+    float* local = buf(tp_local_, NQ * g * ro);
+    be_.grouped_linear(o, w.wo_a, NQ, g, kg, ro, local, s);
+    gather_columns(local, NQ, g * ro, z, s);
+  } else {
+    be_.grouped_linear(o, w.wo_a, NQ, g, kg, ro, z, s);
+  }
+  be_.linear(z, w.wo_b, NQ, c.o_groups * ro, H, yv_.get(), false, s);
   if (record_decisions && selects) {
     record(decisions_.topk, decisions_.topk_width, layer.index, topk_.get(), NQ, KI);
   }

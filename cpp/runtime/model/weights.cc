@@ -186,6 +186,44 @@ ModelWeights load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPla
   return w;
 }
 
+namespace {
+
+// Rows [rank * n / size, (rank + 1) * n / size) of a [n, ...] tensor held as host values.
+Tensor row_share(const Tensor& t, const char* what, int rank, int size) {
+  DSV41RT_CHECK_CODE(kInternal, !t.data.empty() && !t.shape.empty(), "tensor_shard: ", what,
+                     " has no host values (tensor parallelism runs on the CPU backend)");
+  const int64_t n = t.shape[0], per = n / size, row = t.numel() / n;
+  Tensor out;
+  out.shape = t.shape;
+  out.shape[0] = per;
+  out.data.assign(t.data.begin() + rank * per * row, t.data.begin() + (rank + 1) * per * row);
+  out.source.dtype = t.source.dtype;  // the stored form decides the GEMM inputs, as unsplit
+  return out;
+}
+
+}  // namespace
+
+ModelWeights tensor_shard(const ModelWeights& all, const ModelPlan& plan, int rank, int size) {
+  const ModelConfig& c = plan.config;
+  DSV41RT_CHECK_CODE(kInvalidArgument, size >= 1 && rank >= 0 && rank < size,
+                     "tensor-parallel rank ", rank, " of ", size);
+  auto divides = [&](int64_t n, const char* what) {
+    DSV41RT_CHECK_CODE(kInvalidArgument, n % size == 0, "tensor_parallel_size ", size,
+                       " does not divide the ", n, " ", what);
+  };
+  divides(c.num_attention_heads, "attention heads");
+  divides(c.o_groups, "output groups (o_groups)");
+  divides(c.vocab_size, "vocabulary rows of the head");
+  ModelWeights out = all;
+  out.head = row_share(all.head, "head.weight", rank, size);
+  for (BlockWeights& b : out.layers) {
+    b.attn.wq_b = row_share(b.attn.wq_b, "attn.wq_b", rank, size);
+    b.attn.attn_sink = row_share(b.attn.attn_sink, "attn.attn_sink", rank, size);
+    b.attn.wo_a = row_share(b.attn.wo_a, "attn.wo_a", rank, size);
+  }
+  return out;
+}
+
 ModelWeights expert_shard(const ModelWeights& all, const ModelPlan& plan, int rank, int size) {
   DSV41RT_CHECK_CODE(kInvalidArgument, size >= 1 && rank >= 0 && rank < size,
                      "expert-parallel rank ", rank, " of ", size);

@@ -1,10 +1,12 @@
-"""Expert parallelism (routed experts split over virtual ranks over LocalComm, CPU) against one rank.
+"""Tensor and expert parallelism (virtual ranks over LocalComm, CPU) against one rank.
 
-Tolerance: bitwise. Every rank runs every token (replicated attention and state) with its
-contiguous share of each layer's routed experts; a rank writes the outputs of its experts' (token,
+Tolerance: bitwise. Every rank runs every token (replicated state) with its shares: under tensor
+parallelism its heads, their output groups and its rows of the vocabulary head, whose outputs are
+all-gathered (wo_b, whole, then sums in the one-rank order); under expert parallelism its
+contiguous share of each layer's routed experts: a rank writes the outputs of its experts' (token,
 slot) pairs and zeros elsewhere, the ranks' slots are summed (one non-zero term per slot: exact),
 and the combine adds each token's slots in the one-rank order (ascending expert id) before the
-shared expert. So EP = 2, 4, 8 give exactly the EP = 1 logits, and greedy generation under
+shared expert. So every (tp, ep) gives exactly the one-rank logits, and greedy generation under
 continuous batching (several requests per forward, sampling on rank 0) is identical.
 """
 
@@ -30,8 +32,11 @@ def released_dir(tmp_path_factory) -> str:
     return path
 
 
-@pytest.mark.parametrize(("preset_dir", "sizes"), [("tiny_v41_dir", (2, 8)), ("released_dir", (4,))])
-def test_expert_parallel_equals_one_rank_bitwise(preset_dir: str, sizes: tuple[int, ...], request) -> None:
+@pytest.mark.parametrize(
+    ("preset_dir", "sizes"),
+    [("tiny_v41_dir", ((1, 8), (2, 2))), ("released_dir", ((2, 1), (1, 4)))],
+)
+def test_parallel_equals_one_rank_bitwise(preset_dir: str, sizes: tuple[tuple[int, int], ...], request) -> None:
     from dsv41rt.runtime import Runtime
 
     path = request.getfixturevalue(preset_dir)
@@ -40,19 +45,19 @@ def test_expert_parallel_equals_one_rank_bitwise(preset_dir: str, sizes: tuple[i
     want_logits = {n: base.score(prompt_of(n)) for n in PROMPTS}
     want_tokens = base.generate([prompt_of(n) for n in PROMPTS], max_new_tokens=16, ignore_eos=True)
     base.close()
-    for ep in sizes:
-        rt = Runtime(path, expert_parallel_size=ep, **kw)
-        assert rt.backend_stats()["ep_size"] == ep
+    for tp, ep in sizes:
+        rt = Runtime(path, tensor_parallel_size=tp, expert_parallel_size=ep, **kw)
+        assert (rt.backend_stats()["tp_size"], rt.backend_stats()["ep_size"]) == (tp, ep)
         for n in PROMPTS:
             got = rt.score(prompt_of(n))
             assert np.array_equal(got, want_logits[n]), (
-                f"ep {ep} prompt {n}: max |Δ| {np.abs(got - want_logits[n]).max()}"
+                f"tp {tp} ep {ep} prompt {n}: max |Δ| {np.abs(got - want_logits[n]).max()}"
             )
-        assert rt.generate([prompt_of(n) for n in PROMPTS], max_new_tokens=16, ignore_eos=True) == want_tokens, ep
+        assert rt.generate([prompt_of(n) for n in PROMPTS], max_new_tokens=16, ignore_eos=True) == want_tokens, (tp, ep)
         rt.close()
 
 
-def test_expert_parallel_sizes_that_cannot_work_are_refused(tiny_v41_dir: str) -> None:
+def test_parallel_sizes_that_cannot_work_are_refused(tiny_v41_dir: str) -> None:
     from dsv41rt.errors import Dsv41rtError
     from dsv41rt.runtime import Runtime
 
@@ -62,3 +67,7 @@ def test_expert_parallel_sizes_that_cannot_work_are_refused(tiny_v41_dir: str) -
         Runtime(tiny_v41_dir, expert_parallel_size=2, context_parallel_size=2)
     with pytest.raises(Dsv41rtError, match="expert-parallel-size: must be in"):
         Runtime(tiny_v41_dir, expert_parallel_size=0)
+    with pytest.raises(Dsv41rtError, match="does not divide the 2 output groups"):
+        Runtime(tiny_v41_dir, tensor_parallel_size=4)
+    with pytest.raises(Dsv41rtError, match="needs the same size"):
+        Runtime(tiny_v41_dir, tensor_parallel_size=2, expert_parallel_size=4)

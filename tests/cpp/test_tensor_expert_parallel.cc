@@ -1,6 +1,8 @@
-// Expert parallelism on the CPU backend (virtual ranks over LocalComm, DSV41RT_TEST_CHECKPOINT =
-// tiny-v41 with 8 routed experts): every rank runs every token with its shard of the experts and
-// the MoE is combined exactly, so prefill logits and decoded tokens equal one rank's bitwise.
+// Tensor and expert parallelism on the CPU backend (virtual ranks over LocalComm,
+// DSV41RT_TEST_CHECKPOINT = tiny-v41: 4 heads, 2 output groups, 8 routed experts): every rank runs
+// every token with its shards (heads, output groups, vocabulary rows; experts) and every
+// collective keeps the one-rank reduction order (all-gathers, exact slot sums), so prefill logits
+// and decoded tokens equal one rank's bitwise.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -54,7 +56,7 @@ int32_t argmax_last(const std::vector<float>& logits, int64_t vocab) {
 #define NEED_CHECKPOINT() \
   if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint"
 
-TEST(ExpertParallel, PrefillAndGreedyDecodeEqualOneRankBitwise) {
+TEST(TensorExpertParallel, PrefillAndGreedyDecodeEqualOneRankBitwise) {
   NEED_CHECKPOINT();
   auto one = load({});
   const int64_t V = one->plan().config.vocab_size;
@@ -62,22 +64,27 @@ TEST(ExpertParallel, PrefillAndGreedyDecodeEqualOneRankBitwise) {
   Held a(*one);
   std::vector<std::vector<float>> want{a.run(p)};
   for (int i = 0; i < 8; ++i) want.push_back(a.run({argmax_last(want.back(), V)}));
-  for (int64_t ep : {2, 4}) {
+  struct Sizes {
+    int64_t tp, ep;
+  };
+  for (Sizes z : {Sizes{1, 2}, Sizes{1, 4}, Sizes{2, 1}, Sizes{2, 2}}) {
     ExecutorOptions o;
-    o.ep_size = ep;
+    o.tp_size = z.tp, o.ep_size = z.ep;
     auto group = load(o);
-    EXPECT_EQ(group->backend_stats().ep_size, ep);
+    EXPECT_EQ(group->backend_stats().tp_size, z.tp);
+    EXPECT_EQ(group->backend_stats().ep_size, z.ep);
     Held b(*group);
     std::vector<float> got = b.run(p);
-    EXPECT_TRUE(bitwise_equal(got, want[0])) << "ep " << ep << ": prefill logits";
+    EXPECT_TRUE(bitwise_equal(got, want[0])) << "tp " << z.tp << " ep " << z.ep << ": prefill";
     for (size_t i = 1; i < want.size(); ++i) {
       got = b.run({argmax_last(got, V)});
-      EXPECT_TRUE(bitwise_equal(got, want[i])) << "ep " << ep << ": decode step " << i;
+      EXPECT_TRUE(bitwise_equal(got, want[i]))
+          << "tp " << z.tp << " ep " << z.ep << ": decode step " << i;
     }
   }
 }
 
-TEST(ExpertParallel, SizesThatCannotWorkFailAtLoadNamingWhy) {
+TEST(TensorExpertParallel, SizesThatCannotWorkFailAtLoadNamingWhy) {
   NEED_CHECKPOINT();
   ExecutorOptions three;
   three.ep_size = 3;  // 8 experts
@@ -101,6 +108,24 @@ TEST(ExpertParallel, SizesThatCannotWorkFailAtLoadNamingWhy) {
   ExecutorOptions zero;
   zero.ep_size = 0;
   EXPECT_THROW(load(zero), Error);
+  ExecutorOptions tp4;
+  tp4.tp_size = 4;  // 4 heads but 2 output groups
+  try {
+    load(tp4);
+    ADD_FAILURE() << "tensor_parallel_size 4 over 2 output groups loaded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("does not divide the 2 output groups"), std::string::npos)
+        << e.what();
+  }
+  ExecutorOptions mixed;
+  mixed.tp_size = 2, mixed.ep_size = 4;
+  try {
+    load(mixed);
+    ADD_FAILURE() << "tp 2 with ep 4 loaded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), StatusCode::kUnsupported) << e.what();
+  }
 }
 
 }  // namespace
