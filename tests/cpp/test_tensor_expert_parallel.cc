@@ -1,8 +1,9 @@
 // Tensor and expert parallelism on the CPU backend (virtual ranks over LocalComm,
-// DSV41RT_TEST_CHECKPOINT = tiny-v41: 4 heads, 2 output groups, 8 routed experts): every rank runs
-// every token with its shards (heads, output groups, vocabulary rows; experts) and every
-// collective keeps the one-rank reduction order (all-gathers, exact slot sums), so prefill logits
-// and decoded tokens equal one rank's bitwise.
+// DSV41RT_TEST_CHECKPOINT = tiny-v41: 4 heads, 2 output groups, 8 routed experts; TP 4 gathers
+// the heads' outputs instead of the groups'): every rank runs every token with its shards (heads,
+// output groups, vocabulary rows; experts) and every collective keeps the one-rank reduction
+// order (all-gathers, exact slot sums), so prefill logits and decoded tokens equal one rank's
+// bitwise.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -67,7 +68,7 @@ TEST(TensorExpertParallel, PrefillAndGreedyDecodeEqualOneRankBitwise) {
   struct Sizes {
     int64_t tp, ep;
   };
-  for (Sizes z : {Sizes{1, 2}, Sizes{1, 4}, Sizes{2, 1}, Sizes{2, 2}}) {
+  for (Sizes z : {Sizes{1, 2}, Sizes{1, 4}, Sizes{2, 1}, Sizes{2, 2}, Sizes{4, 4}}) {
     ExecutorOptions o;
     o.tp_size = z.tp, o.ep_size = z.ep;
     auto group = load(o);
@@ -108,14 +109,15 @@ TEST(TensorExpertParallel, SizesThatCannotWorkFailAtLoadNamingWhy) {
   ExecutorOptions zero;
   zero.ep_size = 0;
   EXPECT_THROW(load(zero), Error);
-  ExecutorOptions tp4;
-  tp4.tp_size = 4;  // 4 heads but 2 output groups
+  ExecutorOptions tp8;
+  tp8.tp_size = 8;  // 4 heads
   try {
-    load(tp4);
-    ADD_FAILURE() << "tensor_parallel_size 4 over 2 output groups loaded";
+    load(tp8);
+    ADD_FAILURE() << "tensor_parallel_size 8 over 4 heads loaded";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), StatusCode::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("does not divide the 2 output groups"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("does not divide the 4 attention heads"),
+              std::string::npos)
         << e.what();
   }
   ExecutorOptions mixed;

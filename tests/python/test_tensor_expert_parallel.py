@@ -34,7 +34,7 @@ def released_dir(tmp_path_factory) -> str:
 
 @pytest.mark.parametrize(
     ("preset_dir", "sizes"),
-    [("tiny_v41_dir", ((1, 8), (2, 2))), ("released_dir", ((2, 1), (1, 4)))],
+    [("tiny_v41_dir", ((1, 8), (2, 2))), ("released_dir", ((4, 1), (1, 4)))],
 )
 def test_parallel_equals_one_rank_bitwise(preset_dir: str, sizes: tuple[tuple[int, int], ...], request) -> None:
     from dsv41rt.runtime import Runtime
@@ -67,7 +67,7 @@ def test_parallel_sizes_that_cannot_work_are_refused(tiny_v41_dir: str) -> None:
         Runtime(tiny_v41_dir, expert_parallel_size=2, context_parallel_size=2)
     with pytest.raises(Dsv41rtError, match="expert-parallel-size: must be in"):
         Runtime(tiny_v41_dir, expert_parallel_size=0)
-    with pytest.raises(Dsv41rtError, match="does not divide the 2 output groups"):
-        Runtime(tiny_v41_dir, tensor_parallel_size=4)
+    with pytest.raises(Dsv41rtError, match="does not divide the 4 attention heads"):
+        Runtime(tiny_v41_dir, tensor_parallel_size=8)
     with pytest.raises(Dsv41rtError, match="needs the same size"):
         Runtime(tiny_v41_dir, tensor_parallel_size=2, expert_parallel_size=4)

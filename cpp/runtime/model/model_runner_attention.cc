@@ -223,15 +223,21 @@ void ModelRunner::attention(const LayerPlan& layer, const LayerWeights& w, const
   be_.sparse_attention(q, kv_a, f.old_rows + N, comp, comp_rows, idx, w.attn_sink, NQ, nh, D,
                        W + KI, float(1.0 / std::sqrt(double(D))), keys_bf16, o, s);
   be_.apply_rope(o, NQ, nh, D, R, meta_.q_positions, w.inv_freq, true, s);
-  const int64_t g = c.o_groups / tp(), kg = nh * D / g, ro = c.o_lora_rank;
+  const int64_t ro = c.o_lora_rank, kg = c.num_attention_heads * D / c.o_groups;
   float* z = buf(z_, NQ * c.o_groups * ro);
-  if (tp() > 1) {  // this rank's groups, gathered: wo_b (whole) then sums in the one-rank order
+  if (tp() == 1) {
+    be_.grouped_linear(o, w.wo_a, NQ, c.o_groups, kg, ro, z, s);
+  } else if (c.o_groups % tp() == 0) {  // this rank's groups, gathered
+    const int64_t g = c.o_groups / tp();
     float* local = buf(tp_local_, NQ * g * ro);
     be_.grouped_linear(o, w.wo_a, NQ, g, kg, ro, local, s);
     gather_columns(local, NQ, g * ro, z, s);
-  } else {
-    be_.grouped_linear(o, w.wo_a, NQ, g, kg, ro, z, s);
+  } else {  // more ranks than groups: the heads' outputs gathered, wo_a whole
+    float* all = buf(tp_local_, NQ * c.num_attention_heads * D);
+    gather_columns(o, NQ, nh * D, all, s);
+    be_.grouped_linear(all, w.wo_a, NQ, c.o_groups, kg, ro, z, s);
   }
+  // wo_b whole on every rank: its sums run in the one-rank order.
   be_.linear(z, w.wo_b, NQ, c.o_groups * ro, H, yv_.get(), false, s);
   if (record_decisions && selects) {
     record(decisions_.topk, decisions_.topk_width, layer.index, topk_.get(), NQ, KI);

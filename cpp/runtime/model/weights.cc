@@ -212,14 +212,15 @@ ModelWeights tensor_shard(const ModelWeights& all, const ModelPlan& plan, int ra
                        " does not divide the ", n, " ", what);
   };
   divides(c.num_attention_heads, "attention heads");
-  divides(c.o_groups, "output groups (o_groups)");
   divides(c.vocab_size, "vocabulary rows of the head");
+  // More ranks than output groups: wo_a stays whole (the ranks gather the heads' outputs).
+  const bool split_groups = c.o_groups % size == 0;
   ModelWeights out = all;
   out.head = row_share(all.head, "head.weight", rank, size);
   for (BlockWeights& b : out.layers) {
     b.attn.wq_b = row_share(b.attn.wq_b, "attn.wq_b", rank, size);
     b.attn.attn_sink = row_share(b.attn.attn_sink, "attn.attn_sink", rank, size);
-    b.attn.wo_a = row_share(b.attn.wo_a, "attn.wo_a", rank, size);
+    if (split_groups) b.attn.wo_a = row_share(b.attn.wo_a, "attn.wo_a", rank, size);
   }
   return out;
 }

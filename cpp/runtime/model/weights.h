@@ -107,9 +107,10 @@ DSV41RT_API ModelWeights expert_shard(const ModelWeights& all, const ModelPlan& 
                                       int size);
 
 /// Tensor parallelism: the weights rank `rank` of `size` holds: its heads' rows of every layer's
-/// wq_b and attn_sink, its output groups' rows of wo_a, and its rows of the vocabulary head
-/// (contiguous shares); the rest whole. Needs host values (the CPU backend). Throws
-/// Error(kInvalidArgument) naming the dimension `size` does not divide.
+/// wq_b and attn_sink, its output groups' rows of wo_a (when size divides o_groups; else wo_a
+/// whole), and its rows of the vocabulary head (contiguous shares); the rest whole. Needs host
+/// values (the CPU backend). Throws Error(kInvalidArgument) naming the dimension `size` does not
+/// divide.
 DSV41RT_API ModelWeights tensor_shard(const ModelWeights& all, const ModelPlan& plan, int rank,
                                       int size);
 
