@@ -169,6 +169,8 @@ void register_options(nb::module_& m) {
     d["max_prefill_tokens_while_decoding"] = p.max_prefill_tokens_while_decoding;
     d["enable_prefix_caching"] = p.enable_prefix_caching != 0;
     d["host_cache_memory"] = p.host_cache_memory;
+    d["tensor_parallel_size"] = p.tensor_parallel_size;
+    d["expert_parallel_size"] = p.expert_parallel_size;
     return d;
   });
 }

@@ -135,6 +135,8 @@ dsv41rt::RuntimeOptions options_from(const dsv41rt_runtime_params& p) {
   o.pool.max_prefill_tokens_while_decoding = p.max_prefill_tokens_while_decoding;
   o.pool.enable_prefix_caching = p.enable_prefix_caching != 0;
   o.pool.host_cache_memory = p.host_cache_memory;
+  o.parallel.tensor_parallel_size = p.tensor_parallel_size;
+  o.parallel.expert_parallel_size = p.expert_parallel_size;
   return o;
 }
 
@@ -276,6 +278,8 @@ void dsv41rt_runtime_default_params(dsv41rt_runtime_params* p) {
   p->max_prefill_tokens_while_decoding = d.pool.max_prefill_tokens_while_decoding;
   p->enable_prefix_caching = d.pool.enable_prefix_caching ? 1 : 0;
   p->host_cache_memory = d.pool.host_cache_memory;
+  p->tensor_parallel_size = d.parallel.tensor_parallel_size;
+  p->expert_parallel_size = d.parallel.expert_parallel_size;
 }
 
 void dsv41rt_sampling_default_params(dsv41rt_sampling_params* p) {
@@ -320,15 +324,17 @@ dsv41rt_status dsv41rt_runtime_create(uint32_t abi_version, const dsv41rt_runtim
   }
   if (!params) return fail(nullptr, DSV41RT_E_INVALID_ARGUMENT, "params is NULL");
   // Older layouts end before a field added since (0.1.0 before max_prefill_tokens_while_decoding,
-  // the next before enable_prefix_caching, the next before host_cache_memory): read only the
-  // bytes the caller has, the rest keeps this library's defaults.
+  // the next before enable_prefix_caching, the next before host_cache_memory, the next before
+  // tensor_parallel_size): read only the bytes the caller has, the rest keeps this library's
+  // defaults.
   constexpr size_t kSize010 = offsetof(dsv41rt_runtime_params, max_prefill_tokens_while_decoding);
   constexpr size_t kSizePrefill = offsetof(dsv41rt_runtime_params, enable_prefix_caching);
   constexpr size_t kSizePrefixCaching = offsetof(dsv41rt_runtime_params, host_cache_memory);
+  constexpr size_t kSizeHostCache = offsetof(dsv41rt_runtime_params, tensor_parallel_size);
   dsv41rt_runtime_params p;
   dsv41rt_runtime_default_params(&p);
   if (params->struct_size == kSize010 || params->struct_size == kSizePrefill ||
-      params->struct_size == kSizePrefixCaching) {
+      params->struct_size == kSizePrefixCaching || params->struct_size == kSizeHostCache) {
     std::memcpy(&p, params, params->struct_size);
     p.struct_size = sizeof(p);
   } else if (dsv41rt_status s =

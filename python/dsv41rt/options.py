@@ -224,13 +224,13 @@ _ROWS = (
     Option(
         "tensor_parallel_size",
         parse_int,
-        "",
+        "tensor_parallel_size",
         "attention heads and head vocabulary split over this many ranks (CPU: virtual ranks; exact)",
     ),
     Option(
         "expert_parallel_size",
         parse_int,
-        "",
+        "expert_parallel_size",
         "routed experts split over this many ranks (CPU: virtual ranks in this process; exact)",
     ),
     Option("record_decisions", parse_bool, "", "keep each forward's top-k, experts, window-KV inputs (debugging)"),

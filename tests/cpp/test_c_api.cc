@@ -144,6 +144,56 @@ TEST(CApi, PrefillCapAndThe010ParamsLayout) {
   EXPECT_EQ(dsv41rt_runtime_destroy(rt), DSV41RT_OK);
 }
 
+// Tensor x expert parallelism through the C API: the same greedy tokens as one rank; a size that
+// cannot split the model is an invalid-argument error naming it; a host built before the fields
+// (struct_size ending at host_cache_memory) gets one rank.
+TEST(CApi, ParallelSizesGiveTheOneRankTokens) {
+  NEED_CHECKPOINT();
+  auto tokens = [](const dsv41rt_runtime_params& p) {
+    dsv41rt_runtime* rt = nullptr;
+    EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt), DSV41RT_OK)
+        << dsv41rt_last_error(nullptr);
+    std::vector<int32_t> out;
+    if (!rt) return out;
+    dsv41rt_request_params rp;
+    dsv41rt_request_default_params(&rp);
+    rp.max_new_tokens = 6;
+    int64_t id = 0;
+    EXPECT_EQ(dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), &rp, &id), DSV41RT_OK);
+    int fin = 0;
+    while (!fin) {
+      int32_t buf[8];
+      size_t n = 0;
+      EXPECT_EQ(dsv41rt_wait(rt, id, 60000, buf, 8, &n, &fin), DSV41RT_OK)
+          << dsv41rt_last_error(rt);
+      out.insert(out.end(), buf, buf + n);
+    }
+    EXPECT_EQ(dsv41rt_runtime_destroy(rt), DSV41RT_OK);
+    return out;
+  };
+  dsv41rt_runtime_params p;
+  dsv41rt_runtime_default_params(&p);
+  EXPECT_EQ(p.tensor_parallel_size, 1);
+  EXPECT_EQ(p.expert_parallel_size, 1);
+  p.checkpoint_dir = checkpoint();
+  const std::vector<int32_t> want = tokens(p);
+  EXPECT_EQ(want.size(), 6u);
+  dsv41rt_runtime_params par = p;
+  par.tensor_parallel_size = 2, par.expert_parallel_size = 2;
+  EXPECT_EQ(tokens(par), want);
+  dsv41rt_runtime_params old = par;  // the 2s sit in bytes an older host does not have
+  old.struct_size = offsetof(dsv41rt_runtime_params, tensor_parallel_size);
+  EXPECT_EQ(tokens(old), want);
+  dsv41rt_runtime_params bad = p;
+  bad.expert_parallel_size = 3;
+  dsv41rt_runtime* rt = nullptr;
+  EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &bad, &rt), DSV41RT_E_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(dsv41rt_last_error(nullptr)).find("expert_parallel_size 3"),
+            std::string::npos)
+      << dsv41rt_last_error(nullptr);
+  EXPECT_EQ(rt, nullptr);
+}
+
 TEST(CApi, UnknownDeviceIsAClearError) {
   NEED_CHECKPOINT();
   dsv41rt_runtime_params p;

@@ -100,6 +100,12 @@ typedef struct dsv41rt_runtime_params {
    * enable_prefix_caching: a struct_size ending before this field is accepted and the field takes
    * its default. */
   int64_t host_cache_memory;
+  /* Attention heads and the head's vocabulary split over this many ranks, and the routed experts
+   * over expert_parallel_size ranks (1 or the same size when both are > 1); CPU, virtual ranks in
+   * this process, results bitwise those of one rank (docs/design/parallelism.md). Default 1 and 1.
+   * Added after host_cache_memory: a struct_size ending before them is accepted (1 and 1). */
+  int64_t tensor_parallel_size;
+  int64_t expert_parallel_size;
 } dsv41rt_runtime_params;
 
 typedef struct dsv41rt_sampling_params {
