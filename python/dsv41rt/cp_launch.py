@@ -59,18 +59,21 @@ def open_runtime(checkpoint: str, options: RuntimeOptions, **runtime_kw: Any) ->
 
 @contextlib.contextmanager
 def cp_processes(checkpoint: str, options: RuntimeOptions, comm: str = "nccl", **runtime_kw: Any) -> Iterator[Any]:
-    """A rank-0 Runtime whose CP ranks 1..N-1 (N = options.context_parallel_size) run in worker
-    processes: over NCCL one GPU each (rank r on cuda:B+r for options.device cuda:B), or over TCP
-    sockets on any device (comm="socket": every rank on options.device, e.g. "cpu")."""
+    """A rank-0 Runtime whose ranks 1..N-1 (N = options.group_size: the context-parallel size, or
+    the tensor/expert-parallel group's) run in worker processes: over NCCL one GPU each (rank r on
+    cuda:B+r for options.device cuda:B), or over TCP sockets on any device (comm="socket": every
+    rank on options.device, e.g. "cpu")."""
     from .runtime import Runtime
 
-    device, size = options.device, options.context_parallel_size
+    device, size = options.device, options.group_size
     if comm not in ("nccl", "socket"):
         raise Dsv41rtError(f"cp_processes: comm must be 'nccl' or 'socket', got {comm!r}")
     if comm == "nccl" and (not device.startswith("cuda:") or not device[5:].isdigit()):
         raise Dsv41rtError(f"cp_processes: device must be cuda:N (rank r runs on cuda:N+r), got {device!r}")
     if size < 2:
-        raise Dsv41rtError(f"cp_processes: context-parallel-size must be >= 2, got {size}")
+        raise Dsv41rtError(
+            f"cp_processes: the group needs >= 2 ranks (context-, tensor- or expert-parallel size), got {size}"
+        )
     if comm == "nccl":
         from . import comm as nccl
 

@@ -83,10 +83,18 @@ class RuntimeOptions:
             "nccl needs a CUDA device",
         )
         need(
-            not self.context_parallel_processes or self.context_parallel_size >= 2,
+            not self.context_parallel_processes or self.group_size >= 2,
             "context_parallel_processes",
-            "needs context-parallel-size >= 2",
+            "needs context-parallel-size, tensor-parallel-size or expert-parallel-size >= 2",
         )
+
+    @property
+    def group_size(self) -> int:
+        """Ranks of the process group: the context-parallel size, else the tensor/expert-parallel
+        group's (max of the two; expert parallelism inside TP has the same size or 1)."""
+        if self.context_parallel_size > 1:
+            return self.context_parallel_size
+        return max(self.tensor_parallel_size, self.expert_parallel_size)
 
     def replace(self, **changes: Any) -> RuntimeOptions:
         unknown = [k for k in changes if k not in OPTIONS]
@@ -219,7 +227,7 @@ _ROWS = (
         "context_parallel_processes",
         parse_bool,
         "",
-        "ranks 1..N-1 as worker processes (NCCL on GPUs, TCP on the CPU)",
+        "ranks 1..N-1 of the CP, TP or EP group as worker processes (NCCL on GPUs, TCP on the CPU)",
     ),
     Option(
         "tensor_parallel_size",

@@ -231,7 +231,7 @@ def test_cp_rank_options_are_checked(tiny_v41_dir, tmp_path) -> None:
         capture_output=True,
         text=True,
     )
-    assert r.returncode == 2 and "--rank must be in [1, context-parallel-size)" in r.stderr, r.stderr
+    assert r.returncode == 2 and "--rank must be in [1, group size)" in r.stderr, r.stderr
 
 
 def test_cp_one_process_per_rank_over_sockets_equals_cp1(tiny_v41_dir) -> None:

@@ -64,7 +64,11 @@ def test_api_key_from_environment_is_redacted(monkeypatch) -> None:
             "context-parallel-backend: expected one of local, nccl, socket, got 'mpi'",
         ),
         ({"context-parallel-backend": "nccl"}, "context-parallel-backend: nccl needs a CUDA device"),
-        ({"context-parallel-processes": True}, "context-parallel-processes: needs context-parallel-size >= 2"),
+        (
+            {"context-parallel-processes": True},
+            "context-parallel-processes: needs context-parallel-size, tensor-parallel-size or expert-parallel-size"
+            " >= 2",
+        ),
         ({"context-parallel-processes": "sometimes"}, "context-parallel-processes: expected true or false"),
         ({"cp-comm": "nccl"}, "unknown config key 'cp-comm'"),  # one name per option
     ],

@@ -71,3 +71,62 @@ def test_parallel_sizes_that_cannot_work_are_refused(tiny_v41_dir: str) -> None:
         Runtime(tiny_v41_dir, tensor_parallel_size=8)
     with pytest.raises(Dsv41rtError, match="needs the same size"):
         Runtime(tiny_v41_dir, tensor_parallel_size=2, expert_parallel_size=4)
+
+
+def test_one_process_per_rank_over_sockets_equals_one_rank(tiny_v41_dir: str) -> None:
+    """TP 2 x EP 2 with rank 1 as a `dsv41rt cp-worker` process over TCP (dsv41rt.cp_launch):
+    prefill logits, engine batches and greedy tokens equal one rank's bitwise; closing rank 0 shuts
+    the worker down cleanly (the launcher raises on a non-zero worker exit)."""
+    from dsv41rt.cp_launch import cp_processes
+    from dsv41rt.options import RuntimeOptions
+    from dsv41rt.runtime import Runtime
+
+    kw = dict(kv_memory=64 << 20, max_num_seqs=4)
+    one = Runtime(tiny_v41_dir, **kw)
+    want_logits = one.score(prompt_of(37))
+    want_tokens = one.generate([prompt_of(n) for n in PROMPTS], max_new_tokens=8, ignore_eos=True)
+    one.close()
+    opts = RuntimeOptions(tensor_parallel_size=2, expert_parallel_size=2, **kw)
+    with cp_processes(tiny_v41_dir, opts, comm="socket") as rt:
+        stats = rt.backend_stats()
+        assert (stats["tp_size"], stats["ep_size"], stats["cp_processes"]) == (2, 2, 1)
+        assert np.array_equal(rt.score(prompt_of(37)), want_logits)
+        assert rt.generate([prompt_of(n) for n in PROMPTS], max_new_tokens=8, ignore_eos=True) == want_tokens
+
+
+def test_a_killed_worker_process_fails_rank_0_quickly(tiny_v41_dir: str) -> None:
+    """A worker process killed (SIGKILL) mid-session: rank 0's next forward fails within 30 s with
+    an error naming the lost rank, instead of hanging."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from dsv41rt.cp_launch import cp_processes
+    from dsv41rt.errors import Dsv41rtError
+    from dsv41rt.options import RuntimeOptions
+
+    popen = subprocess.Popen
+    workers: list[subprocess.Popen] = []
+
+    def spy(*args, **kwargs):  # the launcher's worker processes, to kill one
+        p = popen(*args, **kwargs)
+        workers.append(p)
+        return p
+
+    opts = RuntimeOptions(expert_parallel_size=2, kv_memory=64 << 20, max_num_seqs=4)
+    subprocess.Popen = spy  # type: ignore[misc]
+    try:
+        with pytest.raises(Dsv41rtError) as failed:
+            with cp_processes(tiny_v41_dir, opts, comm="socket") as rt:
+                rt.score(prompt_of(7))  # the group works
+                os.kill(workers[0].pid, signal.SIGKILL)
+                workers[0].wait(timeout=10)
+                start = time.monotonic()
+                with pytest.raises(Dsv41rtError) as lost:
+                    rt.score(prompt_of(37))
+                assert time.monotonic() - start < 30
+                assert "rank 1" in str(lost.value) or "peer" in str(lost.value), lost.value
+    finally:
+        subprocess.Popen = popen  # type: ignore[misc]
+    assert "worker processes failed" in str(failed.value)  # the launcher reports the dead rank

@@ -58,7 +58,8 @@ struct LayerWeights {
               *idx_k_norm = nullptr;
   const float *inv_freq = nullptr;  ///< RoPE inverse frequencies of this layer
   // MoE: routed experts stacked [E, I, H] / [E, H, I]; all six matrices share one format. Under
-  // expert parallelism the stacks hold this rank's experts [expert_begin, + expert_count) only.
+  // expert parallelism the stacks hold this rank's experts [expert_begin, + expert_count) only
+  // (expert_count 0: all E).
   const float *gate = nullptr, *bias = nullptr;
   Matrix w1, w3, w2, shared_w1, shared_w3, shared_w2;
   int64_t expert_begin = 0, expert_count = 0;

@@ -103,35 +103,53 @@ RequestView get_request(Executor& e, const std::vector<int64_t>& m, size_t& at,
   return r;
 }
 
+// Message header after the kind: 1 = a tensor/expert-parallel group's forward (plain, on the
+// whole batch), 0 = a context-parallel one (run_cp_forward).
 // The worker's logits equal rank 0's and nobody reads them: no output buffer (one of up to
 // rows x vocab floats, touched afresh per forward, made the worker reach the first all-gather
-// hundreds of ms late on all-position prefills; rank 0 waited for it there).
+// hundreds of ms late on all-position prefills; rank 0 waited for it there) - except under
+// tensor parallelism, where every rank takes part in the head's all-gather: there the worker
+// computes the head rows rank 0 does (per item: 0 none, 1 the last row, 2 every row) into scratch.
 void replay_forward(Executor& local, comm::Communicator& comm, const std::vector<int64_t>& m) {
   size_t at = 1;
+  const bool parallel = m.at(at++) != 0;
   const int64_t items = m.at(at++);
   std::vector<BatchItem> batch(static_cast<size_t>(items));
   std::vector<std::vector<int32_t>> pages(static_cast<size_t>(items)), tokens(batch.size());
+  std::vector<std::vector<float>> logits(batch.size());
+  const int64_t V = local.plan().config.vocab_size;
   for (int64_t i = 0; i < items; ++i) {
     BatchItem& b = batch[size_t(i)];
     b.request = get_request(local, m, at, pages[size_t(i)]);
     b.n = m.at(at++);
     b.all_logits = m.at(at++) != 0;
+    const int64_t head = m.at(at++);
     tokens[size_t(i)].assign(m.begin() + int64_t(at), m.begin() + int64_t(at + size_t(b.n)));
     at += size_t(b.n);
     b.tokens = tokens[size_t(i)].data();
+    if (head > 0) {
+      b.all_logits = head == 2;
+      logits[size_t(i)].resize(size_t((b.all_logits ? b.n : 1) * V));
+      b.logits = logits[size_t(i)].data();
+    }
   }
-  run_cp_forward(local, comm, batch);
+  if (parallel) {
+    local.forward(batch);
+  } else {
+    run_cp_forward(local, comm, batch);
+  }
 }
 
 class CpLeader final : public DelegatingExecutor {
  public:
   CpLeader(std::shared_ptr<Executor> local, std::unique_ptr<comm::Communicator> comm,
-           std::unique_ptr<CpWorkerThreads> workers)
+           std::unique_ptr<CpWorkerThreads> workers, GroupKind kind)
       : DelegatingExecutor(local.get()),
         local_(std::move(local)),
         comm_(std::move(comm)),
         channel_(*comm_, local_->device()),
-        workers_(std::move(workers)) {
+        workers_(std::move(workers)),
+        kind_(kind) {
     DSV41RT_CHECK(comm_->rank() == 0, "the context-parallel leader must be rank 0, not ",
                   comm_->rank());
   }
@@ -147,15 +165,23 @@ class CpLeader final : public DelegatingExecutor {
 
   void forward(std::vector<BatchItem>& batch) override {
     check_cp_batch(*local_, batch);  // bad input fails before anything is sent
-    std::vector<int64_t> m{kForward, int64_t(batch.size())};
+    std::vector<int64_t> m{kForward, kind_.parallel ? 1 : 0, int64_t(batch.size())};
     for (const BatchItem& b : batch) {
       put_request(*local_, b.request, m);
       m.push_back(b.n);
       m.push_back(b.all_logits ? 1 : 0);
+      const bool head = kind_.parallel && kind_.tp > 1 && (b.logits || b.sample);
+      m.push_back(!head ? 0 : (b.logits && b.all_logits ? 2 : 1));
       m.insert(m.end(), b.tokens, b.tokens + b.n);
     }
     channel_.send(std::move(m));
-    guarded([&] { run_cp_forward(*local_, *comm_, batch); });
+    guarded([&] {
+      if (kind_.parallel) {
+        local_->forward(batch);
+      } else {
+        run_cp_forward(*local_, *comm_, batch);
+      }
+    });
   }
   void copy_state(const RequestView& src, const RequestView& dst) override {
     check_copy_state(local_->pool(), src, dst);
@@ -175,8 +201,12 @@ class CpLeader final : public DelegatingExecutor {
 
   BackendStats backend_stats() const override {
     BackendStats s = local_->backend_stats();
-    s.cp_size = comm_->size();
-    s.cp_processes = workers_ ? 0 : 1;
+    if (kind_.parallel) {
+      s.tp_size = kind_.tp, s.ep_size = kind_.ep;
+    } else {
+      s.cp_size = comm_->size();
+    }
+    s.cp_processes = workers_ ? 0 : 1;  // ranks in processes (CP, TP or EP)
     return s;
   }
 
@@ -195,6 +225,7 @@ class CpLeader final : public DelegatingExecutor {
   std::unique_ptr<comm::Communicator> comm_;
   Channel channel_;
   std::unique_ptr<CpWorkerThreads> workers_;
+  GroupKind kind_;
 };
 
 class CpWorker final : public DelegatingExecutor {
@@ -252,8 +283,8 @@ void run_cp_worker(Executor& local, comm::Communicator& comm) {
 
 std::shared_ptr<Executor> make_cp_leader(std::shared_ptr<Executor> local,
                                          std::unique_ptr<comm::Communicator> comm,
-                                         std::unique_ptr<CpWorkerThreads> workers) {
-  return std::make_shared<CpLeader>(std::move(local), std::move(comm), std::move(workers));
+                                         std::unique_ptr<CpWorkerThreads> workers, GroupKind kind) {
+  return std::make_shared<CpLeader>(std::move(local), std::move(comm), std::move(workers), kind);
 }
 
 std::shared_ptr<Executor> make_cp_worker(std::shared_ptr<Executor> local,

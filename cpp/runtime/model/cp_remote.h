@@ -4,7 +4,9 @@
 // message, then runs it itself; every other process runs run_cp_worker, which replays the calls
 // on its own executor until the leader shuts down. The replayed calls are the in-process group's
 // (forward_cp for batches with a prefill chunk, the plain forward otherwise), so the logits are
-// the same. Slot and page ids travel as ids: every rank's pool has the same geometry.
+// the same; a tensor/expert-parallel group (docs/design/parallelism.md) uses the same protocol
+// with the plain forward throughout. Slot and page ids travel as ids: every rank's pool has the
+// same geometry.
 #pragma once
 
 #include <memory>
@@ -24,9 +26,16 @@ struct CpWorkerThreads {
   std::vector<std::unique_ptr<comm::Communicator>> comms;
   std::vector<std::thread> threads;
 };
+/// `parallel`: the group is tensor/expert-parallel (sizes tp, ep; every forward runs whole on
+/// every rank, and under TP every rank computes the head rows rank 0 does), not context-parallel.
+struct GroupKind {
+  bool parallel = false;
+  int64_t tp = 1, ep = 1;
+};
 std::shared_ptr<Executor> make_cp_leader(std::shared_ptr<Executor> local,
                                          std::unique_ptr<comm::Communicator> comm,
-                                         std::unique_ptr<CpWorkerThreads> workers = nullptr);
+                                         std::unique_ptr<CpWorkerThreads> workers = nullptr,
+                                         GroupKind kind = {});
 
 /// Rank r > 0: replays the leader's calls on `local` until the leader's shutdown message. A
 /// failure aborts the group (so the leader's collectives fail too) and is rethrown.

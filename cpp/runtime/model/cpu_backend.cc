@@ -220,7 +220,8 @@ class CpuBackend final : public Backend {
   void moe_experts(const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H,
                    int64_t kk, int64_t E, int64_t I, const LayerWeights& w, float limit, float* y,
                    Scratch, Stream) override {
-    DSV41RT_CHECK_CODE(kInternal, w.expert_begin == 0 && w.expert_count == E,
+    DSV41RT_CHECK_CODE(kInternal,
+                       w.expert_begin == 0 && (w.expert_count == 0 || w.expert_count == E),
                        "moe_experts on an expert-parallel shard (use moe_expert_slots)");
     ExpertViews v(w, E, H, I);
     k::moe_forward(x, idx, weight, S, H, kk, E, I, v.experts.data(), v.shared_or_null(), I, limit,
@@ -229,9 +230,10 @@ class CpuBackend final : public Backend {
   void moe_expert_slots(const float* x, const int32_t* idx, const float* weight, int64_t S,
                         int64_t H, int64_t kk, int64_t E, int64_t I, const LayerWeights& w,
                         float limit, float* slots, Scratch, Stream) override {
-    ExpertViews v(w, w.expert_count, H, I);
-    k::moe_slots(x, idx, weight, S, H, kk, E, I, v.experts.data(), w.expert_begin, w.expert_count,
-                 limit, slots, moe_inputs(w));
+    const int64_t count = w.expert_count > 0 ? w.expert_count : E;
+    ExpertViews v(w, count, H, I);
+    k::moe_slots(x, idx, weight, S, H, kk, E, I, v.experts.data(), w.expert_begin, count, limit,
+                 slots, moe_inputs(w));
   }
   void moe_combine(const float* x, const int32_t* idx, const float* slots, int64_t S, int64_t H,
                    int64_t kk, int64_t I, const LayerWeights& w, float limit, float* y, Scratch,

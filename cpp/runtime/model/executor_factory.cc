@@ -40,32 +40,65 @@ namespace {
 
 // Tensor / expert parallelism over virtual ranks in this process (LocalComm): rank r's executor
 // holds tensor shard r (heads, output groups, vocabulary) and expert shard r, the rest whole.
-std::shared_ptr<Executor> make_parallel_group(ModelPlan plan, const ModelWeights& weights,
-                                              const EngramTables& engram,
-                                              const ExecutorOptions& options) {
+// What a tensor/expert-parallel group of these options cannot do, refused at load; its size.
+int check_parallel_group(const ExecutorOptions& options) {
   const int64_t tp = options.tp_size, ep = options.ep_size;
   DSV41RT_CHECK_CODE(kUnsupported, tp == 1 || ep == 1 || ep == tp, "expert_parallel_size ", ep,
                      " with tensor_parallel_size ", tp,
                      ": expert parallelism inside tensor parallelism needs the same size (or 1)");
-  DSV41RT_CHECK_CODE(kUnsupported,
-                     options.cp_size == 1 && options.cp_rank < 0 && options.cp_comm == "local",
-                     "tensor/expert parallelism (sizes ", tp, ", ", ep,
+  DSV41RT_CHECK_CODE(kUnsupported, options.cp_size == 1, "tensor/expert parallelism (sizes ", tp,
+                     ", ", ep,
                      ") does not compose with context parallelism yet (context_parallel_size ",
                      options.cp_size, ")");
   DSV41RT_CHECK_CODE(kUnsupported, options.device == "cpu",
                      "tensor/expert parallelism runs on the CPU backend only so far (device '",
                      options.device, "')");
-  const int P = int(std::max(tp, ep));
+  return int(std::max(tp, ep));
+}
+
+// Rank r's weights: tensor shard r (heads, output groups, vocabulary) and expert shard r.
+ModelWeights rank_weights(const ModelWeights& weights, const ModelPlan& plan,
+                          const ExecutorOptions& options, int r, int P) {
+  ModelWeights mine = options.tp_size > 1 ? tensor_shard(weights, plan, r, P) : weights;
+  return options.ep_size > 1 ? expert_shard(mine, plan, r, P) : mine;
+}
+
+std::shared_ptr<Executor> make_parallel_group(ModelPlan plan, const ModelWeights& weights,
+                                              const EngramTables& engram,
+                                              const ExecutorOptions& options) {
+  const int P = check_parallel_group(options);
+  DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_comm == "local", "context_parallel_backend '",
+                     options.cp_comm, "' is for one process per rank (set rank)");
   auto comms = comm::make_local_group(P);
   std::vector<std::shared_ptr<Executor>> ranks;
   for (int r = 0; r < P; ++r) {
     ExecutorOptions one = options;
     one.group_comm = comms[r].get();
-    ModelWeights mine = tp > 1 ? tensor_shard(weights, plan, r, P) : weights;
-    if (ep > 1) mine = expert_shard(mine, plan, r, P);
-    ranks.push_back(make_executor(plan, std::move(mine), engram, one));
+    ranks.push_back(make_executor(plan, rank_weights(weights, plan, options, r, P), engram, one));
   }
-  return make_parallel_executor(std::move(ranks), std::move(comms), tp, ep);
+  return make_parallel_executor(std::move(ranks), std::move(comms), options.tp_size,
+                                options.ep_size);
+}
+
+// One process per rank of a tensor/expert-parallel group over TCP (cp_id = rank 0's host:port):
+// this process's executor, as the leader (rank 0) or a worker.
+std::shared_ptr<Executor> make_parallel_rank(ModelPlan plan, const ModelWeights& weights,
+                                             const EngramTables& engram,
+                                             const ExecutorOptions& options) {
+  const int P = check_parallel_group(options);
+  const int r = int(options.cp_rank);
+  DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_comm == "socket" && r < P, "rank ", r,
+                     " of a tensor/expert-parallel group needs context_parallel_backend 'socket' "
+                     "and rank < the group size (",
+                     P, ")");
+  std::unique_ptr<comm::Communicator> comm = comm::make_socket_comm(options.cp_id, r, P);
+  ExecutorOptions one = options;
+  one.cp_rank = -1, one.cp_comm = "local", one.cp_id.clear();
+  one.group_comm = comm.get();
+  auto local = make_executor(plan, rank_weights(weights, plan, options, r, P), engram, one);
+  if (r > 0) return make_cp_worker(std::move(local), std::move(comm));
+  return make_cp_leader(std::move(local), std::move(comm), nullptr,
+                        GroupKind{true, options.tp_size, options.ep_size});
 }
 
 }  // namespace
@@ -89,7 +122,8 @@ std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights weights, En
   DSV41RT_CHECK_CODE(kInvalidArgument, options.tp_size >= 1 && options.tp_size <= 64,
                      "tensor_parallel_size ", options.tp_size, " must be in [1, 64]");
   if ((options.ep_size > 1 || options.tp_size > 1) && !options.group_comm) {
-    return make_parallel_group(std::move(plan), weights, engram, options);
+    return options.cp_rank >= 0 ? make_parallel_rank(std::move(plan), weights, engram, options)
+                                : make_parallel_group(std::move(plan), weights, engram, options);
   }
   const bool nccl = options.cp_comm == "nccl";
   DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_comm != "socket" || options.cp_rank >= 0,

@@ -1,5 +1,5 @@
-"""`dsv41rt cp-worker`: one context-parallel rank > 0 in its own process (started by
-dsv41rt.cp_launch for rank 0 with every runtime option as rank 0's)."""
+"""`dsv41rt cp-worker`: one rank > 0 of a context-, tensor- or expert-parallel group in its own
+process (started by dsv41rt.cp_launch for rank 0 with every runtime option as rank 0's)."""
 
 from __future__ import annotations
 
@@ -26,10 +26,8 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime import Runtime
 
     options = options_from_args(args)
-    if not 1 <= args.rank < options.context_parallel_size:
-        raise Dsv41rtError(
-            f"--rank must be in [1, context-parallel-size), got {args.rank} of {options.context_parallel_size}"
-        )
+    if not 1 <= args.rank < options.group_size:
+        raise Dsv41rtError(f"--rank must be in [1, group size), got {args.rank} of {options.group_size}")
     try:
         with open(args.id_file, "rb") as f:
             group_id = f.read()

@@ -4,7 +4,7 @@ Routes: /v1/chat/completions, /v1/completions, /v1/responses (OpenAI's Responses
 /v1/messages (Anthropic's Messages API; SSE streaming and not) and its /v1/messages/count_tokens,
 /v1/models, /tokenize, /detokenize, /health, /ready, /metrics, /version. Errors are OpenAI-style
 bodies (Anthropic's shape on the /v1/messages routes) with the status the conventions give (400
-invalid, 401 key, 404 model, 413 body size, 503 queue full or draining with Retry-After). A client
+invalid, 401 key, 404 model, 413 body size, 503 queue full, draining or a failed engine, with Retry-After). A client
 that disconnects cancels its request, which frees its pages at once.
 """
 

@@ -71,6 +71,9 @@ class Guard:
         if state.draining:
             state.metrics.rejected("draining")
             return ApiError(503, "the server is shutting down")
+        if not state.engine.alive:  # e.g. a parallel worker process died: nothing can run here
+            state.metrics.rejected("engine_failed")
+            return ApiError(503, f"the engine failed: {state.engine.error}")
         has_body = request.headers.get("content-length", "0") != "0" or "transfer-encoding" in request.headers
         if request.method == "POST" and has_body and not is_json(request.headers.get("content-type", "")):
             # A text/plain or form POST is what a browser may send cross-site without a

@@ -68,7 +68,8 @@ ERROR_REASONS = {
     "413": "The body exceeds the server's max-request-bytes.",
     "415": "A POST body not sent as `Content-Type: application/json`.",
     "500": "A server bug (logged); the server keeps serving.",
-    "503": "The waiting queue is full, or the server is shutting down; retry after `Retry-After` seconds.",
+    "503": "The waiting queue is full, the server is shutting down, or its engine failed (e.g. a parallel"
+    " worker process died); retry after `Retry-After` seconds (elsewhere, for a failed engine).",
 }
 
 
