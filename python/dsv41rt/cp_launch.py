@@ -7,6 +7,13 @@ state would not line up.
     opts = RuntimeOptions(device="cuda:0", context_parallel_size=2, context_parallel_processes=True)
     with open_runtime(checkpoint, opts) as rt:
         rt.generate(...)
+
+Started by `torchrun` instead (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT in the
+environment, WORLD_SIZE > 1), every process opens its own rank: rank 0 returns the Runtime, the
+others replay its calls and exit when it closes; the group's id (rank 0's host:port, or the NCCL
+unique id) travels through torchrun's TCP store, so the same command line runs on every process:
+
+    torchrun --nproc-per-node 2 -m dsv41rt generate --tensor-parallel-size 2 ...
 """
 
 from __future__ import annotations
@@ -44,6 +51,11 @@ def open_runtime(checkpoint: str, options: RuntimeOptions, **runtime_kw: Any) ->
     Runtime's other keywords, e.g. progress, engine_thread)."""
     from .runtime import Runtime
 
+    launched = torchrun_rank()
+    if launched is not None:
+        with torchrun_group(checkpoint, options, *launched, **runtime_kw) as rt:
+            yield rt
+        return
     if not options.context_parallel_processes:
         rt = Runtime(checkpoint, options=options, **runtime_kw)
         try:
@@ -104,3 +116,71 @@ def cp_processes(checkpoint: str, options: RuntimeOptions, comm: str = "nccl", *
         bad = [(r + 1, p.returncode) for r, p in enumerate(procs) if p.returncode != 0]
         if bad:
             raise Dsv41rtError(f"cp worker processes failed (rank, exit code): {bad}")
+
+
+def torchrun_rank() -> tuple[int, int, int] | None:
+    """(rank, world size, local rank) when torchrun started this process as one of several."""
+    env = os.environ
+    if "WORLD_SIZE" not in env or "RANK" not in env:
+        return None
+    try:
+        rank, world, local = int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", env["RANK"]))
+    except ValueError:
+        raise Dsv41rtError(
+            f"RANK / WORLD_SIZE / LOCAL_RANK must be integers, got {env['RANK']!r} / {env['WORLD_SIZE']!r}"
+        ) from None
+    return (rank, world, local) if world > 1 else None
+
+
+@contextlib.contextmanager
+def torchrun_group(
+    checkpoint: str, options: RuntimeOptions, rank: int, world: int, local_rank: int, **runtime_kw: Any
+) -> Iterator[Any]:
+    """This process's rank of a group torchrun started: rank 0's Runtime is yielded; a worker rank
+    replays rank 0's calls until it closes, then exits the process (SystemExit(0)) so the command
+    it ran under does not go on."""
+    from .runtime import Runtime
+
+    size = options.group_size
+    if size != world:
+        raise Dsv41rtError(
+            f"torchrun started {world} processes but the options make a group of {size} rank(s)"
+            " (context-, tensor- or expert-parallel size): they must be equal"
+        )
+    if not 0 <= rank < world:
+        raise Dsv41rtError(f"RANK {rank} outside [0, WORLD_SIZE {world})")
+    gpu = options.device.startswith("cuda")
+    device = f"cuda:{local_rank}" if gpu else options.device
+    comm = "nccl" if gpu else "socket"
+    group_id = _exchange_group_id(rank, world, gpu)
+    options = options.replace(device=device, context_parallel_backend=comm, context_parallel_processes=False)
+    rt = Runtime(checkpoint, device, options=options, rank=rank, group_id=group_id, **runtime_kw)
+    if rank > 0:
+        rt.run_cp_worker()
+        raise SystemExit(0)
+    try:
+        yield rt
+    finally:
+        rt.close()  # the shutdown message ends the workers
+
+
+def _exchange_group_id(rank: int, world: int, gpu: bool) -> bytes:
+    """Rank 0 makes the group's id (an NCCL unique id, or its host:port for TCP) and publishes it in
+    torchrun's TCP store (MASTER_ADDR:MASTER_PORT); the others read it there."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
+    store = TCPStore(host, port, world, is_master=False, timeout=timedelta(seconds=300))
+    key = "dsv41rt/group_id"
+    if rank == 0:
+        if gpu:
+            from . import comm as nccl
+
+            uid = nccl.nccl_unique_id()
+        else:
+            uid = f"{host}:{_free_port()}".encode()
+        store.set(key, uid.hex())  # hex: the store takes text, an NCCL id is binary
+        return uid
+    return bytes.fromhex(store.get(key).decode())

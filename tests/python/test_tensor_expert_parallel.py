@@ -130,3 +130,34 @@ def test_a_killed_worker_process_fails_rank_0_quickly(tiny_v41_dir: str) -> None
     finally:
         subprocess.Popen = popen  # type: ignore[misc]
     assert "worker processes failed" in str(failed.value)  # the launcher reports the dead rank
+
+
+def test_torchrun_starts_the_group_with_one_command_line(tiny_v41_dir: str, tmp_path) -> None:
+    """`torchrun --nproc-per-node 2 -m dsv41rt generate --tensor-parallel-size 2 ...`: the group's
+    id travels through torchrun's TCP store, rank 1 replays rank 0 and exits 0, and the tokens
+    equal a one-process run; a world size the options do not match is refused by name."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps([prompt_of(7), prompt_of(37)]))
+
+    def generate(out: str, *launcher: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+        args = ["generate", "--checkpoint", tiny_v41_dir, "--prompts", str(prompts), "--out", str(tmp_path / out)]
+        cmd = [sys.executable, *launcher, "-m", "dsv41rt", *args, "--max-new-tokens", "6", "--ignore-eos", *flags]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    torchrun = ("-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port)
+    r = generate("tp.json", *torchrun, flags=("--tensor-parallel-size", "2", "--expert-parallel-size", "2"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("generated 12 tokens") == 1, r.stdout  # rank 0 only
+    r = generate("one.json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "tp.json").read_text()) == json.loads((tmp_path / "one.json").read_text())
+    r = generate("bad.json", *torchrun)
+    assert r.returncode != 0 and "torchrun started 2 processes but the options make a group of 1" in r.stderr, r.stderr
