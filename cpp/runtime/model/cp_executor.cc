@@ -11,25 +11,31 @@ namespace {
 
 class CpExecutor final : public DelegatingExecutor {
  public:
-  // context_parallel: prefill forwards split their queries over the ranks (else every forward
-  // runs whole on every rank: the tensor/expert-parallel group of sizes tp, ep).
+  // context_parallel: prefill forwards split their queries over the CP ranks (else every forward
+  // runs whole on every rank: the tensor/expert-parallel group). Executor i is tensor/expert rank
+  // i % group.size of CP rank i / group.size; comms[i] is its CP communicator (or, without CP, its
+  // group communicator); group.inner keeps the tensor/expert communicators of a CP x TP grid alive.
   CpExecutor(std::vector<std::shared_ptr<Executor>> ranks,
              std::vector<std::unique_ptr<comm::Communicator>> comms, bool context_parallel,
-             int64_t tp = 1, int64_t ep = 1)
+             GroupShape group = {})
       : DelegatingExecutor(ranks.empty() ? nullptr : ranks[0].get()),
         ranks_(std::move(ranks)),
         comms_(std::move(comms)),
         context_parallel_(context_parallel),
-        tp_(tp),
-        ep_(ep) {
+        group_(std::move(group)) {
     DSV41RT_CHECK(!ranks_.empty() && ranks_.size() == comms_.size(),
                   "a context-parallel group needs ranks and one communicator each (", ranks_.size(),
                   " executors, ", comms_.size(), " communicators)");
+    const int64_t per = context_parallel_ ? group_.size : int64_t(ranks_.size());
+    DSV41RT_CHECK(per >= 1 && int64_t(ranks_.size()) % per == 0, "a grid of ", ranks_.size(),
+                  " ranks in groups of ", per);
     const model::PoolGeometry& g = ranks_[0]->pool().geometry();
     for (size_t r = 0; r < ranks_.size(); ++r) {
       const model::PoolGeometry& gr = ranks_[r]->pool().geometry();
-      DSV41RT_CHECK(comms_[r]->rank() == int(r) && comms_[r]->size() == int(ranks_.size()),
-                    "communicator ", r, " is rank ", comms_[r]->rank(), " of ", comms_[r]->size());
+      const int want = context_parallel_ ? int(int64_t(r) / per) : int(r);
+      const int size = context_parallel_ ? int(int64_t(ranks_.size()) / per) : int(ranks_.size());
+      DSV41RT_CHECK(comms_[r]->rank() == want && comms_[r]->size() == size, "communicator ", r,
+                    " is rank ", comms_[r]->rank(), " of ", comms_[r]->size());
       DSV41RT_CHECK(
           gr.page_bytes == g.page_bytes && gr.slot_bytes == g.slot_bytes &&
               ranks_[r]->pool().usage().pages_total == ranks_[0]->pool().usage().pages_total &&
@@ -65,11 +71,10 @@ class CpExecutor final : public DelegatingExecutor {
   BackendStats backend_stats() const override {
     BackendStats s = ranks_[0]->backend_stats();
     if (context_parallel_) {
-      s.cp_size = int64_t(ranks_.size());
+      s.cp_size = int64_t(ranks_.size()) / group_.size;
       s.cp_forwards = cp_forwards_;  // forwards run context-parallel (the rest replicated)
-    } else {
-      s.tp_size = tp_, s.ep_size = ep_;
     }
+    s.tp_size = group_.tp, s.ep_size = group_.ep;
     return s;
   }
   void set_switch(Switch which, bool on) override {
@@ -96,13 +101,14 @@ class CpExecutor final : public DelegatingExecutor {
     // Rank 0 returns the logits and draws the tokens. Under tensor parallelism every rank takes
     // part in the head's all-gather, so the others compute them too, into scratch.
     const int64_t V = plan().config.vocab_size;
+    const int64_t tp = group_.tp;
     std::vector<std::vector<float>> logits_scratch;
-    std::vector<kernels::SampledToken> sampled_scratch(tp_ > 1 ? batch.size() * size_t(P) : 0);
+    std::vector<kernels::SampledToken> sampled_scratch(tp > 1 ? batch.size() * size_t(P) : 0);
     for (int r = 1; r < P; ++r) {
       for (size_t i = 0; i < batches[r].size(); ++i) {
         BatchItem& b = batches[r][i];
         b.request = translate(r, b.request);
-        if (tp_ > 1 && (b.logits || b.sample)) {
+        if (tp > 1 && (b.logits || b.sample)) {
           if (b.logits) {
             logits_scratch.emplace_back(size_t((b.all_logits ? b.n : 1) * V));
             b.logits = logits_scratch.back().data();
@@ -122,10 +128,10 @@ class CpExecutor final : public DelegatingExecutor {
         fn(r, batches[r]);
       } catch (const std::exception& e) {
         errors[r] = std::current_exception();
-        for (auto& c : comms_) c->abort("rank " + std::to_string(r) + " failed: " + e.what());
+        abort_all("rank " + std::to_string(r) + " failed: " + e.what());
       } catch (...) {
         errors[r] = std::current_exception();
-        for (auto& c : comms_) c->abort("rank " + std::to_string(r) + " failed");
+        abort_all("rank " + std::to_string(r) + " failed");
       }
     };
     std::vector<std::thread> threads;
@@ -137,10 +143,15 @@ class CpExecutor final : public DelegatingExecutor {
     }
   }
 
+  void abort_all(const std::string& reason) {
+    for (auto& c : comms_) c->abort(reason);
+    for (auto& c : group_.inner) c->abort(reason);
+  }
+
   std::vector<std::shared_ptr<Executor>> ranks_;
   std::vector<std::unique_ptr<comm::Communicator>> comms_;
   bool context_parallel_;
-  int64_t tp_, ep_;
+  GroupShape group_;
   int64_t cp_forwards_ = 0;
 };
 
@@ -182,7 +193,16 @@ std::shared_ptr<Executor> make_cp_executor(std::vector<std::shared_ptr<Executor>
 std::shared_ptr<Executor> make_parallel_executor(
     std::vector<std::shared_ptr<Executor>> ranks,
     std::vector<std::unique_ptr<comm::Communicator>> comms, int64_t tp, int64_t ep) {
-  return std::make_shared<CpExecutor>(std::move(ranks), std::move(comms), false, tp, ep);
+  GroupShape g;
+  g.tp = tp, g.ep = ep, g.size = int64_t(ranks.size());
+  return std::make_shared<CpExecutor>(std::move(ranks), std::move(comms), false, std::move(g));
+}
+
+std::shared_ptr<Executor> make_cp_grid_executor(
+    std::vector<std::shared_ptr<Executor>> ranks,
+    std::vector<std::unique_ptr<comm::Communicator>> cp_comms, GroupShape group) {
+  return std::make_shared<CpExecutor>(std::move(ranks), std::move(cp_comms), true,
+                                      std::move(group));
 }
 
 }  // namespace dsv41rt::model

@@ -32,6 +32,20 @@ std::shared_ptr<Executor> make_parallel_executor(
     std::vector<std::shared_ptr<Executor>> ranks,
     std::vector<std::unique_ptr<comm::Communicator>> comms, int64_t tp, int64_t ep);
 
+/// The tensor/expert-parallel groups inside a context-parallel group: `size` ranks per CP rank
+/// (sizes tp, ep) and `inner`, their group communicators (kept alive and aborted with the rest).
+struct GroupShape {
+  int64_t tp = 1, ep = 1, size = 1;
+  std::vector<std::unique_ptr<comm::Communicator>> inner;
+};
+
+/// Context parallelism over tensor/expert-parallel groups (a CP x TP grid): executor i is rank
+/// i % group.size of its group and CP rank i / group.size; cp_comms[i] joins the executors of the
+/// same group rank across the CP ranks.
+std::shared_ptr<Executor> make_cp_grid_executor(
+    std::vector<std::shared_ptr<Executor>> ranks,
+    std::vector<std::unique_ptr<comm::Communicator>> cp_comms, GroupShape group);
+
 /// What every rank's forward would refuse, checked once on the host before any rank runs (so bad
 /// input leaves the group usable). Throws Error naming the item.
 void check_cp_batch(const Executor& e, const std::vector<BatchItem>& batch);

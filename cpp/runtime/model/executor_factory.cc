@@ -46,10 +46,6 @@ int check_parallel_group(const ExecutorOptions& options) {
   DSV41RT_CHECK_CODE(kUnsupported, tp == 1 || ep == 1 || ep == tp, "expert_parallel_size ", ep,
                      " with tensor_parallel_size ", tp,
                      ": expert parallelism inside tensor parallelism needs the same size (or 1)");
-  DSV41RT_CHECK_CODE(kUnsupported, options.cp_size == 1, "tensor/expert parallelism (sizes ", tp,
-                     ", ", ep,
-                     ") does not compose with context parallelism yet (context_parallel_size ",
-                     options.cp_size, ")");
   DSV41RT_CHECK_CODE(kUnsupported, options.device == "cpu",
                      "tensor/expert parallelism runs on the CPU backend only so far (device '",
                      options.device, "')");
@@ -69,15 +65,32 @@ std::shared_ptr<Executor> make_parallel_group(ModelPlan plan, const ModelWeights
   const int P = check_parallel_group(options);
   DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_comm == "local", "context_parallel_backend '",
                      options.cp_comm, "' is for one process per rank (set rank)");
-  auto comms = comm::make_local_group(P);
+  // With context parallelism: a grid of C CP ranks x P group ranks; the executors of group rank t
+  // across the CP ranks share one CP communicator group.
+  const int C = int(options.cp_size);
+  std::vector<std::vector<std::unique_ptr<comm::Communicator>>> cp_by_rank;
+  for (int t = 0; t < P && C > 1; ++t) cp_by_rank.push_back(comm::make_local_group(C));
   std::vector<std::shared_ptr<Executor>> ranks;
-  for (int r = 0; r < P; ++r) {
-    ExecutorOptions one = options;
-    one.group_comm = comms[r].get();
-    ranks.push_back(make_executor(plan, rank_weights(weights, plan, options, r, P), engram, one));
+  std::vector<std::unique_ptr<comm::Communicator>> cp_comms, group_comms;
+  for (int c = 0; c < C; ++c) {
+    auto group = comm::make_local_group(P);
+    for (int t = 0; t < P; ++t) {
+      ExecutorOptions one = options;
+      one.cp_size = 1;
+      one.group_comm = group[t].get();
+      ranks.push_back(make_executor(plan, rank_weights(weights, plan, options, t, P), engram, one));
+      if (C > 1) cp_comms.push_back(std::move(cp_by_rank[t][c]));
+      group_comms.push_back(std::move(group[t]));
+    }
   }
-  return make_parallel_executor(std::move(ranks), std::move(comms), options.tp_size,
-                                options.ep_size);
+  if (C == 1) {
+    return make_parallel_executor(std::move(ranks), std::move(group_comms), options.tp_size,
+                                  options.ep_size);
+  }
+  GroupShape shape;
+  shape.tp = options.tp_size, shape.ep = options.ep_size, shape.size = P;
+  shape.inner = std::move(group_comms);
+  return make_cp_grid_executor(std::move(ranks), std::move(cp_comms), std::move(shape));
 }
 
 // One process per rank of a tensor/expert-parallel group over TCP (cp_id = rank 0's host:port):
@@ -86,6 +99,11 @@ std::shared_ptr<Executor> make_parallel_rank(ModelPlan plan, const ModelWeights&
                                              const EngramTables& engram,
                                              const ExecutorOptions& options) {
   const int P = check_parallel_group(options);
+  DSV41RT_CHECK_CODE(kUnsupported, options.cp_size == 1, "tensor/expert parallelism (sizes ",
+                     options.tp_size, ", ", options.ep_size,
+                     ") with context parallelism runs in one process only so far "
+                     "(context_parallel_size ",
+                     options.cp_size, " with one process per rank)");
   const int r = int(options.cp_rank);
   DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_comm == "socket" && r < P, "rank ", r,
                      " of a tensor/expert-parallel group needs context_parallel_backend 'socket' "
