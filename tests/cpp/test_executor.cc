@@ -4,50 +4,22 @@
 // they are here so that the sanitizer builds (ASan + UBSan, TSan) run the same code paths.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "core/safetensors.h"
 #include "core/status.h"
+#include "executor_test_util.h"
 #include "held_request.h"
-#include "runtime/model/engram_tables.h"
 #include "runtime/model/executor.h"
-#include "runtime/model/layer_plan.h"
-#include "runtime/model/model_config.h"
 
 namespace dsv41rt::model {
 namespace {
 
-const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
-
-std::shared_ptr<Executor> load(ExecutorOptions options) {
-  const std::string dir = checkpoint();
-  ModelPlan plan = build_model_plan(load_model_config(dir));
-  EngramTables tables = load_engram_tables(dir, plan.config);
-  ModelWeights weights = load_weights(std::make_shared<Checkpoint>(dir), plan);
-  options.kv_memory = 64ll << 20;
-  options.max_num_seqs = 4;
-  return make_executor(std::move(plan), std::move(weights), std::move(tables), options);
-}
-
-std::vector<int32_t> prompt(int64_t n) {
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) p[size_t(i)] = int32_t((i * 7919 + 13) % 120000 + 3);
-  p[0] = 0;
-  return p;
-}
-
+using dsv41rt::testing::bitwise_equal;
 using dsv41rt::testing::Held;
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-#define NEED_CHECKPOINT() \
-  if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint"
+using dsv41rt::testing::load;
+using dsv41rt::testing::prompt;
 
 TEST(Executor, ContextParallelPrefillEqualsOneRank) {
   NEED_CHECKPOINT();

@@ -175,21 +175,35 @@ TEST(SwigluExpert, Fp8InputsQuantiseXAndTheHiddenUnits) {
   EXPECT_NE(got, bf16);
 }
 
+// Random routed experts [E] (intermediate I) and a shared expert (intermediate Is) over hidden H.
+struct RandomExperts {
+  RandomExperts(std::mt19937& g, int E, int H, int I, int Is) : ex(size_t(E)) {
+    for (int e = 0; e < E; ++e) {
+      W1.push_back(random_vec(size_t(I * H), g));
+      W3.push_back(random_vec(size_t(I * H), g));
+      W2.push_back(random_vec(size_t(H * I), g, 0.2f));
+      ex[size_t(e)] = {W1[e].data(), W3[e].data(), W2[e].data()};
+    }
+    s1 = random_vec(size_t(Is * H), g), s3 = random_vec(size_t(Is * H), g);
+    s2 = random_vec(size_t(H * Is), g, 0.2f);
+    sh = {s1.data(), s3.data(), s2.data()};
+  }
+  std::vector<std::vector<float>> W1, W3, W2;
+  std::vector<SwigluWeights> ex;
+  std::vector<float> s1, s3, s2;
+  SwigluWeights sh;
+};
+
 TEST(MoeForward, RandomMatchesPerTokenReferenceAndIsBatchIndependent) {
   const unsigned seed = std::random_device{}();
   std::mt19937 g(seed);
   const int S = 11, H = 24, I = 16, Is = 20, E = 6, k = 2;
   auto x = random_vec(S * H, g, 2.0f);
-  std::vector<std::vector<float>> W1, W3, W2;
-  std::vector<SwigluWeights> ex(E);
-  for (int e = 0; e < E; ++e) {
-    W1.push_back(random_vec(I * H, g));
-    W3.push_back(random_vec(I * H, g));
-    W2.push_back(random_vec(H * I, g, 0.2f));
-  }
-  for (int e = 0; e < E; ++e) ex[e] = {W1[e].data(), W3[e].data(), W2[e].data()};
-  auto s1 = random_vec(Is * H, g), s3 = random_vec(Is * H, g), s2 = random_vec(H * Is, g, 0.2f);
-  SwigluWeights sh{s1.data(), s3.data(), s2.data()};
+  const RandomExperts experts(g, E, H, I, Is);
+  const auto &W1 = experts.W1, &W3 = experts.W3, &W2 = experts.W2;
+  const auto &s1 = experts.s1, &s3 = experts.s3, &s2 = experts.s2;
+  const std::vector<SwigluWeights>& ex = experts.ex;
+  const SwigluWeights& sh = experts.sh;
   std::vector<int32_t> idx(S * k);
   std::uniform_int_distribution<int> de(0, E - 1);
   for (int t = 0; t < S; ++t) {
@@ -235,16 +249,9 @@ TEST(MoeSlots, RanksSummedThenCombinedEqualMoeForwardBitwise) {
   std::mt19937 g(seed);
   const int S = 9, H = 16, I = 12, Is = 8, E = 6, k = 3;
   auto x = random_vec(S * H, g, 2.0f);
-  std::vector<std::vector<float>> W1, W3, W2;
-  std::vector<SwigluWeights> ex(E);
-  for (int e = 0; e < E; ++e) {
-    W1.push_back(random_vec(I * H, g));
-    W3.push_back(random_vec(I * H, g));
-    W2.push_back(random_vec(H * I, g, 0.2f));
-    ex[e] = {W1[e].data(), W3[e].data(), W2[e].data()};
-  }
-  auto s1 = random_vec(Is * H, g), s3 = random_vec(Is * H, g), s2 = random_vec(H * Is, g, 0.2f);
-  SwigluWeights sh{s1.data(), s3.data(), s2.data()};
+  const RandomExperts experts(g, E, H, I, Is);
+  const std::vector<SwigluWeights>& ex = experts.ex;
+  const SwigluWeights& sh = experts.sh;
   std::vector<int32_t> idx(S * k);
   for (int t = 0; t < S; ++t) {  // k distinct experts per token, in random slot order
     std::vector<int32_t> all(E);

@@ -7,55 +7,27 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "core/safetensors.h"
 #include "core/status.h"
+#include "executor_test_util.h"
 #include "held_request.h"
-#include "runtime/model/engram_tables.h"
 #include "runtime/model/executor.h"
-#include "runtime/model/layer_plan.h"
-#include "runtime/model/model_config.h"
 
 namespace dsv41rt::model {
 namespace {
 
-const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
-
-std::shared_ptr<Executor> load(ExecutorOptions options) {
-  const std::string dir = checkpoint();
-  ModelPlan plan = build_model_plan(load_model_config(dir));
-  EngramTables tables = load_engram_tables(dir, plan.config);
-  ModelWeights weights = load_weights(std::make_shared<Checkpoint>(dir), plan);
-  options.kv_memory = 64ll << 20;
-  options.max_num_seqs = 4;
-  return make_executor(std::move(plan), std::move(weights), std::move(tables), options);
-}
-
-std::vector<int32_t> prompt(int64_t n) {
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) p[size_t(i)] = int32_t((i * 7919 + 13) % 120000 + 3);
-  p[0] = 0;
-  return p;
-}
-
+using dsv41rt::testing::bitwise_equal;
 using dsv41rt::testing::Held;
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using dsv41rt::testing::load;
+using dsv41rt::testing::prompt;
 
 int32_t argmax_last(const std::vector<float>& logits, int64_t vocab) {
   auto last = logits.end() - vocab;
   return int32_t(std::max_element(last, logits.end()) - last);
 }
-
-#define NEED_CHECKPOINT() \
-  if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint"
 
 TEST(TensorExpertParallel, PrefillAndGreedyDecodeEqualOneRankBitwise) {
   NEED_CHECKPOINT();
@@ -89,40 +61,28 @@ TEST(TensorExpertParallel, PrefillAndGreedyDecodeEqualOneRankBitwise) {
   }
 }
 
+// Loading `options` fails with `kind` and a message containing `text`.
+void expect_load_error(ExecutorOptions options, StatusCode kind, const std::string& text) {
+  try {
+    load(options);
+    ADD_FAILURE() << "loaded; expected: " << text;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), kind) << e.what();
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
+}
+
 TEST(TensorExpertParallel, SizesThatCannotWorkFailAtLoadNamingWhy) {
   NEED_CHECKPOINT();
-  ExecutorOptions three;
-  three.ep_size = 3;  // 8 experts
-  try {
-    load(three);
-    ADD_FAILURE() << "expert_parallel_size 3 over 8 experts loaded";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), StatusCode::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("does not divide the 8 routed experts"), std::string::npos)
-        << e.what();
-  }
-  ExecutorOptions zero;
-  zero.ep_size = 0;
-  EXPECT_THROW(load(zero), Error);
-  ExecutorOptions tp8;
-  tp8.tp_size = 8;  // 4 heads
-  try {
-    load(tp8);
-    ADD_FAILURE() << "tensor_parallel_size 8 over 4 heads loaded";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), StatusCode::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("does not divide the 4 attention heads"),
-              std::string::npos)
-        << e.what();
-  }
-  ExecutorOptions mixed;
-  mixed.tp_size = 2, mixed.ep_size = 4;
-  try {
-    load(mixed);
-    ADD_FAILURE() << "tp 2 with ep 4 loaded";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), StatusCode::kUnsupported) << e.what();
-  }
+  ExecutorOptions o;
+  o.ep_size = 3;  // 8 experts
+  expect_load_error(o, StatusCode::kInvalidArgument, "does not divide the 8 routed experts");
+  o.ep_size = 0;
+  expect_load_error(o, StatusCode::kInvalidArgument, "expert_parallel_size 0 must be in [1, 64]");
+  o.ep_size = 1, o.tp_size = 8;  // 4 heads
+  expect_load_error(o, StatusCode::kInvalidArgument, "does not divide the 4 attention heads");
+  o.tp_size = 2, o.ep_size = 4;
+  expect_load_error(o, StatusCode::kUnsupported, "needs the same size (or 1)");
 }
 
 }  // namespace

@@ -93,6 +93,17 @@ def tiny_v41_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return out
 
 
+@pytest.fixture(scope="session")
+def released_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny checkpoint with the released layer schedule (40 layers), seed 0."""
+    from dsv41rt.checkpoint.generator import make_checkpoint
+    from dsv41rt.config.presets import preset_config_json
+
+    path = str(tmp_path_factory.mktemp("released"))
+    make_checkpoint(preset_config_json("tiny-v41-released-schedule"), path, 0)
+    return path
+
+
 # The server's built-in tiny random model and its chat protocol, for the serve tests that drive the
 # routes' code without a server (test_serve_tools*.py); one per test module.
 @pytest.fixture(scope="module")

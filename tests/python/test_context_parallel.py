@@ -20,16 +20,6 @@ def prompt_of(n: int) -> list[int]:
     return [0] + [int(t) for t in np.random.default_rng(4000 + n).integers(3, 129000, n - 1)]
 
 
-@pytest.fixture(scope="module")
-def released_dir(tmp_path_factory) -> str:
-    from dsv41rt.checkpoint.generator import make_checkpoint
-    from dsv41rt.config.presets import preset_config_json
-
-    path = str(tmp_path_factory.mktemp("released"))
-    make_checkpoint(preset_config_json("tiny-v41-released-schedule"), path, 0)
-    return path
-
-
 def prefill_and_decode(rt, prompt: list[int]) -> tuple[np.ndarray, list[int], np.ndarray]:
     h = rt.new_handle()
     logits = rt.forward_tokens(h, prompt)

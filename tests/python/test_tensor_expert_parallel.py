@@ -22,16 +22,6 @@ def prompt_of(n: int) -> list[int]:
     return [0] + [int(t) for t in np.random.default_rng(5000 + n).integers(3, 129000, n - 1)]
 
 
-@pytest.fixture(scope="module")
-def released_dir(tmp_path_factory) -> str:
-    from dsv41rt.checkpoint.generator import make_checkpoint
-    from dsv41rt.config.presets import preset_config_json
-
-    path = str(tmp_path_factory.mktemp("released"))
-    make_checkpoint(preset_config_json("tiny-v41-released-schedule"), path, 0)
-    return path
-
-
 @pytest.mark.parametrize(
     ("preset_dir", "sizes"),
     [("tiny_v41_dir", ((1, 8), (2, 2))), ("released_dir", ((4, 1), (1, 4)))],

@@ -38,8 +38,6 @@ void check_copy_state(const model::KvPool& pool, const RequestView& src, const R
 
 namespace {
 
-// Tensor / expert parallelism over virtual ranks in this process (LocalComm): rank r's executor
-// holds tensor shard r (heads, output groups, vocabulary) and expert shard r, the rest whole.
 // What a tensor/expert-parallel group of these options cannot do, refused at load; its size.
 int check_parallel_group(const ExecutorOptions& options) {
   const int64_t tp = options.tp_size, ep = options.ep_size;
@@ -59,6 +57,8 @@ ModelWeights rank_weights(const ModelWeights& weights, const ModelPlan& plan,
   return options.ep_size > 1 ? expert_shard(mine, plan, r, P) : mine;
 }
 
+// Tensor / expert parallelism over virtual ranks in this process (LocalComm), optionally inside
+// context parallelism.
 std::shared_ptr<Executor> make_parallel_group(ModelPlan plan, const ModelWeights& weights,
                                               const EngramTables& engram,
                                               const ExecutorOptions& options) {
