@@ -138,9 +138,10 @@ MODES = {  # name -> backend options (and dequant reuse) switched from the defau
     "default": {},
     "graphs off": {"cuda_graphs": False},
     "multistream off": {"multistream": False},
-    "reuse off": {"reuse": False},
+    "reuse off": {"reuse": False, "attention_in_place": False},
+    "in place off": {"attention_in_place": False},
 }
-DEFAULTS = {"cuda_graphs": True, "multistream": True, "reuse": True}
+DEFAULTS = {"cuda_graphs": True, "multistream": True, "reuse": True, "attention_in_place": True}
 
 
 def prefill_handle(rt, n: int, budget: int, rng) -> tuple[int, float]:
@@ -165,7 +166,7 @@ def decode(
     out = {}
 
     def applies(name: str) -> bool:  # graphs and streams are CUDA switches; the CPU takes the rest
-        return name != "reuse" and (device != "cpu" or name == "tensor_cores")
+        return name != "reuse" and (device != "cpu" or name in ("tensor_cores", "attention_in_place"))
 
     for mode, switched in modes.items():
         opts = dict(DEFAULTS, **switched)

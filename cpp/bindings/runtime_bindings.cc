@@ -100,7 +100,8 @@ void register_options(nb::module_& m) {
       .value("multistream", Switch::kMultistream)
       .value("cuda_graphs", Switch::kCudaGraphs)
       .value("tensor_cores", Switch::kTensorCores)
-      .value("cp_timing", Switch::kCpTiming);
+      .value("cp_timing", Switch::kCpTiming)
+      .value("attention_in_place", Switch::kAttentionInPlace);
   nb::enum_<FinishReason>(m, "FinishReason")
       .value("none", FinishReason::kNone)
       .value("length", FinishReason::kLength)

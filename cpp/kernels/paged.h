@@ -49,6 +49,9 @@ struct RingRows {
 
 namespace dsv41rt::kernels::cpu {
 
+/// One stored row of `dim` channels decoded to FP32 (the codecs of kernels/quant.h).
+DSV41RT_API void decode_row(RowFormat f, const uint8_t* row, int64_t dim, float* out);
+
 /// out[out_offset[b] + j] = entry j of item b, for j < count[b] (<= max_count) and b < items.
 DSV41RT_API void unpack_paged(RowFormat f, const PagedRows& src, int64_t dim, int64_t items,
                               int64_t max_count, const int64_t* count, const int64_t* out_offset,

@@ -69,7 +69,10 @@ def test_dequant_reuse_counts_on_released_schedule(tmp_path, device: str) -> Non
     rt = Runtime(str(tmp_path), device)
     p = prompt(30, seed=2)
 
-    def trace(reuse: bool) -> tuple[list[np.ndarray], dict[str, int]]:
+    def trace(reuse: bool, in_place: bool = False) -> tuple[list[np.ndarray], dict[str, int]]:
+        # These forwards are decode-sized: with the attention reading the caches in place (the
+        # default) no workspace is filled, so the workspace counts need the switch off.
+        rt.set_switch("attention_in_place", in_place)
         rt.set_dequant_reuse(reuse)
         rt.reset_dequant_counters()
         h = rt.new_handle()
@@ -80,11 +83,14 @@ def test_dequant_reuse_counts_on_released_schedule(tmp_path, device: str) -> Non
 
     on, c_on = trace(True)
     off, c_off = trace(False)
+    in_place, c_in_place = trace(True, in_place=True)
     print(f"{device} dequant calls: reuse on {c_on['dequant_calls']}, reuse off {c_off['dequant_calls']}")
     assert c_on["dequant_calls"] == 24 and c_on["reuse_hits"] == 6 * 34
     assert c_off["dequant_calls"] == 228 and c_off["reuse_hits"] == 0
-    for a, b in zip(on, off, strict=True):
+    assert c_in_place["dequant_calls"] == 0 and c_in_place["reuse_hits"] == 0
+    for a, b, c in zip(on, off, in_place, strict=True):
         np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(c, b)
 
 
 def test_dequant_workspace_is_never_reused_by_the_next_forward(tmp_path) -> None:
@@ -94,6 +100,7 @@ def test_dequant_workspace_is_never_reused_by_the_next_forward(tmp_path) -> None
     make_checkpoint(preset_config_json("tiny-v41-released-schedule"), str(tmp_path), 0)
     rt = Runtime(str(tmp_path))
     prompts = [prompt(24, seed=5), prompt(24, seed=6)]  # the same compressed row counts
+    rt.set_switch("attention_in_place", False)  # decode-sized forwards would not fill a workspace
 
     def forwards(reuse: bool) -> list[np.ndarray]:
         rt.set_dequant_reuse(reuse)

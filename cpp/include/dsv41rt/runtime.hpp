@@ -218,7 +218,9 @@ struct Decisions {
 };
 
 /// Switches for A/B measurements between forwards.
-enum class Switch { kMultistream, kCudaGraphs, kTensorCores, kCpTiming };
+/// kAttentionInPlace: sparse attention reads the quantised caches as stored in decode-sized
+/// forwards (off: unpacks them to FP32 first; the same results).
+enum class Switch { kMultistream, kCudaGraphs, kTensorCores, kCpTiming, kAttentionInPlace };
 
 struct ModelInfo {
   int64_t vocab_size = 0;

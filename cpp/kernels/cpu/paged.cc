@@ -34,20 +34,6 @@ void check_format(RowFormat f, int64_t dim, const char* op) {
                 block, " for row format ", int(f));
 }
 
-void decode_row(RowFormat f, const uint8_t* row, int64_t dim, float* out) {
-  switch (f) {
-    case RowFormat::kF32:
-      std::memcpy(out, row, size_t(dim) * sizeof(float));
-      return;
-    case RowFormat::kFp8Window:
-      return fp8_window_unpack(row, 1, dim, out);
-    case RowFormat::kNvfp4:
-      return nvfp4_unpack(row, 1, dim, out);
-    case RowFormat::kMxfp4:
-      return mxfp4_unpack(row, 1, dim, out);
-  }
-}
-
 void encode_row(RowFormat f, const float* x, int64_t dim, uint8_t* row) {
   switch (f) {
     case RowFormat::kF32:
@@ -72,6 +58,20 @@ uint8_t* ring_row(const RingRows& r, int64_t item, int64_t position) {
 }
 
 }  // namespace
+
+void decode_row(RowFormat f, const uint8_t* row, int64_t dim, float* out) {
+  switch (f) {
+    case RowFormat::kF32:
+      std::memcpy(out, row, size_t(dim) * sizeof(float));
+      return;
+    case RowFormat::kFp8Window:
+      return fp8_window_unpack(row, 1, dim, out);
+    case RowFormat::kNvfp4:
+      return nvfp4_unpack(row, 1, dim, out);
+    case RowFormat::kMxfp4:
+      return mxfp4_unpack(row, 1, dim, out);
+  }
+}
 
 void unpack_paged(RowFormat f, const PagedRows& src, int64_t dim, int64_t items, int64_t max_count,
                   const int64_t* count, const int64_t* out_offset, float* out) {

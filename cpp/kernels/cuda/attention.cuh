@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "core/export.h"
+#include "kernels/attention_cached.h"
 
 namespace dsv41rt::kernels::cuda {
 
@@ -39,6 +40,15 @@ DSV41RT_API cudaError_t sparse_attention_tc(const float* q, const float* kv_a, i
                                             const float* sink, int64_t S, int64_t n_heads,
                                             int64_t D, int64_t K, float scale, float* out,
                                             cudaStream_t stream);
+
+/// sparse_attention_tc with the keys read from the caches as stored (kernels/attention_cached.h):
+/// bitwise sparse_attention_tc over the unpacked arrays. Stored rows are read with the widest
+/// loads their alignment allows; indices outside their item's rows are skipped like -1. Requires
+/// sparse_attention_tc_supported(D, q, keys.new_rows, keys.new_rows).
+DSV41RT_API cudaError_t sparse_attention_tc_cached(const float* q, const CachedKeys& keys,
+                                                   const int32_t* indices, const float* sink,
+                                                   int64_t S, int64_t n_heads, int64_t D, int64_t K,
+                                                   float scale, float* out, cudaStream_t stream);
 
 /// The same products for forwards with many query rows (kernels/cuda/attention_prefill_tc.cu): a
 /// block per query and 64 heads, the key list in 32-key chunks through a cp.async pipeline, no

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/attention_keys.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma_bf16.cuh"
 
@@ -42,15 +43,19 @@ constexpr int kMaxPvTiles = kMaxD / kWarps / 8;  // n tiles of 8 per warp in P·
 constexpr int kPartStride = kChunk + 4;          // floats per partial-logit row (bank offset)
 
 struct TcShape {
-  int64_t H, D, T1, T, K;
+  int64_t H, D, K;
   float scale;
 };
 
-__global__ void __cluster_dims__(1, kSplits, 1) __launch_bounds__(kBlockThreads, 1)
-    sparse_attention_tc_kernel(const float* __restrict__ q, const float* __restrict__ kv,
-                               const float* __restrict__ kv2, const int32_t* __restrict__ indices,
-                               const float* __restrict__ sink, TcShape sh,
-                               float* __restrict__ out) {
+// kBlocksPerSm 1 (few queries: the fastest block, no spills) or 2 (many queries: ~500 bytes of
+// register spills per thread, but twice the warps to hide latency; bench-40 decode at 64 queries:
+// 21.5 -> 15.0 ms per step, at 1 query 2.8 -> 3.1 ms). The two instantiations differ in register
+// allocation only, so they give the same bits.
+template <class Keys, int kBlocksPerSm>
+__global__ void __cluster_dims__(1, kSplits, 1) __launch_bounds__(kBlockThreads, kBlocksPerSm)
+    sparse_attention_tc_kernel(const float* __restrict__ q, Keys keys,
+                               const int32_t* __restrict__ indices, const float* __restrict__ sink,
+                               TcShape sh, float* __restrict__ out) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int D = static_cast<int>(sh.D);
   __nv_bfloat16* keys_sh = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kChunk][D], swizzled
@@ -68,7 +73,6 @@ __global__ void __cluster_dims__(1, kSplits, 1) __launch_bounds__(kBlockThreads,
   const int64_t s = blockIdx.x / tiles, h0 = (blockIdx.x % tiles) * kTileHeads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;  // mma fragment row group / thread in group
-  const int32_t* idx = indices + s * sh.K;
   const int64_t per = (sh.K + kSplits - 1) / kSplits;
   const int64_t k0 = rank * per < sh.K ? rank * per : sh.K;
   const int64_t k1 = k0 + per < sh.K ? k0 + per : sh.K;
@@ -100,46 +104,15 @@ __global__ void __cluster_dims__(1, kSplits, 1) __launch_bounds__(kBlockThreads,
   if (tid < kTileHeads) m_sh[tid] = -INFINITY, l_sh[tid] = 0.0f;
   const int pv_tiles = D / kWarps / 8, d0 = warp * (D / kWarps);
 
+  keys.prepare(s);
   for (int64_t c0 = k0; c0 < k1; c0 += kChunk) {
     const int n = static_cast<int>(k1 - c0 < kChunk ? k1 - c0 : kChunk);
-    // Stage keys c0 .. c0 + n (rows past n or with an invalid index are zeros), FP32 -> BF16.
-    {
-      const int q4 = D / 4, total = kChunk * q4;
-      for (int base = tid; base < total; base += kBlockThreads * 8) {
-        float4 v[8];
-        int32_t jr[8];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          const int i = base + u * kBlockThreads;
-          v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-          jr[u] = -1;
-          if (i >= total) continue;
-          const int row = i / q4;
-          if (row < n) {
-            const int32_t j = idx[c0 + row];
-            if (j >= 0 && int64_t(j) < sh.T) {
-              jr[u] = j;
-              const float* src = int64_t(j) < sh.T1 ? kv + int64_t(j) * D : kv2 + (j - sh.T1) * D;
-              v[u] = *reinterpret_cast<const float4*>(src + 4 * (i % q4));
-            }
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          const int i = base + u * kBlockThreads;
-          if (i >= total) continue;
-          const int row = i / q4, col = 4 * (i % q4);
-          if (col == 0) rows_sh[row] = jr[u];
-          const __nv_bfloat162 a = __floats2bfloat162_rn(v[u].x, v[u].y);
-          const __nv_bfloat162 b = __floats2bfloat162_rn(v[u].z, v[u].w);
-          uint2 packed;
-          packed.x = *reinterpret_cast<const uint32_t*>(&a);
-          packed.y = *reinterpret_cast<const uint32_t*>(&b);
-          *reinterpret_cast<uint2*>(keys_sh + swz(row, col, D)) = packed;
-        }
-      }
-    }
+    // Stage keys c0 .. c0 + n as BF16 (rows past n or with an invalid index are zeros).
+    keys.stage(keys_sh, rows_sh, indices + s * sh.K, c0, n, kChunk, D, s);
     __syncthreads();
+    // A chunk without a valid key adds nothing (every probability 0, alpha 1): skip it, e.g. the
+    // unused top-k slots of a layer whose source holds fewer compressed entries than top-k.
+    if (!__syncthreads_or(tid < kChunk && rows_sh[tid] >= 0)) continue;
     // Q·K partial logits over this warp's K steps, all 64 keys (8 n tiles, two per ldmatrix).
     if (warp < qsteps) {
       float* part = part_sh + warp * kTileHeads * kPartStride;
@@ -252,8 +225,8 @@ __global__ void __cluster_dims__(1, kSplits, 1) __launch_bounds__(kBlockThreads,
   }
 
   // Partial outputs to shared memory (over the staged keys), then the cluster combine: rank r
-  // finishes heads 4r .. 4r + 3 of the tile. m = max(sink, m_0 .. m_3); out = Σ_r o_r e^{m_r-m} /
-  // (e^{sink-m} + Σ_r l_r e^{m_r-m}), ranks in order.
+  // finishes kTileHeads / kSplits heads of the tile. m = max(sink, m_0 .. m_last);
+  // out = Σ_r o_r e^{m_r-m} / (e^{sink-m} + Σ_r l_r e^{m_r-m}), ranks in order.
 #pragma unroll
   for (int nt = 0; nt < kMaxPvTiles; ++nt) {
     if (nt >= pv_tiles) break;
@@ -311,25 +284,55 @@ bool sparse_attention_tc_supported(int64_t D, const float* q, const float* kv_a,
   return D >= 64 && D <= kMaxD && D % 64 == 0 && aligned(q) && aligned(kv_a) && aligned(kv_b);
 }
 
+namespace {
+
+static_assert(kBlockThreads == attn::kStageThreads, "the key staging assumes the block size");
+
+// From 16 queries (256 blocks of 64 heads, two waves at one block per SM) two blocks share an SM.
+constexpr int64_t kTwoBlocksFromQueries = 16;
+
+template <class Keys>
+cudaError_t launch_tc(const float* q, const Keys& keys, const int32_t* indices, const float* sink,
+                      int64_t S, int64_t n_heads, int64_t D, int64_t K, float scale, float* out,
+                      cudaStream_t stream) {
+  if (S == 0) return cudaSuccess;
+  const int64_t tiles = (n_heads + kTileHeads - 1) / kTileHeads;
+  if (S > 0x7fffffff / tiles) return cudaErrorInvalidValue;
+  const TcShape sh{n_heads, D, K, scale};
+  const size_t smem = tc_smem_bytes(D);
+  auto* kernel = S >= kTwoBlocksFromQueries ? sparse_attention_tc_kernel<Keys, 2>
+                                            : sparse_attention_tc_kernel<Keys, 1>;
+  const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(smem));
+  if (attr != cudaSuccess) return attr;
+  const dim3 grid(static_cast<unsigned>(S * tiles), kSplits);
+  kernel<<<grid, kBlockThreads, smem, stream>>>(q, keys, indices, sink, sh, out);
+  return launch_status();
+}
+
+}  // namespace
+
 cudaError_t sparse_attention_tc(const float* q, const float* kv_a, int64_t T_a, const float* kv_b,
                                 int64_t T_b, const int32_t* indices, const float* sink, int64_t S,
                                 int64_t n_heads, int64_t D, int64_t K, float scale, float* out,
                                 cudaStream_t stream) {
   if (S < 0 || n_heads <= 0 || T_a < 0 || T_b < 0 || K < 0) return cudaErrorInvalidValue;
   if (!sparse_attention_tc_supported(D, q, kv_a, kv_b)) return cudaErrorInvalidValue;
-  if (S == 0) return cudaSuccess;
-  const int64_t tiles = (n_heads + kTileHeads - 1) / kTileHeads;
-  if (S > 0x7fffffff / tiles) return cudaErrorInvalidValue;
-  const TcShape sh{n_heads, D, T_a, T_a + T_b, K, scale};
-  const size_t smem = tc_smem_bytes(D);
-  const cudaError_t attr =
-      cudaFuncSetAttribute(sparse_attention_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem));
-  if (attr != cudaSuccess) return attr;
-  const dim3 grid(static_cast<unsigned>(S * tiles), kSplits);
-  sparse_attention_tc_kernel<<<grid, kBlockThreads, smem, stream>>>(q, kv_a, kv_b, indices, sink,
-                                                                    sh, out);
-  return launch_status();
+  return launch_tc(q, attn::FlatKeys{kv_a, kv_b, T_a, T_a + T_b}, indices, sink, S, n_heads, D, K,
+                   scale, out, stream);
+}
+
+cudaError_t sparse_attention_tc_cached(const float* q, const CachedKeys& keys,
+                                       const int32_t* indices, const float* sink, int64_t S,
+                                       int64_t n_heads, int64_t D, int64_t K, float scale,
+                                       float* out, cudaStream_t stream) {
+  if (S < 0 || n_heads <= 0 || K < 0 || keys.old_rows < 0 || keys.new_count < 0 ||
+      keys.comp_rows < 0)
+    return cudaErrorInvalidValue;
+  if (!sparse_attention_tc_supported(D, q, keys.new_rows, keys.new_rows))
+    return cudaErrorInvalidValue;
+  if (keys.old_rows > 0 && keys.ring.ring <= 0) return cudaErrorInvalidValue;
+  return launch_tc(q, attn::StoredKeys{keys}, indices, sink, S, n_heads, D, K, scale, out, stream);
 }
 
 }  // namespace dsv41rt::kernels::cuda

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/export.h"
+#include "kernels/attention_cached.h"
 #include "kernels/paged.h"
 #include "kernels/sampling.h"
 #include "runtime/model/backend_weights.h"
@@ -210,6 +211,18 @@ class DSV41RT_API Backend {
                                 int64_t T_b, const int32_t* idx, const float* sink, int64_t S,
                                 int64_t n_heads, int64_t D, int64_t K, float scale, bool keys_bf16,
                                 float* out, Stream s) = 0;
+  /// Whether this forward's sparse attention reads its keys from the caches as stored
+  /// (sparse_attention_cached) instead of from unpacked FP32 copies. Decided per forward (after
+  /// set_forward_rows: decode-sized forwards and decode batches) for keys that are BF16 values
+  /// (`keys_bf16`, as in sparse_attention) of head dimension D; the runner then skips the window
+  /// and compressed-KV unpacks of the layer.
+  virtual bool attention_reads_caches(bool keys_bf16, int64_t D) const = 0;
+  /// sparse_attention over the keys `keys` locates in the ring and the pages
+  /// (kernels/attention_cached.h): the same bits as unpacking them and calling sparse_attention.
+  virtual void sparse_attention_cached(const float* q, const kernels::CachedKeys& keys,
+                                       const int32_t* idx, const float* sink, int64_t S,
+                                       int64_t n_heads, int64_t D, int64_t K, float scale,
+                                       float* out, Stream s) = 0;
   virtual void gather_rows(const float* src, const int64_t* rows, int64_t n, int64_t dim,
                            float* dst, Stream s) = 0;
   virtual void scale(float* x, int64_t n, float factor, Stream s) = 0;

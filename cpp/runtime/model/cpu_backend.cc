@@ -9,6 +9,7 @@
 
 #include "core/status.h"
 #include "kernels/attention.h"
+#include "kernels/attention_cached.h"
 #include "kernels/compressor.h"
 #include "kernels/engram.h"
 #include "kernels/indexer.h"
@@ -308,6 +309,19 @@ class CpuBackend final : public Backend {
                         float* out, Stream) override {
     k::sparse_attention_split(q, kv_a, T_a, kv_b, T_b, idx, sink, S, n_heads, D, K, scale, out);
   }
+  // Decode-sized forwards (the CUDA backend's rule, kDecodeRows) read the caches in place, so
+  // the CPU runs, and CI tests, the runner's in-place data flow too.
+  void set_forward_rows(int64_t rows, bool decode_batch) override {
+    decode_like_ = rows <= kDecodeRows || decode_batch;
+  }
+  bool attention_reads_caches(bool /*keys_bf16*/, int64_t /*D*/) const override {
+    return decode_like_;
+  }
+  void sparse_attention_cached(const float* q, const kernels::CachedKeys& keys, const int32_t* idx,
+                               const float* sink, int64_t S, int64_t n_heads, int64_t D, int64_t K,
+                               float scale, float* out, Stream) override {
+    k::sparse_attention_cached(q, keys, idx, sink, S, n_heads, D, K, scale, out);
+  }
   void gather_rows(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst,
                    Stream) override {
     k::gather_rows(src, rows, n, dim, dst);
@@ -387,7 +401,8 @@ class CpuBackend final : public Backend {
     return rounded_.data();
   }
 
-  bool tc_ = false, fp8_ = false;
+  static constexpr int64_t kDecodeRows = 64;
+  bool tc_ = false, fp8_ = false, decode_like_ = false;
   std::vector<float> rounded_;
   int64_t d2h_bytes_ = 0;
   std::map<int, std::chrono::steady_clock::time_point> times_;

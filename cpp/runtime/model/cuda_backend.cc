@@ -392,6 +392,19 @@ class CudaBackend final : public Backend {
     DSV41RT_CU(kc::sparse_attention_split(q, kv_a, T_a, kv_b, T_b, idx, sink, S, n_heads, D, K,
                                           scale, out, cs(s)));
   }
+  // In place in decode-sized forwards and decode batches where sparse_attention would run the
+  // tensor-core latency kernel (which then stages the stored rows itself: the same bits).
+  bool attention_reads_caches(bool keys_bf16, int64_t D) const override {
+    const bool bf16_mode = tc_ && !fp8_;
+    return keys_bf16 && !bf16_mode && !staged_gemm_ &&
+           kc::sparse_attention_tc_supported(D, nullptr, nullptr, nullptr);
+  }
+  void sparse_attention_cached(const float* q, const kernels::CachedKeys& keys, const int32_t* idx,
+                               const float* sink, int64_t S, int64_t n_heads, int64_t D, int64_t K,
+                               float scale, float* out, Stream s) override {
+    DSV41RT_CU(
+        kc::sparse_attention_tc_cached(q, keys, idx, sink, S, n_heads, D, K, scale, out, cs(s)));
+  }
   void gather_rows(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst,
                    Stream s) override {
     DSV41RT_CU(kc::gather_rows(src, rows, n, dim, dst, cs(s)));

@@ -226,6 +226,10 @@ void ModelExecutor::set_switch(Switch which, bool on) {
     case Switch::kCpTiming:
       runner_->cp_timing = on;
       return;
+    case Switch::kAttentionInPlace:
+      runner_->attention_in_place = on;
+      graphs_.clear();  // captured graphs bake in the unpacks or their absence
+      return;
   }
 }
 

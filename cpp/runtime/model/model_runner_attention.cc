@@ -175,12 +175,24 @@ void ModelRunner::attention(const LayerPlan& layer, const LayerWeights& w, const
   be_.cache_qdq(fmt.window, kv, N, D, s);
   const kernels::RingRows ring{meta_.slots, layout_.window_offset(layer.index), W,
                                layout_.window_row_bytes()};
-  // Read first, write last: the older rows leave the ring before this forward's rows enter it.
-  be_.unpack_ring(fmt.window, ring, D, f.items, f.max_old, meta_.window_first, meta_.old_count,
-                  meta_.old_offset, kv_a, s);
-  be_.link(kKv, s, side(0));
-  be_.pack_ring(fmt.window, ring, D, N, kv, meta_.row_item, meta_.positions, meta_.store_window,
-                side(0));
+  // The quantised caches' rows (and this forward's rows after cache_qdq) are BF16 values.
+  const bool keys_bf16 = fmt.window != kernels::RowFormat::kF32 &&
+                         (layer.ratio == 0 || fmt.kv != kernels::RowFormat::kF32);
+  // In place, the attention reads the older rows from the ring itself, so this forward's rows
+  // enter the ring after it (store_window_rows below); otherwise they are unpacked first and the
+  // store overlaps on a side stream. Read first, write last either way: a new row may replace
+  // an older one another query of the forward still reads.
+  const bool in_place = attention_in_place && !comm_ && be_.attention_reads_caches(keys_bf16, D);
+  auto store_window_rows = [&](Stream st) {
+    be_.pack_ring(fmt.window, ring, D, N, kv, meta_.row_item, meta_.positions, meta_.store_window,
+                  st);
+  };
+  if (!in_place) {
+    be_.unpack_ring(fmt.window, ring, D, f.items, f.max_old, meta_.window_first, meta_.old_count,
+                    meta_.old_offset, kv_a, s);
+    be_.link(kKv, s, side(0));
+    store_window_rows(side(0));
+  }
 
   // Join the compressor, then the ratio's workspace (first consumer dequantises, the rest reuse).
   const float* comp = nullptr;
@@ -195,17 +207,22 @@ void ModelRunner::attention(const LayerPlan& layer, const LayerWeights& w, const
     }
     comp_rows = rp.comp_rows;
     const kernels::PagedRows src = paged(layer.kv_source, false, f);
-    comp = static_cast<const float*>(
-        workspaces_.acquire(layer.ratio, layer.kv_source, comp_rows, D * int64_t(sizeof(float)),
-                            [&](void* dst, int64_t) {
-                              be_.unpack_paged(fmt.kv, src, D, f.items, rp.max_count, mr->count,
-                                               mr->comp_offset, static_cast<float*>(dst), s);
-                            }));
+    if (!in_place) {
+      comp = static_cast<const float*>(
+          workspaces_.acquire(layer.ratio, layer.kv_source, comp_rows, D * int64_t(sizeof(float)),
+                              [&](void* dst, int64_t) {
+                                be_.unpack_paged(fmt.kv, src, D, f.items, rp.max_count, mr->count,
+                                                 mr->comp_offset, static_cast<float*>(dst), s);
+                              }));
+    }
   }
   if ((selects || comm_) && side(2) != s) be_.wait(s, kIdx);
-  be_.link(kStore, side(0), s);
+  if (!in_place) be_.link(kStore, side(0), s);
   const int64_t KI = layer.ratio > 0 ? c.index_topk : 0;
-  if (NQ == 0) return;  // a CP rank without query rows: the state writes above were its part
+  if (NQ == 0) {  // a CP rank without query rows: the state writes were its part
+    if (in_place) store_window_rows(s);
+    return;
+  }
   if (KI > 0) {
     DSV41RT_CHECK(topk_source_ == layer.topk_source, "layer ", layer.index,
                   " expects the top-k of layer ", layer.topk_source, ", found ", topk_source_);
@@ -217,11 +234,31 @@ void ModelRunner::attention(const LayerPlan& layer, const LayerWeights& w, const
                         KI ? topk_.get() : nullptr, mr ? mr->comp_offset : nullptr, f.old_rows + N,
                         idx, s);
   float* o = buf(o_, NQ * nh * D);
-  // The quantised caches' rows (and this forward's rows after cache_qdq) are BF16 values.
-  const bool keys_bf16 = fmt.window != kernels::RowFormat::kF32 &&
-                         (layer.ratio == 0 || fmt.kv != kernels::RowFormat::kF32);
-  be_.sparse_attention(q, kv_a, f.old_rows + N, comp, comp_rows, idx, w.attn_sink, NQ, nh, D,
-                       W + KI, float(1.0 / std::sqrt(double(D))), keys_bf16, o, s);
+  const float scale = float(1.0 / std::sqrt(double(D)));
+  if (in_place) {
+    kernels::CachedKeys keys;
+    keys.window_format = fmt.window;
+    keys.ring = ring;
+    keys.window_first = meta_.window_first;
+    keys.old_offset = meta_.old_offset;
+    keys.old_count = meta_.old_count;
+    keys.old_rows = f.old_rows;
+    keys.new_rows = kv;
+    keys.new_count = N;
+    if (mr) {
+      keys.comp_format = fmt.kv;
+      keys.comp = paged(layer.kv_source, false, f);
+      keys.comp_offset = mr->comp_offset;
+      keys.comp_count = mr->count;
+      keys.comp_rows = comp_rows;
+    }
+    keys.query_item = meta_.q_row_item;
+    be_.sparse_attention_cached(q, keys, idx, w.attn_sink, NQ, nh, D, W + KI, scale, o, s);
+    store_window_rows(s);
+  } else {
+    be_.sparse_attention(q, kv_a, f.old_rows + N, comp, comp_rows, idx, w.attn_sink, NQ, nh, D,
+                         W + KI, scale, keys_bf16, o, s);
+  }
   be_.apply_rope(o, NQ, nh, D, R, meta_.q_positions, w.inv_freq, true, s);
   const int64_t ro = c.o_lora_rank, kg = c.num_attention_heads * D / c.o_groups;
   float* z = buf(z_, NQ * c.o_groups * ro);

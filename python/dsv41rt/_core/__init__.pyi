@@ -167,6 +167,8 @@ class Switch(enum.Enum):
 
     cp_timing = 3
 
+    attention_in_place = 4
+
 class FinishReason(enum.Enum):
     none = 0
 

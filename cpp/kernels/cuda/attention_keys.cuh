@@ -1,0 +1,226 @@
+// Where the tensor-core sparse attention (attention_tc.cu) stages a chunk of keys from: FP32 key
+// arrays (FlatKeys: the window rows and the ratio's dequant workspace), or the caches as stored
+// (CachedKeys: kernels/attention_cached.h). Both write the chunk's rows as BF16 into the same
+// swizzled shared-memory tile and the row's key index (or -1) into rows_sh; a stored element is
+// decoded to FP32 exactly as unpack_ring / unpack_paged decode it and then rounded to BF16 the way
+// the FP32 path rounds it, so both sources give the kernel the same bits. Internal to kernels/cuda.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "kernels/attention_cached.h"
+#include "kernels/cuda/mma_bf16.cuh"
+
+namespace dsv41rt::kernels::cuda::attn {
+
+constexpr int kStageThreads = 256;
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+/// Keys [T1 rows of kv | T - T1 rows of kv2], FP32 rows of D.
+struct FlatKeys {
+  const float* kv;
+  const float* kv2;
+  int64_t T1, T;
+
+  __device__ void prepare(int64_t /*s*/) const {}
+
+  __device__ void stage(__nv_bfloat16* keys_sh, int32_t* rows_sh, const int32_t* idx, int64_t c0,
+                        int n, int chunk, int D, int64_t /*s*/) const {
+    const int tid = threadIdx.x, q4 = D / 4, total = chunk * q4;
+    for (int base = tid; base < total; base += kStageThreads * 8) {
+      float4 v[8];
+      int32_t jr[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int i = base + u * kStageThreads;
+        v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        jr[u] = -1;
+        if (i >= total) continue;
+        const int row = i / q4;
+        if (row < n) {
+          const int32_t j = idx[c0 + row];
+          if (j >= 0 && int64_t(j) < T) {
+            jr[u] = j;
+            const float* src = int64_t(j) < T1 ? kv + int64_t(j) * D : kv2 + (j - T1) * D;
+            v[u] = *reinterpret_cast<const float4*>(src + 4 * (i % q4));
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int i = base + u * kStageThreads;
+        if (i >= total) continue;
+        const int row = i / q4, col = 4 * (i % q4);
+        if (col == 0) rows_sh[row] = jr[u];
+        uint2 packed;
+        packed.x = pack_bf16x2(v[u].x, v[u].y);
+        packed.y = pack_bf16x2(v[u].z, v[u].w);
+        *reinterpret_cast<uint2*>(keys_sh + mma::swz(row, col, D)) = packed;
+      }
+    }
+  }
+};
+
+// `bytes` (8 or 16) of a stored row at p, with the widest loads its alignment allows (a row's
+// alignment is the same for all its pieces, so the branch is uniform over a warp's row).
+__device__ __forceinline__ uint4 load_piece(const uint8_t* p, int bytes) {
+  uint4 r = make_uint4(0u, 0u, 0u, 0u);
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (bytes == 16 && a % 16 == 0) return *reinterpret_cast<const uint4*>(p);
+  if (bytes == 8 && a % 8 == 0) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    return make_uint4(v.x, v.y, 0u, 0u);
+  }
+  uint32_t w[4] = {0u, 0u, 0u, 0u};
+  for (int i = 0; i < bytes; ++i) w[i / 4] |= uint32_t(p[i]) << (8 * (i % 4));
+  r.x = w[0], r.y = w[1], r.z = w[2], r.w = w[3];
+  return r;
+}
+
+__device__ __forceinline__ uint8_t byte_of(const uint4& r, int i) {
+  const uint32_t w = i < 4 ? r.x : i < 8 ? r.y : i < 12 ? r.z : r.w;
+  return static_cast<uint8_t>(w >> (8 * (i % 4)));
+}
+
+// The per-item values every row of a block's query needs, loaded once per block.
+struct ItemRows {
+  bool live;             // false: a padding query (every index skipped)
+  const uint8_t* ring;   // the item's ring (slot + offset)
+  const int32_t* pages;  // the item's page-table row
+  int64_t first, old_offset, old_count, comp_offset, comp_count;
+};
+
+__device__ __forceinline__ ItemRows& item_rows_sh() {
+  __shared__ ItemRows item;
+  return item;
+}
+
+/// The caches as stored (kernels/attention_cached.h); pieces of 16 channels per thread.
+struct StoredKeys {
+  CachedKeys k;
+
+  __device__ void prepare(int64_t s) const {
+    if (threadIdx.x == 0) {
+      ItemRows& it = item_rows_sh();
+      const int64_t b = k.query_item[s];
+      it.live = b >= 0;
+      if (b >= 0) {
+        it.ring = k.ring.slots ? k.ring.slots[b] + k.ring.offset : nullptr;
+        it.first = k.window_first ? k.window_first[b] : 0;
+        it.old_offset = k.old_offset ? k.old_offset[b] : 0;
+        it.old_count = k.old_count ? k.old_count[b] : 0;
+        it.pages = k.comp.page_table ? k.comp.page_table + b * k.comp.max_pages : nullptr;
+        it.comp_offset = k.comp_offset ? k.comp_offset[b] : 0;
+        it.comp_count = k.comp_count ? k.comp_count[b] : 0;
+      }
+    }
+    __syncthreads();
+  }
+
+  // Row of key index j of the block's query: a stored row (format >= 0) or nullptr.
+  __device__ const uint8_t* locate(int32_t j, int D, int* format) const {
+    const ItemRows& it = item_rows_sh();
+    *format = -1;
+    if (j < 0 || !it.live) return nullptr;
+    if (j < k.old_rows) {
+      const int64_t r = j - it.old_offset;
+      if (r < 0 || r >= it.old_count) return nullptr;
+      *format = int(k.window_format);
+      return it.ring + ((it.first + r) % k.ring.ring) * k.ring.row_bytes;
+    }
+    const int64_t comp_base = k.old_rows + k.new_count;
+    if (j < comp_base) {
+      *format = int(RowFormat::kF32);
+      return reinterpret_cast<const uint8_t*>(k.new_rows + (j - k.old_rows) * D);
+    }
+    const int64_t e = j - comp_base - it.comp_offset;
+    if (j - comp_base >= k.comp_rows || e < 0 || e >= it.comp_count) return nullptr;
+    *format = int(k.comp_format);
+    const PagedRows& p = k.comp;
+    return p.pool + int64_t(it.pages[e / p.per_page]) * p.page_bytes + p.offset +
+           (e % p.per_page) * p.row_bytes;
+  }
+
+  __device__ void stage(__nv_bfloat16* keys_sh, int32_t* rows_sh, const int32_t* idx, int64_t c0,
+                        int n, int chunk, int D, int64_t /*s*/) const {
+    __shared__ const uint8_t* src_sh[64];
+    __shared__ int format_sh[64];
+    const int tid = threadIdx.x;
+    if (tid < chunk) {
+      const int32_t j = tid < n ? idx[c0 + tid] : -1;
+      int f = -1;
+      src_sh[tid] = locate(j, D, &f);
+      format_sh[tid] = f;
+      rows_sh[tid] = f >= 0 ? j : -1;
+    }
+    __syncthreads();
+    const int pieces = D / 16, total = chunk * pieces;
+    for (int base = tid; base < total; base += kStageThreads * 8) {
+      uint4 raw[8];
+      uint8_t sc[8];
+      // Every stored piece of this round in flight at once, then the decodes.
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int i = base + u * kStageThreads;
+        raw[u] = make_uint4(0u, 0u, 0u, 0u);
+        sc[u] = 0;
+        if (i >= total) continue;
+        const int row = i / pieces, piece = i % pieces, f = format_sh[row];
+        const uint8_t* p = src_sh[row];
+        if (f == int(RowFormat::kFp8Window)) {
+          raw[u] = load_piece(p + piece * 16, 16);
+          sc[u] = p[D + piece / 2];
+        } else if (f == int(RowFormat::kNvfp4) || f == int(RowFormat::kMxfp4)) {
+          raw[u] = load_piece(p + piece * 8, 8);
+          sc[u] = p[D / 2 + (f == int(RowFormat::kNvfp4) ? piece : piece / 2)];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int i = base + u * kStageThreads;
+        if (i >= total) continue;
+        const int row = i / pieces, piece = i % pieces, f = format_sh[row];
+        float v[16];
+        if (f == int(RowFormat::kF32)) {
+          const float* p = reinterpret_cast<const float*>(src_sh[row]) + piece * 16;
+#pragma unroll
+          for (int e = 0; e < 16; ++e) v[e] = p[e];
+        } else if (f == int(RowFormat::kFp8Window)) {
+          const float scale = e8m0_to_f32(sc[u]);
+#pragma unroll
+          for (int e = 0; e < 16; ++e) v[e] = __fmul_rn(fp8_e4m3_to_f32(byte_of(raw[u], e)), scale);
+        } else if (f >= 0) {
+          const float scale =
+              f == int(RowFormat::kNvfp4) ? fp8_e4m3_to_f32(sc[u]) : e8m0_to_f32(sc[u]);
+#pragma unroll
+          for (int e = 0; e < 16; ++e) {
+            const uint8_t b = byte_of(raw[u], e / 2);
+            const uint8_t code = (e & 1) ? fp4_unpack_hi(b) : fp4_unpack_lo(b);
+            v[e] = __fmul_rn(fp4_e2m1_to_f32(code), scale);
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < 16; ++e) v[e] = 0.0f;
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint4 packed;
+          packed.x = pack_bf16x2(v[8 * h + 0], v[8 * h + 1]);
+          packed.y = pack_bf16x2(v[8 * h + 2], v[8 * h + 3]);
+          packed.z = pack_bf16x2(v[8 * h + 4], v[8 * h + 5]);
+          packed.w = pack_bf16x2(v[8 * h + 6], v[8 * h + 7]);
+          *reinterpret_cast<uint4*>(keys_sh + mma::swz(row, piece * 16 + 8 * h, D)) = packed;
+        }
+      }
+    }
+  }
+};
+
+}  // namespace dsv41rt::kernels::cuda::attn
