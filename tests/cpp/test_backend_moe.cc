@@ -35,12 +35,13 @@ TEST_P(BackendMoe, RouteTopKOfSqrtSoftplusPlusBias) {
   // bench-40's router (32 experts over H 5120), H with a tail past the last chunk of 8 (and not a
   // multiple of 4: the CUDA kernel's scalar staging), and the release's router: 384 experts, 6 per
   // token (the CUDA kernel stages those rows in several column chunks).
-  // From 32 tokens the CUDA backend routes tiles of 16 tokens (moe_route_tiled.cu): 64 and 33
-  // tokens (a partial tile), 200 tokens at bench-40's shape, 40 experts (a partial second pass of
-  // 32) with a tail, and 384 experts (12 passes).
+  // From 384 tokens the CUDA backend routes tiles of 16 tokens (moe_route_tiled.cu): 400 and 385
+  // tokens (a partial tile), 390 tokens at bench-40's shape, 40 experts (a partial second pass of
+  // 32) with a tail, and 384 experts (12 passes). Below: 64 tokens (a decode batch) by clusters.
   for (const Case c : {Case{64, 96, 16, 4}, Case{7, 32, 8, 1}, Case{33, 64, 32, 6},
                        Case{2, 5120, 32, 6}, Case{3, 1029, 40, 5}, Case{5, 4096, 384, 6},
-                       Case{200, 5120, 32, 6}, Case{35, 1029, 40, 5}, Case{33, 512, 384, 6}}) {
+                       Case{64, 5120, 32, 6}, Case{400, 96, 16, 4}, Case{385, 64, 32, 6},
+                       Case{390, 5120, 32, 6}, Case{385, 1029, 40, 5}, Case{385, 512, 384, 6}}) {
     const int64_t S = c.S, H = c.H, E = c.E, k = c.k, tie = E / 2;
     std::vector<float> x = normal(S * H), gate = normal(E * H, H < 1000 ? 0.2 : 0.02),
                        bias = normal(E, 0.2);
