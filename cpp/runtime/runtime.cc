@@ -88,8 +88,8 @@ class Runtime::Impl {
     int64_t id;
     std::vector<int32_t> prompt;
     engine::GenerationParams params;
-    int32_t first_token = -1;    // a handoff (submit_handoff): the token generated there
-    std::vector<uint8_t> state;  // and the state after the prompt
+    int32_t first_token = -1;  // a handoff (submit_handoff): the token generated there
+    engine::Engine::CheckedHandoff handoff{};  // and the state after the prompt (checked once)
   };
 
  public:
@@ -146,9 +146,11 @@ class Runtime::Impl {
                          std::vector<uint8_t> state, const RequestParams& params, Callback cb) {
     engine::GenerationParams g = generation_params(params);
     if (!params.grammar.kind.empty()) g.grammar = compile_grammar(params.grammar);
-    // Reads constants only (no wait for a running step); the engine checks again at submit.
-    engine_->check_handoff(prompt, first_token, state.data(), state.size(), g);
-    return enqueue({0, std::move(prompt), std::move(g), first_token, std::move(state)},
+    // Reads constants only (no wait for a running step). The blob takes the caller's buffer
+    // (moved, not copied) and reaches the engine as checked here.
+    engine::Engine::CheckedHandoff checked = engine_->check_handoff(
+        prompt, first_token, std::make_shared<const std::vector<uint8_t>>(std::move(state)), g);
+    return enqueue({0, std::move(prompt), std::move(g), first_token, std::move(checked)},
                    std::move(cb));
   }
 
@@ -285,11 +287,11 @@ class Runtime::Impl {
 
  private:
   void submit_to_engine(Pending& p) {  // engine_mu_ held
-    if (p.state.empty()) {
+    if (!p.handoff.blob) {
       engine_->submit(std::move(p.prompt), p.params, p.id);
     } else {
-      engine_->submit_handoff(std::move(p.prompt), p.first_token, p.state.data(), p.state.size(),
-                              p.params, p.id);
+      engine_->submit_handoff(std::move(p.prompt), p.first_token, std::move(p.handoff), p.params,
+                              p.id);
     }
   }
   struct Delivery {

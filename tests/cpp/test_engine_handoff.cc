@@ -221,9 +221,17 @@ TEST_P(EngineHandoff, AHandoffWaitsForRoomAndThenRunsAsTheOthers) {
   EXPECT_EQ(pool.usage().pages_used, before.pages_used);
   EXPECT_EQ(pool.usage().slots_used, before.slots_used);
   pool.free_pages(held);
-  // Three more than max_num_seqs 2 run at once: they queue and all end alike.
-  submit();
-  submit();
+  // Three more than max_num_seqs 2 run at once: they queue and all end alike. The last two take
+  // the checked path (Runtime's): one blob, checked once, held by both requests, never copied.
+  auto blob = std::make_shared<const std::vector<uint8_t>>(o.handoff);
+  const Engine::CheckedHandoff checked =
+      decode.check_handoff(prompt, o.tokens[0], blob, params(3, 0));
+  EXPECT_EQ(checked.blob.get(), blob.get());
+  EXPECT_GE(checked.view.slot, blob->data());
+  EXPECT_LT(checked.view.pages, blob->data() + blob->size());
+  decode.submit_handoff(prompt, o.tokens[0], checked, params(3, 0));
+  decode.submit_handoff(prompt, o.tokens[0], checked, params(3, 0));
+  EXPECT_GE(blob.use_count(), 4);  // ours, `checked`'s and the two waiting requests'
   const std::map<int64_t, Outcome> rest = drain(decode);
   ASSERT_EQ(rest.size(), 3u);
   for (const auto& [rid, r] : rest) {

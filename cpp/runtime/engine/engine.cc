@@ -65,12 +65,11 @@ class Engine::Impl {
     return view;
   }
 
-  int64_t submit_handoff(std::vector<int32_t> prompt, int32_t first_token, const uint8_t* state,
-                         size_t state_size, const GenerationParams& params, int64_t id) {
-    // The state waits in host memory until admission; its view points into this copy.
-    auto blob = std::make_shared<std::vector<uint8_t>>(state, state + state_size);
-    const SequenceStateView view =
-        check_handoff(prompt, first_token, blob->data(), blob->size(), params);
+  // The state waits in host memory until admission; `view` points into `blob`.
+  int64_t submit_handoff(std::vector<int32_t> prompt, int32_t first_token,
+                         std::shared_ptr<const std::vector<uint8_t>> blob,
+                         const SequenceStateView& view, const GenerationParams& params,
+                         int64_t id) {
     if (params.grammar) {
       DSV41RT_CHECK(params.grammar->accept(first_token),
                     "handoff: the request's grammar cannot take its first token ", first_token);
@@ -248,6 +247,22 @@ void Engine::check(const std::vector<int32_t>& prompt, const GenerationParams& p
 int64_t Engine::submit(std::vector<int32_t> prompt, const GenerationParams& params, int64_t id) {
   return impl_->submit(std::move(prompt), params, id);
 }
+Engine::CheckedHandoff Engine::check_handoff(const std::vector<int32_t>& prompt,
+                                             int32_t first_token,
+                                             std::shared_ptr<const std::vector<uint8_t>> state,
+                                             const GenerationParams& params) const {
+  DSV41RT_CHECK(state != nullptr, "handoff: no state");
+  CheckedHandoff checked;
+  checked.view = impl_->check_handoff(prompt, first_token, state->data(), state->size(), params);
+  checked.blob = std::move(state);
+  return checked;
+}
+int64_t Engine::submit_handoff(std::vector<int32_t> prompt, int32_t first_token,
+                               CheckedHandoff state, const GenerationParams& params, int64_t id) {
+  DSV41RT_CHECK(state.blob != nullptr, "handoff: no state");
+  return impl_->submit_handoff(std::move(prompt), first_token, std::move(state.blob), state.view,
+                               params, id);
+}
 void Engine::check_handoff(const std::vector<int32_t>& prompt, int32_t first_token,
                            const uint8_t* state, size_t state_size,
                            const GenerationParams& params) const {
@@ -256,7 +271,10 @@ void Engine::check_handoff(const std::vector<int32_t>& prompt, int32_t first_tok
 int64_t Engine::submit_handoff(std::vector<int32_t> prompt, int32_t first_token,
                                const uint8_t* state, size_t state_size,
                                const GenerationParams& params, int64_t id) {
-  return impl_->submit_handoff(std::move(prompt), first_token, state, state_size, params, id);
+  CheckedHandoff checked = check_handoff(
+      prompt, first_token, std::make_shared<const std::vector<uint8_t>>(state, state + state_size),
+      params);
+  return submit_handoff(std::move(prompt), first_token, std::move(checked), params, id);
 }
 std::vector<RequestOutput> Engine::step(std::vector<int64_t>* scheduled) {
   return impl_->step(scheduled);

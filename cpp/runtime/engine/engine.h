@@ -17,6 +17,7 @@
 #include "runtime/engine/grammar.h"
 #include "runtime/engine/scheduler.h"
 #include "runtime/model/executor.h"
+#include "runtime/sequence_state.h"
 
 namespace dsv41rt::engine {
 
@@ -88,6 +89,20 @@ class DSV41RT_API Engine {
   /// and length (the prompt's), max_new_tokens >= 2 (it counts the first token), no handoff.
   void check_handoff(const std::vector<int32_t>& prompt, int32_t first_token, const uint8_t* state,
                      size_t state_size, const GenerationParams& params) const;
+  /// A state blob check_handoff accepted, held (not copied) until the request is admitted, and
+  /// its decoded view into the blob.
+  struct CheckedHandoff {
+    std::shared_ptr<const std::vector<uint8_t>> blob;
+    SequenceStateView view{};
+  };
+  /// check_handoff over a blob the caller hands over: the result goes to submit_handoff as is, so
+  /// the state is neither copied nor checksummed again.
+  CheckedHandoff check_handoff(const std::vector<int32_t>& prompt, int32_t first_token,
+                               std::shared_ptr<const std::vector<uint8_t>> state,
+                               const GenerationParams& params) const;
+  /// submit_handoff of a state check_handoff accepted for this prompt, first token and params.
+  int64_t submit_handoff(std::vector<int32_t> prompt, int32_t first_token, CheckedHandoff state,
+                         const GenerationParams& params, int64_t id = -1);
   /// Queues a request a prefill engine handed off: `prompt`, the `first_token` it generated there
   /// and its state blob (RequestOutput::handoff; copied). Admitted in FIFO order like any
   /// request, it takes a slot and the pages of its state, which is written there, and runs from
