@@ -50,11 +50,12 @@ int check_parallel_group(const ExecutorOptions& options) {
   return int(std::max(tp, ep));
 }
 
-// Rank r's weights: tensor shard r (heads, output groups, vocabulary) and expert shard r.
+// Rank r's weights: expert shard r, then tensor shard r (heads, output groups, vocabulary) of
+// that, moved: each kept tensor is copied once and no dropped expert at all.
 ModelWeights rank_weights(const ModelWeights& weights, const ModelPlan& plan,
                           const ExecutorOptions& options, int r, int P) {
-  ModelWeights mine = options.tp_size > 1 ? tensor_shard(weights, plan, r, P) : weights;
-  return options.ep_size > 1 ? expert_shard(mine, plan, r, P) : mine;
+  ModelWeights mine = options.ep_size > 1 ? expert_shard(weights, plan, r, P) : weights;
+  return options.tp_size > 1 ? tensor_shard(std::move(mine), plan, r, P) : mine;
 }
 
 // Tensor / expert parallelism over virtual ranks in this process (LocalComm), optionally inside

@@ -203,7 +203,7 @@ Tensor row_share(const Tensor& t, const char* what, int rank, int size) {
 
 }  // namespace
 
-ModelWeights tensor_shard(const ModelWeights& all, const ModelPlan& plan, int rank, int size) {
+ModelWeights tensor_shard(ModelWeights all, const ModelPlan& plan, int rank, int size) {
   const ModelConfig& c = plan.config;
   DSV41RT_CHECK_CODE(kInvalidArgument, size >= 1 && rank >= 0 && rank < size,
                      "tensor-parallel rank ", rank, " of ", size);
@@ -215,8 +215,8 @@ ModelWeights tensor_shard(const ModelWeights& all, const ModelPlan& plan, int ra
   divides(c.vocab_size, "vocabulary rows of the head");
   // More ranks than output groups: wo_a stays whole (the ranks gather the heads' outputs).
   const bool split_groups = c.o_groups % size == 0;
-  ModelWeights out = all;
-  out.head = row_share(all.head, "head.weight", rank, size);
+  ModelWeights out = std::move(all);
+  out.head = row_share(out.head, "head.weight", rank, size);
   for (BlockWeights& b : out.layers) {
     b.attn.wq_b = row_share(b.attn.wq_b, "attn.wq_b", rank, size);
     b.attn.attn_sink = row_share(b.attn.attn_sink, "attn.attn_sink", rank, size);
@@ -239,15 +239,18 @@ ModelWeights expert_shard(const ModelWeights& all, const ModelPlan& plan, int ra
                        " does not divide the ", E, " routed experts of layer ", li);
     DSV41RT_CHECK_CODE(kInternal, b.moe.expert_begin == 0 && int64_t(b.moe.w1.size()) == E,
                        "expert_shard: layer ", li, " is already a shard");
-    BlockWeights mine = b;  // replicated parts: a copy (views when loaded without host values)
-    MoeWeights& m = mine.moe;
-    const int64_t per = E / size;
-    m.expert_begin = rank * per;
-    for (std::vector<Tensor>* w : {&m.w1, &m.w2, &m.w3}) {
-      std::vector<Tensor> kept(w->begin() + m.expert_begin, w->begin() + m.expert_begin + per);
-      w->swap(kept);
-    }
-    out.layers.push_back(std::move(mine));
+    // The replicated parts are copied (views when loaded without host values), the routed
+    // experts only for this rank's share: the others are never copied.
+    const int64_t per = E / size, begin = rank * per;
+    auto share = [&](const std::vector<Tensor>& w) {
+      return std::vector<Tensor>(w.begin() + begin, w.begin() + begin + per);
+    };
+    const MoeWeights& m = b.moe;
+    MoeWeights moe{m.gate,      m.bias, m.tid2eid,   share(m.w1), share(m.w2),
+                   share(m.w3), begin,  m.shared_w1, m.shared_w2, m.shared_w3};
+    out.layers.push_back(BlockWeights{b.attn_norm, b.ffn_norm, b.hc_attn_fn, b.hc_attn_base,
+                                      b.hc_attn_scale, b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale,
+                                      b.attn, std::move(moe), b.engram});
   }
   return out;
 }

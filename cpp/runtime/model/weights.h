@@ -110,8 +110,8 @@ DSV41RT_API ModelWeights expert_shard(const ModelWeights& all, const ModelPlan& 
 /// wq_b and attn_sink, its output groups' rows of wo_a (when size divides o_groups; else wo_a
 /// whole), and its rows of the vocabulary head (contiguous shares); the rest whole. Needs host
 /// values (the CPU backend). Throws Error(kInvalidArgument) naming the dimension `size` does not
-/// divide.
-DSV41RT_API ModelWeights tensor_shard(const ModelWeights& all, const ModelPlan& plan, int rank,
-                                      int size);
+/// divide. `all` is taken by value: pass a rank's expert shard with std::move and nothing is
+/// copied but the rows it keeps.
+DSV41RT_API ModelWeights tensor_shard(ModelWeights all, const ModelPlan& plan, int rank, int size);
 
 }  // namespace dsv41rt::model
