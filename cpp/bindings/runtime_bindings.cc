@@ -56,8 +56,8 @@ F32Out logits_array(int64_t rows, int64_t cols, Fill&& fill) {
   return F32Out(out, {size_t(rows), size_t(cols)}, owner);
 }
 
-// Decisions as numpy arrays keyed "topk_L<l>" / "experts_L<l>" (int32) and "window_kv_L<l>"
-// (float32), rows x width.
+// Decisions as numpy arrays keyed "topk_L<l>" / "experts_L<l>" (int32), "window_kv_L<l>" and
+// "dspark_features_L<l>" (float32), rows x width.
 nb::dict decisions_dict(const Decisions& d) {
   nb::dict out;
   auto add = [&](const char* prefix, const std::map<int, std::vector<int32_t>>& values,
@@ -73,14 +73,19 @@ nb::dict decisions_dict(const Decisions& d) {
   };
   add("topk_L", d.topk, d.topk_width);
   add("experts_L", d.experts, d.experts_width);
-  for (const auto& [layer, v] : d.window_kv) {
-    const size_t cols = size_t(d.window_kv_width);
-    auto* data = new float[v.empty() ? 1 : v.size()];
-    std::copy(v.begin(), v.end(), data);
-    nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
-    const std::string key = "window_kv_L" + std::to_string(layer);
-    out[key.c_str()] = nb::ndarray<nb::numpy, float>(data, {v.size() / cols, cols}, owner);
-  }
+  auto add_f32 = [&](const char* prefix, const std::map<int, std::vector<float>>& values,
+                     int64_t width) {
+    for (const auto& [layer, v] : values) {
+      const size_t cols = size_t(width);
+      auto* data = new float[v.empty() ? 1 : v.size()];
+      std::copy(v.begin(), v.end(), data);
+      nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+      const std::string key = std::string(prefix) + std::to_string(layer);
+      out[key.c_str()] = nb::ndarray<nb::numpy, float>(data, {v.size() / cols, cols}, owner);
+    }
+  };
+  add_f32("window_kv_L", d.window_kv, d.window_kv_width);
+  add_f32("dspark_features_L", d.dspark_features, d.hidden);
   return out;
 }
 

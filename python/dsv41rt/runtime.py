@@ -385,12 +385,18 @@ class Runtime:
 
     def decisions(self) -> dict[str, np.ndarray]:
         """The last forward's "topk_L<l>" / "experts_L<l>" arrays (sorted rows), if recording."""
-        return {k: v for k, v in self._rt.decisions().items() if not k.startswith("window_kv_L")}
+        return {k: v for k, v in self._rt.decisions().items() if k.startswith(("topk_L", "experts_L"))}
 
     def window_kv_inputs(self) -> dict[int, np.ndarray]:
         """Per layer, the last forward's window-KV rows [rows, head_dim] (float32) as they entered
         their cache rounding, if recording decisions: an oracle aligns near-tie roundings with them."""
         return {int(k[len("window_kv_L") :]): v for k, v in self._rt.decisions().items() if k.startswith("window_kv_L")}
+
+    def dspark_target_features(self) -> dict[int, np.ndarray]:
+        """Per DSpark target layer, the last forward's drafter features [rows, hidden] (float32: the
+        mean over the hc streams of the layer's input after Engram, spec 4.2), if recording decisions."""
+        prefix = "dspark_features_L"
+        return {int(k[len(prefix) :]): v for k, v in self._rt.decisions().items() if k.startswith(prefix)}
 
     # Direct handles: a request's state outside the scheduler (the facade's sequences).
     def new_handle(self) -> int:

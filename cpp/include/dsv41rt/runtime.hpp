@@ -208,13 +208,17 @@ struct Stats {
 /// sorted): the indexer's top-k (index-source layers; -1 = none) and the routed experts. With
 /// them, per layer, the window-KV rows (rows x head_dim, FP32) as they enter their cache rounding:
 /// an oracle can tell a rounding that went the other way at a near-tie (both sides' inputs agree
-/// to FP32 noise) from a real difference.
+/// to FP32 noise) from a real difference. And, for each DSpark target layer (V4.1 with DSpark
+/// weights), the drafter's target features: rows x hidden, the mean over the hc streams of the
+/// layer's input after its Engram update (spec 4.2).
 struct Decisions {
   int64_t rows = 0;
   std::map<int, std::vector<int32_t>> topk, experts;
   std::map<int, int64_t> topk_width, experts_width;
   std::map<int, std::vector<float>> window_kv;
   int64_t window_kv_width = 0;
+  std::map<int, std::vector<float>> dspark_features;
+  int64_t hidden = 0;
 };
 
 /// Switches for A/B measurements between forwards.

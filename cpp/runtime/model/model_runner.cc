@@ -87,6 +87,9 @@ void ModelRunner::embed_and_layers(const ForwardPlan& f) {
                          scratch(engram_scratch_), s);
     }
     if (layer.engram) ++engram_pos;
+    if (record_decisions && rows_here && dspark_target(layer.index)) {
+      record_dspark_features(layer.index, X, N, hc, H);
+    }
     if (rows_here) {
       be_.hc_mix(X, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale, N, hc, H, eps, hc_eps,
                  c.hc_sinkhorn_iters, a_pre, a_post, a_comb, scratch(mix_scratch_), s);
@@ -211,6 +214,31 @@ void ModelRunner::record_window_kv(int layer, const float* kv, int64_t rows, int
   be_.to_host(dst.data() + at, kv, rows * dim * int64_t(sizeof(float)), main());
   be_.synchronize(main());
   decisions_.window_kv_width = dim;
+}
+
+bool ModelRunner::dspark_target(int layer) const {
+  const std::optional<DSparkSpec>& d = plan_.config.dspark;
+  return d && std::find(d->target_layer_ids.begin(), d->target_layer_ids.end(), layer) !=
+                  d->target_layer_ids.end();
+}
+
+// Mean over the streams in the reference's order: ((x_0 + x_1) + x_2) + ..., then / hc.
+void ModelRunner::record_dspark_features(int layer, const float* X, int64_t rows, int64_t hc,
+                                         int64_t H) {
+  std::vector<float> streams(size_t(rows * hc * H));
+  be_.to_host(streams.data(), X, rows * hc * H * int64_t(sizeof(float)), main());
+  be_.synchronize(main());
+  std::vector<float>& dst = decisions_.dspark_features[layer];
+  const size_t at = dst.size();
+  dst.resize(at + size_t(rows * H));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < H; ++i) {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < hc; ++j) sum += streams[size_t((r * hc + j) * H + i)];
+      dst[at + size_t(r * H + i)] = sum / float(hc);
+    }
+  }
+  decisions_.hidden = H;
 }
 
 void ModelRunner::gather_rows(const float* local, int64_t dim, int64_t rows, float* out, Stream s) {

@@ -118,6 +118,8 @@ class ModelRunner {
   int64_t tp() const { return tensor_comm ? tensor_comm->size() : 1; }
   // Appends the rows x dim window-KV values entering their cache rounding to decisions_.
   void record_window_kv(int layer, const float* kv, int64_t rows, int64_t dim);
+  bool dspark_target(int layer) const;
+  void record_dspark_features(int layer, const float* X, int64_t rows, int64_t hc, int64_t H);
 
   const ModelPlan& plan_;
   Backend& be_;
