@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend_test_util.h"
+#include "engine_test_util.h"
 #include "core/safetensors.h"
 #include "core/status.h"
 #include "runtime/engine/engine.h"
@@ -51,30 +52,8 @@ std::vector<int32_t> tokens(int64_t n, int64_t salt) {
   return p;
 }
 
-struct Outcome {
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  std::vector<std::vector<float>> top_logprobs;
-  std::vector<uint8_t> handoff;
-  FinishReason reason = FinishReason::kNone;
-};
-
-void collect(const RequestOutput& o, Outcome& r) {
-  r.tokens.insert(r.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
-  r.logprobs.insert(r.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
-  r.top_logprobs.insert(r.top_logprobs.end(), o.top_logprobs.begin(), o.top_logprobs.end());
-  if (!o.handoff.empty()) r.handoff = o.handoff;
-  if (o.finished) r.reason = o.reason;
-}
-
-std::map<int64_t, Outcome> drain(Engine& engine) {
-  std::map<int64_t, Outcome> out;
-  while (!engine.idle()) {
-    for (const RequestOutput& o : engine.step()) collect(o, out[o.id]);
-    engine.check_invariants();
-  }
-  return out;
-}
+using Outcome = ::dsv41rt::testing::EngineOutcome;
+using ::dsv41rt::testing::drain;
 
 GenerationParams params(int64_t max_new, uint64_t seed, bool handoff = false) {
   GenerationParams g;

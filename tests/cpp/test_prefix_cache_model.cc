@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend_test_util.h"
+#include "engine_test_util.h"
 #include "core/safetensors.h"
 #include "held_request.h"
 #include "runtime/engine/engine.h"
@@ -119,26 +120,8 @@ using model::PrefixCacheModel;
 using model::load;
 using model::tokens;
 
-struct Outcome {
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  std::vector<std::vector<float>> top_logprobs;
-  int64_t cached = -1;
-};
-
-// Runs the engine until idle, checking the pool after every step.
-void drain(Engine& engine, std::map<int64_t, Outcome>& out) {
-  while (!engine.idle()) {
-    for (const RequestOutput& o : engine.step()) {
-      Outcome& r = out[o.id];
-      r.tokens.insert(r.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
-      r.logprobs.insert(r.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
-      r.top_logprobs.insert(r.top_logprobs.end(), o.top_logprobs.begin(), o.top_logprobs.end());
-      if (o.cached_tokens >= 0) r.cached = o.cached_tokens;
-    }
-    engine.check_invariants();
-  }
-}
+using Outcome = ::dsv41rt::testing::EngineOutcome;
+using ::dsv41rt::testing::drain;
 
 GenerationParams params(int64_t max_new, uint64_t seed) {
   GenerationParams g;
