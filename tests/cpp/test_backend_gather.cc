@@ -110,6 +110,17 @@ TEST_P(BackendGather, GatherRowsAndScale) {
   for (const int64_t r : rows) want.insert(want.end(), &src[r * dim], &src[(r + 1) * dim]);
   EXPECT_TRUE(bitwise_equal(dst.download(), want)) << "gather_rows";
 
+  // copy_2d: a block of columns (rows 37 apart in the source) into columns 5.. of rows 50 apart;
+  // the bytes around the block keep their poison.
+  const int64_t block_rows = 9, cols = 11, src_pitch = 37, dst_pitch = 50, at = 5;
+  Buffer<float> wide = poisoned<float>(backend(), block_rows * dst_pitch);
+  backend().copy_2d(wide.get() + at, dst_pitch * 4, dsrc.get(), src_pitch * 4, cols * 4, block_rows,
+                    backend().stream(0));
+  std::vector<float> want2d(size_t(block_rows * dst_pitch), poison_float());
+  for (int64_t r = 0; r < block_rows; ++r)
+    std::copy_n(&src[r * src_pitch], cols, &want2d[r * dst_pitch + at]);
+  EXPECT_TRUE(nan_aware_equal(wide.download(), want2d)) << "copy_2d";
+
   // scale: one FP32 product per element (subnormal results and signed zeros included).
   std::vector<float> x = normal(10000, 1e-36);
   x[0] = -0.0f, x[1] = 3.0e38f;

@@ -68,6 +68,10 @@ class DSV41RT_API Backend {
   /// Backend -> host, ordered on `s` (valid after synchronize(s)); counted in stats() "d2h_bytes".
   virtual void to_host(void* dst, const void* src, int64_t bytes, Stream s) = 0;
   virtual void copy(void* dst, const void* src, int64_t bytes, Stream s) = 0;
+  /// `rows` rows of `row_bytes` each, from src (rows src_pitch bytes apart) to dst (dst_pitch
+  /// apart), in one operation: a block of columns into a wider or narrower layout.
+  virtual void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                       int64_t row_bytes, int64_t rows, Stream s) = 0;
   virtual void fill(void* dst, uint8_t byte, int64_t bytes, Stream s) = 0;
   virtual void synchronize(Stream s) = 0;
 

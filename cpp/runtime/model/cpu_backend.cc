@@ -150,6 +150,16 @@ class CpuBackend final : public Backend {
   void copy(void* dst, const void* src, int64_t bytes, Stream) override {
     if (bytes > 0) std::memmove(dst, src, size_t(bytes));
   }
+  void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
+               int64_t rows, Stream) override {
+    DSV41RT_CHECK(row_bytes >= 0 && rows >= 0 && dst_pitch >= row_bytes && src_pitch >= row_bytes,
+                  "copy_2d: ", rows, " rows of ", row_bytes, " bytes with pitches ", dst_pitch,
+                  " / ", src_pitch);
+    for (int64_t r = 0; r < rows && row_bytes > 0; ++r) {
+      std::memmove(static_cast<uint8_t*>(dst) + r * dst_pitch,
+                   static_cast<const uint8_t*>(src) + r * src_pitch, size_t(row_bytes));
+    }
+  }
   void fill(void* dst, uint8_t byte, int64_t bytes, Stream) override {
     if (bytes > 0) std::memset(dst, byte, size_t(bytes));
   }

@@ -122,6 +122,17 @@ class CudaBackend final : public Backend {
       DSV41RT_CU(cudaMemcpyAsync(dst, src, size_t(bytes), cudaMemcpyDeviceToDevice, cs(s)));
     }
   }
+  void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t row_bytes,
+               int64_t rows, Stream s) override {
+    DSV41RT_CHECK(row_bytes >= 0 && rows >= 0 && dst_pitch >= row_bytes && src_pitch >= row_bytes,
+                  "copy_2d: ", rows, " rows of ", row_bytes, " bytes with pitches ", dst_pitch,
+                  " / ", src_pitch);
+    if (row_bytes > 0 && rows > 0) {
+      DSV41RT_CU(cudaMemcpy2DAsync(dst, size_t(dst_pitch), src, size_t(src_pitch),
+                                   size_t(row_bytes), size_t(rows), cudaMemcpyDeviceToDevice,
+                                   cs(s)));
+    }
+  }
   void fill(void* dst, uint8_t byte, int64_t bytes, Stream s) override {
     if (bytes > 0) DSV41RT_CU(cudaMemsetAsync(dst, byte, size_t(bytes), cs(s)));
   }

@@ -199,11 +199,10 @@ void ModelRunner::gather_columns(const float* local, int64_t rows, int64_t cols,
   float* recv = buf(tp_recv_, P * rows * cols);
   be_.synchronize(s);
   tensor_comm->all_gather(local, recv, size_t(rows * cols), DType::kF32);
+  // Rank r's block [rows, cols] becomes columns r * cols .. of out [rows, P * cols].
   const int64_t bytes = cols * int64_t(sizeof(float));
   for (int64_t r = 0; r < P; ++r) {
-    for (int64_t i = 0; i < rows; ++i) {
-      be_.copy(out + i * P * cols + r * cols, recv + (r * rows + i) * cols, bytes, s);
-    }
+    be_.copy_2d(out + r * cols, P * bytes, recv + r * rows * cols, bytes, bytes, rows, s);
   }
 }
 
