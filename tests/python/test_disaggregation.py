@@ -69,6 +69,33 @@ def test_completions_through_the_router_equal_a_single_server(cluster) -> None:
     assert metric(decode, "handoff_received_bytes_total") > 0
 
 
+def test_a_context_parallel_prefill_side_equals_a_single_server(cluster, tiny_dir) -> None:
+    """A CP 2 prefill server (two ranks in its process, the prompt's rows split between them) hands
+    off states the decode server continues exactly: the same answers as the decode server alone."""
+    _, decode, _ = cluster
+    prefill = LiveServer("--disaggregation-mode", "prefill", "--context-parallel-size", "2", model_dir=tiny_dir)
+    router = Router([prefill.url], [decode.url])
+    try:
+        rng = np.random.default_rng(262)
+        for n in (1, 17, 129, 300):
+            prompt = [int(t) for t in rng.integers(3, 1000, n)]
+            body = {
+                "model": MODEL,
+                "prompt": prompt,
+                "max_tokens": 6,
+                "temperature": 0,
+                "logprobs": 3,
+                "ignore_eos": True,
+            }
+            direct = httpx.post(decode.url + "/v1/completions", json=body, timeout=120)
+            routed = httpx.post(router.url + "/v1/completions", json=body, timeout=120)
+            assert direct.status_code == 200 and routed.status_code == 200, (direct.text, routed.text)
+            assert _tokens_and_logprobs(routed.json()) == _tokens_and_logprobs(direct.json()), f"prompt of {n}"
+    finally:
+        router.stop()
+        assert prefill.stop() == 0, prefill.output()
+
+
 def test_the_openai_client_sees_one_server_streamed_or_not(cluster) -> None:
     openai = pytest.importorskip("openai")
     _, decode, router = cluster

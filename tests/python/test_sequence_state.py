@@ -94,3 +94,38 @@ def test_cuda_an_imported_sequence_continues_bitwise(tiny_v41_dir: str, precisio
     h2 = b.import_handle(a.export_handle(h))
     for t in DECODE:
         assert np.array_equal(a.decode_handles([h], [t]), b.decode_handles([h2], [t])), f"token {t}"
+
+
+@pytest.mark.parametrize(
+    "group",
+    [{"context_parallel_size": 2}, {"tensor_parallel_size": 2, "expert_parallel_size": 2}],
+    ids=["cp2", "tp2ep2"],
+)
+def test_a_parallel_group_exports_and_imports_the_one_rank_state(tiny_v41_dir: str, group: dict) -> None:
+    """Every rank of a group holds the whole state, bitwise alike, so the group's export (rank 0's)
+    continues in a one-rank runtime exactly as that runtime's own sequence does (a context-parallel
+    prefill side of the disaggregated setup), and a one-rank state imported into the group (written
+    to every rank) decodes there as in the one-rank runtime. (Blobs are not compared byte for byte:
+    they carry bytes no forward wrote, e.g. the rest of a partly filled page.)"""
+    one, par = runtime(tiny_v41_dir), runtime(tiny_v41_dir, **group)
+    prompt = [0] + [int(t) for t in np.random.default_rng(77).integers(3, 1000, 99)]
+    h1, hp = one.new_handle(), par.new_handle()
+    one.forward_tokens(h1, prompt, all_logits=False)
+    par.forward_tokens(hp, prompt, all_logits=False)
+    from_group = one.import_handle(par.export_handle(hp))
+    into_group = par.import_handle(one.export_handle(h1))
+    for t in DECODE:
+        want = one.decode_handles([h1], [t])
+        assert np.array_equal(one.decode_handles([from_group], [t]), want), f"token {t} (exported by the group)"
+        assert np.array_equal(par.decode_handles([into_group], [t]), want), f"token {t} (imported into the group)"
+        assert np.array_equal(par.decode_handles([hp], [t]), want), f"token {t} (the group's own)"
+    # A multi-token chunk: under context parallelism each rank computes some of its rows from its
+    # own copy of the state, so every rank's import is read.
+    chunk = [21, 22, 23, 24, 25, 26]
+    want = one.forward_tokens(h1, chunk)
+    assert np.array_equal(par.forward_tokens(into_group, chunk), want), "chunk (imported into the group)"
+    assert np.array_equal(one.forward_tokens(from_group, chunk), want), "chunk (exported by the group)"
+    for rt, handles in ((one, [h1, from_group]), (par, [hp, into_group])):
+        for x in handles:
+            rt.release_handle(x)
+        rt.check_invariants()

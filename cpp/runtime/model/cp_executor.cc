@@ -1,6 +1,8 @@
 #include "runtime/model/cp_executor.h"
 
+#include <algorithm>
 #include <exception>
+#include <memory>
 #include <thread>
 
 #include "core/status.h"
@@ -8,6 +10,31 @@
 
 namespace dsv41rt::model {
 namespace {
+
+// A group's host copy: every rank holds the whole state, bitwise alike (context parallelism writes
+// every row's state on every rank; tensor/expert ranks compute the whole latent KV, index keys and
+// Engram history), so a copy to the host reads rank 0's and a copy from the host writes every
+// rank's (the same page and slot ids in each pool).
+class GroupHostCopy final : public HostStateCopy {
+ public:
+  explicit GroupHostCopy(std::vector<HostStateCopy*> ranks) : ranks_(std::move(ranks)) {}
+  int64_t page_bytes() const override { return ranks_[0]->page_bytes(); }
+  int64_t slot_state_bytes() const override { return ranks_[0]->slot_state_bytes(); }
+  std::shared_ptr<uint8_t> alloc_host(int64_t bytes) override {
+    return ranks_[0]->alloc_host(bytes);
+  }
+  void page_to_host(int32_t page, uint8_t* dst) override { ranks_[0]->page_to_host(page, dst); }
+  void slot_to_host(int32_t slot, uint8_t* dst) override { ranks_[0]->slot_to_host(slot, dst); }
+  void page_from_host(const uint8_t* src, int32_t page) override {
+    for (HostStateCopy* r : ranks_) r->page_from_host(src, page);
+  }
+  void slot_from_host(const uint8_t* src, int32_t slot) override {
+    for (HostStateCopy* r : ranks_) r->slot_from_host(src, slot);
+  }
+
+ private:
+  std::vector<HostStateCopy*> ranks_;
+};
 
 class CpExecutor final : public DelegatingExecutor {
  public:
@@ -42,7 +69,14 @@ class CpExecutor final : public DelegatingExecutor {
               ranks_[r]->pool().usage().slots_total == ranks_[0]->pool().usage().slots_total,
           "context-parallel rank ", r, " has a different pool than rank 0");
     }
+    std::vector<HostStateCopy*> copies;
+    for (auto& r : ranks_) copies.push_back(r->host_state_copy());
+    if (std::find(copies.begin(), copies.end(), nullptr) == copies.end()) {
+      host_copy_ = std::make_unique<GroupHostCopy>(std::move(copies));
+    }
   }
+
+  HostStateCopy* host_state_copy() override { return host_copy_.get(); }
 
   void forward(std::vector<BatchItem>& batch) override {
     check_cp_batch(*this, batch);  // bad input fails here, before any rank runs
@@ -153,6 +187,7 @@ class CpExecutor final : public DelegatingExecutor {
   bool context_parallel_;
   GroupShape group_;
   int64_t cp_forwards_ = 0;
+  std::unique_ptr<GroupHostCopy> host_copy_;  // null when a rank has no host copy
 };
 
 }  // namespace
