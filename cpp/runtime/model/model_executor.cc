@@ -160,12 +160,13 @@ void ModelExecutor::copy_results(const ForwardPlan& f, std::vector<BatchItem>& b
   }
   const SamplePlan& sp = f.sample;
   const int64_t n = sp.rows();
-  if (n == 0) return;
+  if (n <= 0) return;
   bool top = false;
   for (int64_t r = 0; r < n; ++r) top = top || (sp.item[r] >= 0 && sp.params[r].top_logprobs > 0);
   std::vector<int32_t> tokens(static_cast<size_t>(n));
   std::vector<float> logprobs(static_cast<size_t>(n));
-  std::vector<int32_t> top_ids(top ? static_cast<size_t>(n * sp.max_top) : 0);
+  const size_t top_count = top ? size_t(n) * size_t(std::max<int32_t>(sp.max_top, 0)) : 0;
+  std::vector<int32_t> top_ids(top_count);
   std::vector<float> top_lps(top_ids.size());
   backend_->to_host(tokens.data(), runner_->tokens(), n * 4, s);
   backend_->to_host(logprobs.data(), runner_->logprobs(), n * 4, s);
