@@ -58,34 +58,26 @@ F32Out logits_array(int64_t rows, int64_t cols, Fill&& fill) {
 
 // Decisions as numpy arrays keyed "topk_L<l>" / "experts_L<l>" (int32), "window_kv_L<l>" and
 // "dspark_features_L<l>" (float32), rows x width.
+// One numpy array per layer of `values` (rows x width(layer)), under prefix + layer.
+template <typename T, typename Width>
+void add_layer_arrays(nb::dict& out, const char* prefix,
+                      const std::map<int, std::vector<T>>& values, Width width) {
+  for (const auto& [layer, v] : values) {
+    const size_t cols = size_t(width(layer));
+    auto* data = new T[v.empty() ? 1 : v.size()];
+    std::copy(v.begin(), v.end(), data);
+    nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<T*>(p); });
+    const std::string key = std::string(prefix) + std::to_string(layer);
+    out[key.c_str()] = nb::ndarray<nb::numpy, T>(data, {v.size() / cols, cols}, owner);
+  }
+}
+
 nb::dict decisions_dict(const Decisions& d) {
   nb::dict out;
-  auto add = [&](const char* prefix, const std::map<int, std::vector<int32_t>>& values,
-                 const std::map<int, int64_t>& widths) {
-    for (const auto& [layer, v] : values) {
-      const size_t cols = size_t(widths.at(layer));
-      auto* data = new int32_t[v.empty() ? 1 : v.size()];
-      std::copy(v.begin(), v.end(), data);
-      nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
-      const std::string key = std::string(prefix) + std::to_string(layer);
-      out[key.c_str()] = nb::ndarray<nb::numpy, int32_t>(data, {v.size() / cols, cols}, owner);
-    }
-  };
-  add("topk_L", d.topk, d.topk_width);
-  add("experts_L", d.experts, d.experts_width);
-  auto add_f32 = [&](const char* prefix, const std::map<int, std::vector<float>>& values,
-                     int64_t width) {
-    for (const auto& [layer, v] : values) {
-      const size_t cols = size_t(width);
-      auto* data = new float[v.empty() ? 1 : v.size()];
-      std::copy(v.begin(), v.end(), data);
-      nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
-      const std::string key = std::string(prefix) + std::to_string(layer);
-      out[key.c_str()] = nb::ndarray<nb::numpy, float>(data, {v.size() / cols, cols}, owner);
-    }
-  };
-  add_f32("window_kv_L", d.window_kv, d.window_kv_width);
-  add_f32("dspark_features_L", d.dspark_features, d.hidden);
+  add_layer_arrays(out, "topk_L", d.topk, [&](int l) { return d.topk_width.at(l); });
+  add_layer_arrays(out, "experts_L", d.experts, [&](int l) { return d.experts_width.at(l); });
+  add_layer_arrays(out, "window_kv_L", d.window_kv, [&](int) { return d.window_kv_width; });
+  add_layer_arrays(out, "dspark_features_L", d.dspark_features, [&](int) { return d.hidden; });
   return out;
 }
 

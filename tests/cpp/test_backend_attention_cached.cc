@@ -15,6 +15,7 @@
 #include <algorithm>
 
 #include "backend_test_util.h"
+#include "cache_row_util.h"
 #include "core/status.h"
 #include "kernels/attention.h"
 #include "kernels/attention_cached.h"
@@ -32,22 +33,6 @@ struct Shape {
   bool aligned;
   const char* name;
 };
-
-std::vector<float> qdq(RowFormat f, std::vector<float> x, int64_t dim) {
-  namespace k = kernels::cpu;
-  const int64_t rows = int64_t(x.size()) / dim;
-  if (f == RowFormat::kFp8Window) k::fp8_window_qdq(x.data(), rows, dim, x.data());
-  if (f == RowFormat::kNvfp4) k::nvfp4_qdq(x.data(), rows, dim, x.data());
-  if (f == RowFormat::kMxfp4) k::mxfp4_qdq(x.data(), rows, dim, x.data());
-  return x;
-}
-
-void encode(RowFormat f, const float* x, int64_t dim, uint8_t* out) {
-  namespace k = kernels::cpu;
-  if (f == RowFormat::kFp8Window) k::fp8_window_pack(x, 1, dim, out);
-  if (f == RowFormat::kNvfp4) k::nvfp4_pack(x, 1, dim, out);
-  if (f == RowFormat::kMxfp4) k::mxfp4_pack(x, 1, dim, out);
-}
 
 class BackendAttentionCached : public BackendTest {
  protected:
@@ -76,16 +61,16 @@ void BackendAttentionCached::run(const Shape& c) {
     T_old += old_count[b] + 1;
   }
   for (int64_t b = 0; b < B; ++b) {
-    old_rows_of[b] = qdq(wf, normal(old_count[b] * D, 3.0), D);
+    old_rows_of[b] = host_qdq(wf, normal(old_count[b] * D, 3.0), D);
     for (int64_t r = 0; r < old_count[b]; ++r) {
       const int64_t p = window_first[b] + r;
-      encode(wf, old_rows_of[b].data() + r * D, D,
-             slots_host.data() + b * slot_bytes + ring_offset + (p % W) * wrb);
+      encode_row(wf, old_rows_of[b].data() + r * D, D,
+                 slots_host.data() + b * slot_bytes + ring_offset + (p % W) * wrb);
     }
   }
   // This forward's rows: FP32 after the cache QDQ (BF16 values).
   const int64_t n_new = S + 2;
-  const std::vector<float> new_rows = qdq(wf, normal(n_new * D, 3.0), D);
+  const std::vector<float> new_rows = host_qdq(wf, normal(n_new * D, 3.0), D);
 
   // Compressed entries in pages: item b's entry e in page table[b, e / per_page].
   const int64_t per_page = c.per_page, max_pages = 3;
@@ -105,11 +90,11 @@ void BackendAttentionCached::run(const Shape& c) {
     T_comp += comp_count[b] + 1;
   }
   for (int64_t b = 0; b < B; ++b) {
-    comp_of[b] = qdq(cf, normal(comp_count[b] * D, 3.0), D);
+    comp_of[b] = host_qdq(cf, normal(comp_count[b] * D, 3.0), D);
     for (int64_t e = 0; e < comp_count[b]; ++e) {
       const int64_t at = int64_t(table[b * max_pages + e / per_page]) * page_bytes + page_offset +
                          (e % per_page) * crb;
-      encode(cf, comp_of[b].data() + e * D, D, pool_host.data() + at);
+      encode_row(cf, comp_of[b].data() + e * D, D, pool_host.data() + at);
     }
   }
 

@@ -12,6 +12,7 @@
 #include <numeric>
 
 #include "backend_test_util.h"
+#include "cache_row_util.h"
 #include "core/status.h"
 #include "kernels/paged.h"
 #include "kernels/quant.h"
@@ -34,30 +35,6 @@ constexpr FormatCase kReleaseFormats[] = {
     {RowFormat::kMxfp4, 128, "mxfp4 index keys, index_head_dim 128"},
     {RowFormat::kF32, 512, "fp32 rows (cache_quant off), head_dim 512"},
 };
-
-// One stored row in format f, by the codecs of kernels/quant.h.
-void encode_row(RowFormat f, const float* x, int64_t dim, uint8_t* out) {
-  namespace k = kernels::cpu;
-  if (f == RowFormat::kF32) std::memcpy(out, x, size_t(dim) * 4);
-  if (f == RowFormat::kFp8Window) k::fp8_window_pack(x, 1, dim, out);
-  if (f == RowFormat::kNvfp4) k::nvfp4_pack(x, 1, dim, out);
-  if (f == RowFormat::kMxfp4) k::mxfp4_pack(x, 1, dim, out);
-}
-void decode_row(RowFormat f, const uint8_t* row, int64_t dim, float* out) {
-  namespace k = kernels::cpu;
-  if (f == RowFormat::kF32) std::memcpy(out, row, size_t(dim) * 4);
-  if (f == RowFormat::kFp8Window) k::fp8_window_unpack(row, 1, dim, out);
-  if (f == RowFormat::kNvfp4) k::nvfp4_unpack(row, 1, dim, out);
-  if (f == RowFormat::kMxfp4) k::mxfp4_unpack(row, 1, dim, out);
-}
-std::vector<float> host_qdq(RowFormat f, std::vector<float> x, int64_t dim) {
-  namespace k = kernels::cpu;
-  const int64_t rows = int64_t(x.size()) / dim;
-  if (f == RowFormat::kFp8Window) k::fp8_window_qdq(x.data(), rows, dim, x.data());
-  if (f == RowFormat::kNvfp4) k::nvfp4_qdq(x.data(), rows, dim, x.data());
-  if (f == RowFormat::kMxfp4) k::mxfp4_qdq(x.data(), rows, dim, x.data());
-  return x;
-}
 
 // Token pages as the runtime lays them out: the kind under test sits at `offset` in each page
 // between other kinds' rows (which stay poison); item b's entry e lives in physical page

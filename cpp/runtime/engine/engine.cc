@@ -263,11 +263,6 @@ int64_t Engine::submit_handoff(std::vector<int32_t> prompt, int32_t first_token,
   return impl_->submit_handoff(std::move(prompt), first_token, std::move(state.blob), state.view,
                                params, id);
 }
-void Engine::check_handoff(const std::vector<int32_t>& prompt, int32_t first_token,
-                           const uint8_t* state, size_t state_size,
-                           const GenerationParams& params) const {
-  impl_->check_handoff(prompt, first_token, state, state_size, params);
-}
 int64_t Engine::submit_handoff(std::vector<int32_t> prompt, int32_t first_token,
                                const uint8_t* state, size_t state_size,
                                const GenerationParams& params, int64_t id) {

@@ -84,19 +84,16 @@ class DSV41RT_API Engine {
   void check(const std::vector<int32_t>& prompt, const GenerationParams& params) const;
   /// Queues a request (check() first); returns its id (`id` when given: larger than any so far).
   int64_t submit(std::vector<int32_t> prompt, const GenerationParams& params, int64_t id = -1);
-  /// Throws Error naming what is wrong with a handoff (submit_handoff's checks; no pool access):
-  /// the request as check(), the first token, the state's size, checksum, model, pool layout
-  /// and length (the prompt's), max_new_tokens >= 2 (it counts the first token), no handoff.
-  void check_handoff(const std::vector<int32_t>& prompt, int32_t first_token, const uint8_t* state,
-                     size_t state_size, const GenerationParams& params) const;
   /// A state blob check_handoff accepted, held (not copied) until the request is admitted, and
   /// its decoded view into the blob.
   struct CheckedHandoff {
     std::shared_ptr<const std::vector<uint8_t>> blob;
     SequenceStateView view{};
   };
-  /// check_handoff over a blob the caller hands over: the result goes to submit_handoff as is, so
-  /// the state is neither copied nor checksummed again.
+  /// Throws Error naming what is wrong with a handoff (no pool access): the request as check(),
+  /// the first token, the state's size, checksum, model, pool layout and length (the prompt's),
+  /// max_new_tokens >= 2 (it counts the first token), no handoff. The blob is handed over: the
+  /// result goes to submit_handoff as is, so the state is neither copied nor checksummed again.
   CheckedHandoff check_handoff(const std::vector<int32_t>& prompt, int32_t first_token,
                                std::shared_ptr<const std::vector<uint8_t>> state,
                                const GenerationParams& params) const;
@@ -107,7 +104,7 @@ class DSV41RT_API Engine {
   /// and its state blob (RequestOutput::handoff; copied). Admitted in FIFO order like any
   /// request, it takes a slot and the pages of its state, which is written there, and runs from
   /// the first token's decode on: its outputs hold the second token onwards, equal to the request
-  /// run here from the start. check_handoff() first.
+  /// run here from the start. Checks it as check_handoff does (throws Error naming the problem).
   int64_t submit_handoff(std::vector<int32_t> prompt, int32_t first_token, const uint8_t* state,
                          size_t state_size, const GenerationParams& params, int64_t id = -1);
   /// Runs one step; empty when there is nothing to do. `scheduled`: the ids whose tokens it ran.

@@ -117,6 +117,8 @@ class DSV41RT_API Backend {
   /// backend then takes no kernel whose workspace grows with the forward (CUDA: the staged
   /// prefill GEMM), so such a batch runs the same kernels captured and eager. Default: ignored.
   virtual void set_forward_rows(int64_t rows, bool decode_batch) { (void)rows, (void)decode_batch; }
+  /// The most rows of a decode-sized forward (a power of two, see set_forward_rows).
+  static constexpr int64_t kDecodeForwardRows = 64;
   /// Changes whenever a workspace the backend keeps for its ops (not the caller's Scratch) moves,
   /// e.g. grows for a larger forward: a captured graph that baked the old address in is stale.
   virtual uint64_t workspace_generation() const { return 0; }

@@ -319,10 +319,10 @@ class CpuBackend final : public Backend {
                         float* out, Stream) override {
     k::sparse_attention_split(q, kv_a, T_a, kv_b, T_b, idx, sink, S, n_heads, D, K, scale, out);
   }
-  // Decode-sized forwards (the CUDA backend's rule, kDecodeRows) read the caches in place, so
-  // the CPU runs, and CI tests, the runner's in-place data flow too.
+  // Decode-sized forwards (kDecodeForwardRows, the CUDA backend's rule) read the caches in place,
+  // so the CPU runs, and CI tests, the runner's in-place data flow too.
   void set_forward_rows(int64_t rows, bool decode_batch) override {
-    decode_like_ = rows <= kDecodeRows || decode_batch;
+    decode_like_ = rows <= kDecodeForwardRows || decode_batch;
   }
   bool attention_reads_caches(bool /*keys_bf16*/, int64_t /*D*/) const override {
     return decode_like_;
@@ -411,7 +411,6 @@ class CpuBackend final : public Backend {
     return rounded_.data();
   }
 
-  static constexpr int64_t kDecodeRows = 64;
   bool tc_ = false, fp8_ = false, decode_like_ = false;
   std::vector<float> rounded_;
   int64_t d2h_bytes_ = 0;

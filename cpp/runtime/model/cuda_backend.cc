@@ -452,7 +452,9 @@ class CudaBackend final : public Backend {
   std::map<int, std::unique_ptr<cudart::TimingEvent>> timing_;
   // The skinny decode kernels take forwards of at most this many rows (a power of two: a decode
   // graph bucket never straddles it).
-  static constexpr int64_t kDecodeMaxRows = kc::kDecodeGemvMaxM;
+  static constexpr int64_t kDecodeMaxRows = kDecodeForwardRows;
+  static_assert(kc::kDecodeGemvMaxM == kDecodeForwardRows,
+                "the decode GEMV serves every decode row");
   bool decode_gemv(kc::DecodeGemv d, int64_t m, Stream s);
   bool decode_gemv_a8(const float* x, const kernels::WeightView& v, int64_t m, int64_t k, int64_t n,
                       float* y, bool accumulate, Stream s);
