@@ -17,6 +17,9 @@
 namespace dsv41rt::testing {
 namespace {
 
+using model::Matrix;
+using model::WeightFormat;
+
 class BackendGather : public BackendTest {};
 
 // OCP E4M3 ("e4m3fn"): bias 7, subnormals m·2^-9, 0x7F / 0xFF NaN; UE8M0: 2^(e−127), 255 NaN.
@@ -152,8 +155,8 @@ TEST_P(BackendGather, EngramForwardGatedUpdate) {
         Buffer<float> dX = upload(b, X), de = upload(b, emb), dw = upload(b, wkv),
                       dq = upload(b, qw), dk = upload(b, kw);
         ScratchArena scratch(b);
-        b.engram_forward(dX.get(), de.get(), dw.get(), dq.get(), dk.get(), S, n, H, D, eps,
-                         scratch.get(), b.stream(0));
+        b.engram_forward(dX.get(), de.get(), {dw.get(), WeightFormat::kF32}, dq.get(), dk.get(), S,
+                         n, H, D, eps, scratch.get(), b.stream(0));
         return dX.download();
       };
       const std::vector<float> got = run(backend());
@@ -167,8 +170,8 @@ TEST_P(BackendGather, EngramForwardGatedUpdate) {
         Buffer<float> de = upload(b, std::vector<float>(emb.end() - D, emb.end()));
         Buffer<float> dw = upload(b, wkv), dq = upload(b, qw), dk = upload(b, kw);
         ScratchArena scratch(b);
-        b.engram_forward(dX.get(), de.get(), dw.get(), dq.get(), dk.get(), 1, n, H, D, eps,
-                         scratch.get(), b.stream(0));
+        b.engram_forward(dX.get(), de.get(), {dw.get(), WeightFormat::kF32}, dq.get(), dk.get(), 1,
+                         n, H, D, eps, scratch.get(), b.stream(0));
         EXPECT_TRUE(bitwise_equal(dX.download(), std::vector<float>(got.end() - n * H, got.end())))
             << "last token alone";
       } else {
@@ -206,6 +209,87 @@ TEST_P(BackendGather, EngramForwardGatedUpdate) {
   }
 }
 
+// The Engram projection as the checkpoint stores it (FP8 E4M3, 32 x 32 UE8M0 blocks) with emb
+// rows of decoded FP8 table blocks (as engram_gather gives), so BF16 rounding and the 1 x 32 FP8
+// requantisation of precision fp8 leave emb unchanged (cuda_backend.cc engram_kv_tensor_cores).
+// CUDA: precision fp32 / bf16 (the CUDA-core kernel decoding the codes) is BITWISE the same matrix
+// stored FP32; precision fp8 (tensor cores, decode-sized and prefill-sized forwards) is within
+// 1e-5 · max of the CPU's FP32 projection (summation order only), and a decode-sized token's
+// update does not depend on its batch. The CPU takes the decoded FP32 values.
+TEST_P(BackendGather, EngramForwardStoredFp8Projection) {
+  const int64_t n = 4, H = 128, D = 768, kvw = (n + 1) * H, br = 32;
+  std::vector<uint8_t> codes = random_bytes(kvw * D), scales((kvw / br) * (D / br));
+  for (uint8_t& c : codes) c = (c & 0x7F) == 0x7F ? uint8_t(c - 1) : c;  // no NaN codes
+  for (uint8_t& e : scales) e = uint8_t(randint(127 - 9, 127 - 6));
+  std::vector<float> wkv(size_t(kvw * D));
+  for (int64_t r = 0; r < kvw; ++r) {
+    for (int64_t c = 0; c < D; ++c) {
+      wkv[r * D + c] =
+          float(e4m3_value(codes[r * D + c]) * e8m0_value(scales[(r / br) * (D / br) + c / br]));
+    }
+  }
+  std::vector<float> qw = normal(n * H, 0.3), kw = normal(n * H, 0.3);
+  for (float& v : qw) v += 1.0f;
+  for (float& v : kw) v += 1.0f;
+  for (const int64_t S : {int64_t(64), int64_t(200)}) {
+    SCOPED_TRACE("S " + std::to_string(S));
+    std::vector<float> emb(size_t(S * D));
+    for (int64_t b = 0; b < S * D / 32; ++b) {
+      const double scale = std::ldexp(1.0, int(randint(-8, 0)));
+      for (int64_t i = 0; i < 32; ++i) {
+        emb[b * 32 + i] =
+            float(e4m3_value(uint8_t(randint(0, 0x7E) | (randint(0, 1) << 7))) * scale);
+      }
+    }
+    const std::vector<float> X = normal(S * n * H);
+    // rows: the forward's rows; stored: the FP8 matrix (else the FP32 values); mode 0 fp32, 1
+    // bf16, 2 fp8.
+    auto run = [&](Backend& b, int64_t rows, bool stored, int mode) {
+      Buffer<float> dX = upload(b, std::vector<float>(X.end() - rows * n * H, X.end()));
+      Buffer<float> de = upload(b, std::vector<float>(emb.end() - rows * D, emb.end()));
+      Buffer<float> dq = upload(b, qw), dk = upload(b, kw), dw = upload(b, wkv);
+      Buffer<uint8_t> dc = upload(b, codes), ds = upload(b, scales);
+      Matrix m{dw.get(), WeightFormat::kF32, true, true};
+      if (stored) {
+        m = {dc.get(), WeightFormat::kFp8Block, true, true, ds.get(), int32_t(br), int32_t(br), kvw,
+             D};
+      }
+      ScratchArena scratch(b);
+      b.set_forward_rows(rows, /*decode_batch=*/rows <= Backend::kDecodeForwardRows);
+      b.set_tensor_cores(mode > 0);
+      b.set_fp8_activations(mode == 2);
+      b.engram_forward(dX.get(), de.get(), m, dq.get(), dk.get(), rows, n, H, D, 1e-20f,
+                       scratch.get(), b.stream(0));
+      b.set_fp8_activations(false);
+      b.set_tensor_cores(false);
+      b.set_forward_rows(4096, false);
+      return dX.download();
+    };
+    const std::vector<float> want = run(cpu(), S, false, 0);
+    std::vector<float> want_update(want.size());
+    for (size_t i = 0; i < want.size(); ++i) want_update[i] = want[i] - X[i];
+    if (!on_cuda()) {
+      EXPECT_TRUE(all_written(want));
+      EXPECT_THROW(run(cpu(), S, true, 0), Error) << "the CPU maps FP32 values only";
+      continue;
+    }
+    for (const int mode : {0, 1}) {
+      EXPECT_TRUE(bitwise_equal(run(backend(), S, true, mode), run(backend(), S, false, mode)))
+          << "mode " << mode;
+    }
+    const std::vector<float> got = run(backend(), S, true, 2);
+    std::vector<float> got_update(got.size());
+    for (size_t i = 0; i < got.size(); ++i) got_update[i] = got[i] - X[i];
+    EXPECT_LE(rel_error(got, want), 1e-5) << "fp8";
+    EXPECT_LE(rel_error(got_update, want_update), 1e-5) << "fp8 update";
+    if (S <= Backend::kDecodeForwardRows) {
+      EXPECT_TRUE(bitwise_equal(run(backend(), 1, true, 2),
+                                std::vector<float>(got.end() - n * H, got.end())))
+          << "last token alone";
+    }
+  }
+}
+
 TEST_P(BackendGather, RejectsBadSizes) {
   // Not gather_rows / scale: their CPU reference checks no sizes (CUDA rejects dim <= 0, n < 0),
   // so there is no shared error behaviour to test.
@@ -222,8 +306,8 @@ TEST_P(BackendGather, RejectsBadSizes) {
       << "no table";
   EXPECT_THROW(be.engram_gather(bytes.get(), bytes.get(), rows.get(), 2, /*hd=*/48, f.get(), s),
                Error);
-  EXPECT_THROW(be.engram_forward(f.get(), f.get(), f.get(), f.get(), f.get(), 1, /*n=*/0, 4, 4,
-                                 1e-6f, scratch.get(), s),
+  EXPECT_THROW(be.engram_forward(f.get(), f.get(), {f.get(), WeightFormat::kF32}, f.get(), f.get(),
+                                 1, /*n=*/0, 4, 4, 1e-6f, scratch.get(), s),
                Error);
 }
 

@@ -6,18 +6,23 @@
 namespace dsv41rt::kernels::cuda {
 namespace {
 
+using kernels::WeightFormat;
+using kernels::WeightView;
+
 constexpr int kWarp = 32;
 
 // kv[t, o] = emb[t, :] · wkv[o, :]. A warp computes output o for up to TB tokens, so a weight
 // row is read once per TB tokens (one warp per (token, output) re-read the whole FP32 projection,
 // ~0.6 GB at V4.1's widths, for every token: 9 ms per call at 64 tokens), with kUnroll columns'
 // loads in flight per lane. Each output keeps the one-warp-per-output arithmetic (lane-strided
-// FMAs in column order, then a butterfly), so its bits do not depend on TB or the batch.
+// FMAs in column order, then a butterfly), so its bits do not depend on TB or the batch. A stored
+// format (FP8 blocks on release) is decoded exactly as loaded: the same FP32 values, the same bits.
 constexpr int kUnroll = 4;
 
 template <int TB>
-__global__ void engram_kv_kernel(const float* __restrict__ emb, const float* __restrict__ wkv,
-                                 int64_t S, int64_t kvw, int64_t D, float* __restrict__ kv) {
+__global__ void engram_kv_kernel(const float* __restrict__ emb, const WeightView wkv, int64_t S,
+                                 int64_t kvw, int64_t D, float* __restrict__ kv) {
+  const bool plain = wkv.format == WeightFormat::kF32;
   const int lane = threadIdx.x % kWarp;
   const int64_t groups = (S + TB - 1) / TB;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
@@ -25,7 +30,7 @@ __global__ void engram_kv_kernel(const float* __restrict__ emb, const float* __r
        w += warps) {
     const int64_t c = w / groups, t0 = (w % groups) * TB;
     const int nt = int(S - t0 < TB ? S - t0 : TB);
-    const float* b = wkv + c * D;
+    const float* b = static_cast<const float*>(wkv.data) + c * D;  // read when plain
     const float* a = emb + t0 * D;
     float acc[TB];
 #pragma unroll
@@ -35,7 +40,7 @@ __global__ void engram_kv_kernel(const float* __restrict__ emb, const float* __r
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t i = i0 + kWarp * u;
-        bv[u] = i < D ? b[i] : 0.0f;
+        bv[u] = i >= D ? 0.0f : plain ? b[i] : wkv.value(c, i);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -58,8 +63,8 @@ __global__ void engram_kv_kernel(const float* __restrict__ emb, const float* __r
 }
 
 template <int TB>
-cudaError_t launch_engram_kv(const float* emb, const float* wkv, int64_t S, int64_t kvw, int64_t D,
-                             float* kv, cudaStream_t stream) {
+cudaError_t launch_engram_kv(const float* emb, const WeightView& wkv, int64_t S, int64_t kvw,
+                             int64_t D, float* kv, cudaStream_t stream) {
   const int64_t warps = (S + TB - 1) / TB * kvw;
   engram_kv_kernel<TB><<<blocks_for(warps * kWarp), kThreads, 0, stream>>>(emb, wkv, S, kvw, D, kv);
   return launch_status();
@@ -125,13 +130,14 @@ __global__ void engram_update_kernel(float* __restrict__ X, const float* __restr
 
 }  // namespace
 
-cudaError_t engram_forward(float* X, const float* emb, const float* wkv, const float* q_weight,
+cudaError_t engram_forward(float* X, const float* emb, const WeightView& wkv, const float* q_weight,
                            const float* k_weight, const uint8_t* token_mask, int64_t S, int64_t n,
                            int64_t H, int64_t D, float eps, float* kv_workspace,
                            cudaStream_t stream, bool kv_ready) {
   if (S <= 0) return S == 0 ? cudaSuccess : cudaErrorInvalidValue;
   if (n < 1 || H <= 0 || D <= 0 || !kv_workspace) return cudaErrorInvalidValue;
   const int64_t kvw = (n + 1) * H;
+  if (!kv_ready && (wkv.rows != kvw || wkv.cols != D || !wkv.data)) return cudaErrorInvalidValue;
   // Tokens per warp: as many as the batch fills (the arithmetic per output is the same).
   cudaError_t err = kv_ready  ? cudaSuccess
                     : S >= 16 ? launch_engram_kv<16>(emb, wkv, S, kvw, D, kv_workspace, stream)

@@ -147,8 +147,8 @@ class DSV41RT_API Backend {
                           int64_t n, int64_t H, int64_t copies, float* X, Stream s) = 0;
   virtual void engram_gather(const uint8_t* table, const uint8_t* scales, const int64_t* rows,
                              int64_t n, int64_t hd, float* out, Stream s) = 0;
-  /// In place on X [S, n, H] (kernels/engram.h).
-  virtual void engram_forward(float* X, const float* emb, const float* wkv, const float* q_weight,
+  /// In place on X [S, n, H] (kernels/engram.h); wkv [(n + 1) H, D] in any stored format.
+  virtual void engram_forward(float* X, const float* emb, const Matrix& wkv, const float* q_weight,
                               const float* k_weight, int64_t S, int64_t n, int64_t H, int64_t D,
                               float eps, Scratch scratch, Stream s) = 0;
   virtual void moe_route(const float* x, const float* gate, const float* bias, int64_t S, int64_t H,

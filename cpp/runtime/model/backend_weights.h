@@ -63,10 +63,12 @@ struct LayerWeights {
   const float *gate = nullptr, *bias = nullptr;
   Matrix w1, w3, w2, shared_w1, shared_w3, shared_w2;
   int64_t expert_begin = 0, expert_count = 0;
-  // Engram: FP8 E4M3 table [rows, head_dim] with UE8M0 scales [rows, head_dim / 32]
+  // Engram: FP8 E4M3 table [rows, head_dim] with UE8M0 scales [rows, head_dim / 32]; the kv
+  // projection [(n + 1) H, D] as the checkpoint stores it (FP8 32 x 32 on release).
   const uint8_t *engram_table = nullptr, *engram_scale = nullptr;
   int64_t engram_rows = 0;
-  const float *engram_wkv = nullptr, *engram_q = nullptr, *engram_k = nullptr;
+  Matrix engram_wkv;
+  const float *engram_q = nullptr, *engram_k = nullptr;
 };
 
 /// Whether every expert matrix of a layer (routed and shared) is BF16-exact: the MoE op runs on

@@ -115,7 +115,8 @@ class CpuWeightView {
     if (b.engram) {
       const EngramWeights& e = *b.engram;
       L.engram_table = e.table, L.engram_scale = e.table_scale, L.engram_rows = e.rows;
-      L.engram_wkv = e.wkv.ptr(), L.engram_q = e.q_weight.ptr(), L.engram_k = e.k_weight.ptr();
+      L.engram_wkv = matrix(e.wkv);
+      L.engram_q = e.q_weight.ptr(), L.engram_k = e.k_weight.ptr();
     }
     return L;
   }
@@ -218,10 +219,16 @@ class CpuBackend final : public Backend {
                      int64_t hd, float* out, Stream) override {
     k::engram_gather(table, scales, rows, n, hd, out);
   }
-  void engram_forward(float* X, const float* emb, const float* wkv, const float* q_weight,
+  // The CPU maps every weight as FP32 host values (the precision modes' emulation: emb holds
+  // decoded FP8 table rows, exact in BF16 and in FP8 1 x 32 blocks, so no mode rounds it).
+  void engram_forward(float* X, const float* emb, const Matrix& wkv, const float* q_weight,
                       const float* k_weight, int64_t S, int64_t n, int64_t H, int64_t D, float eps,
                       Scratch, Stream) override {
-    k::engram_forward(X, emb, wkv, q_weight, k_weight, nullptr, S, n, H, D, eps);
+    const kernels::WeightView v = wkv.view((n + 1) * H, D);
+    DSV41RT_CHECK_CODE(kUnsupported, v.format == WeightFormat::kF32,
+                       "the CPU Engram projection reads FP32 weights");
+    k::engram_forward(X, emb, static_cast<const float*>(v.data), q_weight, k_weight, nullptr, S, n,
+                      H, D, eps);
   }
   void moe_route(const float* x, const float* gate, const float* bias, int64_t S, int64_t H,
                  int64_t E, int64_t kk, float scale, bool normalize, int32_t* idx, float* weight,

@@ -278,12 +278,13 @@ class CudaBackend final : public Backend {
                      int64_t hd, float* out, Stream s) override {
     DSV41RT_CU(kc::engram_gather(table, scales, rows, n, hd, out, cs(s)));
   }
-  void engram_forward(float* X, const float* emb, const float* wkv, const float* q_weight,
+  void engram_forward(float* X, const float* emb, const Matrix& wkv, const float* q_weight,
                       const float* k_weight, int64_t S, int64_t n, int64_t H, int64_t D, float eps,
                       Scratch scratch, Stream s) override {
+    const kernels::WeightView v = wkv.view((n + 1) * H, D);
     float* ws = static_cast<float*>(scratch.get(kc::engram_forward_workspace(S, n, H) * 4));
     const bool kv_ready = engram_kv_tensor_cores(emb, wkv, S, (n + 1) * H, D, ws, s);
-    DSV41RT_CU(kc::engram_forward(X, emb, wkv, q_weight, k_weight, nullptr, S, n, H, D, eps, ws,
+    DSV41RT_CU(kc::engram_forward(X, emb, v, q_weight, k_weight, nullptr, S, n, H, D, eps, ws,
                                   cs(s), kv_ready));
   }
   void moe_route(const float* x, const float* gate, const float* bias, int64_t S, int64_t H,
@@ -460,8 +461,8 @@ class CudaBackend final : public Backend {
                       float* y, bool accumulate, Stream s);
   const float* fp8_act_qdq(const float* x, int64_t rows, int64_t k, Stream s);
   bool wgmma_linear_applies(int64_t m, int64_t k) const;
-  bool engram_kv_tensor_cores(const float* emb, const float* wkv, int64_t S, int64_t kvw, int64_t D,
-                              float* kv, Stream s);
+  bool engram_kv_tensor_cores(const float* emb, const Matrix& wkv, int64_t S, int64_t kvw,
+                              int64_t D, float* kv, Stream s);
   bool wgmma_linear(const float* x, int64_t ldx, const kernels::WeightView& v, int64_t row0,
                     int64_t m, int64_t k, int64_t n, float* y, int64_t ldy, bool accumulate,
                     Stream s);
@@ -568,25 +569,23 @@ bool CudaBackend::wgmma_linear(const float* x, int64_t ldx, const kernels::Weigh
   return true;
 }
 
-// The Engram kv projection (FP32 weights) of a forward that is not decode-sized, in precision
-// fp8: FP32-exact products on the wgmma kernel (gemm_f32_split3), 9 BF16 products per FP32 one;
-// the CUDA-core kernel (one warp per output) took 0.8 s per call on a 4096-token bench-40
-// prefill. Precision fp32 keeps that kernel: its rows stay bitwise the same at every batch size
+// The Engram kv projection in precision fp8, on tensor cores: the matrix as stored (FP8 32 x 32 on
+// release) through linear()'s BF16 path (decode GEMV, wgmma or tiled GEMM by the forward's rows).
+// Its products are the reference's: emb holds decoded FP8 table rows, exact in BF16 and unchanged
+// by the 1 x 32 FP8 requantisation of spec 5.2 (each table block of 32 channels already shares one
+// power-of-two scale), and the weights decode exactly, so only the FP32 summation order differs
+// from the CPU emulation's FP32 dot. The CUDA-core kernel (one warp per output) read an FP32 copy
+// of the matrix (4x its bytes) and took 6.6 ms per call at 64 decode rows on the H200 (session 25).
+// Precision fp32 keeps that kernel: its rows stay bitwise the same at every batch size
 // (prefix-cache hits re-run short suffixes), which the tensor-core sum order is not. Precision
-// bf16 keeps it too: with this path its GPU-vs-emulation gate failed at 200 tokens on the H200
-// (session 20; the fp8 and fp32 gates passed), as it did with the tensor-core attention.
-bool CudaBackend::engram_kv_tensor_cores(const float* emb, const float* wkv, int64_t S, int64_t kvw,
-                                         int64_t D, float* kv, Stream s) {
-  if (!tc_ || !fp8_ || !staged_gemm_ || D % 8 != 0 || S < 1) return false;
-  const size_t i = stream_index(s);
-  const int64_t tile = kc::kWgmmaTileM, budget = kWgmmaWeightChunkBytes / 2;  // elements
-  const int64_t a_elems = std::max(9 * D * tile, std::min(9 * D * ((S + tile - 1) / tile * tile),
-                                                          budget / (9 * D) / tile * tile * 9 * D));
-  const int64_t b_elems = std::max(3 * D * tile, budget / (3 * D) / tile * tile * 3 * D);
-  auto* a = static_cast<uint16_t*>(eager_workspace(wgmma_a_[i], a_elems * 2, s));
-  auto* b = static_cast<uint16_t*>(eager_workspace(wgmma_b_[i], b_elems * 2, s));
-  DSV41RT_CU(
-      kc::gemm_f32_split3(emb, D, wkv, D, S, kvw, D, kv, kvw, a, a_elems, b, b_elems, cs(s)));
+// bf16 keeps it too: with a tensor-core path its GPU-vs-emulation gate failed at 200 tokens on the
+// H200 (session 18: that gate fails for any FP32-level change of this projection).
+bool CudaBackend::engram_kv_tensor_cores(const float* emb, const Matrix& wkv, int64_t S,
+                                         int64_t kvw, int64_t D, float* kv, Stream s) {
+  if (!tc_ || !fp8_ || !wkv.bf16_exact || wkv.format == WeightFormat::kF32 || S < 1) return false;
+  Matrix a16 = wkv;
+  a16.fp8_input = false;  // the requantisation is the identity here (above)
+  linear(emb, a16, S, D, kvw, kv, false, s);
   return true;
 }
 
@@ -651,9 +650,9 @@ void CudaBackend::size_gemv_workspaces(const BackendWeights& w, const ModelConfi
   };
   visit(w.head);
   for (const LayerWeights& L : w.layers) {
-    for (const Matrix* m :
-         {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.comp_wkv, &L.comp_wgate, &L.idx_wq_b,
-          &L.idx_weights_proj, &L.idx_wk, &L.shared_w1, &L.shared_w3, &L.shared_w2}) {
+    for (const Matrix* m : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.comp_wkv, &L.comp_wgate,
+                            &L.idx_wq_b, &L.idx_weights_proj, &L.idx_wk, &L.shared_w1, &L.shared_w3,
+                            &L.shared_w2, &L.engram_wkv}) {
       visit(*m);
     }
   }

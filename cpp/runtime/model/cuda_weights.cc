@@ -188,7 +188,7 @@ BackendWeights upload_weights(const ModelPlan& plan, const ModelWeights& w,
       L.engram_table = up.raw(e.table, e.rows * hd);
       L.engram_scale = up.raw(e.table_scale, e.rows * (hd / 32));
       L.engram_rows = e.rows;
-      L.engram_wkv = up.f32(e.wkv);
+      L.engram_wkv = up.matrix(e.wkv);
       L.engram_q = up.f32(e.q_weight);
       L.engram_k = up.f32(e.k_weight);
     }
