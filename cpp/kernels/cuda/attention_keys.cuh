@@ -12,6 +12,7 @@
 
 #include "core/dtype.h"
 #include "kernels/attention_cached.h"
+#include "kernels/cuda/cache_row_decode.cuh"
 #include "kernels/cuda/mma_bf16.cuh"
 
 namespace dsv41rt::kernels::cuda::attn {
@@ -67,27 +68,6 @@ struct FlatKeys {
     }
   }
 };
-
-// `bytes` (8 or 16) of a stored row at p, with the widest loads its alignment allows (a row's
-// alignment is the same for all its pieces, so the branch is uniform over a warp's row).
-__device__ __forceinline__ uint4 load_piece(const uint8_t* p, int bytes) {
-  uint4 r = make_uint4(0u, 0u, 0u, 0u);
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  if (bytes == 16 && a % 16 == 0) return *reinterpret_cast<const uint4*>(p);
-  if (bytes == 8 && a % 8 == 0) {
-    const uint2 v = *reinterpret_cast<const uint2*>(p);
-    return make_uint4(v.x, v.y, 0u, 0u);
-  }
-  uint32_t w[4] = {0u, 0u, 0u, 0u};
-  for (int i = 0; i < bytes; ++i) w[i / 4] |= uint32_t(p[i]) << (8 * (i % 4));
-  r.x = w[0], r.y = w[1], r.z = w[2], r.w = w[3];
-  return r;
-}
-
-__device__ __forceinline__ uint8_t byte_of(const uint4& r, int i) {
-  const uint32_t w = i < 4 ? r.x : i < 8 ? r.y : i < 12 ? r.z : r.w;
-  return static_cast<uint8_t>(w >> (8 * (i % 4)));
-}
 
 // The per-item values every row of a block's query needs, loaded once per block.
 struct ItemRows {
@@ -172,15 +152,8 @@ struct StoredKeys {
         raw[u] = make_uint4(0u, 0u, 0u, 0u);
         sc[u] = 0;
         if (i >= total) continue;
-        const int row = i / pieces, piece = i % pieces, f = format_sh[row];
-        const uint8_t* p = src_sh[row];
-        if (f == int(RowFormat::kFp8Window)) {
-          raw[u] = load_piece(p + piece * 16, 16);
-          sc[u] = p[D + piece / 2];
-        } else if (f == int(RowFormat::kNvfp4) || f == int(RowFormat::kMxfp4)) {
-          raw[u] = load_piece(p + piece * 8, 8);
-          sc[u] = p[D / 2 + (f == int(RowFormat::kNvfp4) ? piece : piece / 2)];
-        }
+        const int row = i / pieces, piece = i % pieces;
+        load_row_piece(format_sh[row], src_sh[row], piece, D, raw[u], sc[u]);
       }
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
@@ -192,22 +165,8 @@ struct StoredKeys {
           const float* p = reinterpret_cast<const float*>(src_sh[row]) + piece * 16;
 #pragma unroll
           for (int e = 0; e < 16; ++e) v[e] = p[e];
-        } else if (f == int(RowFormat::kFp8Window)) {
-          const float scale = e8m0_to_f32(sc[u]);
-#pragma unroll
-          for (int e = 0; e < 16; ++e) v[e] = __fmul_rn(fp8_e4m3_to_f32(byte_of(raw[u], e)), scale);
-        } else if (f >= 0) {
-          const float scale =
-              f == int(RowFormat::kNvfp4) ? fp8_e4m3_to_f32(sc[u]) : e8m0_to_f32(sc[u]);
-#pragma unroll
-          for (int e = 0; e < 16; ++e) {
-            const uint8_t b = byte_of(raw[u], e / 2);
-            const uint8_t code = (e & 1) ? fp4_unpack_hi(b) : fp4_unpack_lo(b);
-            v[e] = __fmul_rn(fp4_e2m1_to_f32(code), scale);
-          }
         } else {
-#pragma unroll
-          for (int e = 0; e < 16; ++e) v[e] = 0.0f;
+          decode_row_piece(f, raw[u], sc[u], v);  // zeros for a skipped row (f < 0)
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/export.h"
+#include "kernels/indexer_cached.h"
 
 namespace dsv41rt::kernels::cuda {
 
@@ -30,6 +31,13 @@ DSV41RT_API cudaError_t indexer_scores_tc(const float* q, const float* keys,
                                           const int64_t* key_offset, const float* w,
                                           const int64_t* n_visible, int64_t S, int64_t H, int64_t D,
                                           int64_t T, float* scores, cudaStream_t stream);
+/// The same with the keys read from the token pages as stored (kernels/indexer_cached.h; FP8
+/// window, NVFP4 or MXFP4 rows, decoded exactly): bitwise indexer_scores_tc over unpack_paged's
+/// array. cudaErrorInvalidValue for another format or unsupported sizes.
+DSV41RT_API cudaError_t indexer_scores_tc_cached(const float* q, const IndexKeys& keys,
+                                                 const float* w, const int64_t* n_visible,
+                                                 int64_t S, int64_t H, int64_t D, int64_t T,
+                                                 float* scores, cudaStream_t stream);
 /// 1 <= H <= 64, D a multiple of 64 up to 256, q and keys 16-byte aligned.
 DSV41RT_API bool indexer_scores_tc_supported(int64_t H, int64_t D, const float* q,
                                              const float* keys);

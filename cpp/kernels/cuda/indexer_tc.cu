@@ -9,15 +9,19 @@
 //
 // Layout: a block takes one query and 64 consecutive entries; warp w computes the dots of all
 // heads (m16 tiles) with entries 16 w .. 16 w + 15 (two n8 tiles) over the whole head dimension,
-// writes them to shared memory, and thread j then sums entry j over the heads.
+// writes them to shared memory, and thread j then sums entry j over the heads. The keys come from
+// an FP32 array (FlatKeys) or from the token pages as stored (PagedKeys, kernels/indexer_cached.h:
+// MXFP4 rows decoded by the codecs, exactly the FP32 array's values), so both give the same bits.
 #include <cuda_bf16.h>
 
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/cache_row_decode.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/indexer.cuh"
 #include "kernels/cuda/mma_bf16.cuh"
+#include "kernels/indexer_cached.h"
 
 namespace dsv41rt::kernels::cuda {
 namespace {
@@ -36,9 +40,73 @@ size_t tc_smem_bytes(int64_t H, int64_t D) {
   return size_t(rows + kEntries) * D * 2 + size_t(rows) * kDotStride * 4;
 }
 
+__device__ __forceinline__ uint32_t bf16x2(float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Keys of query s: rows key_offset[s] + j of an FP32 array [.., D].
+struct FlatKeys {
+  const float* keys;
+  const int64_t* key_offset;
+
+  __device__ int64_t visible(int64_t /*s*/, int64_t n_visible) const { return n_visible; }
+  // Entries [j0, j0 + kEntries) as BF16 into k_sh (zeros from vis on).
+  __device__ void stage(__nv_bfloat16* k_sh, int64_t s, int64_t j0, int64_t vis, int D) const {
+    const float* base = keys + ((key_offset ? key_offset[s] : 0) + j0) * D;
+    for (int i = threadIdx.x; i < kEntries * (D / 4); i += kBlockThreads) {
+      const int e = i / (D / 4), col = (i % (D / 4)) * 4;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (j0 + e < vis) v = *reinterpret_cast<const float4*>(base + int64_t(e) * D + col);
+      *reinterpret_cast<uint2*>(k_sh + swz(e, col, D)) =
+          make_uint2(bf16x2(v.x, v.y), bf16x2(v.z, v.w));
+    }
+  }
+};
+
+// Keys of query s: entries of item query_item[s] in the token pages, decoded in pieces of 16.
+struct PagedKeys {
+  IndexKeys k;
+
+  __device__ int64_t visible(int64_t s, int64_t n_visible) const {
+    return k.query_item[s] < 0 ? 0 : n_visible;
+  }
+  __device__ void stage(__nv_bfloat16* k_sh, int64_t s, int64_t j0, int64_t vis, int D) const {
+    __shared__ const uint8_t* row_sh[kEntries];
+    const PagedRows& p = k.rows;
+    const int tid = threadIdx.x;
+    if (tid < kEntries) {
+      const int64_t j = j0 + tid;
+      const uint8_t* row = nullptr;
+      if (j < vis) {
+        const int32_t page = p.page_table[int64_t(k.query_item[s]) * p.max_pages + j / p.per_page];
+        row = p.pool + int64_t(page) * p.page_bytes + p.offset + (j % p.per_page) * p.row_bytes;
+      }
+      row_sh[tid] = row;
+    }
+    __syncthreads();
+    const int pieces = D / 16, f = int(k.format);
+    for (int i = tid; i < kEntries * pieces; i += kBlockThreads) {
+      const int e = i / pieces, piece = i % pieces;
+      uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+      uint8_t sc = 0;
+      if (row_sh[e]) load_row_piece(f, row_sh[e], piece, D, raw, sc);
+      float v[16];
+      decode_row_piece(row_sh[e] ? f : -1, raw, sc, v);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint4 packed =
+            make_uint4(bf16x2(v[8 * h], v[8 * h + 1]), bf16x2(v[8 * h + 2], v[8 * h + 3]),
+                       bf16x2(v[8 * h + 4], v[8 * h + 5]), bf16x2(v[8 * h + 6], v[8 * h + 7]));
+        *reinterpret_cast<uint4*>(k_sh + swz(e, piece * 16 + 8 * h, D)) = packed;
+      }
+    }
+  }
+};
+
+template <class Keys>
 __global__ void __launch_bounds__(kBlockThreads)
-    indexer_scores_tc_kernel(const float* __restrict__ q, const float* __restrict__ keys,
-                             const int64_t* __restrict__ key_offset, const float* __restrict__ w,
+    indexer_scores_tc_kernel(const float* __restrict__ q, Keys keys, const float* __restrict__ w,
                              const int64_t* __restrict__ n_visible, int64_t H, int64_t D, int64_t T,
                              float* __restrict__ scores) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -51,7 +119,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int64_t tiles = (T + kEntries - 1) / kEntries;
   const int64_t s = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * kEntries;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  int64_t vis = n_visible[s];
+  int64_t vis = keys.visible(s, n_visible[s]);
   vis = vis < 0 ? 0 : (vis > T ? T : vis);
   if (j0 >= vis) {  // nothing visible in this tile (block-uniform)
     for (int j = tid; j < kEntries; j += kBlockThreads)
@@ -60,23 +128,14 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
   // Queries and keys to BF16 (exact: they are BF16 values); heads past H and entries past the
   // visible ones as zeros.
-  const float* kbase = keys + ((key_offset ? key_offset[s] : 0) + j0) * D;
-  for (int i = tid; i < (mtiles * 16 + kEntries) * (Dn / 4); i += kBlockThreads) {
+  for (int i = tid; i < mtiles * 16 * (Dn / 4); i += kBlockThreads) {
     const int row = i / (Dn / 4), col = (i % (Dn / 4)) * 4;
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    __nv_bfloat16* dst;
-    if (row < mtiles * 16) {
-      if (row < Hn) v = *reinterpret_cast<const float4*>(q + (s * H + row) * D + col);
-      dst = q_sh + swz(row, col, Dn);
-    } else {
-      const int e = row - mtiles * 16;
-      if (j0 + e < vis) v = *reinterpret_cast<const float4*>(kbase + int64_t(e) * D + col);
-      dst = k_sh + swz(e, col, Dn);
-    }
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
-    *reinterpret_cast<uint2*>(dst) = make_uint2(*reinterpret_cast<const uint32_t*>(&lo),
-                                                *reinterpret_cast<const uint32_t*>(&hi));
+    if (row < Hn) v = *reinterpret_cast<const float4*>(q + (s * H + row) * D + col);
+    *reinterpret_cast<uint2*>(q_sh + swz(row, col, Dn)) =
+        make_uint2(bf16x2(v.x, v.y), bf16x2(v.z, v.w));
   }
+  keys.stage(k_sh, s, j0, vis, Dn);
   __syncthreads();
   const int g = lane >> 2, t = lane & 3;
   for (int mt = 0; mt < mtiles; ++mt) {
@@ -117,21 +176,44 @@ bool indexer_scores_tc_supported(int64_t H, int64_t D, const float* q, const flo
          aligned(keys);
 }
 
-cudaError_t indexer_scores_tc(const float* q, const float* keys, const int64_t* key_offset,
-                              const float* w, const int64_t* n_visible, int64_t S, int64_t H,
-                              int64_t D, int64_t T, float* scores, cudaStream_t stream) {
-  if (S < 0 || T < 0 || !indexer_scores_tc_supported(H, D, q, keys)) return cudaErrorInvalidValue;
+namespace {
+
+template <class Keys>
+cudaError_t launch_scores_tc(const float* q, const Keys& keys, const float* w,
+                             const int64_t* n_visible, int64_t S, int64_t H, int64_t D, int64_t T,
+                             float* scores, cudaStream_t stream) {
   if (S == 0 || T == 0) return cudaSuccess;
   const int64_t tiles = (T + kEntries - 1) / kEntries;
   if (S > 0x7fffffff / tiles) return cudaErrorInvalidValue;
   const size_t smem = tc_smem_bytes(H, D);
   const cudaError_t attr =
-      cudaFuncSetAttribute(indexer_scores_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem));
+      cudaFuncSetAttribute(indexer_scores_tc_kernel<Keys>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (attr != cudaSuccess) return attr;
-  indexer_scores_tc_kernel<<<static_cast<unsigned>(S * tiles), kBlockThreads, smem, stream>>>(
-      q, keys, key_offset, w, n_visible, H, D, T, scores);
+  indexer_scores_tc_kernel<Keys><<<static_cast<unsigned>(S * tiles), kBlockThreads, smem, stream>>>(
+      q, keys, w, n_visible, H, D, T, scores);
   return launch_status();
+}
+
+}  // namespace
+
+cudaError_t indexer_scores_tc(const float* q, const float* keys, const int64_t* key_offset,
+                              const float* w, const int64_t* n_visible, int64_t S, int64_t H,
+                              int64_t D, int64_t T, float* scores, cudaStream_t stream) {
+  if (S < 0 || T < 0 || !indexer_scores_tc_supported(H, D, q, keys)) return cudaErrorInvalidValue;
+  return launch_scores_tc(q, FlatKeys{keys, key_offset}, w, n_visible, S, H, D, T, scores, stream);
+}
+
+cudaError_t indexer_scores_tc_cached(const float* q, const IndexKeys& keys, const float* w,
+                                     const int64_t* n_visible, int64_t S, int64_t H, int64_t D,
+                                     int64_t T, float* scores, cudaStream_t stream) {
+  const bool stored = keys.format == RowFormat::kFp8Window || keys.format == RowFormat::kNvfp4 ||
+                      keys.format == RowFormat::kMxfp4;
+  if (S < 0 || T < 0 || !stored || !keys.query_item || !keys.rows.pool || !keys.rows.page_table ||
+      keys.rows.per_page < 1 || !indexer_scores_tc_supported(H, D, q, nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  return launch_scores_tc(q, PagedKeys{keys}, w, n_visible, S, H, D, T, scores, stream);
 }
 
 }  // namespace dsv41rt::kernels::cuda

@@ -23,6 +23,7 @@
 
 #include "core/export.h"
 #include "kernels/attention_cached.h"
+#include "kernels/indexer_cached.h"
 #include "kernels/paged.h"
 #include "kernels/sampling.h"
 #include "runtime/model/backend_weights.h"
@@ -229,6 +230,15 @@ class DSV41RT_API Backend {
                                        const int32_t* idx, const float* sink, int64_t S,
                                        int64_t n_heads, int64_t D, int64_t K, float scale,
                                        float* out, Stream s) = 0;
+  /// Whether this forward's indexer scores read the index keys from the pages as stored
+  /// (indexer_scores_cached) instead of from an unpacked FP32 copy; decided per forward like
+  /// attention_reads_caches, for keys stored in `format` with H heads of dimension D.
+  virtual bool indexer_reads_caches(kernels::RowFormat format, int64_t H, int64_t D) const = 0;
+  /// indexer_scores over the keys `keys` locates in the pages (kernels/indexer_cached.h): the same
+  /// bits as unpacking them and calling indexer_scores.
+  virtual void indexer_scores_cached(const float* q, const kernels::IndexKeys& keys, const float* w,
+                                     const int64_t* n_visible, int64_t S, int64_t H, int64_t D,
+                                     int64_t T, float* scores, Stream s) = 0;
   virtual void gather_rows(const float* src, const int64_t* rows, int64_t n, int64_t dim,
                            float* dst, Stream s) = 0;
   virtual void scale(float* x, int64_t n, float factor, Stream s) = 0;

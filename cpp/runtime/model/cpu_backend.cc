@@ -13,6 +13,7 @@
 #include "kernels/compressor.h"
 #include "kernels/engram.h"
 #include "kernels/indexer.h"
+#include "kernels/indexer_cached.h"
 #include "kernels/linear.h"
 #include "kernels/mhc.h"
 #include "kernels/moe.h"
@@ -338,6 +339,14 @@ class CpuBackend final : public Backend {
                                const float* sink, int64_t S, int64_t n_heads, int64_t D, int64_t K,
                                float scale, float* out, Stream) override {
     k::sparse_attention_cached(q, keys, idx, sink, S, n_heads, D, K, scale, out);
+  }
+  bool indexer_reads_caches(kernels::RowFormat, int64_t, int64_t) const override {
+    return decode_like_;
+  }
+  void indexer_scores_cached(const float* q, const kernels::IndexKeys& keys, const float* w,
+                             const int64_t* n_visible, int64_t S, int64_t H, int64_t D, int64_t T,
+                             float* scores, Stream) override {
+    k::indexer_scores_cached(q, keys, w, n_visible, S, H, D, T, scores);
   }
   void gather_rows(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst,
                    Stream) override {

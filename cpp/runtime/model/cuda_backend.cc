@@ -417,6 +417,18 @@ class CudaBackend final : public Backend {
     DSV41RT_CU(
         kc::sparse_attention_tc_cached(q, keys, idx, sink, S, n_heads, D, K, scale, out, cs(s)));
   }
+  // Every regime: the tensor-core scores kernel serves prefill and decode alike, and a block
+  // decodes its 64 stored rows (68 bytes each at the release's MXFP4 128) for less traffic than
+  // reading their unpacked FP32 copies (512 bytes each), besides skipping the unpack.
+  bool indexer_reads_caches(kernels::RowFormat format, int64_t H, int64_t D) const override {
+    return format != kernels::RowFormat::kF32 &&
+           kc::indexer_scores_tc_supported(H, D, nullptr, nullptr);
+  }
+  void indexer_scores_cached(const float* q, const kernels::IndexKeys& keys, const float* w,
+                             const int64_t* n_visible, int64_t S, int64_t H, int64_t D, int64_t T,
+                             float* scores, Stream s) override {
+    DSV41RT_CU(kc::indexer_scores_tc_cached(q, keys, w, n_visible, S, H, D, T, scores, cs(s)));
+  }
   void gather_rows(const float* src, const int64_t* rows, int64_t n, int64_t dim, float* dst,
                    Stream s) override {
     DSV41RT_CU(kc::gather_rows(src, rows, n, dim, dst, cs(s)));

@@ -46,8 +46,9 @@ class ModelRunner {
               const StateLayout& layout, KvPool& pool, DequantWorkspaces& workspaces);
 
   bool multistream = true;  ///< side streams (off: everything on the main stream)
-  /// Sparse attention reads the quantised caches in place where the backend can
-  /// (Backend::attention_reads_caches; off: unpack into FP32 first; the same bits either way).
+  /// Sparse attention and the indexer scores read the quantised caches in place where the backend
+  /// can (Backend::attention_reads_caches, indexer_reads_caches; off: unpack into FP32 first; the
+  /// same bits either way).
   bool attention_in_place = true;
   /// Keep each forward's Decisions (top-k, experts, window-KV rounding inputs).
   bool record_decisions = false;

@@ -80,14 +80,24 @@ void ModelRunner::indexer(const LayerPlan& layer, const LayerWeights& w, const F
   const float wscale = float(std::pow(double(DI), -0.5) * std::pow(double(HI), -0.5));
   be_.scale(wts, N * HI, wscale, s);
   if (layer.role == LayerRole::kFull) be_.wait(s, kComp);  // this layer's new keys
-  float* ikeys = buf(ikeys_, rp.comp_rows * DI);
   float* scores = buf(scores_, N * T);
   int32_t* topk = buf(topk_, N * KI);
-  be_.unpack_paged(key_format, paged(layer.kv_source, true, f), DI, f.items, T, mr.count,
-                   mr.comp_offset, ikeys, s);
-  // MXFP4 index caches (queries QDQ'd the same way above) hold BF16 values.
-  be_.indexer_scores(qi, ikeys, qv.key_offset, wts, qv.n_visible, N, HI, DI, T,
-                     key_format != kernels::RowFormat::kF32, scores, s);
+  // The keys as stored where the backend reads them so (the same bits), else unpacked to FP32
+  // first. Not under context parallelism, like the attention's caches (attention()).
+  if (attention_in_place && !comm_ && be_.indexer_reads_caches(key_format, HI, DI)) {
+    kernels::IndexKeys keys;
+    keys.format = key_format;
+    keys.rows = paged(layer.kv_source, true, f);
+    keys.query_item = meta_.q_row_item;
+    be_.indexer_scores_cached(qi, keys, wts, qv.n_visible, N, HI, DI, T, scores, s);
+  } else {
+    float* ikeys = buf(ikeys_, rp.comp_rows * DI);
+    be_.unpack_paged(key_format, paged(layer.kv_source, true, f), DI, f.items, T, mr.count,
+                     mr.comp_offset, ikeys, s);
+    // MXFP4 index caches (queries QDQ'd the same way above) hold BF16 values.
+    be_.indexer_scores(qi, ikeys, qv.key_offset, wts, qv.n_visible, N, HI, DI, T,
+                       key_format != kernels::RowFormat::kF32, scores, s);
+  }
   if (layer.candidates == CandidateRole::kSource) {
     uint8_t* mask = buf(mask_, N * T);
     if (T > 0) {
