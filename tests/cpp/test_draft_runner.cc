@@ -182,5 +182,17 @@ TEST(DraftRunner, NeedsWeightsLoadedWithDrafts) {
   }
 }
 
+// Sharded weights hold no drafts: the drafter reads the whole head and runs unsharded.
+TEST(DraftRunner, ShardsDropTheDrafts) {
+  NEED_CHECKPOINT();
+  const ModelPlan& plan = drafter().plan();
+  ModelWeights all = load_weights(std::make_shared<Checkpoint>(testing::checkpoint()), plan, true,
+                                  {}, /*drafts=*/true);
+  ASSERT_TRUE(all.drafts.has_value());
+  EXPECT_EQ(all.drafts->stages.size(), plan.draft_layers.size());
+  EXPECT_FALSE(expert_shard(all, plan, 0, 2).drafts.has_value());
+  EXPECT_FALSE(tensor_shard(std::move(all), plan, 0, 2).drafts.has_value());
+}
+
 }  // namespace
 }  // namespace dsv41rt::model

@@ -241,6 +241,8 @@ ModelWeights tensor_shard(ModelWeights all, const ModelPlan& plan, int rank, int
   // More ranks than output groups: wo_a stays whole (the ranks gather the heads' outputs).
   const bool split_groups = c.o_groups % size == 0;
   ModelWeights out = std::move(all);
+  // The drafter reads the whole head and runs unsharded (not under tensor parallelism yet).
+  out.drafts.reset();
   out.head = row_share(out.head, "head.weight", rank, size);
   for (BlockWeights& b : out.layers) {
     b.attn.wq_b = row_share(b.attn.wq_b, "attn.wq_b", rank, size);

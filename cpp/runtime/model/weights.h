@@ -124,7 +124,8 @@ DSV41RT_API ModelWeights expert_shard(const ModelWeights& all, const ModelPlan& 
 /// whole), and its rows of the vocabulary head (contiguous shares); the rest whole. Needs host
 /// values (the CPU backend). Throws Error(kInvalidArgument) naming the dimension `size` does not
 /// divide. `all` is taken by value: pass a rank's expert shard with std::move and nothing is
-/// copied but the rows it keeps.
+/// copied but the rows it keeps. The drafts are dropped (the drafter runs unsharded), as
+/// expert_shard leaves them out.
 DSV41RT_API ModelWeights tensor_shard(ModelWeights all, const ModelPlan& plan, int rank, int size);
 
 }  // namespace dsv41rt::model
