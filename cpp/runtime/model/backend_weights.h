@@ -88,12 +88,25 @@ inline bool moe_fp8_inputs(const LayerWeights &w) {
   return w.w1.fp8_input && w.w3.fp8_input && w.w2.fp8_input && shared;
 }
 
+/// The DSpark drafter's tensors beside its stages (ModelWeights::drafts): main_proj [H, T * H] and
+/// main_norm on stage 0; the final norm, the Markov head (embed [V, r] read by row, head [V, r])
+/// and the confidence head [1, H + r] on the last stage.
+struct DraftHeadWeights {
+  Matrix main_proj;
+  const float *main_norm = nullptr, *norm = nullptr, *markov_embed = nullptr;
+  Matrix markov_head, confidence;
+};
+
 struct BackendWeights {
   const float *embed = nullptr;          ///< [V, H] FP32, or
   const uint16_t *embed_bf16 = nullptr;  ///< [V, H] BF16 as stored
   Matrix head;
   const float *norm = nullptr;
   std::vector<LayerWeights> layers;
+  /// DSpark stages (empty unless the weights were loaded with their drafts; a backend that does
+  /// not map them leaves this empty) and their heads.
+  std::vector<LayerWeights> drafts;
+  DraftHeadWeights draft_heads;
   int64_t bytes = 0;                         ///< backend memory held by the weights
   std::vector<std::shared_ptr<void>> owned;  ///< keeps the storage alive
 };

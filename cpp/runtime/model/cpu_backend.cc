@@ -43,7 +43,10 @@ class CpuWeightView {
     out_.embed = w.embed.ptr();
     out_.head = matrix(w.head);
     out_.norm = w.norm.ptr();
-    for (size_t li = 0; li < plan.layers.size(); ++li) out_.layers.push_back(layer(w, li));
+    for (size_t li = 0; li < plan.layers.size(); ++li) {
+      out_.layers.push_back(layer(w.layers[li], li));
+    }
+    if (w.drafts) drafts(plan, *w.drafts);
     keep_->weights = std::move(w);
   }
   BackendWeights take() { return std::move(out_); }
@@ -78,8 +81,25 @@ class CpuWeightView {
     return m;
   }
 
-  LayerWeights layer(ModelWeights& w, size_t li) {
-    BlockWeights& b = w.layers[li];
+  // The DSpark stages as blocks (their RoPE tables follow the backbone's in inv_freq), and the
+  // heads beside them.
+  void drafts(const ModelPlan& plan, DraftWeights& d) {
+    DSV41RT_CHECK_CODE(kInternal,
+                       keep_->inv_freq.size() == plan.layers.size() + plan.draft_layers.size(),
+                       "the CPU backend needs RoPE tables of the backbone and draft layers");
+    for (size_t s = 0; s < d.stages.size(); ++s) {
+      out_.drafts.push_back(layer(d.stages[s], plan.layers.size() + s));
+    }
+    DraftHeadWeights& h = out_.draft_heads;
+    h.main_proj = matrix(d.main_proj), h.main_norm = d.main_norm.ptr(), h.norm = d.norm.ptr();
+    h.markov_embed = d.markov_embed.ptr(), h.markov_head = matrix(d.markov_head);
+    h.confidence = matrix(d.confidence);
+    out_.bytes +=
+        (d.main_norm.numel() + d.norm.numel() + d.markov_embed.numel()) * int64_t(sizeof(float));
+  }
+
+  // inv_freq index `rope`: the layer's RoPE table.
+  LayerWeights layer(BlockWeights& b, size_t rope) {
     LayerWeights L;
     L.attn_norm = b.attn_norm.ptr(), L.ffn_norm = b.ffn_norm.ptr();
     L.hc_attn_fn = b.hc_attn_fn.ptr(), L.hc_attn_base = b.hc_attn_base.ptr();
@@ -93,7 +113,7 @@ class CpuWeightView {
     L.idx_wk = matrix(a.idx_wk);
     L.q_norm = a.q_norm.ptr(), L.kv_norm = a.kv_norm.ptr(), L.attn_sink = a.attn_sink.ptr();
     L.comp_norm = a.comp_norm.ptr(), L.idx_k_norm = a.idx_k_norm.ptr();
-    L.inv_freq = keep_->inv_freq[li].data();
+    L.inv_freq = keep_->inv_freq[rope].data();
     MoeWeights& m = b.moe;
     L.gate = m.gate.ptr(), L.bias = m.bias.ptr();
     // One precision decision for all six expert matrices (as the GPU, whose MoE op takes one

@@ -22,26 +22,29 @@ void check_engram_tables(const ModelConfig& c, const EngramTables& engram) {
                 c.vocab_size);
 }
 
-// Per layer, the RoPE inverse frequencies (YaRN-scaled where the layer uses it; spec §2.3).
+}  // namespace
+
+// Per layer, the RoPE inverse frequencies (YaRN-scaled where the layer uses it; spec §2.3): the
+// backbone layers, then the draft stages.
 std::vector<std::vector<float>> rope_inv_freqs(const ModelPlan& plan) {
   const ModelConfig& c = plan.config;
   std::vector<std::vector<float>> out;
-  for (const LayerPlan& layer : plan.layers) {
-    kernels::YarnParams yarn;
-    const kernels::YarnParams* yp = nullptr;
-    if (layer.yarn && c.yarn) {
-      yarn.factor = c.yarn->factor;
-      yarn.original_max_position = c.yarn->original_max_position;
-      yarn.beta_fast = c.yarn->beta_fast;
-      yarn.beta_slow = c.yarn->beta_slow;
-      yp = &yarn;
+  for (const std::vector<LayerPlan>* layers : {&plan.layers, &plan.draft_layers}) {
+    for (const LayerPlan& layer : *layers) {
+      kernels::YarnParams yarn;
+      const kernels::YarnParams* yp = nullptr;
+      if (layer.yarn && c.yarn) {
+        yarn.factor = c.yarn->factor;
+        yarn.original_max_position = c.yarn->original_max_position;
+        yarn.beta_fast = c.yarn->beta_fast;
+        yarn.beta_slow = c.yarn->beta_slow;
+        yp = &yarn;
+      }
+      out.push_back(kernels::cpu::rope_inv_freq(c.qk_rope_head_dim, layer.rope_base, yp));
     }
-    out.push_back(kernels::cpu::rope_inv_freq(c.qk_rope_head_dim, layer.rope_base, yp));
   }
   return out;
 }
-
-}  // namespace
 
 ModelExecutor::ModelExecutor(ModelPlan plan, ModelWeights weights, EngramTables engram,
                              ExecutorOptions options, std::unique_ptr<Backend> backend)

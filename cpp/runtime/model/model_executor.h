@@ -15,6 +15,10 @@
 
 namespace dsv41rt::model {
 
+/// Per layer, the RoPE inverse frequencies Backend::load_weights takes: the backbone layers, then
+/// the draft stages (plan.draft_layers).
+DSV41RT_API std::vector<std::vector<float>> rope_inv_freqs(const ModelPlan& plan);
+
 class ModelExecutor final : public Executor {
  public:
   ModelExecutor(ModelPlan plan, ModelWeights weights, EngramTables engram, ExecutorOptions options,

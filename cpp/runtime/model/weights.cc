@@ -130,6 +130,42 @@ EngramWeights load_engram(const Checkpoint& ck, const Loader& L, const std::stri
   return w;
 }
 
+BlockWeights load_block(const Checkpoint& ck, const Loader& L, const LayerPlan& layer) {
+  const std::string p = layer.name_prefix();
+  BlockWeights b;
+  b.attn_norm = L.load(p + "attn_norm.weight");
+  b.ffn_norm = L.load(p + "ffn_norm.weight");
+  b.hc_attn_fn = L.load(p + "hc_attn_fn");
+  b.hc_attn_base = L.load(p + "hc_attn_base");
+  b.hc_attn_scale = L.load(p + "hc_attn_scale");
+  b.hc_ffn_fn = L.load(p + "hc_ffn_fn");
+  b.hc_ffn_base = L.load(p + "hc_ffn_base");
+  b.hc_ffn_scale = L.load(p + "hc_ffn_scale");
+  load_attention(L, layer, p, b.attn);
+  load_moe(L, layer, p, b.moe);
+  if (layer.engram) b.engram = load_engram(ck, L, p);
+  return b;
+}
+
+// The DSpark stages and their heads (names as tensor_spec.cc drafts() lists them).
+DraftWeights load_drafts(const Checkpoint& ck, const Loader& L, const ModelPlan& plan) {
+  DSV41RT_CHECK_CODE(kUnsupported, plan.config.dspark.has_value() && !plan.draft_layers.empty(),
+                     ck.path(),
+                     ": the config has no DSpark drafter (dspark_* keys and "
+                     "num_nextn_predict_layers > 0) to load");
+  DraftWeights d;
+  for (const LayerPlan& layer : plan.draft_layers) d.stages.push_back(load_block(ck, L, layer));
+  const std::string first = plan.draft_layers.front().name_prefix();
+  const std::string last = plan.draft_layers.back().name_prefix();
+  d.main_proj = L.load(first + "main_proj.weight");
+  d.main_norm = L.load(first + "main_norm.weight");
+  d.norm = L.load(last + "norm.weight");
+  d.markov_embed = L.load(last + "markov_head.embed.weight");
+  d.markov_head = L.load(last + "markov_head.head.weight");
+  d.confidence = L.load(last + "confidence_head.proj.weight");
+  return d;
+}
+
 }  // namespace
 
 bool bf16_exact(const Tensor& t) {
@@ -150,7 +186,8 @@ std::vector<float> host_values(const Tensor& t) {
 }
 
 ModelWeights load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPlan& plan,
-                          bool host_values, const std::function<void(int64_t, int64_t)>& progress) {
+                          bool host_values, const std::function<void(int64_t, int64_t)>& progress,
+                          bool drafts) {
   const ModelConfig& c = plan.config;
   DSV41RT_CHECK_CODE(kUnsupported, c.arch == Arch::kV41, c.source,
                      ": dsv41rt runs DeepSeek-V4.1 checkpoints only (V4 is not supported yet)");
@@ -167,22 +204,10 @@ ModelWeights load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPla
   w.head = L.load("head.weight");
   w.norm = L.load("norm.weight");
   for (const LayerPlan& layer : plan.layers) {
-    const std::string p = layer.name_prefix();
-    BlockWeights b;
-    b.attn_norm = L.load(p + "attn_norm.weight");
-    b.ffn_norm = L.load(p + "ffn_norm.weight");
-    b.hc_attn_fn = L.load(p + "hc_attn_fn");
-    b.hc_attn_base = L.load(p + "hc_attn_base");
-    b.hc_attn_scale = L.load(p + "hc_attn_scale");
-    b.hc_ffn_fn = L.load(p + "hc_ffn_fn");
-    b.hc_ffn_base = L.load(p + "hc_ffn_base");
-    b.hc_ffn_scale = L.load(p + "hc_ffn_scale");
-    load_attention(L, layer, p, b.attn);
-    load_moe(L, layer, p, b.moe);
-    if (layer.engram) b.engram = load_engram(*checkpoint, L, p);
-    w.layers.push_back(std::move(b));
+    w.layers.push_back(load_block(*checkpoint, L, layer));
     if (progress) progress(int64_t(w.layers.size()), int64_t(plan.layers.size()));
   }
+  if (drafts) w.drafts = load_drafts(*checkpoint, L, plan);
   return w;
 }
 
@@ -216,6 +241,8 @@ ModelWeights tensor_shard(ModelWeights all, const ModelPlan& plan, int rank, int
   // More ranks than output groups: wo_a stays whole (the ranks gather the heads' outputs).
   const bool split_groups = c.o_groups % size == 0;
   ModelWeights out = std::move(all);
+  // The drafter reads the whole head and runs unsharded (not under tensor parallelism yet).
+  out.drafts.reset();
   out.head = row_share(out.head, "head.weight", rank, size);
   for (BlockWeights& b : out.layers) {
     b.attn.wq_b = row_share(b.attn.wq_b, "attn.wq_b", rank, size);

@@ -81,12 +81,23 @@ struct BlockWeights {
   std::optional<EngramWeights> engram;
 };
 
+/// The DSpark drafter (V4.1, spec 4.2): the stages `mtp.s` (blocks like the backbone's) and the
+/// tensors beside them: main_proj / main_norm on stage 0, norm and the Markov and confidence heads
+/// on the last. The embedding and the head are the backbone's.
+struct DraftWeights {
+  std::vector<BlockWeights> stages;
+  Tensor main_proj, main_norm;                         // [H, T * H], [H]
+  Tensor norm, markov_embed, markov_head, confidence;  // [H], [V, r], [V, r], [1, H + r]
+};
+
 struct ModelWeights {
   std::shared_ptr<Checkpoint> checkpoint;  // keeps the mapped files (embed, Engram tables) alive
   const uint16_t* embed_bf16 = nullptr;    // [vocab, hidden] when stored BF16 (decoded on gather)
   Tensor embed;                            // otherwise dequantised here
   Tensor head, norm;
   std::vector<BlockWeights> layers;
+  /// Loaded only when asked (load_weights' `drafts`): plain serving keeps their memory.
+  std::optional<DraftWeights> drafts;
 };
 
 /// Loads every backbone tensor the plan needs, with names, shapes and stored forms from the
@@ -95,9 +106,11 @@ struct ModelWeights {
 /// keeps only the sources (the GPU executor dequantises on the device; a released checkpoint
 /// would not fit in host memory as FP32).
 /// `progress(done, total)` (optional) is called after each block's tensors are loaded.
-DSV41RT_API ModelWeights
-load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPlan& plan, bool host_values = true,
-             const std::function<void(int64_t done, int64_t total)>& progress = {});
+/// `drafts`: also the DSpark drafter's tensors (ModelWeights::drafts); throws
+/// Error(kUnsupported) when the config has no DSpark stages.
+DSV41RT_API ModelWeights load_weights(
+    std::shared_ptr<Checkpoint> checkpoint, const ModelPlan& plan, bool host_values = true,
+    const std::function<void(int64_t done, int64_t total)>& progress = {}, bool drafts = false);
 
 /// Expert parallelism: the weights rank `rank` of `size` holds, every layer's routed experts cut
 /// to its contiguous share [rank * E / size, (rank + 1) * E / size) (the rest freed; the
@@ -111,7 +124,8 @@ DSV41RT_API ModelWeights expert_shard(const ModelWeights& all, const ModelPlan& 
 /// whole), and its rows of the vocabulary head (contiguous shares); the rest whole. Needs host
 /// values (the CPU backend). Throws Error(kInvalidArgument) naming the dimension `size` does not
 /// divide. `all` is taken by value: pass a rank's expert shard with std::move and nothing is
-/// copied but the rows it keeps.
+/// copied but the rows it keeps. The drafts are dropped (the drafter runs unsharded), as
+/// expert_shard leaves them out.
 DSV41RT_API ModelWeights tensor_shard(ModelWeights all, const ModelPlan& plan, int rank, int size);
 
 }  // namespace dsv41rt::model

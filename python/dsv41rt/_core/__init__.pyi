@@ -670,6 +670,26 @@ class Runtime:
 
     def import_sequence(self, blob: bytes) -> int: ...
 
+class DSparkDrafter:
+    """
+    The DSpark drafter (V4.1 speculative stages mtp.*) of a checkpoint on the CPU backend: one parallel block per draft() call.
+    """
+
+    def __init__(self, checkpoint: str, kv_cache_dtype: KvCacheDtype = KvCacheDtype.auto, record_window_kv: bool = False) -> None:
+        """
+        Loads the checkpoint's weights with their drafts. kv_cache_dtype auto: the ring and block keys are FP8-QDQ'd as the window cache's rows; float32: no rounding. record_window_kv: keep each draft's keys before their QDQ (window_kv_inputs()).
+        """
+
+    def draft(self, features: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], anchor: int, ids: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], previous: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> tuple[NDArray[numpy.float32], NDArray[numpy.float32]]:
+        """
+        Drafts one block. features float32 [context, T * hidden]: row i is target position i's features (the dspark_target_layer_ids' in order, concatenated); anchor: the position of ids[0] (0 <= anchor <= context; the block occupies anchor .. anchor + block - 1 and reads the features of [anchor - sliding_window, anchor)); ids int32 [block]: the anchor token then noise tokens; previous int32 [block]: each row's preceding token for the Markov head. Returns (logits float32 [block, vocab], confidence float32 [block]).
+        """
+
+    def window_kv_inputs(self) -> list[NDArray[numpy.float32]]:
+        """
+        Per stage, the last draft's keys entering their FP8 QDQ, float32 [ring + block, head_dim] (ring rows, then block rows); empty unless record_window_kv.
+        """
+
 def cuda_device_count() -> int:
     """
     Number of usable CUDA devices (0 for CPU-only builds or without a driver).

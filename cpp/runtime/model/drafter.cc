@@ -1,0 +1,23 @@
+#include "runtime/model/drafter.h"
+
+#include "runtime/model/cache_bytes.h"
+#include "runtime/model/checkpoint_validation.h"
+#include "runtime/model/model_executor.h"
+#include "runtime/model/weights.h"
+
+namespace dsv41rt::model {
+
+Drafter::Drafter(const std::string& checkpoint_dir, bool cache_quant) {
+  OpenedCheckpoint opened = open_checkpoint(checkpoint_dir, /*validate=*/true);
+  plan_ = std::move(opened.plan);
+  ModelWeights weights = load_weights(std::move(opened.tensors), plan_, /*host_values=*/true, {},
+                                      /*drafts=*/true);
+  backend_ = make_cpu_backend();
+  weights_ = backend_->load_weights(plan_, weights, rope_inv_freqs(plan_));
+  runner_ = std::make_unique<DraftRunner>(plan_, *backend_, weights_,
+                                          CacheFormats::of(cache_quant).window);
+}
+
+Drafter::~Drafter() = default;
+
+}  // namespace dsv41rt::model
