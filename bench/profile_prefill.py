@@ -50,9 +50,9 @@ def main() -> int:
     rt.set_switch("cuda_graphs", False)
     for b in batches:
         hs = [rt.fork_handle(h) for _ in range(b)]
-        rt.decode_handles(hs, [5] * b)  # warm-up
+        rt.decode_handles_greedy(hs, [5] * b)  # warm-up
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            rt.decode_handles(hs, [7] * b)
+            rt.decode_handles_greedy(hs, [7] * b)
         title = f"decode step, {b} requests at context {args.tokens} ({args.precision}, eager)"
         summarize(prof, title, rt, args.top)
         for x in hs:

@@ -357,6 +357,26 @@ void register_runtime(nb::module_& m) {
                                 [&](float* out) { rt.decode(seqs, tokens.data(), out); });
           },
           nb::arg("seqs"), nb::arg("tokens"))
+      .def(
+          "decode_greedy",
+          [](Runtime& rt, const std::vector<int64_t>& seqs, I32Array tokens) {
+            DSV41RT_CHECK(!seqs.empty() && tokens.shape(0) == seqs.size(),
+                          "decode_greedy: ", seqs.size(), " handles and ", tokens.shape(0),
+                          " tokens");
+            const size_t B = seqs.size();
+            auto* next = new int32_t[B];
+            auto* lps = new float[B];
+            nb::capsule next_owner(next,
+                                   [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
+            nb::capsule lps_owner(lps, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+            {
+              nb::gil_scoped_release release;
+              rt.decode_greedy(seqs, tokens.data(), next, lps);
+            }
+            return nb::make_tuple(nb::ndarray<nb::numpy, int32_t>(next, {B}, next_owner),
+                                  nb::ndarray<nb::numpy, float>(lps, {B}, lps_owner));
+          },
+          nb::arg("seqs"), nb::arg("tokens"))
       .def("close_sequence", &Runtime::close_sequence, nb::arg("seq"))
       .def(
           "export_sequence",

@@ -576,6 +576,12 @@ void Runtime::decode(const std::vector<int64_t>& seqs, const int32_t* tokens, fl
   impl_->with_engine([&](auto&, auto&, Sequences& s) { s.decode(seqs, tokens, logits); });
   impl_->refresh();
 }
+void Runtime::decode_greedy(const std::vector<int64_t>& seqs, const int32_t* tokens, int32_t* next,
+                            float* logprobs) {
+  impl_->with_engine(
+      [&](auto&, auto&, Sequences& s) { s.decode_greedy(seqs, tokens, next, logprobs); });
+  impl_->refresh();
+}
 void Runtime::close_sequence(int64_t seq) {
   impl_->with_engine([&](auto&, auto&, Sequences& s) { s.close(seq); });
   impl_->refresh();

@@ -50,15 +50,15 @@ int64_t Sequences::fork(int64_t seq) {
   return id;
 }
 
-void Sequences::decode(const std::vector<int64_t>& seqs, const int32_t* tokens, float* logits) {
+std::vector<model::BatchItem> Sequences::decode_batch(const std::vector<int64_t>& seqs,
+                                                      const int32_t* tokens) {
   const size_t B = seqs.size();
-  DSV41RT_CHECK(B > 0 && tokens && logits, "decode: no sequences, tokens or logits");
+  DSV41RT_CHECK(B > 0 && tokens, "decode: no sequences or tokens");
   for (size_t i = 0; i < B; ++i) {
     for (size_t j = 0; j < i; ++j) {
       DSV41RT_CHECK(seqs[i] != seqs[j], "decode: sequence ", seqs[i], " given twice");
     }
   }
-  const int64_t V = exec_.plan().config.vocab_size;
   std::vector<model::BatchItem> batch(B);
   for (size_t i = 0; i < B; ++i) {
     Sequence& s = find(seqs[i]);
@@ -66,10 +66,34 @@ void Sequences::decode(const std::vector<int64_t>& seqs, const int32_t* tokens, 
     batch[i].request = view(s);
     batch[i].tokens = tokens + i;
     batch[i].n = 1;
-    batch[i].logits = logits + int64_t(i) * V;
     batch[i].all_logits = false;
   }
+  return batch;
+}
+
+void Sequences::decode(const std::vector<int64_t>& seqs, const int32_t* tokens, float* logits) {
+  DSV41RT_CHECK(logits, "decode: no logits buffer");
+  std::vector<model::BatchItem> batch = decode_batch(seqs, tokens);
+  const int64_t V = exec_.plan().config.vocab_size;
+  for (size_t i = 0; i < batch.size(); ++i) batch[i].logits = logits + int64_t(i) * V;
   exec_.forward(batch);
+  for (int64_t seq : seqs) find(seq).length += 1;
+}
+
+void Sequences::decode_greedy(const std::vector<int64_t>& seqs, const int32_t* tokens,
+                              int32_t* next, float* logprobs) {
+  DSV41RT_CHECK(next && logprobs, "decode_greedy: no output buffers");
+  std::vector<model::BatchItem> batch = decode_batch(seqs, tokens);
+  model::SampleSpec greedy;
+  greedy.params.temperature = 0.0f;
+  std::vector<kernels::SampledToken> sampled(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i)
+    batch[i].sample = &greedy, batch[i].sampled = &sampled[i];
+  exec_.forward(batch);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    next[i] = sampled[i].token;
+    logprobs[i] = sampled[i].logprob;
+  }
   for (int64_t seq : seqs) find(seq).length += 1;
 }
 

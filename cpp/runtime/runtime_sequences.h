@@ -35,6 +35,8 @@ class Sequences {
   int64_t fork(int64_t seq);
   /// One token per sequence in one batched forward; logits [seqs, vocab].
   void decode(const std::vector<int64_t>& seqs, const int32_t* tokens, float* logits);
+  void decode_greedy(const std::vector<int64_t>& seqs, const int32_t* tokens, int32_t* next,
+                     float* logprobs);
   void close(int64_t seq);
   /// `seq`'s state as one checked blob (runtime/sequence_state.h), for import into another
   /// runtime of the same model and pool layout; Error(kUnsupported) where the executor cannot
@@ -54,6 +56,9 @@ class Sequences {
 
   Sequence& find(int64_t seq);
   model::RequestView view(const Sequence& s) const;
+  // One single-token item per sequence (distinct), pages reserved for the new position.
+  std::vector<model::BatchItem> decode_batch(const std::vector<int64_t>& seqs,
+                                             const int32_t* tokens);
   void free(Sequence& s);
   /// Pages for `positions` positions of `s`, or Error(kOutOfRange) naming `what`.
   void reserve(Sequence& s, int64_t positions, int64_t seq);

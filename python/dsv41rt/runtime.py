@@ -419,6 +419,13 @@ class Runtime:
         ids = np.asarray(self._check_ids(tokens, "tokens"), np.int32)
         return self._rt.decode(list(handles), ids)
 
+    def decode_handles_greedy(self, handles: Sequence[int], tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The same step as the engine runs it: each handle's greedy next token (int32 [B]) and its
+        raw logprob (float32 [B]), drawn on the device; no logits leave it (what a served decode
+        step costs, which bench/bench_executor.py times)."""
+        ids = np.asarray(self._check_ids(tokens, "tokens"), np.int32)
+        return self._rt.decode_greedy(list(handles), ids)
+
     def release_handle(self, handle: int) -> None:
         self._rt.close_sequence(handle)
 

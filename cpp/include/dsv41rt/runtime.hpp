@@ -286,6 +286,10 @@ class DSV41RT_API Runtime {
   int64_t fork(int64_t seq);
   /// One token for each sequence in one batched forward; logits [seqs, vocab].
   void decode(const std::vector<int64_t>& seqs, const int32_t* tokens, float* logits);
+  /// The same step as the engine runs it: each sequence's greedy next token and its raw logprob
+  /// drawn on the device (`next`, `logprobs` [seqs]); no logits leave the device.
+  void decode_greedy(const std::vector<int64_t>& seqs, const int32_t* tokens, int32_t* next,
+                     float* logprobs);
   void close_sequence(int64_t seq);
   /// `seq`'s cache state as one self-describing, checksummed blob (the request slot's state and
   /// the pages covering its length), for another runtime of the same model and pool layout
