@@ -134,18 +134,17 @@ TEST_P(BackendIndexerCached, ReadsTheStoredKeysAsTheUnpackedOnes) {
   }
 }
 
-TEST_P(BackendIndexerCached, StoredFormatsOnly) {
+TEST_P(BackendIndexerCached, DecodeSizedForwardsOfStoredFormats) {
   Backend& be = backend();
   be.set_forward_rows(1, /*decode_batch=*/true);
   EXPECT_TRUE(be.indexer_reads_caches(RowFormat::kMxfp4, 64, 128));
-  if (on_cuda()) {
-    // FP32 keys need no decode: the unpacked array is already what the kernel reads.
-    EXPECT_FALSE(be.indexer_reads_caches(RowFormat::kF32, 64, 128));
-  } else {
-    // The CPU takes the in-place path in decode-like forwards only (the reference path elsewhere).
-    be.set_forward_rows(4096, /*decode_batch=*/false);
-    EXPECT_FALSE(be.indexer_reads_caches(RowFormat::kMxfp4, 64, 128));
-  }
+  be.set_forward_rows(128, /*decode_batch=*/true);  // a decode batch past 64 rows
+  EXPECT_TRUE(be.indexer_reads_caches(RowFormat::kMxfp4, 64, 128));
+  // FP32 keys need no decode on CUDA: the unpacked array is already what the kernel reads.
+  if (on_cuda()) EXPECT_FALSE(be.indexer_reads_caches(RowFormat::kF32, 64, 128));
+  // Prefill chunks read the unpacked keys (each row serves many queries of its request).
+  be.set_forward_rows(4096, /*decode_batch=*/false);
+  EXPECT_FALSE(be.indexer_reads_caches(RowFormat::kMxfp4, 64, 128));
 }
 
 DSV41RT_INSTANTIATE_BACKENDS(BackendIndexerCached);

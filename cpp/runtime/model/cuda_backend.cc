@@ -417,11 +417,14 @@ class CudaBackend final : public Backend {
     DSV41RT_CU(
         kc::sparse_attention_tc_cached(q, keys, idx, sink, S, n_heads, D, K, scale, out, cs(s)));
   }
-  // Every regime: the tensor-core scores kernel serves prefill and decode alike, and a block
-  // decodes its 64 stored rows (68 bytes each at the release's MXFP4 128) for less traffic than
-  // reading their unpacked FP32 copies (512 bytes each), besides skipping the unpack.
+  // Decode-sized forwards and decode batches (like the attention): a step's few queries per
+  // request then read 68-byte MXFP4 rows instead of an unpack writing and the kernel reading
+  // 512-byte FP32 ones (bench-40 B 64 at 32k, with the top-k change of the same run: 78.9 ->
+  // 65.7 ms per step). A prefill's thousands of queries per request re-decode every row: on a
+  // 32k prefill the scores took 942 ms in place against 882 ms over the unpacked keys (H200,
+  // single runs).
   bool indexer_reads_caches(kernels::RowFormat format, int64_t H, int64_t D) const override {
-    return format != kernels::RowFormat::kF32 &&
+    return format != kernels::RowFormat::kF32 && !staged_gemm_ &&
            kc::indexer_scores_tc_supported(H, D, nullptr, nullptr);
   }
   void indexer_scores_cached(const float* q, const kernels::IndexKeys& keys, const float* w,
