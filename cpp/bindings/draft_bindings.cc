@@ -1,6 +1,6 @@
 // dsv41rt._core.DSparkDrafter: the DSpark drafter forward (runtime/model/drafter.h) on the CPU
-// backend, one block per call: numpy in (features, ids, previous tokens), numpy out (logits,
-// confidence). The oracle test drives it against NeMo's DeepseekV41DSparkModel.
+// or a CUDA backend, one block per call: numpy in (features, ids, previous tokens), numpy out
+// (logits, confidence). The oracle test drives it against NeMo's DeepseekV41DSparkModel.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -71,21 +71,22 @@ std::vector<Out<float>> window_kv_inputs(const PyDrafter& d) {
 void register_draft(nb::module_& m) {
   nb::class_<PyDrafter>(m, "DSparkDrafter",
                         "The DSpark drafter (V4.1 speculative stages mtp.*) of a checkpoint on the "
-                        "CPU backend: one parallel block per draft() call.")
+                        "CPU or a CUDA backend: one parallel block per draft() call.")
       .def(
           "__init__",
           [](PyDrafter* self, const std::string& checkpoint, KvCacheDtype kv_cache_dtype,
-             bool record_window_kv) {
-            new (self) PyDrafter{
-                std::make_unique<model::Drafter>(checkpoint, kv_cache_dtype == KvCacheDtype::kAuto),
-                {}};
+             bool record_window_kv, const std::string& device) {
+            new (self) PyDrafter{std::make_unique<model::Drafter>(
+                                     checkpoint, kv_cache_dtype == KvCacheDtype::kAuto, device),
+                                 {}};
             self->drafter->record_window_kv(record_window_kv);
           },
           nb::arg("checkpoint"), nb::arg("kv_cache_dtype") = KvCacheDtype::kAuto,
-          nb::arg("record_window_kv") = false,
-          "Loads the checkpoint's weights with their drafts. kv_cache_dtype auto: the ring and "
-          "block keys are FP8-QDQ'd as the window cache's rows; float32: no rounding. "
-          "record_window_kv: keep each draft's keys before their QDQ (window_kv_inputs()).")
+          nb::arg("record_window_kv") = false, nb::arg("device") = "cpu",
+          "Loads the checkpoint's weights with their drafts on `device` ('cpu', 'cuda' or "
+          "'cuda:N'). kv_cache_dtype auto: the ring and block keys are FP8-QDQ'd as the window "
+          "cache's rows; float32: no rounding. record_window_kv: keep each draft's keys before "
+          "their QDQ (window_kv_inputs()).")
       .def("draft", &draft, nb::arg("features"), nb::arg("anchor"), nb::arg("ids"),
            nb::arg("previous"),
            "Drafts one block. features float32 [context, T * hidden]: row i is target position "

@@ -664,7 +664,15 @@ void CudaBackend::size_gemv_workspaces(const BackendWeights& w, const ModelConfi
     act = std::max(act, mat.cols);
   };
   visit(w.head);
-  for (const LayerWeights& L : w.layers) {
+  for (const Matrix* m :
+       {&w.draft_heads.main_proj, &w.draft_heads.markov_head, &w.draft_heads.confidence}) {
+    visit(*m);
+  }
+  std::vector<const LayerWeights*> blocks;
+  for (const LayerWeights& L : w.layers) blocks.push_back(&L);
+  for (const LayerWeights& L : w.drafts) blocks.push_back(&L);
+  for (const LayerWeights* block : blocks) {
+    const LayerWeights& L = *block;
     for (const Matrix* m : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.comp_wkv, &L.comp_wgate,
                             &L.idx_wq_b, &L.idx_weights_proj, &L.idx_wk, &L.shared_w1, &L.shared_w3,
                             &L.shared_w2, &L.engram_wkv}) {

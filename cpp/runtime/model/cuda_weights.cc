@@ -125,6 +125,63 @@ class Uploader {
   BackendWeights& out_;
 };
 
+// One block's weights (a backbone layer or a DSpark stage) with its RoPE table.
+LayerWeights upload_layer(Uploader& up, const ModelConfig& c, const BlockWeights& b,
+                          const std::vector<float>& inv_freq) {
+  LayerWeights L;
+  L.attn_norm = up.f32(b.attn_norm);
+  L.ffn_norm = up.f32(b.ffn_norm);
+  L.hc_attn_fn = up.f32(b.hc_attn_fn);
+  L.hc_attn_base = up.f32(b.hc_attn_base);
+  L.hc_attn_scale = up.f32(b.hc_attn_scale);
+  L.hc_ffn_fn = up.f32(b.hc_ffn_fn);
+  L.hc_ffn_base = up.f32(b.hc_ffn_base);
+  L.hc_ffn_scale = up.f32(b.hc_ffn_scale);
+  const AttentionWeights& a = b.attn;
+  L.wq_a = up.matrix(a.wq_a);
+  L.q_norm = up.f32(a.q_norm);
+  L.wq_b = up.matrix(a.wq_b);
+  L.wkv = up.matrix(a.wkv);
+  L.kv_norm = up.f32(a.kv_norm);
+  L.wo_a = up.matrix(a.wo_a);
+  L.wo_b = up.matrix(a.wo_b);
+  L.attn_sink = up.f32(a.attn_sink);
+  L.comp_wkv = up.matrix(a.comp_wkv);
+  L.comp_wgate = up.matrix(a.comp_wgate);
+  L.comp_norm = up.f32(a.comp_norm);
+  L.idx_wq_b = up.matrix(a.idx_wq_b);
+  L.idx_weights_proj = up.matrix(a.idx_weights_proj);
+  L.idx_wk = up.matrix(a.idx_wk);
+  L.idx_k_norm = up.f32(a.idx_k_norm);
+  L.inv_freq = up.f32(inv_freq);
+  const MoeWeights& m = b.moe;
+  L.gate = up.f32(m.gate);
+  L.bias = up.f32(m.bias);
+  // Each matrix as released (routed experts MXFP4, the shared expert FP8 in V4.1).
+  auto stack = [&](const std::vector<Tensor>& ts) {
+    std::vector<const Tensor*> p;
+    for (const Tensor& t : ts) p.push_back(&t);
+    return p;
+  };
+  L.w1 = up.matrices(stack(m.w1));
+  L.w3 = up.matrices(stack(m.w3));
+  L.w2 = up.matrices(stack(m.w2));
+  L.shared_w1 = up.matrix(m.shared_w1);
+  L.shared_w3 = up.matrix(m.shared_w3);
+  L.shared_w2 = up.matrix(m.shared_w2);
+  if (b.engram) {
+    const EngramWeights& e = *b.engram;
+    const int64_t hd = c.engram->head_dim;
+    L.engram_table = up.raw(e.table, e.rows * hd);
+    L.engram_scale = up.raw(e.table_scale, e.rows * (hd / 32));
+    L.engram_rows = e.rows;
+    L.engram_wkv = up.matrix(e.wkv);
+    L.engram_q = up.f32(e.q_weight);
+    L.engram_k = up.f32(e.k_weight);
+  }
+  return L;
+}
+
 }  // namespace
 
 BackendWeights upload_weights(const ModelPlan& plan, const ModelWeights& w,
@@ -140,59 +197,23 @@ BackendWeights upload_weights(const ModelPlan& plan, const ModelWeights& w,
   d.head = up.matrix(w.head);
   d.norm = up.f32(w.norm);
   for (size_t li = 0; li < plan.layers.size(); ++li) {
-    const BlockWeights& b = w.layers[li];
-    LayerWeights L;
-    L.attn_norm = up.f32(b.attn_norm);
-    L.ffn_norm = up.f32(b.ffn_norm);
-    L.hc_attn_fn = up.f32(b.hc_attn_fn);
-    L.hc_attn_base = up.f32(b.hc_attn_base);
-    L.hc_attn_scale = up.f32(b.hc_attn_scale);
-    L.hc_ffn_fn = up.f32(b.hc_ffn_fn);
-    L.hc_ffn_base = up.f32(b.hc_ffn_base);
-    L.hc_ffn_scale = up.f32(b.hc_ffn_scale);
-    const AttentionWeights& a = b.attn;
-    L.wq_a = up.matrix(a.wq_a);
-    L.q_norm = up.f32(a.q_norm);
-    L.wq_b = up.matrix(a.wq_b);
-    L.wkv = up.matrix(a.wkv);
-    L.kv_norm = up.f32(a.kv_norm);
-    L.wo_a = up.matrix(a.wo_a);
-    L.wo_b = up.matrix(a.wo_b);
-    L.attn_sink = up.f32(a.attn_sink);
-    L.comp_wkv = up.matrix(a.comp_wkv);
-    L.comp_wgate = up.matrix(a.comp_wgate);
-    L.comp_norm = up.f32(a.comp_norm);
-    L.idx_wq_b = up.matrix(a.idx_wq_b);
-    L.idx_weights_proj = up.matrix(a.idx_weights_proj);
-    L.idx_wk = up.matrix(a.idx_wk);
-    L.idx_k_norm = up.f32(a.idx_k_norm);
-    L.inv_freq = up.f32(inv_freq[li]);
-    const MoeWeights& m = b.moe;
-    L.gate = up.f32(m.gate);
-    L.bias = up.f32(m.bias);
-    // Each matrix as released (routed experts MXFP4, the shared expert FP8 in V4.1).
-    auto stack = [&](const std::vector<Tensor>& ts) {
-      std::vector<const Tensor*> p;
-      for (const Tensor& t : ts) p.push_back(&t);
-      return p;
-    };
-    L.w1 = up.matrices(stack(m.w1));
-    L.w3 = up.matrices(stack(m.w3));
-    L.w2 = up.matrices(stack(m.w2));
-    L.shared_w1 = up.matrix(m.shared_w1);
-    L.shared_w3 = up.matrix(m.shared_w3);
-    L.shared_w2 = up.matrix(m.shared_w2);
-    if (b.engram) {
-      const EngramWeights& e = *b.engram;
-      const int64_t hd = c.engram->head_dim;
-      L.engram_table = up.raw(e.table, e.rows * hd);
-      L.engram_scale = up.raw(e.table_scale, e.rows * (hd / 32));
-      L.engram_rows = e.rows;
-      L.engram_wkv = up.matrix(e.wkv);
-      L.engram_q = up.f32(e.q_weight);
-      L.engram_k = up.f32(e.k_weight);
+    d.layers.push_back(upload_layer(up, c, w.layers[li], inv_freq[li]));
+  }
+  // The DSpark stages (loaded on request) after the backbone, their RoPE tables after its tables.
+  if (w.drafts) {
+    const DraftWeights& dw = *w.drafts;
+    DSV41RT_CHECK_CODE(kInternal, inv_freq.size() == plan.layers.size() + dw.stages.size(),
+                       "the CUDA backend needs RoPE tables of the backbone and draft layers");
+    for (size_t s = 0; s < dw.stages.size(); ++s) {
+      d.drafts.push_back(upload_layer(up, c, dw.stages[s], inv_freq[plan.layers.size() + s]));
     }
-    d.layers.push_back(L);
+    DraftHeadWeights& h = d.draft_heads;
+    h.main_proj = up.matrix(dw.main_proj);
+    h.main_norm = up.f32(dw.main_norm);
+    h.norm = up.f32(dw.norm);
+    h.markov_embed = up.f32(dw.markov_embed);
+    h.markov_head = up.matrix(dw.markov_head);
+    h.confidence = up.matrix(dw.confidence);
   }
   return d;
 }

@@ -1,5 +1,6 @@
 #include "runtime/model/drafter.h"
 
+#include "core/status.h"
 #include "runtime/model/cache_bytes.h"
 #include "runtime/model/checkpoint_validation.h"
 #include "runtime/model/model_executor.h"
@@ -7,12 +8,15 @@
 
 namespace dsv41rt::model {
 
-Drafter::Drafter(const std::string& checkpoint_dir, bool cache_quant) {
+Drafter::Drafter(const std::string& checkpoint_dir, bool cache_quant, const std::string& device) {
+  const bool cpu = device == "cpu";
+  DSV41RT_CHECK_CODE(kInvalidArgument, cpu || device == "cuda" || device.rfind("cuda:", 0) == 0,
+                     "unknown device '", device, "' (expected 'cpu', 'cuda' or 'cuda:N')");
   OpenedCheckpoint opened = open_checkpoint(checkpoint_dir, /*validate=*/true);
   plan_ = std::move(opened.plan);
-  ModelWeights weights = load_weights(std::move(opened.tensors), plan_, /*host_values=*/true, {},
+  ModelWeights weights = load_weights(std::move(opened.tensors), plan_, /*host_values=*/cpu, {},
                                       /*drafts=*/true);
-  backend_ = make_cpu_backend();
+  backend_ = cpu ? make_cpu_backend() : make_cuda_backend(device);
   weights_ = backend_->load_weights(plan_, weights, rope_inv_freqs(plan_));
   runner_ = std::make_unique<DraftRunner>(plan_, *backend_, weights_,
                                           CacheFormats::of(cache_quant).window);

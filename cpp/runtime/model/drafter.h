@@ -1,6 +1,7 @@
 // A standalone DSpark drafter over a checkpoint directory: the checkpoint validated, its weights
-// loaded with their drafts on the CPU backend, and a DraftRunner over them. What the oracle test
-// and the bindings drive until the drafter runs inside the executor (docs/design/dspark.md).
+// loaded with their drafts on the CPU or a CUDA backend, and a DraftRunner over them. What the
+// oracle test and the bindings drive until the drafter runs inside the executor
+// (docs/design/dspark.md).
 #pragma once
 
 #include <memory>
@@ -15,8 +16,9 @@ namespace dsv41rt::model {
 class DSV41RT_API Drafter {
  public:
   /// `cache_quant`: the window cache's FP8 format for the ring and block keys (off: FP32, no
-  /// rounding). Throws Error naming the problem (no DSpark stages, a tensor mismatch, ...).
-  Drafter(const std::string& checkpoint_dir, bool cache_quant);
+  /// rounding). `device`: "cpu", "cuda" or "cuda:N" (weights in their released formats there).
+  /// Throws Error naming the problem (no DSpark stages, a tensor mismatch, an unknown device).
+  Drafter(const std::string& checkpoint_dir, bool cache_quant, const std::string& device = "cpu");
   ~Drafter();
   Drafter(const Drafter&) = delete;
   Drafter& operator=(const Drafter&) = delete;

@@ -674,12 +674,12 @@ class Runtime:
 
 class DSparkDrafter:
     """
-    The DSpark drafter (V4.1 speculative stages mtp.*) of a checkpoint on the CPU backend: one parallel block per draft() call.
+    The DSpark drafter (V4.1 speculative stages mtp.*) of a checkpoint on the CPU or a CUDA backend: one parallel block per draft() call.
     """
 
-    def __init__(self, checkpoint: str, kv_cache_dtype: KvCacheDtype = KvCacheDtype.auto, record_window_kv: bool = False) -> None:
+    def __init__(self, checkpoint: str, kv_cache_dtype: KvCacheDtype = KvCacheDtype.auto, record_window_kv: bool = False, device: str = 'cpu') -> None:
         """
-        Loads the checkpoint's weights with their drafts. kv_cache_dtype auto: the ring and block keys are FP8-QDQ'd as the window cache's rows; float32: no rounding. record_window_kv: keep each draft's keys before their QDQ (window_kv_inputs()).
+        Loads the checkpoint's weights with their drafts on `device` ('cpu', 'cuda' or 'cuda:N'). kv_cache_dtype auto: the ring and block keys are FP8-QDQ'd as the window cache's rows; float32: no rounding. record_window_kv: keep each draft's keys before their QDQ (window_kv_inputs()).
         """
 
     def draft(self, features: Annotated[NDArray[numpy.float32], dict(shape=(None, None), order='C', device='cpu', writable=False)], anchor: int, ids: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)], previous: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu', writable=False)]) -> tuple[NDArray[numpy.float32], NDArray[numpy.float32]]:
