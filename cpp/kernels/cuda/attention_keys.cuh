@@ -19,10 +19,7 @@ namespace dsv41rt::kernels::cuda::attn {
 
 constexpr int kStageThreads = 256;
 
-__device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
+using mma::pack_bf16x2;
 
 /// Keys [T1 rows of kv | T - T1 rows of kv2], FP32 rows of D.
 struct FlatKeys {

@@ -40,11 +40,6 @@ size_t tc_smem_bytes(int64_t H, int64_t D) {
   return size_t(rows + kEntries) * D * 2 + size_t(rows) * kDotStride * 4;
 }
 
-__device__ __forceinline__ uint32_t bf16x2(float a, float b) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
 // Keys of query s: rows key_offset[s] + j of an FP32 array [.., D].
 struct FlatKeys {
   const float* keys;
@@ -59,7 +54,7 @@ struct FlatKeys {
       float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (j0 + e < vis) v = *reinterpret_cast<const float4*>(base + int64_t(e) * D + col);
       *reinterpret_cast<uint2*>(k_sh + swz(e, col, D)) =
-          make_uint2(bf16x2(v.x, v.y), bf16x2(v.z, v.w));
+          make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
     }
   }
 };
@@ -95,9 +90,9 @@ struct PagedKeys {
       decode_row_piece(row_sh[e] ? f : -1, raw, sc, v);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const uint4 packed =
-            make_uint4(bf16x2(v[8 * h], v[8 * h + 1]), bf16x2(v[8 * h + 2], v[8 * h + 3]),
-                       bf16x2(v[8 * h + 4], v[8 * h + 5]), bf16x2(v[8 * h + 6], v[8 * h + 7]));
+        const uint4 packed = make_uint4(
+            pack_bf16x2(v[8 * h], v[8 * h + 1]), pack_bf16x2(v[8 * h + 2], v[8 * h + 3]),
+            pack_bf16x2(v[8 * h + 4], v[8 * h + 5]), pack_bf16x2(v[8 * h + 6], v[8 * h + 7]));
         *reinterpret_cast<uint4*>(k_sh + swz(e, piece * 16 + 8 * h, D)) = packed;
       }
     }
@@ -133,7 +128,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (row < Hn) v = *reinterpret_cast<const float4*>(q + (s * H + row) * D + col);
     *reinterpret_cast<uint2*>(q_sh + swz(row, col, Dn)) =
-        make_uint2(bf16x2(v.x, v.y), bf16x2(v.z, v.w));
+        make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
   }
   keys.stage(k_sh, s, j0, vis, Dn);
   __syncthreads();

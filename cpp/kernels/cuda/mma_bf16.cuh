@@ -12,6 +12,12 @@ namespace dsv41rt::kernels::cuda::mma {
 
 constexpr int kParts = 3;  // BF16 parts of an FP32 operand
 
+// Two FP32 values as BF16 (round to nearest even) in one register, a in the low half.
+__device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
