@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "runtime/engine/engine.h"
@@ -18,6 +19,7 @@ struct EngineOutcome {
   std::vector<uint8_t> handoff;
   engine::FinishReason reason = engine::FinishReason::kNone;
   int64_t cached = -1;  ///< cached prompt tokens, once reported
+  std::string error;    ///< why the request could not go on (empty: it did)
 };
 
 inline void collect(const engine::RequestOutput& o, EngineOutcome& r) {
@@ -27,6 +29,7 @@ inline void collect(const engine::RequestOutput& o, EngineOutcome& r) {
   if (!o.handoff.empty()) r.handoff = o.handoff;
   if (o.finished) r.reason = o.reason;
   if (o.cached_tokens >= 0) r.cached = o.cached_tokens;
+  if (!o.error.empty()) r.error = o.error;
 }
 
 /// Runs `engine` until idle, checking its invariants after every step; adds to `out` by id.

@@ -14,10 +14,11 @@
 #include <vector>
 
 #include "backend_test_util.h"
-#include "engine_test_util.h"
 #include "core/safetensors.h"
 #include "core/status.h"
+#include "engine_test_util.h"
 #include "runtime/engine/engine.h"
+#include "runtime/model/delegating_executor.h"
 #include "runtime/model/engram_tables.h"
 #include "runtime/model/executor.h"
 #include "runtime/model/layer_plan.h"
@@ -145,6 +146,38 @@ TEST_P(EngineHandoff, NoHandoffWhenTheRequestEndsAtItsFirstToken) {
   EXPECT_EQ(o.tokens.size(), 1u);
   EXPECT_EQ(o.reason, FinishReason::kLength);
   EXPECT_TRUE(o.handoff.empty());
+}
+
+// An executor whose state stays where the host cannot copy it (host_state_copy() null, as the
+// context-parallel drivers of one process per rank): the request asking for a handoff fails with
+// the reason, the engine goes on serving the others, and nothing stays allocated.
+class NoHostCopy : public model::DelegatingExecutor {
+ public:
+  explicit NoHostCopy(std::shared_ptr<model::Executor> inner)
+      : DelegatingExecutor(inner.get()), keep_(std::move(inner)) {}
+  void forward(std::vector<model::BatchItem>& items) override { inner_->forward(items); }
+  void copy_state(const model::RequestView& src, const model::RequestView& dst) override {
+    inner_->copy_state(src, dst);
+  }
+
+ private:
+  std::shared_ptr<model::Executor> keep_;
+};
+
+TEST_P(EngineHandoff, AnExecutorThatCannotExportFailsTheRequestNotTheEngine) {
+  Engine prefill(std::make_shared<NoHostCopy>(load(GetParam())), {.max_num_seqs = 4});
+  const int64_t handoff = prefill.submit(tokens(9, 1), params(4, 0, /*handoff=*/true));
+  const int64_t plain = prefill.submit(tokens(12, 2), params(3, 0));
+  std::map<int64_t, Outcome> out = drain(prefill);
+  EXPECT_EQ(out.at(handoff).tokens.size(), 1u);
+  EXPECT_TRUE(out.at(handoff).handoff.empty());
+  EXPECT_NE(out.at(handoff).error.find("handoff: "), std::string::npos) << out.at(handoff).error;
+  EXPECT_NE(out.at(handoff).error.find("cannot copy a sequence's state"), std::string::npos);
+  EXPECT_EQ(out.at(plain).tokens.size(), 3u);
+  EXPECT_TRUE(out.at(plain).error.empty());
+  const int64_t later = prefill.submit(tokens(5, 3), params(2, 0));
+  EXPECT_EQ(drain(prefill).at(later).tokens.size(), 2u) << "the engine goes on";
+  EXPECT_EQ(prefill.stats().pool.pages_used, 0);
 }
 
 TEST_P(EngineHandoff, BadStatesAreRefusedWithThePoolUntouched) {

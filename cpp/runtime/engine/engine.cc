@@ -165,7 +165,14 @@ class Engine::Impl {
       }
       if (out.reason == FinishReason::kNone && m.params.handoff) {
         const SchedRequest& r = scheduler_.request(ch.request_id);
-        out.handoff = export_sequence_state(*exec_, r.slot, r.pages.data(), r.computed);
+        // An executor that cannot export states fails this request, not the engine (nothing
+        // was read when it says so); any other error still stops the engine.
+        try {
+          out.handoff = export_sequence_state(*exec_, r.slot, r.pages.data(), r.computed);
+        } catch (const Error& e) {
+          if (e.kind() != StatusCode::kUnsupported) throw;
+          out.error = std::string("handoff: ") + e.what();
+        }
         out.reason = FinishReason::kLength;
       }
       if (out.reason != FinishReason::kNone) {
