@@ -159,6 +159,17 @@ class DSV41RT_API Backend {
   virtual void moe_experts(const float* x, const int32_t* idx, const float* weight, int64_t S,
                            int64_t H, int64_t k, int64_t E, int64_t I, const LayerWeights& w,
                            float limit, float* y, Scratch scratch, Stream s) = 0;
+  /// How expert-parallel ranks combine a MoE block on this backend (the runner dispatches on it).
+  /// kSlots: moe_expert_slots, the slots summed over the ranks, moe_combine: bitwise the one-rank
+  /// moe_experts. kPartialSums: each rank runs moe_experts over its own stack with the ids made
+  /// local (moe_local_ids; the backend's moe_experts skips ids outside [0, E)), rank 0 adding the
+  /// shared expert, and the ranks' outputs are summed: the one-rank result up to FP32 summation
+  /// order (one [S, H] sum instead of [S, k, H] slots; no combine pass).
+  enum class ExpertSplit { kSlots, kPartialSums };
+  virtual ExpertSplit expert_split() const { return ExpertSplit::kSlots; }
+  /// out[i] = idx[i] - begin for i < n (kernels/moe.h moe_local_ids).
+  virtual void moe_local_ids(const int32_t* idx, int64_t n, int64_t begin, int32_t* out,
+                             Stream s) = 0;
   /// Expert parallelism (kernels/moe.h moe_slots / moe_combine): slots [S, k, H] = the routed
   /// outputs of the (token, slot) pairs whose expert this rank holds (w.expert_begin, ..
   /// + w.expert_count), 0 elsewhere; after the ranks' slots are summed, moe_combine gives

@@ -89,13 +89,6 @@ class CudaBackend final : public Backend {
   BackendWeights load_weights(const ModelPlan& plan, ModelWeights& weights,
                               const std::vector<std::vector<float>>& inv_freq) override {
     check_kernel_shapes(plan.config);
-    for (size_t li = 0; li < weights.layers.size(); ++li) {
-      const MoeWeights& m = weights.layers[li].moe;
-      DSV41RT_CHECK_CODE(kUnsupported,
-                         m.expert_begin == 0 && int64_t(m.w1.size()) == plan.layers[li].n_experts,
-                         "expert parallelism runs on the CPU backend only so far (layer ", li,
-                         " holds a shard of its routed experts)");
-    }
     BackendWeights w = upload_weights(plan, weights, inv_freq);
     size_gemv_workspaces(w, plan.config);
     return w;
@@ -295,14 +288,20 @@ class CudaBackend final : public Backend {
   void moe_experts(const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H,
                    int64_t k, int64_t E, int64_t I, const LayerWeights& w, float limit, float* y,
                    Scratch scratch, Stream s) override;
+  // Expert parallelism by partial sums: every expert kernel skips the ids outside its stack.
+  ExpertSplit expert_split() const override { return ExpertSplit::kPartialSums; }
+  void moe_local_ids(const int32_t* idx, int64_t n, int64_t begin, int32_t* out,
+                     Stream s) override {
+    DSV41RT_CU(kc::moe_local_ids(idx, n, begin, out, cs(s)));
+  }
   void moe_expert_slots(const float*, const int32_t*, const float*, int64_t, int64_t, int64_t,
                         int64_t, int64_t, const LayerWeights&, float, float*, Scratch,
                         Stream) override {
-    DSV41RT_THROW_CODE(kUnsupported, "expert parallelism runs on the CPU backend only so far");
+    DSV41RT_THROW_CODE(kUnsupported, "the CUDA backend splits experts by partial sums");
   }
   void moe_combine(const float*, const int32_t*, const float*, int64_t, int64_t, int64_t, int64_t,
                    const LayerWeights&, float, float*, Scratch, Stream) override {
-    DSV41RT_THROW_CODE(kUnsupported, "expert parallelism runs on the CPU backend only so far");
+    DSV41RT_THROW_CODE(kUnsupported, "the CUDA backend splits experts by partial sums");
   }
   void cache_qdq(RowFormat f, float* x, int64_t rows, int64_t dim, Stream s) override {
     if (f == RowFormat::kFp8Window) DSV41RT_CU(kc::fp8_window_qdq(x, rows, dim, x, cs(s)));

@@ -163,6 +163,7 @@ LayerWeights upload_layer(Uploader& up, const ModelConfig& c, const BlockWeights
     for (const Tensor& t : ts) p.push_back(&t);
     return p;
   };
+  L.expert_begin = m.expert_begin, L.expert_count = int64_t(m.w1.size());
   L.w1 = up.matrices(stack(m.w1));
   L.w3 = up.matrices(stack(m.w3));
   L.w2 = up.matrices(stack(m.w2));

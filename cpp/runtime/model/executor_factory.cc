@@ -38,15 +38,28 @@ void check_copy_state(const model::KvPool& pool, const RequestView& src, const R
 
 namespace {
 
+// Rank r of P over NCCL on this process's GPU (options.device cuda:N, cp_id an NCCL unique id).
+std::unique_ptr<comm::Communicator> rank_nccl_comm(const ExecutorOptions& options, int r, int P) {
+  const std::string& d = options.device;
+  DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_id.size() == 128,
+                     "group_id must be the 128 bytes of an NCCL unique id, got ",
+                     options.cp_id.size());
+  DSV41RT_CHECK_CODE(kInvalidArgument, d.rfind("cuda:", 0) == 0 && d.size() > 5,
+                     "rank over NCCL needs an explicit device cuda:N, got '", d, "'");
+#if DSV41RT_HAVE_NCCL
+  return comm::make_nccl_comm(options.cp_id, r, P, std::stoi(d.substr(5)));
+#else
+  (void)r, (void)P;
+  DSV41RT_THROW_CODE(kUnsupported, "rank: this build of dsv41rt has no NCCL");
+#endif
+}
+
 // What a tensor/expert-parallel group of these options cannot do, refused at load; its size.
 int check_parallel_group(const ExecutorOptions& options) {
   const int64_t tp = options.tp_size, ep = options.ep_size;
   DSV41RT_CHECK_CODE(kUnsupported, tp == 1 || ep == 1 || ep == tp, "expert_parallel_size ", ep,
                      " with tensor_parallel_size ", tp,
                      ": expert parallelism inside tensor parallelism needs the same size (or 1)");
-  DSV41RT_CHECK_CODE(kUnsupported, options.device == "cpu",
-                     "tensor/expert parallelism runs on the CPU backend only so far (device '",
-                     options.device, "')");
   return int(std::max(tp, ep));
 }
 
@@ -94,8 +107,9 @@ std::shared_ptr<Executor> make_parallel_group(ModelPlan plan, const ModelWeights
   return make_cp_grid_executor(std::move(ranks), std::move(cp_comms), std::move(shape));
 }
 
-// One process per rank of a tensor/expert-parallel group over TCP (cp_id = rank 0's host:port):
-// this process's executor, as the leader (rank 0) or a worker.
+// One process per rank of a tensor/expert-parallel group, over NCCL (cp_id = the 128 bytes of an
+// NCCL unique id; device cuda:N) or TCP (cp_id = rank 0's host:port; any device): this process's
+// executor, as the leader (rank 0) or a worker.
 std::shared_ptr<Executor> make_parallel_rank(ModelPlan plan, const ModelWeights& weights,
                                              const EngramTables& engram,
                                              const ExecutorOptions& options) {
@@ -106,11 +120,15 @@ std::shared_ptr<Executor> make_parallel_rank(ModelPlan plan, const ModelWeights&
                      "(context_parallel_size ",
                      options.cp_size, " with one process per rank)");
   const int r = int(options.cp_rank);
-  DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_comm == "socket" && r < P, "rank ", r,
-                     " of a tensor/expert-parallel group needs context_parallel_backend 'socket' "
-                     "and rank < the group size (",
+  DSV41RT_CHECK_CODE(kInvalidArgument,
+                     (options.cp_comm == "socket" || options.cp_comm == "nccl") && r < P, "rank ",
+                     r,
+                     " of a tensor/expert-parallel group needs context_parallel_backend 'nccl' or "
+                     "'socket' and rank < the group size (",
                      P, ")");
-  std::unique_ptr<comm::Communicator> comm = comm::make_socket_comm(options.cp_id, r, P);
+  std::unique_ptr<comm::Communicator> comm = options.cp_comm == "nccl"
+                                                 ? rank_nccl_comm(options, r, P)
+                                                 : comm::make_socket_comm(options.cp_id, r, P);
   ExecutorOptions one = options;
   one.cp_rank = -1, one.cp_comm = "local", one.cp_id.clear();
   one.group_comm = comm.get();
@@ -158,19 +176,7 @@ std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights weights, En
     ExecutorOptions one = options;
     one.cp_size = 1, one.cp_rank = -1, one.cp_comm = "local", one.cp_id.clear();
     std::unique_ptr<comm::Communicator> comm;
-    if (nccl) {
-      DSV41RT_CHECK_CODE(kInvalidArgument, options.cp_id.size() == 128,
-                         "group_id must be the 128 bytes of an NCCL unique id, got ",
-                         options.cp_id.size());
-      DSV41RT_CHECK_CODE(kInvalidArgument, d.rfind("cuda:", 0) == 0,
-                         "rank over NCCL needs an explicit device cuda:N, got '", d, "'");
-#if DSV41RT_HAVE_NCCL
-      comm = comm::make_nccl_comm(options.cp_id, int(options.cp_rank), int(options.cp_size),
-                                  std::stoi(d.substr(5)));
-#else
-      DSV41RT_THROW_CODE(kUnsupported, "rank: this build of dsv41rt has no NCCL");
-#endif
-    }
+    if (nccl) comm = rank_nccl_comm(options, int(options.cp_rank), int(options.cp_size));
     auto local = make_executor(std::move(plan), std::move(weights), std::move(engram), one);
     if (!nccl) {
       comm = comm::make_socket_comm(options.cp_id, int(options.cp_rank), int(options.cp_size));

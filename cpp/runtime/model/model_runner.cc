@@ -21,7 +21,8 @@ ModelRunner::ModelRunner(const ModelPlan& plan, Backend& backend, const BackendW
       layout_(layout),
       pool_(pool),
       workspaces_(workspaces),
-      alloc_([&backend](int64_t bytes) { return backend.alloc(bytes); }) {}
+      alloc_([&backend](int64_t bytes) { return backend.alloc(bytes); }),
+      collectives_(backend) {}
 
 void ModelRunner::reset_forward_state() {
   topk_source_ = -1;
@@ -129,17 +130,32 @@ void ModelRunner::ffn(const LayerPlan& layer, const LayerWeights& w, float* X1, 
                 c.norm_topk_prob, midx, mw, s);
   const int64_t I = c.moe_intermediate_size;
   const float limit = float(c.swiglu_limit);
-  if (expert_comm && expert_comm->size() > 1) {
+  if (expert_comm && expert_comm->size() > 1 &&
+      be_.expert_split() == Backend::ExpertSplit::kSlots) {
     // Each rank computes the (token, slot) outputs of its experts; their sum over the ranks has
     // exactly one non-zero term per slot (exact), and the combine adds them in moe_experts'
     // order, so the result is bitwise the one-rank one.
     float* slots = buf(moe_slots_, N * k * H);
     be_.moe_expert_slots(xn_.get(), midx, mw, N, H, k, E, I, w, limit, slots, scratch(moe_scratch_),
                          s);
-    be_.synchronize(s);
-    expert_comm->all_reduce(slots, slots, size_t(N * k * H), DType::kF32, comm::ReduceOp::kSum);
+    collectives_.all_reduce_sum(*expert_comm, slots, N * k * H, s);
     be_.moe_combine(xn_.get(), midx, slots, N, H, k, I, w, limit, yv_.get(), scratch(moe_scratch_),
                     s);
+  } else if (expert_comm && expert_comm->size() > 1) {
+    // Each rank: its experts' outputs for the slots routed to them (the other ids fall outside
+    // its stack and are skipped), rank 0 adding the shared expert; the ranks' sum is the block's.
+    int32_t* local = buf(moe_local_idx_, N * k);
+    be_.moe_local_ids(midx, N * k, w.expert_begin, local, s);
+    LayerWeights mine = w;
+    if (expert_comm->rank() != 0) mine.shared_w1 = mine.shared_w3 = mine.shared_w2 = Matrix{};
+    DSV41RT_CHECK_CODE(
+        kUnsupported,
+        moe_fp8_inputs(mine) == moe_fp8_inputs(w) && moe_bf16_exact(mine) == moe_bf16_exact(w),
+        "expert parallelism by partial sums: layer ", layer.index,
+        " stores its shared expert in another format than its routed experts");
+    be_.moe_experts(xn_.get(), local, mw, N, H, k, w.expert_count, I, mine, limit, yv_.get(),
+                    scratch(moe_scratch_), s);
+    collectives_.all_reduce_sum(*expert_comm, yv_.get(), N * H, s);
   } else {
     be_.moe_experts(xn_.get(), midx, mw, N, H, k, E, I, w, limit, yv_.get(), scratch(moe_scratch_),
                     s);
@@ -197,8 +213,7 @@ void ModelRunner::gather_columns(const float* local, int64_t rows, int64_t cols,
                                  Stream s) {
   const int64_t P = tensor_comm->size();
   float* recv = buf(tp_recv_, P * rows * cols);
-  be_.synchronize(s);
-  tensor_comm->all_gather(local, recv, size_t(rows * cols), DType::kF32);
+  collectives_.all_gather(*tensor_comm, local, recv, rows * cols, s);
   // Rank r's block [rows, cols] becomes columns r * cols .. of out [rows, P * cols].
   const int64_t bytes = cols * int64_t(sizeof(float));
   for (int64_t r = 0; r < P; ++r) {
@@ -243,22 +258,7 @@ void ModelRunner::record_dspark_features(int layer, const float* X, int64_t rows
 void ModelRunner::gather_rows(const float* local, int64_t dim, int64_t rows, float* out, Stream s) {
   const int64_t P = comm_->size(), count = qv_.max_local * dim;
   float* recv = buf(cp_recv_, P * count);
-  if (comm_->device_buffers()) {
-    comm_->all_gather(local, recv, size_t(count), DType::kF32, s.handle);
-  } else {
-    // A host communicator (LocalComm virtual ranks, sockets): through host staging.
-    if (cp_host_floats_ < (P + 1) * count) {
-      cp_host_ = be_.alloc_host((P + 1) * count * int64_t(sizeof(float)));
-      cp_host_floats_ = (P + 1) * count;
-    }
-    float* hsend = static_cast<float*>(cp_host_.get());
-    float* hrecv = hsend + count;
-    be_.to_host(hsend, local, count * int64_t(sizeof(float)), s);
-    be_.synchronize(s);
-    comm_->all_gather(hsend, hrecv, size_t(count), DType::kF32, nullptr);
-    be_.to_device(recv, hrecv, P * count * int64_t(sizeof(float)), s);
-    be_.synchronize(s);  // the staging buffer is reused by the next call
-  }
+  collectives_.all_gather(*comm_, local, recv, count, s);
   be_.gather_rows(recv, meta_.cp_src_row, rows, dim, out, s);
 }
 

@@ -29,6 +29,7 @@
 #include "runtime/model/backend.h"
 #include "runtime/model/forward_meta.h"
 #include "runtime/model/forward_plan.h"
+#include "runtime/model/group_collectives.h"
 #include "runtime/model/state_layout.h"
 
 namespace dsv41rt::model {
@@ -54,10 +55,14 @@ class ModelRunner {
   bool record_decisions = false;
   /// Expert parallelism: the group over which this rank's routed-expert shard is combined (null
   /// or size 1: the weights hold every expert). Every rank runs every token (replicated attention).
+  /// How the ranks' outputs combine is the backend's (Backend::expert_split): slots summed and
+  /// combined in the one-rank order (bitwise), or partial sums added (one-rank up to FP32
+  /// summation order).
   comm::Communicator* expert_comm = nullptr;
   /// Tensor parallelism: the group whose ranks hold a share of the heads, output groups and head
-  /// vocabulary each (weights sliced so); outputs are all-gathered, never partially summed, so the
-  /// result is bitwise the one-rank one. Null or size 1: the weights are whole.
+  /// vocabulary each (weights sliced so); outputs are all-gathered, never partially summed, so on
+  /// a backend whose kernels' bits do not depend on the width of the matrix (the CPU), the result
+  /// is bitwise the one-rank one. Null or size 1: the weights are whole.
   comm::Communicator* tensor_comm = nullptr;
   bool cp_timing = false;  ///< time the CP all-gather against the Q projection
 
@@ -131,6 +136,7 @@ class ModelRunner {
   Allocator alloc_;
   uint64_t generation_ = 0;
   MetaUploader uploader_;
+  GroupCollectives collectives_;
   ForwardMeta meta_;
 
   // Per-forward layer state: the latest index source's top-k and the candidate source's ratio.
@@ -143,7 +149,7 @@ class ModelRunner {
       f_comb_;
   DeviceArray<float> qr_, q_, kv_a_, o_, z_, cv_, cs_, latent_, qi_, wts_, ikeys_, scores_;
   DeviceArray<uint8_t> mask_;
-  DeviceArray<int32_t> topk_, idx_, moe_idx_;
+  DeviceArray<int32_t> topk_, idx_, moe_idx_, moe_local_idx_;
   DeviceArray<float> moe_w_, moe_slots_, emb_, hsel_, logits_, tp_recv_, tp_local_;
   DeviceArray<uint8_t> engram_scratch_, moe_scratch_, sample_scratch_, mix_scratch_;
   DeviceArray<int32_t> tokens_, top_ids_;
@@ -153,8 +159,6 @@ class ModelRunner {
   comm::Communicator* comm_ = nullptr;
   QueryRows qv_;
   DeviceArray<float> cp_recv_, xg_, ug_;
-  std::shared_ptr<void> cp_host_;  // staging of host communicators
-  int64_t cp_host_floats_ = 0;
   int64_t cp_layer_ = 0;
 };
 

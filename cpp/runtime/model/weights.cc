@@ -213,16 +213,46 @@ ModelWeights load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPla
 
 namespace {
 
-// Rows [rank * n / size, (rank + 1) * n / size) of a [n, ...] tensor held as host values.
+// The stored bytes of rows [begin, begin + n) of `s` (a view into the checkpoint): row-major
+// codes, and for FP8 the scale-block rows they fall in (begin and n whole blocks), for packed FP4
+// their per-row scales.
+TensorSource source_rows(const TensorSource& s, const char* what, int64_t begin, int64_t n) {
+  TensorSource out = s;
+  out.rows = n;
+  if (!s.data) return out;
+  switch (s.dtype) {
+    case DType::kFP8E4M3: {
+      DSV41RT_CHECK_CODE(kInvalidArgument, begin % s.block_rows == 0 && n % s.block_rows == 0,
+                         "tensor_shard: ", what, " rows [", begin, ", ", begin + n,
+                         ") do not fall on its ", s.block_rows, "-row scale blocks");
+      out.data = s.data + begin * s.cols;
+      out.scale = s.scale + (begin / s.block_rows) * ((s.cols + s.block_cols - 1) / s.block_cols);
+      break;
+    }
+    case DType::kI8:  // packed FP4: two codes per byte, one UE8M0 scale per 32 columns
+      out.data = s.data + begin * (s.cols / 2);
+      out.scale = s.scale + begin * ((s.cols + 31) / 32);
+      break;
+    default:
+      out.data = s.data + bytes_for(s.dtype, begin * s.cols);
+  }
+  return out;
+}
+
+// Rows [rank * n / size, (rank + 1) * n / size) of a [n, ...] tensor: its host values when it
+// has them, and its stored bytes (what a device backend uploads) either way.
 Tensor row_share(const Tensor& t, const char* what, int rank, int size) {
-  DSV41RT_CHECK_CODE(kInternal, !t.data.empty() && !t.shape.empty(), "tensor_shard: ", what,
-                     " has no host values (tensor parallelism runs on the CPU backend)");
+  DSV41RT_CHECK_CODE(kInternal, !t.empty() && !t.shape.empty(), "tensor_shard: ", what,
+                     " is not loaded");
   const int64_t n = t.shape[0], per = n / size, row = t.numel() / n;
   Tensor out;
   out.shape = t.shape;
   out.shape[0] = per;
-  out.data.assign(t.data.begin() + rank * per * row, t.data.begin() + (rank + 1) * per * row);
-  out.source.dtype = t.source.dtype;  // the stored form decides the GEMM inputs, as unsplit
+  if (!t.data.empty()) {
+    out.data.assign(t.data.begin() + rank * per * row, t.data.begin() + (rank + 1) * per * row);
+  }
+  // The stored form decides the GEMM inputs, as unsplit.
+  out.source = source_rows(t.source, what, rank * per, per);
   return out;
 }
 

@@ -121,11 +121,12 @@ DSV41RT_API ModelWeights expert_shard(const ModelWeights& all, const ModelPlan& 
 
 /// Tensor parallelism: the weights rank `rank` of `size` holds: its heads' rows of every layer's
 /// wq_b and attn_sink, its output groups' rows of wo_a (when size divides o_groups; else wo_a
-/// whole), and its rows of the vocabulary head (contiguous shares); the rest whole. Needs host
-/// values (the CPU backend). Throws Error(kInvalidArgument) naming the dimension `size` does not
-/// divide. `all` is taken by value: pass a rank's expert shard with std::move and nothing is
-/// copied but the rows it keeps. The drafts are dropped (the drafter runs unsharded), as
-/// expert_shard leaves them out.
+/// whole), and its rows of the vocabulary head (contiguous shares); the rest whole. The shares keep
+/// their host values when `all` has them, and view their stored bytes either way (what a device
+/// backend uploads; FP8 shares must fall on whole scale blocks). Throws Error(kInvalidArgument)
+/// naming the dimension `size` does not divide. `all` is taken by value: pass a rank's expert shard
+/// with std::move and nothing is copied but the rows it keeps. The drafts are dropped (the drafter
+/// runs unsharded), as expert_shard leaves them out.
 DSV41RT_API ModelWeights tensor_shard(ModelWeights all, const ModelPlan& plan, int rank, int size);
 
 }  // namespace dsv41rt::model
