@@ -24,6 +24,8 @@
 #   bf16diag GPU precision bf16 vs the CPU emulation of it, per position (errors saved for analysis)
 #   serve    `dsv41rt serve` on bench-40 (precision bf16) + `dsv41rt bench`: concurrency 1, then 16 with each
 #            prefill cap in SERVE_CAPS (default "0 32"); needs the serve extras carried as wheels in .whl
+#   tpep2    (2 GPUs) TP/EP over NCCL: test_tensor_expert_parallel_cuda.py, then bench-40 TP/EP 2 vs one GPU
+#            (bench/tp_ep_check.py; TPEP_SIZES, default 2x1,1x2,2x2)
 #   cp2bench (2 GPUs) bench-40 prefill, CP 2 one process per GPU vs CP 1 (CP_MODES processes|threads, CP_TOKENS,
 #            CP1_TOKENS, REPEATS)
 # Usage (device machine, repo root):  STEPS="tests tiny" K="fork" bash bench/device_session.sh
@@ -175,6 +177,15 @@ for step in ${STEPS:-tests}; do
       timeout 200 python3 -u bench/cp_nccl_check.py --cp-size 2 --processes 2>&1 | tee "$OUT/cp_nccl_processes.log" | tail -9
       timeout 200 python3 -m pytest -q -p no:cacheprovider -m cuda -k "over_nccl or nccl_equals" -s \
         tests/python/test_context_parallel.py 2>&1 | tee "$OUT/pytest_cp2.log" | tail -4
+      ;;
+    tpep2)
+      echo "== TP/EP over NCCL on 2 GPUs (nvidia-h200-x2): tiny tests, then bench-40 vs one GPU"
+      export NCCL_NVLS_ENABLE=0
+      timeout 300 python3 -m pytest -q -p no:cacheprovider -m cuda -s \
+        tests/python/test_tensor_expert_parallel_cuda.py 2>&1 | tee "$OUT/pytest_tpep2.log" | grep -E "Δ|passed|failed|Error|assert" | tail -40
+      [ -d /tmp/bench-40 ] || python3 -m dsv41rt make-checkpoint --preset bench-40 --seed 0 --out /tmp/bench-40 --workers 24 | tail -1
+      timeout "${TPEP_TIMEOUT:-400}" python3 -u bench/tp_ep_check.py --checkpoint /tmp/bench-40 --sizes "${TPEP_SIZES:-2x1,1x2,2x2}" \
+        --out "$OUT/tp_ep_check.json" 2>&1 | grep -v Warning | tee "$OUT/tp_ep_check.log" | tail -20
       ;;
     cp2bench)
       export NCCL_NVLS_ENABLE=0
