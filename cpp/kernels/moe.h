@@ -85,10 +85,12 @@ DSV41RT_API void moe_slots(const float* x, const int32_t* idx, const float* weig
                            int64_t e_begin, int64_t count, float limit, float* slots,
                            GemmInputs inputs = GemmInputs::kFp32);
 
-/// Expert parallelism by partial sums: out[i] = idx[i] - begin for i < n, so the ids of a rank's
-/// experts [begin, begin + count) become its stack's [0, count) and every other id falls outside
-/// (the CUDA expert kernels skip such ids). out may alias idx.
-DSV41RT_API void moe_local_ids(const int32_t* idx, int64_t n, int64_t begin, int32_t* out);
+/// Expert parallelism by partial sums: the ids of a rank's experts [begin, begin + count) become
+/// its stack's [0, count) (out[i] = idx[i] - begin) and every other id becomes count, one past
+/// the stack, which the CUDA expert kernels skip. (Not a negative id: their ascending-id walk over
+/// a token's slots stops at -1.) out may alias idx.
+DSV41RT_API void moe_local_ids(const int32_t* idx, int64_t n, int64_t begin, int64_t count,
+                               int32_t* out);
 
 /// The rest of moe_forward given every slot's routed output [S, k, H]: y[t] = t's slots summed
 /// from 0 in ascending expert id, then the shared expert added (skipped when shared == nullptr).

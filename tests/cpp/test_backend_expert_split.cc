@@ -1,6 +1,6 @@
 // Expert parallelism by partial sums (Backend::expert_split, kernels/moe.h moe_local_ids).
 //
-// moe_local_ids: every backend against the CPU reference, bitwise (an integer subtraction).
+// moe_local_ids: every backend against the CPU reference and the contract, bitwise.
 // Partial sums (backends that split experts so; the CUDA one): the experts of each rank's shard
 // run through moe_experts with local ids (the other ranks' ids are skipped), rank 0 adding the
 // shared expert; the ranks' outputs summed must give the one-rank moe_experts within FP32
@@ -22,18 +22,22 @@ using model::WeightFormat;
 
 class BackendExpertSplit : public BackendTest {};
 
-TEST_P(BackendExpertSplit, LocalIdsShiftEveryId) {
+TEST_P(BackendExpertSplit, LocalIdsShiftTheRanksIdsAndParkTheOthers) {
   Backend& be = backend();
   for (const int64_t n : {int64_t(1), int64_t(37), int64_t(6 * 64), int64_t(300000)}) {
     std::vector<int32_t> ids(static_cast<size_t>(n));
     for (int32_t& v : ids) v = int32_t(randint(0, 383));
-    const int64_t begin = randint(0, 383);
+    const int64_t count = randint(1, 192), begin = randint(0, 384 - count);
+    ids[0] = int32_t(std::max<int64_t>(begin - 1, 0));  // the id below the shard: not -1 locally
     Buffer<int32_t> d = upload(be, ids), out = poisoned<int32_t>(be, n);
-    be.moe_local_ids(d.get(), n, begin, out.get(), be.stream(0));
+    be.moe_local_ids(d.get(), n, begin, count, out.get(), be.stream(0));
     std::vector<int32_t> want(ids.size());
-    kernels::cpu::moe_local_ids(ids.data(), n, begin, want.data());
-    EXPECT_EQ(out.download(), want) << "n " << n << " begin " << begin;
-    for (size_t i = 0; i < ids.size(); ++i) ASSERT_EQ(want[i], ids[i] - int32_t(begin));
+    kernels::cpu::moe_local_ids(ids.data(), n, begin, count, want.data());
+    EXPECT_EQ(out.download(), want) << "n " << n << " begin " << begin << " count " << count;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const bool mine = ids[i] >= begin && ids[i] < begin + count;
+      ASSERT_EQ(want[i], mine ? ids[i] - int32_t(begin) : int32_t(count)) << ids[i];
+    }
   }
 }
 
@@ -93,7 +97,7 @@ TEST_P(BackendExpertSplit, RanksPartialSumsAreTheOneRankBlock) {
         w->fp8_input = p.fp8;
       }
       Buffer<int32_t> local = poisoned<int32_t>(be, S * k);
-      be.moe_local_ids(didx.get(), S * k, begin, local.get(), be.stream(0));
+      be.moe_local_ids(didx.get(), S * k, begin, count, local.get(), be.stream(0));
       Buffer<float> y = poisoned<float>(be, S * H);
       be.moe_experts(dx.get(), local.get(), dwt.get(), S, H, k, count, I, L, 10.0f, y.get(),
                      scratch.get(), be.stream(0));

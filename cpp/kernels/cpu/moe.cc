@@ -219,9 +219,13 @@ void moe_slots(const float* x, const int32_t* idx, const float* weight, int64_t 
              [&](int64_t pair, const float* o) { std::copy(o, o + H, slots + pair * H); });
 }
 
-void moe_local_ids(const int32_t* idx, int64_t n, int64_t begin, int32_t* out) {
-  DSV41RT_CHECK(n >= 0 && (n == 0 || (idx && out)), "moe_local_ids: n=", n, " or null pointer");
-  for (int64_t i = 0; i < n; ++i) out[i] = int32_t(idx[i] - begin);
+void moe_local_ids(const int32_t* idx, int64_t n, int64_t begin, int64_t count, int32_t* out) {
+  DSV41RT_CHECK(n >= 0 && count >= 1 && (n == 0 || (idx && out)), "moe_local_ids: n=", n,
+                " count=", count, " or null pointer");
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t e = int64_t(idx[i]) - begin;
+    out[i] = int32_t(e >= 0 && e < count ? e : count);
+  }
 }
 
 void moe_combine(const float* x, const int32_t* idx, const float* slots, int64_t S, int64_t H,

@@ -273,21 +273,22 @@ cudaError_t moe_forward(const float* x, const int32_t* idx, const float* weight,
 }
 
 namespace {
-__global__ void local_ids_kernel(const int32_t* __restrict__ idx, int64_t n, int32_t begin,
-                                 int32_t* __restrict__ out) {
+__global__ void local_ids_kernel(const int32_t* __restrict__ idx, int64_t n, int64_t begin,
+                                 int64_t count, int32_t* __restrict__ out) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    out[i] = idx[i] - begin;
+    const int64_t e = int64_t(idx[i]) - begin;
+    out[i] = int32_t(e >= 0 && e < count ? e : count);
   }
 }
 }  // namespace
 
-cudaError_t moe_local_ids(const int32_t* idx, int64_t n, int64_t begin, int32_t* out,
+cudaError_t moe_local_ids(const int32_t* idx, int64_t n, int64_t begin, int64_t count, int32_t* out,
                           cudaStream_t stream) {
-  if (n < 0 || (n > 0 && (!idx || !out))) return cudaErrorInvalidValue;
+  if (n < 0 || count < 1 || (n > 0 && (!idx || !out))) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   const int64_t blocks = std::min<int64_t>((n + 255) / 256, 1024);
-  local_ids_kernel<<<unsigned(blocks), 256, 0, stream>>>(idx, n, int32_t(begin), out);
+  local_ids_kernel<<<unsigned(blocks), 256, 0, stream>>>(idx, n, begin, count, out);
   return cudaGetLastError();
 }
 

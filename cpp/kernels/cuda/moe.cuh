@@ -53,8 +53,8 @@ DSV41RT_API cudaError_t moe_forward_split(
     const kernels::WeightView& shared_w3, const kernels::WeightView& shared_w2, int64_t I_shared,
     float limit, float* y, float* workspace, int64_t workspace_floats, cudaStream_t stream);
 
-/// out[i] = idx[i] - begin (contract: kernels/moe.h moe_local_ids); bitwise the CPU's.
-DSV41RT_API cudaError_t moe_local_ids(const int32_t* idx, int64_t n, int64_t begin, int32_t* out,
-                                      cudaStream_t stream);
+/// A rank's local expert ids (contract: kernels/moe.h moe_local_ids); bitwise the CPU's.
+DSV41RT_API cudaError_t moe_local_ids(const int32_t* idx, int64_t n, int64_t begin, int64_t count,
+                                      int32_t* out, cudaStream_t stream);
 
 }  // namespace dsv41rt::kernels::cuda

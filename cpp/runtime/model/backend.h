@@ -167,9 +167,9 @@ class DSV41RT_API Backend {
   /// order (one [S, H] sum instead of [S, k, H] slots; no combine pass).
   enum class ExpertSplit { kSlots, kPartialSums };
   virtual ExpertSplit expert_split() const { return ExpertSplit::kSlots; }
-  /// out[i] = idx[i] - begin for i < n (kernels/moe.h moe_local_ids).
-  virtual void moe_local_ids(const int32_t* idx, int64_t n, int64_t begin, int32_t* out,
-                             Stream s) = 0;
+  /// A rank's local expert ids: idx - begin inside [0, count), else count (kernels/moe.h).
+  virtual void moe_local_ids(const int32_t* idx, int64_t n, int64_t begin, int64_t count,
+                             int32_t* out, Stream s) = 0;
   /// Expert parallelism (kernels/moe.h moe_slots / moe_combine): slots [S, k, H] = the routed
   /// outputs of the (token, slot) pairs whose expert this rank holds (w.expert_begin, ..
   /// + w.expert_count), 0 elsewhere; after the ranks' slots are summed, moe_combine gives

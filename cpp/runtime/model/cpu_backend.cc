@@ -266,8 +266,9 @@ class CpuBackend final : public Backend {
     k::moe_forward(x, idx, weight, S, H, kk, E, I, v.experts.data(), v.shared_or_null(), I, limit,
                    y, moe_inputs(w));
   }
-  void moe_local_ids(const int32_t* idx, int64_t n, int64_t begin, int32_t* out, Stream) override {
-    k::moe_local_ids(idx, n, begin, out);
+  void moe_local_ids(const int32_t* idx, int64_t n, int64_t begin, int64_t count, int32_t* out,
+                     Stream) override {
+    k::moe_local_ids(idx, n, begin, count, out);
   }
   void moe_expert_slots(const float* x, const int32_t* idx, const float* weight, int64_t S,
                         int64_t H, int64_t kk, int64_t E, int64_t I, const LayerWeights& w,

@@ -290,9 +290,9 @@ class CudaBackend final : public Backend {
                    Scratch scratch, Stream s) override;
   // Expert parallelism by partial sums: every expert kernel skips the ids outside its stack.
   ExpertSplit expert_split() const override { return ExpertSplit::kPartialSums; }
-  void moe_local_ids(const int32_t* idx, int64_t n, int64_t begin, int32_t* out,
+  void moe_local_ids(const int32_t* idx, int64_t n, int64_t begin, int64_t count, int32_t* out,
                      Stream s) override {
-    DSV41RT_CU(kc::moe_local_ids(idx, n, begin, out, cs(s)));
+    DSV41RT_CU(kc::moe_local_ids(idx, n, begin, count, out, cs(s)));
   }
   void moe_expert_slots(const float*, const int32_t*, const float*, int64_t, int64_t, int64_t,
                         int64_t, int64_t, const LayerWeights&, float, float*, Scratch,

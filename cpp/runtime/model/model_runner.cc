@@ -145,7 +145,7 @@ void ModelRunner::ffn(const LayerPlan& layer, const LayerWeights& w, float* X1, 
     // Each rank: its experts' outputs for the slots routed to them (the other ids fall outside
     // its stack and are skipped), rank 0 adding the shared expert; the ranks' sum is the block's.
     int32_t* local = buf(moe_local_idx_, N * k);
-    be_.moe_local_ids(midx, N * k, w.expert_begin, local, s);
+    be_.moe_local_ids(midx, N * k, w.expert_begin, w.expert_count, local, s);
     LayerWeights mine = w;
     if (expert_comm->rank() != 0) mine.shared_w1 = mine.shared_w3 = mine.shared_w2 = Matrix{};
     DSV41RT_CHECK_CODE(
