@@ -10,6 +10,7 @@ order) and runs narrower matrices per rank; tests/python/test_tensor_expert_para
 says more.
 
   NCCL_NVLS_ENABLE=0 python bench/tp_ep_check.py --checkpoint /tmp/bench-40 --sizes 2x1,1x2,2x2
+  python bench/tp_ep_check.py --checkpoint /tmp/bench-40 --virtual   # one GPU, ranks over LocalComm
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def main() -> int:
     ap.add_argument("--lengths", default="64,256,512,1024")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--kv-memory", type=int, default=8 << 30)
+    ap.add_argument("--virtual", action="store_true", help="virtual ranks on cuda:0 (LocalComm) instead of NCCL")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     from dsv41rt.cp_launch import cp_processes
@@ -76,9 +78,14 @@ def main() -> int:
     for pair in args.sizes.split(","):
         tp, ep = (int(v) for v in pair.split("x"))
         t0 = time.time()
-        opts = RuntimeOptions(device="cuda:0", tensor_parallel_size=tp, expert_parallel_size=ep, **kw)
-        with cp_processes(args.checkpoint, opts, comm="nccl") as rt:
+        if args.virtual:  # every rank on cuda:0, in this process, over LocalComm
+            rt = Runtime(args.checkpoint, "cuda:0", tensor_parallel_size=tp, expert_parallel_size=ep, **kw)
             got, tokens = measure(rt, ps, args.new_tokens)
+            rt.close()
+        else:
+            opts = RuntimeOptions(device="cuda:0", tensor_parallel_size=tp, expert_parallel_size=ep, **kw)
+            with cp_processes(args.checkpoint, opts, comm="nccl") as rt:
+                got, tokens = measure(rt, ps, args.new_tokens)
         for n, (a, da), (b, db), ta, tb in zip(lengths, want, got, want_tokens, tokens, strict=True):
             first = first_divergent_row(da, db, n)
             rel = np.abs(a - b).max(-1) / np.abs(a).max(-1)  # per row, of the row's max |logit|
@@ -112,7 +119,9 @@ def main() -> int:
         print(f"tp {tp} ep {ep}: {time.time() - t0:.1f} s", flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            meta = dict(commit=os.environ.get("DSV41RT_COMMIT", "?"), date=time.strftime("%Y-%m-%d"))
+            meta = dict(
+                commit=os.environ.get("DSV41RT_COMMIT", "?"), date=time.strftime("%Y-%m-%d"), virtual=args.virtual
+            )
             json.dump(dict(meta, checkpoint=args.checkpoint, precision=args.precision, rows=rows), f, indent=1)
     print("ALL WITHIN BOUND, TOKENS IDENTICAL" if ok else "MISMATCH")
     return 0 if ok else 1
