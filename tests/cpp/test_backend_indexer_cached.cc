@@ -141,7 +141,9 @@ TEST_P(BackendIndexerCached, DecodeSizedForwardsOfStoredFormats) {
   be.set_forward_rows(128, /*decode_batch=*/true);  // a decode batch past 64 rows
   EXPECT_TRUE(be.indexer_reads_caches(RowFormat::kMxfp4, 64, 128));
   // FP32 keys need no decode on CUDA: the unpacked array is already what the kernel reads.
-  if (on_cuda()) EXPECT_FALSE(be.indexer_reads_caches(RowFormat::kF32, 64, 128));
+  if (on_cuda()) {
+    EXPECT_FALSE(be.indexer_reads_caches(RowFormat::kF32, 64, 128));
+  }
   // Prefill chunks read the unpacked keys (each row serves many queries of its request).
   be.set_forward_rows(4096, /*decode_batch=*/false);
   EXPECT_FALSE(be.indexer_reads_caches(RowFormat::kMxfp4, 64, 128));

@@ -396,7 +396,9 @@ int64_t decode_gemv_splits(const DecodeGemv& g) {
   if (g.n < 1 || g.k < 1 || g.batch < 1) return 1;
   const int fmt = fmt_of(g.w.format);
   const int64_t pieces = (g.k + piece_cols(fmt) - 1) / piece_cols(fmt);
-  return split_k_count((g.n + kBM - 1) / kBM * g.batch, pieces);
+  const int64_t n = g.split_n > 0 ? g.split_n : g.n,
+                batch = g.split_batch > 0 ? g.split_batch : g.batch;
+  return split_k_count((n + kBM - 1) / kBM * batch, pieces);
 }
 
 int64_t decode_gemv_workspace_floats(const DecodeGemv& g) {

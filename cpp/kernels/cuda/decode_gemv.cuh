@@ -55,11 +55,16 @@ struct DecodeGemv {
   // Batching over groups: element strides of x and y per group, weight rows per group.
   int64_t batch = 1, stride_x = 0, stride_y = 0;
   int64_t w_rows_per_batch = 0;  ///< group b uses weight rows [b * w_rows_per_batch, + n)
+  /// The shape the split count is chosen for (0: n, batch). A tensor-parallel share of a matrix
+  /// passes its whole matrix's (its rows, or its groups), so that each of its columns is summed
+  /// in the order the whole matrix's would be: a share's output is bitwise those columns.
+  int64_t split_n = 0, split_batch = 0;
 };
 
 constexpr int64_t kDecodeGemvMaxM = 64;
 
-/// The split-K count S for g's shape (a function of n * batch, k and the format only).
+/// The split-K count S for g's shape (a function of n * batch, k and the format only; of
+/// split_n * split_batch where given).
 DSV41RT_API int64_t decode_gemv_splits(const DecodeGemv& g);
 /// FP32 floats of split-K partials the launch needs (batch * S * m * n; 0 when S == 1).
 DSV41RT_API int64_t decode_gemv_workspace_floats(const DecodeGemv& g);

@@ -264,8 +264,9 @@ bool decode_gemv_a8_supported(const DecodeGemvA8& g) {
 
 int64_t decode_gemv_a8_splits(const DecodeGemvA8& g) {
   if (g.n < 1 || g.k < kPieceCols) return 1;
-  if (g.path == A8Path::kWgmma) return decode_gemv_a8_wgmma_splits(g.n, g.k / kPieceCols);
-  return split_k_count((g.n + kBM - 1) / kBM, g.k / kPieceCols);
+  const int64_t n = g.split_n > 0 ? g.split_n : g.n;
+  if (g.path == A8Path::kWgmma) return decode_gemv_a8_wgmma_splits(n, g.k / kPieceCols);
+  return split_k_count((n + kBM - 1) / kBM, g.k / kPieceCols);
 }
 
 int64_t decode_gemv_a8_workspace_floats(const DecodeGemvA8& g) {

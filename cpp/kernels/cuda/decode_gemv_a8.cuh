@@ -63,10 +63,13 @@ struct DecodeGemvA8 {
   int64_t m = 0, n = 0, k = 0;
   bool accumulate = false;  ///< y += instead of y =
   A8Path path = A8Path::kWgmma;
+  /// The rows the split count is chosen for (0: n); a tensor-parallel share passes its whole
+  /// matrix's, so its columns are bitwise the whole matrix's (as DecodeGemv::split_n).
+  int64_t split_n = 0;
 };
 
 DSV41RT_API bool decode_gemv_a8_supported(const DecodeGemvA8& g);
-/// The split-K count S (a function of n, k and the path only).
+/// The split-K count S (a function of n, or split_n where given, k and the path only).
 DSV41RT_API int64_t decode_gemv_a8_splits(const DecodeGemvA8& g);
 /// FP32 floats of split partials the launch needs (S * m * n; 0 when S == 1).
 DSV41RT_API int64_t decode_gemv_a8_workspace_floats(const DecodeGemvA8& g);

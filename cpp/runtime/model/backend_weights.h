@@ -33,6 +33,10 @@ struct Matrix {
   /// Rows and columns of the whole stored 2-D matrix; required for kFp8Block / kMxfp4 (0 for
   /// kF32 / kBF16 means "as the op's shape").
   int64_t rows = 0, cols = 0;
+  /// Rows of the matrix this is a tensor-parallel share of (0: whole): kernels whose summation
+  /// order depends on the matrix's width (split-K counts) choose it for these, so a share's
+  /// outputs are bitwise the whole matrix's columns.
+  int64_t whole_rows = 0;
   explicit operator bool() const { return data != nullptr; }
 
   /// This matrix as an op of shape [rows, cols] reads it; throws Error(kInternal) when the

@@ -202,11 +202,12 @@ class CudaBackend final : public Backend {
       return;
     }
     if (fp8_ && w.fp8_input) {
-      if (decode_gemv_a8(x, v, m, k, n, y, accumulate, s)) return;
+      if (decode_gemv_a8(x, v, m, k, n, y, accumulate, s, w.whole_rows)) return;
       x = fp8_act_qdq(x, m, k, s);
     }
     kc::DecodeGemv d;
     d.x = x, d.ldx = k, d.w = v, d.y = y, d.ldy = n, d.n = n, d.k = k, d.accumulate = accumulate;
+    d.split_n = w.whole_rows;
     if (decode_gemv(d, m, s)) return;
     if (wgmma_linear(x, k, v, 0, m, k, n, y, n, accumulate, s)) return;
     kc::TcGemm g;
@@ -225,6 +226,7 @@ class CudaBackend final : public Backend {
     kc::DecodeGemv d;
     d.x = x, d.ldx = groups * k, d.w = v, d.y = y, d.ldy = groups * n, d.n = n, d.k = k;
     d.batch = groups, d.stride_x = k, d.stride_y = n, d.w_rows_per_batch = n;
+    d.split_batch = w.whole_rows / n;  // a share of the groups: the whole matrix's group count
     if (decode_gemv(d, m, s)) return;
     if (wgmma_linear_applies(m, k)) {
       for (int64_t gi = 0; gi < groups; ++gi) {
@@ -471,8 +473,9 @@ class CudaBackend final : public Backend {
   static_assert(kc::kDecodeGemvMaxM == kDecodeForwardRows,
                 "the decode GEMV serves every decode row");
   bool decode_gemv(kc::DecodeGemv d, int64_t m, Stream s);
+  // split_n: Matrix::whole_rows of a tensor-parallel share (0: the matrix is whole).
   bool decode_gemv_a8(const float* x, const kernels::WeightView& v, int64_t m, int64_t k, int64_t n,
-                      float* y, bool accumulate, Stream s);
+                      float* y, bool accumulate, Stream s, int64_t split_n = 0);
   const float* fp8_act_qdq(const float* x, int64_t rows, int64_t k, Stream s);
   bool wgmma_linear_applies(int64_t m, int64_t k) const;
   bool engram_kv_tensor_cores(const float* emb, const Matrix& wkv, int64_t S, int64_t kvw,
@@ -528,11 +531,12 @@ bool CudaBackend::decode_gemv(kc::DecodeGemv d, int64_t m, Stream s) {
 // (quantize_act_fp8) and multiplied on the FP8 tensor cores (decode_gemv_a8.cuh); false when the
 // kernel does not take this matrix or forward (the caller then dequantises and goes on).
 bool CudaBackend::decode_gemv_a8(const float* x, const kernels::WeightView& v, int64_t m, int64_t k,
-                                 int64_t n, float* y, bool accumulate, Stream s) {
+                                 int64_t n, float* y, bool accumulate, Stream s, int64_t split_n) {
   if (!decode_forward_ || m < 1 || m > kc::kDecodeGemvA8MaxM) return false;
   kc::DecodeGemvA8 g;
   g.ldq = (kc::act_fp8_row_bytes(k) + 15) / 16 * 16;
   g.w = v, g.y = y, g.ldy = n, g.m = m, g.n = n, g.k = k, g.accumulate = accumulate;
+  g.split_n = split_n;
   static const uint8_t* const kAligned = reinterpret_cast<const uint8_t*>(uintptr_t(256));
   g.xq = kAligned;  // the real buffer is taken below, once the kernel is known to apply
   if (!kc::decode_gemv_a8_supported(g)) return false;

@@ -104,6 +104,7 @@ class Uploader {
     m.block_cols = int32_t(s0.block_cols);
     m.rows = s0.rows * n;
     m.cols = s0.cols;
+    if (n == 1) m.whole_rows = ts[0]->whole_rows;
     if (m.format == WeightFormat::kBF16) m.scale = nullptr, m.block_rows = m.block_cols = 0;
     return m;
   }

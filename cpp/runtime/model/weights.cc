@@ -253,6 +253,7 @@ Tensor row_share(const Tensor& t, const char* what, int rank, int size) {
   }
   // The stored form decides the GEMM inputs, as unsplit.
   out.source = source_rows(t.source, what, rank * per, per);
+  out.whole_rows = t.whole_rows > 0 ? t.whole_rows : n;
   return out;
 }
 

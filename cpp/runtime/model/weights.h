@@ -32,6 +32,8 @@ struct Tensor {
   std::vector<int64_t> shape;
   std::vector<float> data;  ///< FP32 values; empty when loaded without host values
   TensorSource source;
+  /// Rows of the tensor this is a tensor-parallel share of (tensor_shard); 0: not a share.
+  int64_t whole_rows = 0;
   const float* ptr() const { return data.empty() ? nullptr : data.data(); }
   bool empty() const { return data.empty() && source.data == nullptr; }
   int64_t numel() const {
