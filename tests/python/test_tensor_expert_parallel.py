@@ -33,7 +33,7 @@ def test_parallel_equals_one_rank_bitwise(preset_dir: str, sizes: tuple[tuple[in
     kw = dict(kv_memory=64 << 20, max_num_seqs=4)
     base = Runtime(path, **kw)
     want_logits = {n: base.score(prompt_of(n)) for n in PROMPTS}
-    want_tokens = base.generate([prompt_of(n) for n in PROMPTS], max_new_tokens=16, ignore_eos=True)
+    want_tokens = base.generate([prompt_of(n) for n in PROMPTS], max_new_tokens=32, ignore_eos=True)
     base.close()
     for tp, ep in sizes:
         rt = Runtime(path, tensor_parallel_size=tp, expert_parallel_size=ep, **kw)
@@ -43,7 +43,7 @@ def test_parallel_equals_one_rank_bitwise(preset_dir: str, sizes: tuple[tuple[in
             assert np.array_equal(got, want_logits[n]), (
                 f"tp {tp} ep {ep} prompt {n}: max |Δ| {np.abs(got - want_logits[n]).max()}"
             )
-        assert rt.generate([prompt_of(n) for n in PROMPTS], max_new_tokens=16, ignore_eos=True) == want_tokens, (tp, ep)
+        assert rt.generate([prompt_of(n) for n in PROMPTS], max_new_tokens=32, ignore_eos=True) == want_tokens, (tp, ep)
         rt.close()
 
 
@@ -69,13 +69,13 @@ def test_context_parallel_over_tensor_expert_groups_equals_one_rank(tiny_v41_dir
     kw = dict(kv_memory=64 << 20, max_num_seqs=4)
     one = Runtime(tiny_v41_dir, **kw)
     want_logits = one.score(prompt_of(201))
-    want_tokens = one.generate([prompt_of(n) for n in PROMPTS], max_new_tokens=8, ignore_eos=True)
+    want_tokens = one.generate([prompt_of(n) for n in PROMPTS], max_new_tokens=32, ignore_eos=True)
     one.close()
     rt = Runtime(tiny_v41_dir, context_parallel_size=2, tensor_parallel_size=2, expert_parallel_size=2, **kw)
     stats = rt.backend_stats()
     assert (stats["cp_size"], stats["tp_size"], stats["ep_size"]) == (2, 2, 2)
     assert np.array_equal(rt.score(prompt_of(201)), want_logits)
-    assert rt.generate([prompt_of(n) for n in PROMPTS], max_new_tokens=8, ignore_eos=True) == want_tokens
+    assert rt.generate([prompt_of(n) for n in PROMPTS], max_new_tokens=32, ignore_eos=True) == want_tokens
     assert rt.backend_stats()["cp_forwards"] > 0
     rt.close()
 
@@ -91,14 +91,14 @@ def test_one_process_per_rank_over_sockets_equals_one_rank(tiny_v41_dir: str) ->
     kw = dict(kv_memory=64 << 20, max_num_seqs=4)
     one = Runtime(tiny_v41_dir, **kw)
     want_logits = one.score(prompt_of(37))
-    want_tokens = one.generate([prompt_of(n) for n in PROMPTS], max_new_tokens=8, ignore_eos=True)
+    want_tokens = one.generate([prompt_of(n) for n in PROMPTS], max_new_tokens=32, ignore_eos=True)
     one.close()
     opts = RuntimeOptions(tensor_parallel_size=2, expert_parallel_size=2, **kw)
     with cp_processes(tiny_v41_dir, opts, comm="socket") as rt:
         stats = rt.backend_stats()
         assert (stats["tp_size"], stats["ep_size"], stats["cp_processes"]) == (2, 2, 1)
         assert np.array_equal(rt.score(prompt_of(37)), want_logits)
-        assert rt.generate([prompt_of(n) for n in PROMPTS], max_new_tokens=8, ignore_eos=True) == want_tokens
+        assert rt.generate([prompt_of(n) for n in PROMPTS], max_new_tokens=32, ignore_eos=True) == want_tokens
 
 
 def test_a_killed_worker_process_fails_rank_0_quickly(tiny_v41_dir: str) -> None:
