@@ -205,6 +205,7 @@ def main() -> int:
     ap.add_argument("--trace", action="store_true", help="first run bench/dequant_trace.py's 6-forward trace")
     ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp8"))
     ap.add_argument("--max-context", type=int, default=0, help="longest request (sizes the indexer scratch once)")
+    ap.add_argument("--engram-host-memory", action="store_true", help="Engram tables in pinned host memory")
     ap.add_argument("--out")
     args = ap.parse_args()
     from dsv41rt.checkpoint.reader import open_checkpoint
@@ -227,6 +228,7 @@ def main() -> int:
         "device": gpu,
         "model": args.preset if not args.checkpoint else args.checkpoint,
         "precision": args.precision,
+        "engram_host_memory": args.engram_host_memory,
         "prefill": [],
         "decode": [],
     }
@@ -241,17 +243,19 @@ def main() -> int:
             max_num_batched_tokens=args.token_budget,
             precision=args.precision,
             max_model_len=args.max_context,
+            engram_host_memory=args.engram_host_memory,
             **kw,
         )
 
     # Prefill: one request, one forward per chunk of the token budget; tokens/s of the whole prompt.
     t0 = time.perf_counter()
     rt = runtime()
-    weight_bytes = rt.backend_stats().get("weight_bytes", 0)
+    weight_bytes = rt.backend_stats().get("weight_bytes", 0) + rt.backend_stats().get("weight_host_bytes", 0)
     stored = stored_tensor_bytes(ck)
     loaded = stored["read"] + stored["gathered"] + stored["expert"] * stored["experts_per_layer"] * stored["layers"]
     print(
-        f"loaded in {time.perf_counter() - t0:.1f} s: {weight_bytes / 2**30:.2f} GiB of weights on {rt.device}; "
+        f"loaded in {time.perf_counter() - t0:.1f} s: {weight_bytes / 2**30:.2f} GiB of weights on {rt.device} "
+        f"({rt.backend_stats().get('weight_host_bytes', 0) / 2**30:.2f} GiB of them in pinned host memory); "
         f"the checkpoint stores the loaded tensors in {loaded / 2**30:.2f} GiB "
         f"(ratio {weight_bytes / max(loaded, 1):.3f})"
     )

@@ -64,6 +64,7 @@ model::ExecutorOptions executor_options(const RuntimeOptions& o) {
   e.max_model_len = o.pool.max_model_len;
   e.device = o.device.device;
   e.multistream = o.device.multistream;
+  e.engram_host_memory = o.device.engram_host_memory;
   e.cuda_graphs = !o.device.enforce_eager;
   e.cp_size = o.parallel.context_parallel_size;
   e.cp_comm = backend_name(o.parallel.context_parallel_backend);

@@ -42,6 +42,7 @@ class RuntimeOptions:
     host_cache_memory: int = 0
     enforce_eager: bool = False
     multistream: bool = True
+    engram_host_memory: bool = False
     context_parallel_size: int = 1
     context_parallel_backend: str = "local"
     context_parallel_processes: bool = False
@@ -216,6 +217,12 @@ _ROWS = (
     ),
     Option("enforce_eager", parse_bool, "enforce_eager", "CUDA: no decode CUDA graphs"),
     Option("multistream", parse_bool, "", "CUDA: window store, compressor and indexer on side streams"),
+    Option(
+        "engram_host_memory",
+        parse_bool,
+        "",
+        "CUDA: Engram tables in pinned host memory, gathered over PCIe (zero-copy), not in device memory",
+    ),
     Option("context_parallel_size", parse_int, "", "prefill split over this many ranks"),
     Option(
         "context_parallel_backend",

@@ -100,6 +100,7 @@ def core_options(
     c.device.device = o.device
     c.device.enforce_eager = o.enforce_eager
     c.device.multistream = o.multistream
+    c.device.engram_host_memory = o.engram_host_memory
     c.parallel.context_parallel_size = o.context_parallel_size
     c.parallel.context_parallel_backend = _core.CpBackend.__members__[o.context_parallel_backend]
     c.parallel.expert_parallel_size = o.expert_parallel_size

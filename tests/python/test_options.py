@@ -34,6 +34,7 @@ def _core_defaults() -> dict:
         "host_cache_memory": c.pool.host_cache_memory,
         "enforce_eager": c.device.enforce_eager,
         "multistream": c.device.multistream,
+        "engram_host_memory": c.device.engram_host_memory,
         "context_parallel_size": c.parallel.context_parallel_size,
         "context_parallel_backend": c.parallel.context_parallel_backend.name,
         "record_decisions": c.record_decisions,

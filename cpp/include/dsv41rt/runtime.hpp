@@ -59,16 +59,20 @@ struct DeviceOptions {
   std::string device = "cpu";  ///< "cpu", "cuda" or "cuda:N"
   bool enforce_eager = false;  ///< CUDA: no decode graphs
   bool multistream = true;     ///< CUDA: window store, compressor, indexer on side streams
+  /// CUDA: the Engram tables in pinned host memory, gathered by the device over PCIe (zero-copy)
+  /// instead of copied to device memory.
+  bool engram_host_memory = false;
 };
 
 struct ParallelOptions {
   int64_t context_parallel_size = 1;  ///< prefill split over this many ranks
   CpBackend context_parallel_backend = CpBackend::kLocal;
-  /// Routed experts split over this many ranks (CPU, virtual ranks in this process; every rank
-  /// runs every token, the MoE output combined exactly: logits bitwise those of 1 rank).
+  /// Routed experts split over this many ranks (virtual ranks in this process, or one process per
+  /// rank; every rank runs every token. CPU: the MoE output combined exactly, logits bitwise those
+  /// of 1 rank; CUDA: the ranks' partial outputs summed, 1 rank's up to FP32 summation order).
   int64_t expert_parallel_size = 1;
-  /// Attention heads, output groups and the head's vocabulary split over this many ranks (CPU,
-  /// virtual ranks; outputs all-gathered: logits bitwise those of 1 rank). Expert parallelism
+  /// Attention heads, output groups and the head's vocabulary split over this many ranks
+  /// (outputs all-gathered: logits bitwise those of 1 rank, CPU and CUDA). Expert parallelism
   /// inside it: expert_parallel_size 1 or the same size.
   int64_t tensor_parallel_size = 1;
   /// Launchers only (one process per rank): this process's rank (-1: every rank in this
@@ -169,8 +173,9 @@ struct SchedulerStats {
 
 /// The executor's counters (zero where they do not apply to the device).
 struct BackendStats {
-  int64_t weight_bytes = 0;  ///< device memory held by the weights
-  int64_t d2h_bytes = 0;     ///< bytes copied from the device to the host by forwards
+  int64_t weight_bytes = 0;       ///< device memory held by the weights
+  int64_t weight_host_bytes = 0;  ///< pinned host memory the device reads (engram_host_memory)
+  int64_t d2h_bytes = 0;          ///< bytes copied from the device to the host by forwards
   int64_t eager_forwards = 0, graph_captures = 0, graph_replays = 0, graph_updates = 0;
   int64_t graphs = 0;           ///< decode graphs held
   int64_t last_forward_us = 0;  ///< device time of the last forward

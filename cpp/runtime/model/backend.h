@@ -58,6 +58,9 @@ class DSV41RT_API Backend {
   // ---- weights and memory -----------------------------------------------------------------
   /// The backend's copy (or view) of the loaded weights; inv_freq: per layer RoPE frequencies.
   /// The CPU backend takes the host values over; CUDA uploads them.
+  /// Before load_weights: keep the Engram tables in pinned host memory the device reads over
+  /// PCIe (CUDA) instead of device memory. The CPU backend's memory is host memory already.
+  virtual void keep_engram_in_host_memory(bool on) { (void)on; }
   virtual BackendWeights load_weights(const ModelPlan& plan, ModelWeights& weights,
                                       const std::vector<std::vector<float>>& inv_freq) = 0;
   /// Backend memory (never null for bytes > 0; throws Error naming the size when out of memory).

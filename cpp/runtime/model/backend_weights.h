@@ -111,7 +111,8 @@ struct BackendWeights {
   /// not map them leaves this empty) and their heads.
   std::vector<LayerWeights> drafts;
   DraftHeadWeights draft_heads;
-  int64_t bytes = 0;                         ///< backend memory held by the weights
+  int64_t bytes = 0;       ///< backend memory held by the weights
+  int64_t host_bytes = 0;  ///< pinned host memory the device reads (Engram tables, on request)
   std::vector<std::shared_ptr<void>> owned;  ///< keeps the storage alive
 };
 

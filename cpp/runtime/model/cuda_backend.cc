@@ -89,10 +89,11 @@ class CudaBackend final : public Backend {
   BackendWeights load_weights(const ModelPlan& plan, ModelWeights& weights,
                               const std::vector<std::vector<float>>& inv_freq) override {
     check_kernel_shapes(plan.config);
-    BackendWeights w = upload_weights(plan, weights, inv_freq);
+    BackendWeights w = upload_weights(plan, weights, inv_freq, engram_host_);
     size_gemv_workspaces(w, plan.config);
     return w;
   }
+  void keep_engram_in_host_memory(bool on) override { engram_host_ = on; }
   std::shared_ptr<void> alloc(int64_t bytes) override { return cudart::device_alloc(bytes); }
   std::shared_ptr<void> alloc_host(int64_t bytes) override {
     void* p = nullptr;
@@ -492,6 +493,7 @@ class CudaBackend final : public Backend {
   // staged_gemm_: this forward may take the wgmma GEMMs, whose staging workspaces grow with the
   // forward (neither decode-sized nor a decode batch: never under graph capture).
   bool tc_ = false, fp8_ = false, decode_forward_ = false, staged_gemm_ = true;
+  bool engram_host_ = false;  // the next load_weights keeps the Engram tables in host memory
   // Split-K partials of the decode GEMV, one per stream (ops on different streams overlap);
   // sized at load for every matrix of the model, so they never move under a captured graph.
   std::array<DeviceArray<float>, 4> gemv_ws_;

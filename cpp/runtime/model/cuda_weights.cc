@@ -1,5 +1,7 @@
 #include "runtime/model/cuda_weights.h"
 
+#include <cstring>
+
 #include "runtime/model/cuda_resources.h"
 
 namespace dsv41rt::model {
@@ -36,7 +38,27 @@ WeightFormat released_format(DType d) {
 
 class Uploader {
  public:
-  explicit Uploader(BackendWeights& out) : out_(out) {}
+  explicit Uploader(BackendWeights& out, bool engram_host = false)
+      : engram_host(engram_host), out_(out) {}
+  const bool engram_host;
+
+  /// A copy of host[0, n) in pinned host memory mapped into the device's address space: the
+  /// device pointer the kernels read it by (over PCIe).
+  template <typename T>
+  const T* pinned(const T* host, int64_t n) {
+    if (host == nullptr || n == 0) return nullptr;
+    void* p = nullptr;
+    const size_t bytes = size_t(n) * sizeof(T);
+    const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+    DSV41RT_CHECK_CODE(kOutOfRange, e == cudaSuccess, "cudaHostAlloc of ", bytes,
+                       " bytes for the Engram tables failed: ", cudaGetErrorString(e));
+    out_.owned.push_back(std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); }));
+    out_.host_bytes += int64_t(bytes);
+    std::memcpy(p, host, bytes);
+    void* d = nullptr;
+    DSV41RT_CU(cudaHostGetDevicePointer(&d, p, 0));
+    return static_cast<const T*>(d);
+  }
 
   template <typename T>
   T* alloc(int64_t n) {
@@ -174,8 +196,10 @@ LayerWeights upload_layer(Uploader& up, const ModelConfig& c, const BlockWeights
   if (b.engram) {
     const EngramWeights& e = *b.engram;
     const int64_t hd = c.engram->head_dim;
-    L.engram_table = up.raw(e.table, e.rows * hd);
-    L.engram_scale = up.raw(e.table_scale, e.rows * (hd / 32));
+    L.engram_table =
+        up.engram_host ? up.pinned(e.table, e.rows * hd) : up.raw(e.table, e.rows * hd);
+    L.engram_scale = up.engram_host ? up.pinned(e.table_scale, e.rows * (hd / 32))
+                                    : up.raw(e.table_scale, e.rows * (hd / 32));
     L.engram_rows = e.rows;
     L.engram_wkv = up.matrix(e.wkv);
     L.engram_q = up.f32(e.q_weight);
@@ -187,10 +211,10 @@ LayerWeights upload_layer(Uploader& up, const ModelConfig& c, const BlockWeights
 }  // namespace
 
 BackendWeights upload_weights(const ModelPlan& plan, const ModelWeights& w,
-                              const std::vector<std::vector<float>>& inv_freq) {
+                              const std::vector<std::vector<float>>& inv_freq, bool engram_host) {
   const ModelConfig& c = plan.config;
   BackendWeights d;
-  Uploader up(d);
+  Uploader up(d, engram_host);
   if (w.embed_bf16) {
     d.embed_bf16 = up.raw(w.embed_bf16, c.vocab_size * c.hidden_size);
   } else {

@@ -13,8 +13,11 @@
 
 namespace dsv41rt::model {
 
-/// Uploads `w` (and per-layer RoPE inverse frequencies) to the current device.
+/// Uploads `w` (and per-layer RoPE inverse frequencies) to the current device. engram_host: the
+/// Engram tables go to pinned, device-mapped host memory instead (the gathers read them over
+/// PCIe; BackendWeights::host_bytes counts them).
 BackendWeights upload_weights(const ModelPlan& plan, const ModelWeights& w,
-                              const std::vector<std::vector<float>>& inv_freq);
+                              const std::vector<std::vector<float>>& inv_freq,
+                              bool engram_host = false);
 
 }  // namespace dsv41rt::model

@@ -64,6 +64,9 @@ struct ExecutorOptions {
   /// CUDA only: run the window-KV store, the compressor and the indexer on side streams (off:
   /// everything on the main stream, same results).
   bool multistream = true;
+  /// CUDA only: keep the Engram tables in pinned host memory, read by the device's gathers over
+  /// PCIe (zero-copy), instead of device memory.
+  bool engram_host_memory = false;
   /// CUDA only: replay captured CUDA graphs for decode batches (off: always eager).
   bool cuda_graphs = true;
   /// GEMM precision. "fp32": every projection and expert in FP32 (the reference's numerics; the

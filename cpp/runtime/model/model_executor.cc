@@ -56,6 +56,7 @@ ModelExecutor::ModelExecutor(ModelPlan plan, ModelWeights weights, EngramTables 
       fp8_act_(options_.precision == "fp8") {
   backend_->activate();
   check_engram_tables(plan_.config, engram_);
+  backend_->keep_engram_in_host_memory(options_.engram_host_memory);
   weights_ = backend_->load_weights(plan_, weights, rope_inv_freqs(plan_));
   layout_ = std::make_unique<StateLayout>(plan_, CacheFormats::of(options_.cache_quant),
                                           options_.page_tokens);
@@ -245,6 +246,7 @@ BackendStats ModelExecutor::backend_stats() const {
   };
   BackendStats s;
   s.weight_bytes = weights_.bytes;
+  s.weight_host_bytes = weights_.host_bytes;
   s.d2h_bytes = get("d2h_bytes");
   s.graph_updates = get("graph_updates");
   s.eager_forwards = eager_forwards_ + graphs_.eager();

@@ -1,0 +1,45 @@
+"""Engram tables in pinned host memory (`engram_host_memory`, issue 20): the device's gathers read
+the same bytes over PCIe, so logits and greedy tokens are bitwise those of device-resident
+tables; the tables leave device memory (backend_stats weight_bytes) for pinned host memory
+(weight_host_bytes), the two adding up to the same total. The CPU backend has only host memory:
+the option changes nothing there."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+PROMPTS = (7, 201)
+
+
+def prompt_of(n: int) -> list[int]:
+    return [0] + [int(t) for t in np.random.default_rng(8100 + n).integers(3, 129000, n - 1)]
+
+
+def run(path: str, device: str, host: bool):
+    from dsv41rt.runtime import Runtime
+
+    rt = Runtime(path, device, precision="fp8", kv_memory=256 << 20, max_num_seqs=4, engram_host_memory=host)
+    logits = [rt.score(prompt_of(n)) for n in PROMPTS]
+    tokens = rt.generate([prompt_of(n) for n in PROMPTS], max_new_tokens=16, ignore_eos=True)
+    stats = rt.backend_stats()
+    rt.close()
+    return logits, tokens, stats
+
+
+@pytest.mark.cuda
+def test_host_tables_give_the_device_tables_bits(tiny_v41_dir: str) -> None:
+    dev_logits, dev_tokens, dev = run(tiny_v41_dir, "cuda", False)
+    host_logits, host_tokens, host = run(tiny_v41_dir, "cuda", True)
+    for n, a, b in zip(PROMPTS, dev_logits, host_logits, strict=True):
+        assert np.array_equal(a, b), f"prompt {n}: max |Δ| {np.abs(a - b).max()}"
+    assert host_tokens == dev_tokens
+    assert dev["weight_host_bytes"] == 0 and host["weight_host_bytes"] > 0
+    assert host["weight_bytes"] + host["weight_host_bytes"] == dev["weight_bytes"]
+
+
+def test_the_cpu_backend_ignores_the_option(tiny_v41_dir: str) -> None:
+    a_logits, a_tokens, _ = run(tiny_v41_dir, "cpu", False)
+    b_logits, b_tokens, stats = run(tiny_v41_dir, "cpu", True)
+    assert all(np.array_equal(a, b) for a, b in zip(a_logits, b_logits, strict=True)) and a_tokens == b_tokens
+    assert stats["weight_host_bytes"] == 0
