@@ -69,11 +69,14 @@ def test_completions_through_the_router_equal_a_single_server(cluster) -> None:
     assert metric(decode, "handoff_received_bytes_total") > 0
 
 
-def test_a_context_parallel_prefill_side_equals_a_single_server(cluster, tiny_dir) -> None:
-    """A CP 2 prefill server (two ranks in its process, the prompt's rows split between them) hands
-    off states the decode server continues exactly: the same answers as the decode server alone."""
+@pytest.mark.parametrize("processes", [False, True])
+def test_a_context_parallel_prefill_side_equals_a_single_server(cluster, tiny_dir, processes: bool) -> None:
+    """A CP 2 prefill server (two ranks in its process, or rank 1 a worker process; the prompt's
+    rows split between them) hands off states the decode server continues exactly: the same
+    answers as the decode server alone."""
     _, decode, _ = cluster
-    prefill = LiveServer("--disaggregation-mode", "prefill", "--context-parallel-size", "2", model_dir=tiny_dir)
+    extra = ("--context-parallel-processes", "true") if processes else ()
+    prefill = LiveServer("--disaggregation-mode", "prefill", "--context-parallel-size", "2", *extra, model_dir=tiny_dir)
     router = Router([prefill.url], [decode.url])
     try:
         rng = np.random.default_rng(262)

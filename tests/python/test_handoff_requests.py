@@ -101,3 +101,37 @@ def test_bad_handoffs_are_refused_and_a_busy_runtime_queues_them(tiny_v41_dir: s
     finally:
         pre.close()
         dec.close()
+
+
+def test_process_groups_hand_states_off_both_ways(tiny_v41_dir: str) -> None:
+    """A prefill side whose ranks are processes (CP 2 over TCP: rank 0 exports its replica of the
+    state) and a decode side likewise (TP 2 x EP 2: the imported state goes to rank 0's pool and, as
+    a message, to the worker's): greedy tokens and logprobs equal one runtime's, bitwise."""
+    from dsv41rt.cp_launch import cp_processes
+    from dsv41rt.options import RuntimeOptions
+
+    lengths = [1, 37, 300]
+    kw = dict(kv_memory=64 << 20, max_num_seqs=4)
+    sampling = SamplingParams(temperature=0.0, top_logprobs=2)
+    single = runtime(tiny_v41_dir)
+    try:
+        want = gather(single, [single.add_request(prompt(n), 6, sampling, ignore_eos=True) for n in lengths])
+    finally:
+        single.close()
+    pre_opts = RuntimeOptions(context_parallel_size=2, **kw)
+    dec_opts = RuntimeOptions(tensor_parallel_size=2, expert_parallel_size=2, **kw)
+    with (
+        cp_processes(tiny_v41_dir, pre_opts, comm="socket", engine_thread=True) as pre,
+        cp_processes(tiny_v41_dir, dec_opts, comm="socket", engine_thread=True) as dec,
+    ):
+        first_ids = [pre.add_request(prompt(n), 6, sampling, ignore_eos=True, handoff=True) for n in lengths]
+        firsts = gather(pre, first_ids)
+        dec_ids = []
+        for n, fid in zip(lengths, first_ids, strict=True):
+            (f,) = firsts[fid]
+            assert f.handoff, f"prompt of {n}: no state in the prefill output"
+            dec_ids.append(dec.add_handoff_request(prompt(n), f.new_tokens[0], f.handoff, 6, sampling, ignore_eos=True))
+        rest = gather(dec, dec_ids)
+        for n, fid, did, wid in zip(lengths, first_ids, dec_ids, sorted(want), strict=True):
+            assert flat(firsts[fid] + rest[did]) == flat(want[wid]), f"prompt of {n}"
+        assert dec.stats()["pages_used"] == 0

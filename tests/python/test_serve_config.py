@@ -70,14 +70,6 @@ def test_api_key_from_environment_is_redacted(monkeypatch) -> None:
             " >= 2",
         ),
         ({"context-parallel-processes": "sometimes"}, "context-parallel-processes: expected true or false"),
-        (
-            {"disaggregation-mode": "prefill", "context-parallel-size": 2, "context-parallel-processes": True},
-            "disaggregation-mode: a group with one process per rank (context-parallel-processes) cannot hand",
-        ),
-        (
-            {"disaggregation-mode": "decode", "tensor-parallel-size": 2, "context-parallel-processes": True},
-            "disaggregation-mode: a group with one process per rank",
-        ),
         ({"cp-comm": "nccl"}, "unknown config key 'cp-comm'"),  # one name per option
     ],
 )

@@ -13,7 +13,14 @@
 namespace dsv41rt::model {
 namespace {
 
-enum Kind : int64_t { kShutdown = 0, kForward = 1, kCopyState = 2, kOption = 3 };
+enum Kind : int64_t {
+  kShutdown = 0,
+  kForward = 1,
+  kCopyState = 2,
+  kOption = 3,
+  kPageFromHost = 4,  // {kind, page, bytes, bytes packed into int64 words}
+  kSlotFromHost = 5,  // {kind, slot, bytes, ...}
+};
 
 // Messages are int64 arrays broadcast from rank 0: first the length, then the array. Device
 // communicators (NCCL) move them through a device buffer on the rank's GPU.
@@ -77,6 +84,54 @@ class Channel {
   void* dev_ = nullptr;
   int64_t capacity_ = 0;
 };
+
+// The state copies of a group whose ranks are processes: every rank holds a replica of the state
+// (context parallelism and tensor/expert parallelism alike), so rank 0's copy is read to the
+// host; bytes coming from the host go to rank 0's copy and, as a message, to every worker's.
+class RemoteGroupHostCopy final : public HostStateCopy {
+ public:
+  RemoteGroupHostCopy(HostStateCopy& local, Channel& channel) : local_(local), channel_(channel) {}
+  int64_t page_bytes() const override { return local_.page_bytes(); }
+  int64_t slot_state_bytes() const override { return local_.slot_state_bytes(); }
+  std::shared_ptr<uint8_t> alloc_host(int64_t bytes) override { return local_.alloc_host(bytes); }
+  void page_to_host(int32_t page, uint8_t* dst) override { local_.page_to_host(page, dst); }
+  void slot_to_host(int32_t slot, uint8_t* dst) override { local_.slot_to_host(slot, dst); }
+  void page_from_host(const uint8_t* src, int32_t page) override {
+    channel_.send(packed(kPageFromHost, page, src, page_bytes()));
+    local_.page_from_host(src, page);
+  }
+  void slot_from_host(const uint8_t* src, int32_t slot) override {
+    channel_.send(packed(kSlotFromHost, slot, src, slot_state_bytes()));
+    local_.slot_from_host(src, slot);
+  }
+
+ private:
+  static std::vector<int64_t> packed(Kind kind, int32_t index, const uint8_t* src, int64_t bytes) {
+    std::vector<int64_t> m{kind, index, bytes};
+    m.resize(3 + size_t((bytes + 7) / 8), 0);
+    std::memcpy(m.data() + 3, src, size_t(bytes));
+    return m;
+  }
+  HostStateCopy& local_;
+  Channel& channel_;
+};
+
+// A worker's side of RemoteGroupHostCopy: the message's bytes into its own copy.
+void replay_from_host(Executor& local, const std::vector<int64_t>& m) {
+  HostStateCopy* copy = local.host_state_copy();
+  DSV41RT_CHECK_CODE(kInternal, copy != nullptr && m.size() >= 3, "worker: a state copy without ",
+                     copy ? "its bytes" : "a host copy");
+  const int64_t bytes = m[2];
+  const int64_t want = m[0] == kPageFromHost ? copy->page_bytes() : copy->slot_state_bytes();
+  DSV41RT_CHECK_CODE(kInternal, bytes == want && int64_t(m.size()) == 3 + (bytes + 7) / 8,
+                     "worker: a state copy of ", bytes, " bytes, expected ", want);
+  const auto* src = reinterpret_cast<const uint8_t*>(m.data() + 3);
+  if (m[0] == kPageFromHost) {
+    copy->page_from_host(src, int32_t(m[1]));
+  } else {
+    copy->slot_from_host(src, int32_t(m[1]));
+  }
+}
 
 int64_t slot_id(const Executor& e, const uint8_t* slot) {
   const model::KvPool& p = const_cast<Executor&>(e).pool();
@@ -152,6 +207,9 @@ class CpLeader final : public DelegatingExecutor {
         kind_(kind) {
     DSV41RT_CHECK(comm_->rank() == 0, "the context-parallel leader must be rank 0, not ",
                   comm_->rank());
+    if (HostStateCopy* local_copy = local_->host_state_copy()) {
+      host_copy_ = std::make_unique<RemoteGroupHostCopy>(*local_copy, channel_);
+    }
   }
   ~CpLeader() override {
     try {
@@ -198,6 +256,7 @@ class CpLeader final : public DelegatingExecutor {
   void forward_cp(std::vector<BatchItem>&, comm::Communicator&) override {
     DSV41RT_THROW_CODE(kUnsupported, "a context-parallel group cannot be a rank of another");
   }
+  HostStateCopy* host_state_copy() override { return host_copy_.get(); }
 
   BackendStats backend_stats() const override {
     BackendStats s = local_->backend_stats();
@@ -226,6 +285,7 @@ class CpLeader final : public DelegatingExecutor {
   Channel channel_;
   std::unique_ptr<CpWorkerThreads> workers_;
   GroupKind kind_;
+  std::unique_ptr<RemoteGroupHostCopy> host_copy_;  // after channel_: it sends through it
 };
 
 class CpWorker final : public DelegatingExecutor {
@@ -269,6 +329,10 @@ void run_cp_worker(Executor& local, comm::Communicator& comm) {
         }
         case kOption:
           local.set_switch(Switch(m.at(2)), m.at(1) != 0);
+          break;
+        case kPageFromHost:
+        case kSlotFromHost:
+          replay_from_host(local, m);
           break;
         default:
           DSV41RT_THROW_CODE(kInternal, "context-parallel worker ", comm.rank(),

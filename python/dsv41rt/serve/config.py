@@ -114,12 +114,6 @@ def _validate(cfg: ServeConfig) -> ServeConfig:
         f"must be one of {', '.join(DISAGGREGATION_MODES)}, got {cfg.disaggregation_mode!r}",
     )
     need(cfg.log_level in LOG_LEVELS, "log-level", f"must be one of {', '.join(LOG_LEVELS)}, got {cfg.log_level!r}")
-    need(
-        cfg.disaggregation_mode == "none" or not cfg.runtime.context_parallel_processes,
-        "disaggregation-mode",
-        "a group with one process per rank (context-parallel-processes) cannot hand request states "
-        "off yet; run the group's ranks in the server's process (context-parallel-processes false)",
-    )
     return cfg  # the model directory is checked when the server starts (configs travel between machines)
 
 
