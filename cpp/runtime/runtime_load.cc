@@ -98,7 +98,9 @@ LoadedModel load_model(const RuntimeOptions& o) {
   m.engine.max_model_len = o.pool.max_model_len;
   m.engine.max_prefill_tokens_while_decoding = o.pool.max_prefill_tokens_while_decoding;
   m.engine.enable_prefix_caching = o.pool.enable_prefix_caching;
-  m.engine.host_cache_bytes = o.pool.host_cache_memory;
+  // A worker rank (rank > 0 of a group of processes) replays rank 0's calls: the host tier lives in
+  // rank 0's engine, whose state copies reach the worker through the group's channel.
+  m.engine.host_cache_bytes = o.parallel.rank > 0 ? 0 : o.pool.host_cache_memory;
   m.executor = model::make_executor(std::move(plan), std::move(weights), std::move(tables),
                                     executor_options(o));
   return m;

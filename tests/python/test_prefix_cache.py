@@ -121,6 +121,29 @@ def test_host_tier_brings_evicted_prefixes_back(tiny_v41_dir) -> None:
         Runtime(tiny_v41_dir, host_cache_memory=-1, **kw)
 
 
+def test_host_tier_of_a_process_group(tiny_v41_dir) -> None:
+    """A CP 2 group whose rank 1 is a worker process (TCP): pages offloaded from rank 0's replica
+    and restored into every rank's (the leader's host copy sends them to the worker) give one
+    runtime's tokens and logprobs exactly, and the worker's pool stays in step (a later prompt that
+    runs on both ranks still matches)."""
+    from dsv41rt.cp_launch import cp_processes
+    from dsv41rt.options import RuntimeOptions
+
+    kw = dict(kv_memory=2400 << 10, max_num_seqs=4, page_size=4, max_num_batched_tokens=24, max_model_len=128)
+    reference = _evict_then_resend(Runtime(tiny_v41_dir, enable_prefix_caching=False, **kw))
+    opts = RuntimeOptions(context_parallel_size=2, host_cache_memory=1 << 20, **kw)
+    with cp_processes(tiny_v41_dir, opts, comm="socket") as rt:
+        restored = _evict_then_resend(rt)
+        s = rt.stats()
+        turn = rt.add_request(_prompt(37, 1) + restored[0] + _prompt(9, 5), max_new_tokens=4)
+        after = _drain(rt)[turn]
+    assert restored[2] == 36 and restored[:2] == reference[:2]
+    assert s["prefix_cache_restored_pages"] > 0
+    one = Runtime(tiny_v41_dir, enable_prefix_caching=False, **kw)
+    want = one.add_request(_prompt(37, 1) + reference[0] + _prompt(9, 5), max_new_tokens=4)
+    assert after[:2] == _drain(one)[want][:2]
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     model_dir = str(tmp_path_factory.mktemp("builtin") / "tiny-v41-seed0")
