@@ -47,6 +47,9 @@ done
 # it dynamically.
 if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+# The device's copy of the checkout may carry a stale .git: pass COMMIT (the literal hash, taken on
+# the machine that sends the call; a $(git rev-parse ...) inside the call runs here and is stale too).
+if [ -z "${COMMIT:-}" ]; then echo "warning: COMMIT not given; this checkout's git HEAD may be stale"; fi
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}
 wheel=$(ls .whl/dsv41rt-*.whl 2>/dev/null | head -1)
 if [ -n "$wheel" ] && [ "${BUILD:-0}" != 1 ]; then
