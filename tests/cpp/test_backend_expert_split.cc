@@ -1,13 +1,15 @@
 // Expert parallelism by partial sums (Backend::expert_split, kernels/moe.h moe_local_ids).
 //
 // moe_local_ids: every backend against the CPU reference and the contract, bitwise.
-// Partial sums (backends that split experts so; the CUDA one): the experts of each rank's shard
-// run through moe_experts with local ids (the other ranks' ids are skipped), rank 0 adding the
-// shared expert; the ranks' outputs summed must give the one-rank moe_experts within FP32
-// summation-order error: every slot's output is computed by the same kernel from the same inputs
-// (per-token activations, per-expert hidden units), only the k + 1 slot terms are added in another
-// grouping, so |Δ| <= 1e-5 · max|y| (k + 1 <= 7 terms). Checked on the decode kernel (<= 64 rows,
-// tensor cores, BF16 and FP8 activations), the grouped tensor-core path and the FP32 split kernel.
+// Slots (the CPU): each rank's slots summed, then moe_combine, bitwise the one-rank block.
+// Partial sums (the CUDA backend): the experts of each rank's shard run through moe_experts with
+// local ids (the other ranks' ids are skipped), rank 0 adding the shared expert; the ranks' outputs
+// summed must give the one-rank moe_experts within FP32 summation-order error: every slot's output
+// is computed by the same kernel from the same inputs (per-token activations, per-expert hidden
+// units), only the k + 1 slot terms are added in another grouping, so |Δ| <= 1e-5 · max|y|
+// (k + 1 <= 7 terms). Checked on the decode kernel (<= 64 rows, tensor cores, BF16 and FP8
+// activations), the grouped tensor-core path and the FP32 split kernel (CUDA; the CPU runs its
+// FP32, BF16- and FP8-emulating evaluations of the same calls).
 #include <algorithm>
 
 #include "backend_test_util.h"
@@ -41,11 +43,13 @@ TEST_P(BackendExpertSplit, LocalIdsShiftTheRanksIdsAndParkTheOthers) {
   }
 }
 
-TEST_P(BackendExpertSplit, RanksPartialSumsAreTheOneRankBlock) {
+// Each backend's own scheme (Backend::expert_split): the ranks' outputs combined as the runner
+// combines them against the one-rank block. kSlots (the CPU): each rank's slots, summed (exact),
+// then moe_combine: bitwise. kPartialSums (CUDA): each rank's moe_experts over local ids, summed:
+// within FP32 summation-order error.
+TEST_P(BackendExpertSplit, RanksCombineToTheOneRankBlock) {
   Backend& be = backend();
-  if (be.expert_split() != Backend::ExpertSplit::kPartialSums) {
-    GTEST_SKIP() << be.device() << " splits experts by slots (test_tensor_expert_parallel.py)";
-  }
+  const bool partial = be.expert_split() == Backend::ExpertSplit::kPartialSums;
   const int64_t H = 256, I = 128, E = 8, k = 6;
   auto bf16_exact = [&](int64_t n, double sigma) {
     std::vector<float> w = normal(n, sigma);
@@ -55,14 +59,25 @@ TEST_P(BackendExpertSplit, RanksPartialSumsAreTheOneRankBlock) {
   const std::vector<float> w1 = bf16_exact(E * I * H, 0.3), w3 = bf16_exact(E * I * H, 0.3),
                            w2 = bf16_exact(E * H * I, 0.1), s1 = bf16_exact(I * H, 0.3),
                            s3 = bf16_exact(I * H, 0.3), s2 = bf16_exact(H * I, 0.1);
+  // BF16 storage on CUDA (its tensor-core paths), FP32 on the CPU (its matrices are FP32).
   auto bits = [](const std::vector<float>& w) {
     std::vector<uint16_t> b;
     for (const float v : w) b.push_back(bf16_bits(v));
     return b;
   };
-  Buffer<uint16_t> d1 = upload(be, bits(w1)), d3 = upload(be, bits(w3)), d2 = upload(be, bits(w2)),
-                   ds1 = upload(be, bits(s1)), ds3 = upload(be, bits(s3)),
-                   ds2 = upload(be, bits(s2));
+  std::vector<Buffer<uint16_t>> keep16;
+  std::vector<Buffer<float>> keep32;
+  auto stored = [&](const std::vector<float>& w) -> std::pair<const uint8_t*, WeightFormat> {
+    if (on_cuda()) {
+      keep16.push_back(upload(be, bits(w)));
+      return {reinterpret_cast<const uint8_t*>(keep16.back().get()), WeightFormat::kBF16};
+    }
+    keep32.push_back(upload(be, w));
+    return {reinterpret_cast<const uint8_t*>(keep32.back().get()), WeightFormat::kF32};
+  };
+  const auto d1 = stored(w1), d3 = stored(w3), d2 = stored(w2), ds1 = stored(s1), ds3 = stored(s3),
+             ds2 = stored(s2);
+  const int64_t elem = on_cuda() ? 2 : 4;
   struct Path {
     int64_t S;
     bool tc, fp8;
@@ -84,35 +99,52 @@ TEST_P(BackendExpertSplit, RanksPartialSumsAreTheOneRankBlock) {
     be.set_forward_rows(S, true);
     be.set_tensor_cores(p.tc);
     be.set_fp8_activations(p.fp8);
-    // Experts [begin, begin + count) of the stacks, shared expert when `shared`.
-    auto block = [&](int64_t begin, int64_t count, bool shared) {
+    // The weights of experts [begin, begin + count), the shared expert when `shared`.
+    auto weights = [&](int64_t begin, int64_t count, bool shared) {
       LayerWeights L;
-      auto m = [](const uint16_t* d) { return Matrix{d, WeightFormat::kBF16, true}; };
-      L.w1 = m(d1.get() + begin * I * H), L.w3 = m(d3.get() + begin * I * H);
-      L.w2 = m(d2.get() + begin * H * I);
+      auto m = [&](std::pair<const uint8_t*, WeightFormat> d, int64_t offset) {
+        Matrix mat{d.first + offset * elem, d.second, true};
+        mat.fp8_input = p.fp8;
+        return mat;
+      };
+      L.w1 = m(d1, begin * I * H), L.w3 = m(d3, begin * I * H), L.w2 = m(d2, begin * H * I);
       L.expert_begin = begin, L.expert_count = count;
-      if (shared)
-        L.shared_w1 = m(ds1.get()), L.shared_w3 = m(ds3.get()), L.shared_w2 = m(ds2.get());
-      for (Matrix* w : {&L.w1, &L.w3, &L.w2, &L.shared_w1, &L.shared_w3, &L.shared_w2}) {
-        w->fp8_input = p.fp8;
-      }
-      Buffer<int32_t> local = poisoned<int32_t>(be, S * k);
-      be.moe_local_ids(didx.get(), S * k, begin, count, local.get(), be.stream(0));
-      Buffer<float> y = poisoned<float>(be, S * H);
-      be.moe_experts(dx.get(), local.get(), dwt.get(), S, H, k, count, I, L, 10.0f, y.get(),
-                     scratch.get(), be.stream(0));
-      return y.download();
+      if (shared) L.shared_w1 = m(ds1, 0), L.shared_w3 = m(ds3, 0), L.shared_w2 = m(ds2, 0);
+      return L;
     };
-    const std::vector<float> one = block(0, E, true);
+    Buffer<float> y1 = poisoned<float>(be, S * H);
+    be.moe_experts(dx.get(), didx.get(), dwt.get(), S, H, k, E, I, weights(0, E, true), 10.0f,
+                   y1.get(), scratch.get(), be.stream(0));
+    const std::vector<float> one = y1.download();
     ASSERT_TRUE(all_written(one));
     for (const int64_t P : {int64_t(2), int64_t(4)}) {
-      std::vector<float> sum(one.size(), 0.0f);
+      const int64_t per = E / P, n = partial ? S * H : S * k * H;
+      std::vector<float> sum(size_t(n), 0.0f);  // the all-reduce: ranks added in rank order
       for (int64_t r = 0; r < P; ++r) {
-        const std::vector<float> y = block(r * E / P, E / P, r == 0);
-        ASSERT_TRUE(all_written(y)) << "rank " << r << " of " << P;
-        for (size_t i = 0; i < sum.size(); ++i) sum[i] += y[i];
+        Buffer<float> out = poisoned<float>(be, n);
+        if (partial) {
+          Buffer<int32_t> local = poisoned<int32_t>(be, S * k);
+          be.moe_local_ids(didx.get(), S * k, r * per, per, local.get(), be.stream(0));
+          be.moe_experts(dx.get(), local.get(), dwt.get(), S, H, k, per, I,
+                         weights(r * per, per, r == 0), 10.0f, out.get(), scratch.get(),
+                         be.stream(0));
+        } else {
+          be.moe_expert_slots(dx.get(), didx.get(), dwt.get(), S, H, k, E, I,
+                              weights(r * per, per, true), 10.0f, out.get(), scratch.get(),
+                              be.stream(0));
+        }
+        const std::vector<float> got = out.download();
+        ASSERT_TRUE(all_written(got)) << "rank " << r << " of " << P;
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] += got[i];
       }
-      EXPECT_LE(rel_error(sum, one), 1e-5) << P << " ranks";
+      if (partial) {
+        EXPECT_LE(rel_error(sum, one), 1e-5) << P << " ranks";
+        continue;
+      }
+      Buffer<float> slots = upload(be, sum), y = poisoned<float>(be, S * H);
+      be.moe_combine(dx.get(), didx.get(), slots.get(), S, H, k, I, weights(0, 0, true), 10.0f,
+                     y.get(), scratch.get(), be.stream(0));
+      EXPECT_TRUE(bitwise_equal(y.download(), one)) << P << " ranks";
     }
     be.set_fp8_activations(false);
     be.set_tensor_cores(false);
