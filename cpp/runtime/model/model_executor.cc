@@ -12,6 +12,22 @@ namespace {
 // Timing markers bracketing a forward (model_runner.cc numbers its own after these).
 constexpr int kForwardStart = 0, kForwardEnd = 1;
 
+// Expert parallelism by partial sums drops the shared expert on ranks > 0; a layer whose shared
+// expert would change the MoE's numerics decision (moe_bf16_exact / moe_fp8_inputs) if left out
+// cannot run so.
+void check_expert_split(const Backend& be, const BackendWeights& w) {
+  if (be.expert_split() != Backend::ExpertSplit::kPartialSums) return;
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    LayerWeights routed = w.layers[l];
+    routed.shared_w1 = routed.shared_w3 = routed.shared_w2 = Matrix{};
+    DSV41RT_CHECK_CODE(kUnsupported,
+                       moe_fp8_inputs(routed) == moe_fp8_inputs(w.layers[l]) &&
+                           moe_bf16_exact(routed) == moe_bf16_exact(w.layers[l]),
+                       "expert parallelism on ", be.device(), ": layer ", l,
+                       " stores its shared expert in another format than its routed experts");
+  }
+}
+
 void check_engram_tables(const ModelConfig& c, const EngramTables& engram) {
   if (!c.engram) return;
   DSV41RT_CHECK(engram.layers.size() == c.engram->layer_ids.size(), c.source,
@@ -77,6 +93,7 @@ ModelExecutor::ModelExecutor(ModelPlan plan, ModelWeights weights, EngramTables 
   runner_->multistream = options_.multistream;
   runner_->record_decisions = options_.record_decisions;
   runner_->expert_comm = options_.ep_size > 1 ? options_.group_comm : nullptr;
+  if (runner_->expert_comm) check_expert_split(*backend_, weights_);
   runner_->tensor_comm = options_.tp_size > 1 ? options_.group_comm : nullptr;
 }
 
