@@ -32,7 +32,34 @@ struct Shape {
   RowFormat comp_format;
   bool aligned;
   const char* name;
+  // Rows of random stored bytes instead of quantised values: every code (E4M3 NaNs aside) and
+  // scales on both sides of the CUDA staging's bit-placement limits (kernels/cuda/
+  // cache_row_decode.cuh decode_row_piece_bf16), the reference decoded from those bytes.
+  bool raw_bytes = false;
 };
+
+// A stored row of random bytes: codes of every value (E4M3 NaN codes replaced), scale codes drawn
+// from the edges of the CUDA fast path (FP8 window / MXFP4: E8M0 powers of two; NVFP4: E4M3
+// scales incl. subnormal, zero and negative ones).
+template <class Rand>
+void random_row(RowFormat f, int64_t D, Rand&& randint, uint8_t* row) {
+  const int64_t codes = f == RowFormat::kFp8Window ? D : D / 2;
+  for (int64_t i = 0; i < codes; ++i) {
+    uint8_t b = uint8_t(randint(0, 255));
+    if (f == RowFormat::kFp8Window && (b & 0x7F) == 0x7F) b = uint8_t(b ^ 0x01);
+    row[i] = b;
+  }
+  static constexpr uint8_t kE8m0Window[] = {15, 16, 17, 100, 127, 133, 134, 135};
+  static constexpr uint8_t kE8m0Mx[] = {1, 2, 3, 120, 127, 130};
+  static constexpr uint8_t kE4m3[] = {0x00, 0x01, 0x07, 0x08, 0x38, 0x7E, 0xB8, 0x85};
+  const int64_t scales = f == RowFormat::kNvfp4 ? D / 16 : D / 32;
+  for (int64_t i = 0; i < scales; ++i) {
+    uint8_t& sc = row[codes + i];
+    if (f == RowFormat::kFp8Window) sc = kE8m0Window[randint(0, 7)];
+    if (f == RowFormat::kMxfp4) sc = kE8m0Mx[randint(0, 5)];
+    if (f == RowFormat::kNvfp4) sc = kE4m3[randint(0, 7)];
+  }
+}
 
 class BackendAttentionCached : public BackendTest {
  protected:
@@ -60,12 +87,18 @@ void BackendAttentionCached::run(const Shape& c) {
     old_offset[b] = T_old;
     T_old += old_count[b] + 1;
   }
+  auto rand = [this](int64_t lo, int64_t hi) { return randint(lo, hi); };
   for (int64_t b = 0; b < B; ++b) {
     old_rows_of[b] = host_qdq(wf, normal(old_count[b] * D, 3.0), D);
     for (int64_t r = 0; r < old_count[b]; ++r) {
       const int64_t p = window_first[b] + r;
-      encode_row(wf, old_rows_of[b].data() + r * D, D,
-                 slots_host.data() + b * slot_bytes + ring_offset + (p % W) * wrb);
+      uint8_t* row = slots_host.data() + b * slot_bytes + ring_offset + (p % W) * wrb;
+      if (c.raw_bytes) {
+        random_row(wf, D, rand, row);
+        decode_row(wf, row, D, old_rows_of[b].data() + r * D);
+      } else {
+        encode_row(wf, old_rows_of[b].data() + r * D, D, row);
+      }
     }
   }
   // This forward's rows: FP32 after the cache QDQ (BF16 values).
@@ -94,7 +127,12 @@ void BackendAttentionCached::run(const Shape& c) {
     for (int64_t e = 0; e < comp_count[b]; ++e) {
       const int64_t at = int64_t(table[b * max_pages + e / per_page]) * page_bytes + page_offset +
                          (e % per_page) * crb;
-      encode_row(cf, comp_of[b].data() + e * D, D, pool_host.data() + at);
+      if (c.raw_bytes) {
+        random_row(cf, D, rand, pool_host.data() + at);
+        decode_row(cf, pool_host.data() + at, D, comp_of[b].data() + e * D);
+      } else {
+        encode_row(cf, comp_of[b].data() + e * D, D, pool_host.data() + at);
+      }
     }
   }
 
@@ -127,7 +165,8 @@ void BackendAttentionCached::run(const Shape& c) {
     std::copy(comp_of[b].begin(), comp_of[b].end(), kv_b.begin() + comp_offset[b] * D);
   }
   std::copy(new_rows.begin(), new_rows.end(), kv_a.begin() + T_old * D);
-  const std::vector<float> q = normal(S * H * D);
+  // Raw rows reach 448 * 2^8 (NVFP4: 6 * 448): small queries keep the logits in softmax range.
+  const std::vector<float> q = normal(S * H * D, c.raw_bytes ? 1.0 / 4096 : 1.0);
   const std::vector<float> sink = normal(H);
   const float scale = float(1.0 / std::sqrt(double(D)));
   std::vector<float> want(size_t(S * H * D));
@@ -193,6 +232,8 @@ TEST_P(BackendAttentionCached, ReadsTheStoredRowsAsTheUnpackedOnes) {
            Shape{4, 20, 512, 128, 64, 2, 16, RowFormat::kNvfp4, false, "20 heads, misaligned"},
            Shape{5, 16, 256, 32, 40, 3, 8, RowFormat::kMxfp4, true, "MXFP4 compressed rows"},
            Shape{6, 8, 64, 16, 24, 4, 4, RowFormat::kNvfp4, false, "head_dim 64"},
+           Shape{3, 16, 512, 32, 64, 2, 16, RowFormat::kNvfp4, true, "raw bytes, NVFP4", true},
+           Shape{3, 16, 256, 32, 40, 2, 8, RowFormat::kMxfp4, false, "raw bytes, MXFP4", true},
        }) {
     run(c);
   }

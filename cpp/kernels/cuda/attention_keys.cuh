@@ -3,7 +3,9 @@
 // (CachedKeys: kernels/attention_cached.h). Both write the chunk's rows as BF16 into the same
 // swizzled shared-memory tile and the row's key index (or -1) into rows_sh; a stored element is
 // decoded to FP32 exactly as unpack_ring / unpack_paged decode it and then rounded to BF16 the way
-// the FP32 path rounds it, so both sources give the kernel the same bits. Internal to kernels/cuda.
+// the FP32 path rounds it, so both sources give the kernel the same bits (the stored formats go
+// straight to those BF16 bits by bit placement: cache_row_decode.cuh decode_row_piece_bf16).
+// Internal to kernels/cuda.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -110,7 +112,12 @@ struct StoredKeys {
       const int64_t r = j - it.old_offset;
       if (r < 0 || r >= it.old_count) return nullptr;
       *format = int(k.window_format);
-      return it.ring + ((it.first + r) % k.ring.ring) * k.ring.row_bytes;
+      // (first + r) mod ring without a 64-bit division on the chunk's critical path: first is a
+      // ring slot and r < ring, so one subtraction is the common case.
+      int64_t slot = it.first + r;
+      if (slot >= k.ring.ring) slot -= k.ring.ring;
+      if (slot >= k.ring.ring) slot %= k.ring.ring;
+      return it.ring + slot * k.ring.row_bytes;
     }
     const int64_t comp_base = k.old_rows + k.new_count;
     if (j < comp_base) {
@@ -121,8 +128,11 @@ struct StoredKeys {
     if (j - comp_base >= k.comp_rows || e < 0 || e >= it.comp_count) return nullptr;
     *format = int(k.comp_format);
     const PagedRows& p = k.comp;
-    return p.pool + int64_t(it.pages[e / p.per_page]) * p.page_bytes + p.offset +
-           (e % p.per_page) * p.row_bytes;
+    // 32-bit quotient and remainder (entries and rows per page fit; a 64-bit division is a long
+    // dependent sequence on the chunk's critical path).
+    const uint32_t e32 = uint32_t(e), per = uint32_t(p.per_page), page = e32 / per;
+    return p.pool + int64_t(it.pages[page]) * p.page_bytes + p.offset +
+           int64_t(e32 - page * per) * p.row_bytes;
   }
 
   __device__ void stage(__nv_bfloat16* keys_sh, int32_t* rows_sh, const int32_t* idx, int64_t c0,
@@ -157,21 +167,25 @@ struct StoredKeys {
         const int i = base + u * kStageThreads;
         if (i >= total) continue;
         const int row = i / pieces, piece = i % pieces, f = format_sh[row];
-        float v[16];
-        if (f == int(RowFormat::kF32)) {
-          const float* p = reinterpret_cast<const float*>(src_sh[row]) + piece * 16;
+        uint32_t pairs[8];
+        if (!decode_row_piece_bf16(f, raw[u], sc[u], pairs)) {
+          // FP32 rows, skipped rows (zeros) and the stored pieces the bit placement leaves out
+          // (NaN codes, extreme scales): decode to FP32, then round.
+          float v[16];
+          if (f == int(RowFormat::kF32)) {
+            const float* p = reinterpret_cast<const float*>(src_sh[row]) + piece * 16;
 #pragma unroll
-          for (int e = 0; e < 16; ++e) v[e] = p[e];
-        } else {
-          decode_row_piece(f, raw[u], sc[u], v);  // zeros for a skipped row (f < 0)
+            for (int e = 0; e < 16; ++e) v[e] = p[e];
+          } else {
+            decode_row_piece(f, raw[u], sc[u], v);  // zeros for a skipped row (f < 0)
+          }
+#pragma unroll
+          for (int e = 0; e < 8; ++e) pairs[e] = pack_bf16x2(v[2 * e], v[2 * e + 1]);
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          uint4 packed;
-          packed.x = pack_bf16x2(v[8 * h + 0], v[8 * h + 1]);
-          packed.y = pack_bf16x2(v[8 * h + 2], v[8 * h + 3]);
-          packed.z = pack_bf16x2(v[8 * h + 4], v[8 * h + 5]);
-          packed.w = pack_bf16x2(v[8 * h + 6], v[8 * h + 7]);
+          const uint4 packed =
+              make_uint4(pairs[4 * h], pairs[4 * h + 1], pairs[4 * h + 2], pairs[4 * h + 3]);
           *reinterpret_cast<uint4*>(keys_sh + mma::swz(row, piece * 16 + 8 * h, D)) = packed;
         }
       }

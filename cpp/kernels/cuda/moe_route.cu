@@ -41,17 +41,26 @@ __device__ void stage_chunk(const float* xr, const float* gate_w, const RouteSha
                             int64_t rows, int64_t c0, int64_t n, int64_t ld, float* xs, float* ws) {
   auto src_row = [&](int64_t r) { return r == 0 ? xr : gate_w + (e0 + r - 1) * sh.H; };
   auto dst_row = [&](int64_t r) { return r == 0 ? xs : ws + (r - 1) * ld; };
-  const int64_t total_rows = rows + 1;
+  // Row by row, the block's threads across the columns: a flat index split by a 64-bit / and %
+  // per piece cost ~85 instructions a piece and was most of this kernel's time (ncu, bench-40
+  // decode: 136k instructions, 16 us per token).
+  const int total_rows = static_cast<int>(rows) + 1;
   if (sh.vec4) {  // cp.async: every 16-byte piece in flight at once, no registers
-    const int64_t q = n / 4, total = total_rows * q;
-    for (int64_t i = threadIdx.x; i < total; i += blockDim.x)
-      __pipeline_memcpy_async(dst_row(i / q) + 4 * (i % q), src_row(i / q) + c0 + 4 * (i % q), 16);
+    const int q = static_cast<int>(n / 4);
+    for (int r = 0; r < total_rows; ++r) {
+      const float* src = src_row(r) + c0;
+      float* dst = dst_row(r);
+      for (int i = threadIdx.x; i < q; i += blockDim.x)
+        __pipeline_memcpy_async(dst + 4 * i, src + 4 * i, 16);
+    }
     __pipeline_commit();
     __pipeline_wait_prior(0);
   } else {
-    const int64_t total = total_rows * n;
-    for (int64_t i = threadIdx.x; i < total; i += blockDim.x)
-      dst_row(i / n)[i % n] = src_row(i / n)[c0 + i % n];
+    for (int r = 0; r < total_rows; ++r) {
+      const float* src = src_row(r) + c0;
+      float* dst = dst_row(r);
+      for (int i = threadIdx.x; i < static_cast<int>(n); i += blockDim.x) dst[i] = src[i];
+    }
   }
 }
 
