@@ -88,57 +88,6 @@ __device__ void sinkhorn_warp(const float* c, int n, float hc_eps, int iters, fl
   if (live) out[lane] = v;
 }
 
-// The same Sinkhorn for n = 4 (V4.1's hc_mult) with every lane holding the whole matrix in
-// registers: the same operations in the same order as sinkhorn_warp, but a pass's row (column)
-// sums and divisions run side by side in each lane instead of through chains of shuffles (a
-// shuffle's latency on every add of the 20 iterations' sums was most of the finish kernel's time).
-__device__ void sinkhorn4_regs(const float* c, float hc_eps, int iters, float* out) {
-  constexpr int n = 4;
-  float v[n * n];
-#pragma unroll
-  for (int i = 0; i < n; ++i) {
-    float mx = c[i * n];
-#pragma unroll
-    for (int q = 1; q < n; ++q) mx = fmaxf(mx, c[i * n + q]);
-    float e[n], sum = 0.0f;
-#pragma unroll
-    for (int q = 0; q < n; ++q) {
-      e[q] = expf(__fsub_rn(c[i * n + q], mx));
-      sum = __fadd_rn(sum, e[q]);
-    }
-    const float inv = __fdiv_rn(1.0f, sum);
-#pragma unroll
-    for (int q = 0; q < n; ++q) v[i * n + q] = __fadd_rn(__fmul_rn(e[q], inv), hc_eps);
-  }
-  for (int t = 0; t < iters; ++t) {
-    if (t > 0) {  // row normalisation (skipped before the first column normalisation)
-#pragma unroll
-      for (int i = 0; i < n; ++i) {
-        float rs = 0.0f;
-#pragma unroll
-        for (int q = 0; q < n; ++q) rs = __fadd_rn(rs, v[i * n + q]);
-        const float d = __fadd_rn(rs, hc_eps);
-#pragma unroll
-        for (int q = 0; q < n; ++q) v[i * n + q] = __fdiv_rn(v[i * n + q], d);
-      }
-    }
-#pragma unroll
-    for (int o = 0; o < n; ++o) {
-      float cs = 0.0f;
-#pragma unroll
-      for (int q = 0; q < n; ++q) cs = __fadd_rn(cs, v[q * n + o]);
-      const float d = __fadd_rn(cs, hc_eps);
-#pragma unroll
-      for (int q = 0; q < n; ++q) v[q * n + o] = __fdiv_rn(v[q * n + o], d);
-    }
-  }
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int l = 0; l < n * n; ++l) {
-    if (lane == l) out[l] = v[l];
-  }
-}
-
 // One block per token s (blockDim a multiple of 32, <= 1024). Dynamic shared memory: z [W]
 // (mixer logits, then the Sinkhorn matrix in z[2n:]) and sums [n].
 __global__ void hc_mix_finish_kernel(const float* __restrict__ part, const double* __restrict__ sq,
@@ -192,13 +141,7 @@ __global__ void hc_mix_finish_kernel(const float* __restrict__ part, const doubl
     // One warp, one lane per element: each lane gathers its row's (column's) values by shuffles
     // and adds them in order itself, so the n divisions of a pass run side by side instead of
     // one after another in a thread per row (this serial chain was most of the kernel's time).
-    if (threadIdx.x < 32) {
-      if (n == 4) {
-        sinkhorn4_regs(c, hc_eps, iters, comb + s * n * n);
-      } else {
-        sinkhorn_warp(c, int(n), hc_eps, iters, comb + s * n * n);
-      }
-    }
+    if (threadIdx.x < 32) sinkhorn_warp(c, int(n), hc_eps, iters, comb + s * n * n);
     return;
   }
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
