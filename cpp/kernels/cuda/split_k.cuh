@@ -65,6 +65,7 @@ __global__ void __launch_bounds__(kThreads) reduce_split_partials(const SplitPar
 
 /// Launches reduce_split_partials on `stream`.
 inline cudaError_t reduce_splits(const SplitPartials& p, cudaStream_t stream) {
+  if (p.batch * p.m * p.n > int64_t(0x7fffffff)) return cudaErrorInvalidValue;
   reduce_split_partials<<<blocks_for(p.batch * p.m * p.n), kThreads, 0, stream>>>(p);
   return launch_status();
 }
