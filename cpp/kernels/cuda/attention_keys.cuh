@@ -81,6 +81,28 @@ __device__ __forceinline__ ItemRows& item_rows_sh() {
   return item;
 }
 
+/// A piece the bit placement does not take (FP32 rows of this forward, NaN codes, extreme
+/// scales): decoded to FP32 and rounded to BF16, stored at dst0 (channels 0-7) and dst1 (8-15).
+/// Out of line on purpose: inlined into the staging loop's 8 unrolled pieces, these per-value
+/// conversions made the kernel's code 188 KB, more than the instruction cache holds (Nsight
+/// Compute on the bench-40 decode attention: "no instruction" the largest stall).
+__device__ __noinline__ void stage_piece_fp32(int f, uint4 raw, uint8_t sc, const uint8_t* src,
+                                              int piece, __nv_bfloat16* dst0, __nv_bfloat16* dst1) {
+  float v[16];
+  if (f == int(RowFormat::kF32)) {
+    const float* p = reinterpret_cast<const float*>(src) + piece * 16;
+#pragma unroll
+    for (int e = 0; e < 16; ++e) v[e] = p[e];
+  } else {
+    decode_row_piece(f, raw, sc, v);
+  }
+  uint32_t pairs[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) pairs[e] = pack_bf16x2(v[2 * e], v[2 * e + 1]);
+  *reinterpret_cast<uint4*>(dst0) = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+  *reinterpret_cast<uint4*>(dst1) = make_uint4(pairs[4], pairs[5], pairs[6], pairs[7]);
+}
+
 /// The caches as stored (kernels/attention_cached.h); pieces of 16 channels per thread.
 struct StoredKeys {
   CachedKeys k;
@@ -167,27 +189,18 @@ struct StoredKeys {
         const int i = base + u * kStageThreads;
         if (i >= total) continue;
         const int row = i / pieces, piece = i % pieces, f = format_sh[row];
+        __nv_bfloat16* dst0 = keys_sh + mma::swz(row, piece * 16, D);
+        __nv_bfloat16* dst1 = keys_sh + mma::swz(row, piece * 16 + 8, D);
         uint32_t pairs[8];
-        if (!decode_row_piece_bf16(f, raw[u], sc[u], pairs)) {
-          // FP32 rows, skipped rows (zeros) and the stored pieces the bit placement leaves out
-          // (NaN codes, extreme scales): decode to FP32, then round.
-          float v[16];
-          if (f == int(RowFormat::kF32)) {
-            const float* p = reinterpret_cast<const float*>(src_sh[row]) + piece * 16;
+        if (f < 0) {  // a skipped row: zeros
 #pragma unroll
-            for (int e = 0; e < 16; ++e) v[e] = p[e];
-          } else {
-            decode_row_piece(f, raw[u], sc[u], v);  // zeros for a skipped row (f < 0)
-          }
-#pragma unroll
-          for (int e = 0; e < 8; ++e) pairs[e] = pack_bf16x2(v[2 * e], v[2 * e + 1]);
+          for (int e = 0; e < 8; ++e) pairs[e] = 0u;
+        } else if (!decode_row_piece_bf16(f, raw[u], sc[u], pairs)) {
+          stage_piece_fp32(f, raw[u], sc[u], src_sh[row], piece, dst0, dst1);
+          continue;
         }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint4 packed =
-              make_uint4(pairs[4 * h], pairs[4 * h + 1], pairs[4 * h + 2], pairs[4 * h + 3]);
-          *reinterpret_cast<uint4*>(keys_sh + mma::swz(row, piece * 16 + 8 * h, D)) = packed;
-        }
+        *reinterpret_cast<uint4*>(dst0) = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+        *reinterpret_cast<uint4*>(dst1) = make_uint4(pairs[4], pairs[5], pairs[6], pairs[7]);
       }
     }
   }

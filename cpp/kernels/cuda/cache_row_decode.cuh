@@ -15,18 +15,22 @@ namespace dsv41rt::kernels::cuda {
 
 // `bytes` (8 or 16) of a stored row at p, with the widest loads its alignment allows (a row's
 // alignment is the same for all its pieces, so the branch is uniform over a warp's row).
+// Rows that are not 8- / 16-byte aligned (small head dims): byte loads, out of line so that the
+// callers' unrolled loops do not carry a copy of this loop each (kernel code size).
+__device__ __noinline__ uint4 load_piece_bytes(const uint8_t* p, int bytes) {
+  uint32_t w[4] = {0u, 0u, 0u, 0u};
+  for (int i = 0; i < bytes; ++i) w[i / 4] |= uint32_t(p[i]) << (8 * (i % 4));
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 __device__ __forceinline__ uint4 load_piece(const uint8_t* p, int bytes) {
-  uint4 r = make_uint4(0u, 0u, 0u, 0u);
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   if (bytes == 16 && a % 16 == 0) return *reinterpret_cast<const uint4*>(p);
   if (bytes == 8 && a % 8 == 0) {
     const uint2 v = *reinterpret_cast<const uint2*>(p);
     return make_uint4(v.x, v.y, 0u, 0u);
   }
-  uint32_t w[4] = {0u, 0u, 0u, 0u};
-  for (int i = 0; i < bytes; ++i) w[i / 4] |= uint32_t(p[i]) << (8 * (i % 4));
-  r.x = w[0], r.y = w[1], r.z = w[2], r.w = w[3];
-  return r;
+  return load_piece_bytes(p, bytes);
 }
 
 __device__ __forceinline__ uint8_t byte_of(const uint4& r, int i) {
@@ -143,10 +147,10 @@ __device__ __forceinline__ bool decode_row_piece_bf16(int f, const uint4& raw, u
       m2 = pow2x2(int(sc) - 127);
     } else {
       if ((sc & 0x7Fu) == 0x7Fu) return false;  // a NaN scale
-      // An E4M3 scale is a BF16 exactly; nibble * scale needs <= 6 significant bits and stays in
-      // [2^-10, 6 * 448]: a normal BF16.
-      const uint32_t b = __float_as_uint(fp8_e4m3_to_f32(sc)) >> 16;
-      m2 = b | (b << 16);
+      // An E4M3 scale is a BF16 exactly (placed like the window codes, times 2^120); nibble *
+      // scale needs <= 6 significant bits and stays in [2^-10, 6 * 448]: a normal BF16.
+      const uint32_t b = ((sc & 0x7Fu) << 4) | ((sc & 0x80u) << 8);
+      m2 = bmul(b | (b << 16), pow2x2(120));
     }
     const uint32_t m1 = pow2x2(126);
     const uint32_t w[2] = {raw.x, raw.y};
