@@ -86,8 +86,9 @@ __device__ __forceinline__ ItemRows& item_rows_sh() {
 /// Out of line on purpose: inlined into the staging loop's 8 unrolled pieces, these per-value
 /// conversions made the kernel's code 188 KB, more than the instruction cache holds (Nsight
 /// Compute on the bench-40 decode attention: "no instruction" the largest stall).
-__device__ __noinline__ void stage_piece_fp32(int f, uint4 raw, uint8_t sc, const uint8_t* src,
-                                              int piece, __nv_bfloat16* dst0, __nv_bfloat16* dst1) {
+static __device__ __noinline__ void stage_piece_fp32(int f, uint4 raw, uint8_t sc,
+                                                     const uint8_t* src, int piece,
+                                                     __nv_bfloat16* dst0, __nv_bfloat16* dst1) {
   float v[16];
   if (f == int(RowFormat::kF32)) {
     const float* p = reinterpret_cast<const float*>(src) + piece * 16;

@@ -17,7 +17,7 @@ namespace dsv41rt::kernels::cuda {
 // alignment is the same for all its pieces, so the branch is uniform over a warp's row).
 // Rows that are not 8- / 16-byte aligned (small head dims): byte loads, out of line so that the
 // callers' unrolled loops do not carry a copy of this loop each (kernel code size).
-__device__ __noinline__ uint4 load_piece_bytes(const uint8_t* p, int bytes) {
+static __device__ __noinline__ uint4 load_piece_bytes(const uint8_t* p, int bytes) {
   uint32_t w[4] = {0u, 0u, 0u, 0u};
   for (int i = 0; i < bytes; ++i) w[i / 4] |= uint32_t(p[i]) << (8 * (i % 4));
   return make_uint4(w[0], w[1], w[2], w[3]);
