@@ -23,12 +23,13 @@ def _tables(text: str) -> list[list[dict[str, str]]]:
     tables: list[list[dict[str, str]]] = []
     lines = text.splitlines()
     start = None
-    for i, line in enumerate(lines + ['"#"']):
-        is_header = line.startswith('"#"') or line.startswith('"Address"')
+    for i, line in enumerate(lines + ['"Kernel Name"']):
+        # A table is a "Kernel Name" line, then a header row starting "Address", then the rows.
+        is_header = line.startswith('"Address"') or line.startswith('"Kernel Name"')
         if is_header and start is not None:
             tables.append(list(csv.DictReader(io.StringIO("\n".join(lines[start:i])))))
             start = None
-        if is_header and i < len(lines):
+        if line.startswith('"Address"'):
             start = i
     return [t for t in tables if t]
 
@@ -40,7 +41,9 @@ def _column(row: dict[str, str], *needles: str) -> str | None:
     return None
 
 
-def _number(text: str) -> float:
+def _number(text: str | None) -> float:
+    if text is None:
+        return 0.0
     try:
         return float(text.replace(",", ""))
     except ValueError:
@@ -73,9 +76,10 @@ def main() -> int:
     by_op: Counter[str] = Counter()
     exec_by_op: Counter[str] = Counter()
     for r in rows:
-        op = r.get(src, "").strip().split(" ")[0].split(".")[0] or "?"
-        if op.startswith("@"):
-            op = r.get(src, "").strip().split(" ")[1].split(".")[0]
+        words = (r.get(src) or "").strip().split()
+        if words and words[0].startswith("@"):
+            words = words[1:]
+        op = words[0].split(".")[0] if words else "?"
         by_op[op] += _number(r[samples])
         if executed:
             exec_by_op[op] += _number(r[executed])
@@ -86,7 +90,7 @@ def main() -> int:
     ranked = sorted(range(len(rows)), key=lambda i: -_number(rows[i][samples]))[: args.top]
     for i in sorted(ranked):
         r = rows[i]
-        print(f"  [{i:5d}] {_number(r[samples]) / max(total, 1):6.2%}  {r.get(src, '')[:90]}")
+        print(f"  [{i:5d}] {_number(r[samples]) / max(total, 1):6.2%}  {(r.get(src) or '')[:90]}")
     return 0
 
 
