@@ -221,6 +221,32 @@ __global__ void hc_expand_kernel(const float* __restrict__ X, const float* __res
   }
 }
 
+// hc_expand for a compile-time n: a thread takes one (token, channel) and writes its n outputs,
+// reading the token's n input rows once instead of once per output stream (the kernel above reads
+// X n times: 43 ms of a 4,096-token prefill). The same products and sums per output.
+template <int N>
+__global__ void hc_expand_rows_kernel(const float* __restrict__ X, const float* __restrict__ y,
+                                      const float* __restrict__ post,
+                                      const float* __restrict__ comb, int64_t total, int64_t H,
+                                      float* __restrict__ out) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
+       t += stride) {
+    const int64_t s = t / H, h = t - s * H;
+    float x[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = X[(s * N + i) * H + h];
+    const float yv = y[t];
+#pragma unroll
+    for (int o = 0; o < N; ++o) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int i = 0; i < N; ++i) acc = __fadd_rn(acc, __fmul_rn(comb[(s * N + i) * N + o], x[i]));
+      out[(s * N + o) * H + h] = __fadd_rn(__fmul_rn(post[s * N + o], yv), acc);
+    }
+  }
+}
+
 }  // namespace
 
 int64_t hc_mix_workspace_bytes(int64_t S, int64_t n, int64_t H) {
@@ -265,6 +291,12 @@ cudaError_t hc_expand(const float* X, const float* y, const float* post, const f
                       int64_t S, int64_t n, int64_t H, float* out, cudaStream_t stream) {
   if (S < 0 || n <= 0 || H <= 0) return cudaErrorInvalidValue;
   if (S == 0) return cudaSuccess;
+  if (n == 4) {  // V4.1's hc_mult
+    const int64_t rows = S * H;
+    hc_expand_rows_kernel<4>
+        <<<blocks_for(rows), kThreads, 0, stream>>>(X, y, post, comb, rows, H, out);
+    return launch_status();
+  }
   const int64_t total = S * n * H;
   hc_expand_kernel<<<blocks_for(total), kThreads, 0, stream>>>(X, y, post, comb, total, n, H, out);
   return launch_status();
