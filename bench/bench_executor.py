@@ -206,6 +206,7 @@ def main() -> int:
     ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp8"))
     ap.add_argument("--max-context", type=int, default=0, help="longest request (sizes the indexer scratch once)")
     ap.add_argument("--engram-host-memory", action="store_true", help="Engram tables in pinned host memory")
+    ap.add_argument("--modes", default="", help="decode modes to run, comma-separated (default: all)")
     ap.add_argument("--out")
     args = ap.parse_args()
     from dsv41rt.checkpoint.reader import open_checkpoint
@@ -271,6 +272,12 @@ def main() -> int:
     if args.precision in ("bf16", "fp8"):
         modes["fp32 gemm"] = {"tensor_cores": False}
         DEFAULTS["tensor_cores"] = True
+    if args.modes:
+        wanted = [m.strip() for m in args.modes.split(",") if m.strip()]
+        unknown = [m for m in wanted if m not in modes]
+        if unknown:
+            raise SystemExit(f"unknown --modes {unknown}; known: {', '.join(modes)}")
+        modes = {m: modes[m] for m in wanted}
 
     def save() -> None:
         if args.out:

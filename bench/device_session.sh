@@ -12,7 +12,8 @@
 #   suite    every cuda-marked test (the op suite + executor)
 #   oracle   GPU half of the NeMo oracle check (bench/cuda_oracle.py dump)
 #   tiny     executor benchmark on tiny-v41 (both precisions)
-#   bench40  generate bench-40 and run the executor benchmark on it (precisions BENCH_PRECISIONS, default bf16)
+#   bench40  generate bench-40 and run the executor benchmark on it (precisions BENCH_PRECISIONS, default bf16;
+#            decode modes BENCH_MODES, comma-separated, default all)
 #   comm     NCCL communicator and context-parallel tests/timings
 #   prefix   TTFT of a PREFIX_TOKENS (default 32768) prompt cold, re-sent with a new 200-token suffix, and
 #            re-sent after eviction to the host tier (bench/prefix_ttft.py, precisions BENCH_PRECISIONS)
@@ -146,7 +147,7 @@ for step in ${STEPS:-tests}; do
         DSV41RT_COMMIT=$commit timeout "${BENCH_TIMEOUT:-420}" python3 -u bench/bench_executor.py --checkpoint /tmp/bench-40 \
           --precision "$prec" --prefill "${PREFILL-1024,8192}" --contexts "${CONTEXTS:-4096,32768}" --batches "${BATCHES:-1,8,64}" \
           --steps "${DECODE_STEPS:-5}" --repeats 3 --kv-memory $((22 << 30)) --token-budget 8192 --max-context 33000 \
-          --out "$OUT/bench40_$prec.json" 2>&1 | tail -40
+          ${BENCH_MODES:+--modes "$BENCH_MODES"} --out "$OUT/bench40_$prec.json" 2>&1 | tail -40
       done
       nvidia-smi --query-gpu=memory.used --format=csv,noheader
       ;;
