@@ -32,20 +32,36 @@ __global__ void hc_mix_partial_kernel(const float* __restrict__ X, const float* 
   const int nt = S - s0 < kMixTokens ? int(S - s0) : kMixTokens;
   const int64_t i0 = c * kMixChunk, i1 = i0 + kMixChunk < K ? i0 + kMixChunk : K;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  for (int t = 0; t < nt; ++t) {
-    const float* f = X + (s0 + t) * K;
-    double acc = 0.0;
-    for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) acc += __fmul_rn(f[i], f[i]);
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(kFullMask, acc, off);
-    if (lane == 0) warp_acc[t][warp] = acc;
-  }
-  // The tokens' chunk of inputs (zeros past K), staged once for every row j.
+  // The tokens' chunk of inputs (zeros past K), staged once for every row j and for Σ f².
   for (int e = threadIdx.x; e < nt * int(kMixChunk); e += blockDim.x) {
     const int t = e / int(kMixChunk), u = e % int(kMixChunk);
     const int64_t i = i0 + u;
     xs[t][u] = i < i1 ? X[(s0 + t) * K + i] : 0.0f;
   }
   __syncthreads();
+  // Σ f² of each token: a thread's elements i0 + tid, + blockDim, ... in order, the warp's xor
+  // reduction, the warps in order (below); the tokens' sums side by side (one after another, the
+  // shuffle chains were the block's critical path: 76 ms of a 4k prefill).
+  {
+    double acc[kMixTokens];
+#pragma unroll
+    for (int t = 0; t < kMixTokens; ++t) {
+      acc[t] = 0.0;
+      if (t >= nt) continue;
+      for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+        const float f = xs[t][i - i0];
+        acc[t] += __fmul_rn(f, f);
+      }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+      for (int t = 0; t < kMixTokens; ++t) acc[t] += __shfl_xor_sync(kFullMask, acc[t], off);
+    }
+    if (lane == 0) {
+#pragma unroll
+      for (int t = 0; t < kMixTokens; ++t) warp_acc[t][warp] = acc[t];
+    }
+  }
   constexpr int kPerLane = int(kMixChunk / 32);
   for (int64_t j = warp; j < W; j += nwarps) {
     const float* wj = fn + j * K;
