@@ -341,14 +341,18 @@ void register_runtime(nb::module_& m) {
       .def("open_sequence", &Runtime::open_sequence)
       .def(
           "forward",
-          [](Runtime& rt, int64_t seq, I32Array tokens, bool all_logits) {
+          [](Runtime& rt, int64_t seq, I32Array tokens, bool all_logits, bool undoable) {
             const int64_t n = int64_t(tokens.shape(0));
             DSV41RT_CHECK(n > 0, "forward: empty token list for sequence ", seq);
             return logits_array(all_logits ? n : 1, rt.info().vocab_size, [&](float* out) {
-              rt.forward(seq, tokens.data(), n, all_logits, out);
+              rt.forward(seq, tokens.data(), n, all_logits, out, undoable);
             });
           },
-          nb::arg("seq"), nb::arg("tokens"), nb::arg("all_logits") = true)
+          nb::arg("seq"), nb::arg("tokens"), nb::arg("all_logits") = true,
+          nb::arg("undoable") = false)
+      .def("rollback", &Runtime::rollback, nb::arg("seq"), nb::arg("r"),
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("rollback_limit", &Runtime::rollback_limit, nb::arg("seq"))
       .def("fork", &Runtime::fork, nb::arg("seq"), nb::call_guard<nb::gil_scoped_release>())
       .def(
           "decode",

@@ -20,7 +20,7 @@ int64_t Sequences::open() {
 }
 
 void Sequences::forward(int64_t seq, const int32_t* tokens, int64_t n, bool all_logits,
-                        float* logits) {
+                        float* logits, bool undoable) {
   Sequence& s = find(seq);
   DSV41RT_CHECK(n > 0 && tokens, "forward: no tokens for sequence ", seq);
   DSV41RT_CHECK(logits, "forward: logits is NULL");
@@ -31,8 +31,58 @@ void Sequences::forward(int64_t seq, const int32_t* tokens, int64_t n, bool all_
   batch[0].n = n;
   batch[0].logits = logits;
   batch[0].all_logits = all_logits;
+  model::UndoRecord record;
+  if (undoable) batch[0].undo = &record;
+  s.undo = {};  // the state it described is about to change
   exec_.forward(batch);
   s.length += n;
+  s.undo = std::move(record);
+}
+
+int64_t Sequences::rollback_limit(int64_t seq) {
+  const Sequence& s = find(seq);
+  const int64_t done = s.length - s.undo.length;
+  return s.undo.can_restore(s.length, s.undo.length) ? done : 0;
+}
+
+void Sequences::rollback(int64_t seq, int64_t r) {
+  Sequence& s = find(seq);
+  DSV41RT_CHECK_CODE(kInvalidArgument, r >= 0, "rollback: ", r,
+                     " positions (must be >= 0) for sequence ", seq);
+  if (r == 0) return;
+  DSV41RT_CHECK_CODE(kOutOfRange, s.undo.recorded(), "rollback: sequence ", seq,
+                     " has no undoable forward to take positions back from (run forward with "
+                     "undoable = true; a decode replaces it)");
+  const int64_t limit = rollback_limit(seq);
+  DSV41RT_CHECK_CODE(
+      kOutOfRange, r <= limit && s.undo.can_restore(s.length, s.length - r), "rollback: ", r,
+      " positions of sequence ", seq, " (length ", s.length, "); its last undoable forward ran ",
+      s.undo.n, " from ", s.undo.length, ", so at most ", limit,
+      s.undo.n > s.undo.window ? ", and only all of them (longer than the window)" : "",
+      " can be taken back");
+  model::RequestView v = view(s);
+  exec_.undo(v, s.undo, s.length - r);
+  s.length -= r;
+  std::vector<int32_t> tail(s.pages.begin() + exec_.pool().pages_for(s.length), s.pages.end());
+  s.pages.resize(s.pages.size() - tail.size());
+  exec_.pool().free_pages(tail);
+}
+
+void Sequences::owners(std::vector<const std::vector<int32_t>*>& tables,
+                       std::vector<int32_t>& slots) const {
+  for (const auto& [id, s] : seqs_) {
+    // (>=: a forward that failed keeps the pages it reserved until the sequence closes)
+    DSV41RT_CHECK_CODE(kInternal, int64_t(s.pages.size()) >= exec_.pool().pages_for(s.length),
+                       "sequence ", id, " of length ", s.length, " holds ", s.pages.size(),
+                       " pages, it needs ", exec_.pool().pages_for(s.length));
+    DSV41RT_CHECK_CODE(
+        kInternal,
+        !s.undo.recorded() || (s.undo.length <= s.length && s.length <= s.undo.length + s.undo.n),
+        "sequence ", id, " of length ", s.length, " keeps an undo record of ", s.undo.n,
+        " positions from ", s.undo.length);
+    tables.push_back(&s.pages);
+    slots.push_back(s.slot);
+  }
 }
 
 int64_t Sequences::fork(int64_t seq) {
@@ -76,6 +126,7 @@ void Sequences::decode(const std::vector<int64_t>& seqs, const int32_t* tokens, 
   std::vector<model::BatchItem> batch = decode_batch(seqs, tokens);
   const int64_t V = exec_.plan().config.vocab_size;
   for (size_t i = 0; i < batch.size(); ++i) batch[i].logits = logits + int64_t(i) * V;
+  for (int64_t seq : seqs) find(seq).undo = {};
   exec_.forward(batch);
   for (int64_t seq : seqs) find(seq).length += 1;
 }
@@ -89,6 +140,7 @@ void Sequences::decode_greedy(const std::vector<int64_t>& seqs, const int32_t* t
   std::vector<kernels::SampledToken> sampled(batch.size());
   for (size_t i = 0; i < batch.size(); ++i)
     batch[i].sample = &greedy, batch[i].sampled = &sampled[i];
+  for (int64_t seq : seqs) find(seq).undo = {};
   exec_.forward(batch);
   for (size_t i = 0; i < batch.size(); ++i) {
     next[i] = sampled[i].token;

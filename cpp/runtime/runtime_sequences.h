@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/model/executor.h"
+#include "runtime/model/state_undo.h"
 
 namespace dsv41rt {
 
@@ -30,7 +31,19 @@ class Sequences {
 
   int64_t open();
   /// Runs `n` tokens; logits of every new position (all_logits) or of the last: [rows, vocab].
-  void forward(int64_t seq, const int32_t* tokens, int64_t n, bool all_logits, float* logits);
+  /// `undoable`: keep what they overwrite, so rollback() can take them back.
+  void forward(int64_t seq, const int32_t* tokens, int64_t n, bool all_logits, float* logits,
+               bool undoable = false);
+  /// Takes back the last `r` positions of `seq`'s latest forward, which ran undoable (the rule:
+  /// model/state_undo.h): its state becomes bitwise the shorter sequence's, the pages past the
+  /// new length go back to the pool. Error(kInvalidArgument) for r < 0, Error(kOutOfRange) when
+  /// they cannot be taken back (no undoable forward since the last decode / rollback floor).
+  void rollback(int64_t seq, int64_t r);
+  /// The most positions rollback() can take back from `seq` now.
+  int64_t rollback_limit(int64_t seq);
+  /// The pool owners these sequences hold (Runtime::check_invariants), after checking that each
+  /// holds the pages its length needs.
+  void owners(std::vector<const std::vector<int32_t>*>& tables, std::vector<int32_t>& slots) const;
   /// A new sequence holding a copy of `seq`'s state.
   int64_t fork(int64_t seq);
   /// One token per sequence in one batched forward; logits [seqs, vocab].
@@ -52,6 +65,7 @@ class Sequences {
     int32_t slot = -1;
     std::vector<int32_t> pages;
     int64_t length = 0;
+    model::UndoRecord undo;  // of the latest forward, when it ran undoable
   };
 
   Sequence& find(int64_t seq);

@@ -404,11 +404,26 @@ class Runtime:
         """A direct handle (outside the scheduler) for scoring and parity tests."""
         return self._rt.open_sequence()
 
-    def forward_tokens(self, handle: int, tokens: Sequence[int], all_logits: bool = True) -> np.ndarray:
+    def forward_tokens(
+        self, handle: int, tokens: Sequence[int], all_logits: bool = True, undoable: bool = False
+    ) -> np.ndarray:
         """Run tokens on a handle at its next positions; logits float32 [len(tokens), vocab] (or of
-        the last position only, [1, vocab], with all_logits=False)."""
+        the last position only, [1, vocab], with all_logits=False). `undoable`: keep what these
+        positions overwrite, so that rollback_handle can take them back."""
         ids = np.asarray(self._check_ids(tokens, "tokens"), np.int32)
-        return self._rt.forward(handle, ids, all_logits=all_logits)
+        return self._rt.forward(handle, ids, all_logits=all_logits, undoable=undoable)
+
+    def rollback_handle(self, handle: int, r: int) -> None:
+        """Take back the last `r` positions of `handle`'s latest forward (run with undoable=True):
+        the handle continues bitwise as if they had never run, the pages past its new length go
+        back to the pool. A forward of n positions goes back by any r <= n when n <= the model's
+        sliding window, else only as a whole; rollbacks may repeat down to where it began; a
+        decode or another forward starts over. Raises for r < 0 or past rollback_limit(handle)."""
+        self._rt.rollback(handle, int(r))
+
+    def rollback_limit(self, handle: int) -> int:
+        """The most positions rollback_handle(handle, r) takes back now (0: none)."""
+        return int(self._rt.rollback_limit(handle))
 
     def fork_handle(self, handle: int) -> int:
         """A new handle holding a copy of `handle`'s state: it continues exactly as `handle` would

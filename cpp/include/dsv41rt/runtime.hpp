@@ -286,7 +286,20 @@ class DSV41RT_API Runtime {
   // a slot and pages of the same pool; forward() runs its next tokens at once.
   int64_t open_sequence();
   /// Logits of every new position (all_logits) or of the last, into `logits` ([n or 1, vocab]).
-  void forward(int64_t seq, const int32_t* tokens, int64_t n, bool all_logits, float* logits);
+  /// `undoable`: keep what these positions overwrite, so that rollback() can take them back.
+  void forward(int64_t seq, const int32_t* tokens, int64_t n, bool all_logits, float* logits,
+               bool undoable = false);
+  /// Takes back the last `r` positions of `seq`'s latest forward, which ran undoable: `seq`
+  /// continues bitwise as if they had never run (window rings, pending compressor rows, Engram
+  /// history restored; compressed entries and index keys past the new length dropped, the pages
+  /// past it freed). A forward of n positions can be taken back by any r <= n when n <= the
+  /// model's sliding window, else only as a whole (r = n); rollbacks may repeat down to where
+  /// that forward began; a decode, fork or another forward starts over. Error(kNotFound) for an
+  /// unknown sequence, kInvalidArgument for r < 0, kOutOfRange past rollback_limit(seq) (or a
+  /// partial rollback of a long forward), kUnsupported under context/tensor/expert parallelism.
+  void rollback(int64_t seq, int64_t r);
+  /// The most positions rollback(seq, r) takes back now (0: none).
+  int64_t rollback_limit(int64_t seq) const;
   /// A new sequence holding a copy of `seq`'s state: it continues exactly as `seq` would.
   int64_t fork(int64_t seq);
   /// One token for each sequence in one batched forward; logits [seqs, vocab].

@@ -22,6 +22,11 @@ void Executor::forward_cp(std::vector<BatchItem>&, comm::Communicator&) {
                      " executor");
 }
 
+void Executor::undo(const RequestView&, const UndoRecord&, int64_t) {
+  DSV41RT_THROW_CODE(kUnsupported, "rolling back a sequence is not built for the ", device(),
+                     " executor of a context-, tensor- or expert-parallel group");
+}
+
 void Executor::run_cp_worker() {
   DSV41RT_THROW_CODE(kUnsupported, "this ", device(),
                      " executor is not a context-parallel worker (rank > 0)");

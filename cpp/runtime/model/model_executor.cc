@@ -4,6 +4,7 @@
 
 #include "core/status.h"
 #include "kernels/rope.h"
+#include "runtime/model/state_undo.h"
 
 namespace dsv41rt::model {
 
@@ -128,8 +129,14 @@ void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicat
   // Token masks (SampleSpec::mask) are per-step host data the graphs do not take: eager too.
   const bool masked = std::any_of(batch.begin(), batch.end(),
                                   [](const BatchItem& b) { return b.sample && b.sample->mask; });
+  // Undoable items copy rows out as the forward runs: eager too.
+  const bool undo =
+      std::any_of(batch.begin(), batch.end(), [](const BatchItem& b) { return b.undo; });
+  DSV41RT_CHECK_CODE(kUnsupported, !undo || !comm,
+                     "keeping a forward undoable (rollback) is not built for context parallelism");
   const bool graphs = options_.cuda_graphs && backend_->supports_graphs() &&
-                      !runner_->record_decisions && !comm && !masked && !options_.group_comm;
+                      !runner_->record_decisions && !comm && !masked && !undo &&
+                      !options_.group_comm;
   const DecodeBucket bucket = graphs ? decode_bucket(c, batch) : DecodeBucket{};
   // Precision "bf16" / "fp8" runs every forward with BF16 / FP8 GEMM inputs; the backend picks
   // its kernels by the forward's rows (decode-sized forwards on the skinny decode kernels).
@@ -147,7 +154,14 @@ void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicat
     copy_results(padded, batch);
   } else {
     runner_->begin(f, comm);
-    runner_->run(f);
+    std::shared_ptr<void> capture = undo ? begin_undo(f, batch) : nullptr;
+    try {
+      runner_->run(f);
+    } catch (...) {
+      runner_->capture_compressor.clear();
+      throw;
+    }
+    if (undo) finish_undo(batch);
     ++eager_forwards_;
     copy_results(f, batch);
   }
@@ -224,6 +238,64 @@ void ModelExecutor::copy_state(const RequestView& src, const RequestView& dst) {
   const int64_t hist = std::max<int64_t>(layout_->history_len(), 1);
   const int32_t* from = history(src.slot);
   std::copy(from, from + hist, history(dst.slot));
+}
+
+std::shared_ptr<void> ModelExecutor::begin_undo(const ForwardPlan& f,
+                                                std::vector<BatchItem>& batch) {
+  const std::vector<PendingSource> sources = pending_sources(plan_, *layout_);
+  const int64_t D = plan_.config.head_dim;
+  int64_t floats = 0;
+  for (const BatchItem& b : batch) {
+    if (b.undo) floats += int64_t(sources.size()) * 2 * b.n * D;
+  }
+  std::shared_ptr<void> buffer =
+      floats > 0 ? backend_->alloc(floats * int64_t(sizeof(float))) : nullptr;
+  auto* next = static_cast<float*>(buffer.get());
+  runner_->capture_compressor.clear();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    BatchItem& b = batch[i];
+    if (!b.undo) continue;
+    save_undo(*backend_, plan_, *layout_, b.request.slot, history(b.request.slot), b.request.length,
+              b.tokens, b.n, *b.undo);
+    if (sources.empty()) continue;
+    CompressorCapture k;
+    k.row0 = f.row0[i];
+    k.n = b.n;
+    for (const PendingSource& ps : sources) {
+      k.rows[ps.layer] = next;
+      next += 2 * b.n * D;
+    }
+    runner_->capture_compressor.push_back(std::move(k));
+  }
+  return buffer;
+}
+
+void ModelExecutor::finish_undo(std::vector<BatchItem>& batch) {
+  const Stream s = runner_->main();
+  size_t next = 0;
+  for (BatchItem& b : batch) {
+    if (!b.undo || runner_->capture_compressor.empty()) continue;
+    const CompressorCapture& k = runner_->capture_compressor[next++];
+    float* out = b.undo->compressor_rows.data();
+    const int64_t D = plan_.config.head_dim;
+    for (const auto& [layer, rows] : k.rows) {  // layer order: pending_sources()'s order
+      backend_->to_host(out, rows, 2 * k.n * D * int64_t(sizeof(float)), s);
+      out += 2 * k.n * D;
+    }
+  }
+  backend_->synchronize(s);
+  runner_->capture_compressor.clear();
+}
+
+void ModelExecutor::undo(const RequestView& request, const UndoRecord& record, int64_t length) {
+  DSV41RT_CHECK(request.slot != nullptr, "undo: the request has no state slot");
+  backend_->activate();
+  restore_undo(*backend_, plan_, *layout_, request.slot, history(request.slot), record,
+               request.length, length);
+  // No workspace row outlives a forward; still, the sources' entries past `length` are gone.
+  for (const LayerPlan& layer : plan_.layers) {
+    if (layer.role == LayerRole::kFull) workspaces_.note_source_write(layer.index);
+  }
 }
 
 void ModelExecutor::set_switch(Switch which, bool on) {

@@ -30,6 +30,7 @@ class ModelExecutor final : public Executor {
     forward_impl(batch, &comm);
   }
   void copy_state(const RequestView& src, const RequestView& dst) override;
+  void undo(const RequestView& request, const UndoRecord& record, int64_t length) override;
   HostStateCopy* host_state_copy() override { return host_copy_.get(); }
 
   const ModelPlan& plan() const override { return plan_; }
@@ -45,6 +46,10 @@ class ModelExecutor final : public Executor {
  private:
   void forward_impl(std::vector<BatchItem>& batch, comm::Communicator* comm);
   void copy_results(const ForwardPlan& f, std::vector<BatchItem>& batch);
+  // Rollback records (BatchItem::undo): what the items' positions will overwrite, saved before
+  // the run, and the buffer the run copies their raw compressor rows into (null: none asked).
+  std::shared_ptr<void> begin_undo(const ForwardPlan& f, std::vector<BatchItem>& batch);
+  void finish_undo(std::vector<BatchItem>& batch);
   int32_t* history(const uint8_t* slot);
 
   ModelPlan plan_;

@@ -31,6 +31,7 @@
 #include "runtime/model/forward_plan.h"
 #include "runtime/model/group_collectives.h"
 #include "runtime/model/state_layout.h"
+#include "runtime/model/state_undo.h"
 
 namespace dsv41rt::model {
 
@@ -65,6 +66,9 @@ class ModelRunner {
   /// is bitwise the one-rank one. Null or size 1: the weights are whole.
   comm::Communicator* tensor_comm = nullptr;
   bool cp_timing = false;  ///< time the CP all-gather against the Q projection
+  /// Rollback (state_undo.h): batch rows whose raw compressor rows (ratio >= 2 Full layers) are
+  /// also copied out as they are computed. Set by the executor for one eager forward.
+  std::vector<CompressorCapture> capture_compressor;
 
   /// Host bookkeeping of a forward and the upload of its plan, outside any capture. With `comm`
   /// this runner is rank comm->rank() of a context-parallel group for this forward.
