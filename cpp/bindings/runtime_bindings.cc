@@ -353,6 +353,8 @@ void register_runtime(nb::module_& m) {
       .def("rollback", &Runtime::rollback, nb::arg("seq"), nb::arg("r"),
            nb::call_guard<nb::gil_scoped_release>())
       .def("rollback_limit", &Runtime::rollback_limit, nb::arg("seq"))
+      .def("verify_greedy", &Runtime::verify_greedy, nb::arg("seq"), nb::arg("last_token"),
+           nb::arg("draft"), nb::call_guard<nb::gil_scoped_release>())
       .def("fork", &Runtime::fork, nb::arg("seq"), nb::call_guard<nb::gil_scoped_release>())
       .def(
           "decode",

@@ -571,6 +571,13 @@ void Runtime::rollback(int64_t seq, int64_t r) {
   impl_->with_engine([&](auto&, auto&, Sequences& s) { s.rollback(seq, r); });
   impl_->refresh();
 }
+std::vector<int32_t> Runtime::verify_greedy(int64_t seq, int32_t last_token,
+                                            const std::vector<int32_t>& draft) {
+  auto out = impl_->with_engine(
+      [&](auto&, auto&, Sequences& s) { return s.verify_greedy(seq, last_token, draft); });
+  impl_->refresh();
+  return out;
+}
 int64_t Runtime::rollback_limit(int64_t seq) const {
   return impl_->with_engine([&](auto&, auto&, Sequences& s) { return s.rollback_limit(seq); });
 }

@@ -1,5 +1,8 @@
 #include "runtime/runtime_sequences.h"
 
+#include <algorithm>
+#include <string>
+
 #include "core/status.h"
 #include "runtime/sequence_state.h"
 
@@ -66,6 +69,42 @@ void Sequences::rollback(int64_t seq, int64_t r) {
   std::vector<int32_t> tail(s.pages.begin() + exec_.pool().pages_for(s.length), s.pages.end());
   s.pages.resize(s.pages.size() - tail.size());
   exec_.pool().free_pages(tail);
+}
+
+std::vector<int32_t> Sequences::verify_greedy(int64_t seq, int32_t last,
+                                              const std::vector<int32_t>& draft) {
+  find(seq);
+  const int64_t k = int64_t(draft.size()), V = exec_.plan().config.vocab_size;
+  const int64_t W = exec_.layout().sliding_window();
+  // A partial rollback needs the verify forward to fit the window ring (state_undo.h).
+  DSV41RT_CHECK_CODE(kInvalidArgument, k + 1 <= W, "verify_greedy: a draft of ", k,
+                     " tokens makes a verify forward of ", k + 1,
+                     " positions; at most the sliding window (", W, ") can be taken back in part");
+  std::vector<int32_t> fed{last};
+  fed.insert(fed.end(), draft.begin(), draft.end());
+  for (size_t i = 0; i < fed.size(); ++i) {
+    DSV41RT_CHECK_CODE(kInvalidArgument, fed[i] >= 0 && fed[i] < V,
+                       "verify_greedy: ", i == 0 ? "last token " : "draft token ", fed[i],
+                       i == 0 ? "" : " at index ", i == 0 ? "" : std::to_string(i - 1),
+                       " is outside the vocabulary [0, ", V, ")");
+  }
+  std::vector<float> logits(size_t((k + 1) * V));
+  forward(seq, fed.data(), k + 1, true, logits.data(), /*undoable=*/k > 0);
+  // The target's greedy token after row i: the argmax, ties to the lowest id (as the sampler's
+  // greedy mode, kernels/sampling.h), so the tokens are plain greedy decoding's.
+  auto greedy = [&](int64_t i) {
+    const float* row = logits.data() + i * V;
+    return int32_t(std::max_element(row, row + V) - row);
+  };
+  std::vector<int32_t> out;
+  int32_t next = greedy(0);
+  while (int64_t(out.size()) < k && next == draft[out.size()]) {
+    out.push_back(next);
+    next = greedy(int64_t(out.size()));
+  }
+  rollback(seq, k - int64_t(out.size()));
+  out.push_back(next);
+  return out;
 }
 
 void Sequences::owners(std::vector<const std::vector<int32_t>*>& tables,

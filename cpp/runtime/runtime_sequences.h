@@ -41,6 +41,10 @@ class Sequences {
   void rollback(int64_t seq, int64_t r);
   /// The most positions rollback() can take back from `seq` now.
   int64_t rollback_limit(int64_t seq);
+  /// One greedy speculative step (Runtime::verify_greedy): one forward over [last, draft...],
+  /// the longest draft prefix the target's greedy tokens agree with kept, the rest rolled back;
+  /// returns the kept drafts and the target's next token.
+  std::vector<int32_t> verify_greedy(int64_t seq, int32_t last, const std::vector<int32_t>& draft);
   /// The pool owners these sequences hold (Runtime::check_invariants), after checking that each
   /// holds the pages its length needs.
   void owners(std::vector<const std::vector<int32_t>*>& tables, std::vector<int32_t>& slots) const;

@@ -421,6 +421,16 @@ class Runtime:
         decode or another forward starts over. Raises for r < 0 or past rollback_limit(handle)."""
         self._rt.rollback(handle, int(r))
 
+    def verify_greedy(self, handle: int, last_token: int, draft: Sequence[int]) -> list[int]:
+        """One greedy speculative step: `last_token` is the handle's newest token, not fed yet,
+        `draft` k proposed tokens after it (k + 1 <= the model's sliding window). ONE forward over
+        [last_token, *draft]; the longest prefix of `draft` the target's greedy tokens agree with is
+        kept, the other positions are taken back exactly; returns those drafts plus the target's
+        own next token (1 .. k + 1 tokens, what plain greedy decoding gives; the last one is the
+        next call's `last_token`)."""
+        (last,) = self._check_ids([last_token], "last_token")
+        return [int(t) for t in self._rt.verify_greedy(handle, last, self._check_ids(draft, "draft"))]
+
     def rollback_limit(self, handle: int) -> int:
         """The most positions rollback_handle(handle, r) takes back now (0: none)."""
         return int(self._rt.rollback_limit(handle))

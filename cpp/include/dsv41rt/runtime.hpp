@@ -300,6 +300,16 @@ class DSV41RT_API Runtime {
   void rollback(int64_t seq, int64_t r);
   /// The most positions rollback(seq, r) takes back now (0: none).
   int64_t rollback_limit(int64_t seq) const;
+  /// One greedy speculative step (spec 7.3-7.4): `last_token` is `seq`'s newest token, not fed
+  /// yet (the previous step's last output), `draft` k proposed tokens after it. Runs ONE forward
+  /// over [last_token, draft...] (k + 1 <= the model's sliding window), keeps the longest prefix
+  /// of `draft` that the target's greedy tokens equal, takes the other positions back exactly
+  /// (rollback), and returns those drafts followed by the target's own next token (the bonus):
+  /// 1 .. k + 1 tokens, bitwise those plain greedy decoding gives from `last_token`; the last is
+  /// the next call's `last_token`. Errors as forward() / rollback(); kInvalidArgument for a
+  /// draft too long or a token outside the vocabulary (before anything runs).
+  std::vector<int32_t> verify_greedy(int64_t seq, int32_t last_token,
+                                     const std::vector<int32_t>& draft);
   /// A new sequence holding a copy of `seq`'s state: it continues exactly as `seq` would.
   int64_t fork(int64_t seq);
   /// One token for each sequence in one batched forward; logits [seqs, vocab].
