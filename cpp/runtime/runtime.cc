@@ -578,6 +578,10 @@ std::vector<int32_t> Runtime::verify_greedy(int64_t seq, int32_t last_token,
   impl_->refresh();
   return out;
 }
+DraftBlock Runtime::draft_greedy(int64_t seq, int32_t last_token) {
+  return impl_->with_engine(
+      [&](auto&, auto&, Sequences& s) { return s.draft_greedy(seq, last_token); });
+}
 int64_t Runtime::rollback_limit(int64_t seq) const {
   return impl_->with_engine([&](auto&, auto&, Sequences& s) { return s.rollback_limit(seq); });
 }

@@ -1,8 +1,5 @@
 #include "runtime/runtime_sequences.h"
 
-#include <algorithm>
-#include <string>
-
 #include "core/status.h"
 #include "runtime/sequence_state.h"
 
@@ -36,10 +33,13 @@ void Sequences::forward(int64_t seq, const int32_t* tokens, int64_t n, bool all_
   batch[0].all_logits = all_logits;
   model::UndoRecord record;
   if (undoable) batch[0].undo = &record;
+  std::vector<float> features;
+  if (exec_.has_drafter()) batch[0].dspark_features = &features;
   s.undo = {};  // the state it described is about to change
   exec_.forward(batch);
   s.length += n;
   s.undo = std::move(record);
+  if (exec_.has_drafter()) keep_features(s, features, n);
 }
 
 int64_t Sequences::rollback_limit(int64_t seq) {
@@ -66,45 +66,15 @@ void Sequences::rollback(int64_t seq, int64_t r) {
   model::RequestView v = view(s);
   exec_.undo(v, s.undo, s.length - r);
   s.length -= r;
+  if (s.length >= s.features_first) {
+    s.features.resize(size_t((s.length - s.features_first) * feature_width()));
+  } else {
+    s.features.clear();
+    s.features_first = s.length;
+  }
   std::vector<int32_t> tail(s.pages.begin() + exec_.pool().pages_for(s.length), s.pages.end());
   s.pages.resize(s.pages.size() - tail.size());
   exec_.pool().free_pages(tail);
-}
-
-std::vector<int32_t> Sequences::verify_greedy(int64_t seq, int32_t last,
-                                              const std::vector<int32_t>& draft) {
-  find(seq);
-  const int64_t k = int64_t(draft.size()), V = exec_.plan().config.vocab_size;
-  const int64_t W = exec_.layout().sliding_window();
-  // A partial rollback needs the verify forward to fit the window ring (state_undo.h).
-  DSV41RT_CHECK_CODE(kInvalidArgument, k + 1 <= W, "verify_greedy: a draft of ", k,
-                     " tokens makes a verify forward of ", k + 1,
-                     " positions; at most the sliding window (", W, ") can be taken back in part");
-  std::vector<int32_t> fed{last};
-  fed.insert(fed.end(), draft.begin(), draft.end());
-  for (size_t i = 0; i < fed.size(); ++i) {
-    DSV41RT_CHECK_CODE(kInvalidArgument, fed[i] >= 0 && fed[i] < V,
-                       "verify_greedy: ", i == 0 ? "last token " : "draft token ", fed[i],
-                       i == 0 ? "" : " at index ", i == 0 ? "" : std::to_string(i - 1),
-                       " is outside the vocabulary [0, ", V, ")");
-  }
-  std::vector<float> logits(size_t((k + 1) * V));
-  forward(seq, fed.data(), k + 1, true, logits.data(), /*undoable=*/k > 0);
-  // The target's greedy token after row i: the argmax, ties to the lowest id (as the sampler's
-  // greedy mode, kernels/sampling.h), so the tokens are plain greedy decoding's.
-  auto greedy = [&](int64_t i) {
-    const float* row = logits.data() + i * V;
-    return int32_t(std::max_element(row, row + V) - row);
-  };
-  std::vector<int32_t> out;
-  int32_t next = greedy(0);
-  while (int64_t(out.size()) < k && next == draft[out.size()]) {
-    out.push_back(next);
-    next = greedy(int64_t(out.size()));
-  }
-  rollback(seq, k - int64_t(out.size()));
-  out.push_back(next);
-  return out;
 }
 
 void Sequences::owners(std::vector<const std::vector<int32_t>*>& tables,
@@ -136,6 +106,8 @@ int64_t Sequences::fork(int64_t seq) {
   }
   exec_.copy_state(view(src), view(dst));
   dst.length = src.length;
+  dst.features = src.features;
+  dst.features_first = src.features_first;
   return id;
 }
 
@@ -165,9 +137,21 @@ void Sequences::decode(const std::vector<int64_t>& seqs, const int32_t* tokens, 
   std::vector<model::BatchItem> batch = decode_batch(seqs, tokens);
   const int64_t V = exec_.plan().config.vocab_size;
   for (size_t i = 0; i < batch.size(); ++i) batch[i].logits = logits + int64_t(i) * V;
-  for (int64_t seq : seqs) find(seq).undo = {};
+  run_decode(seqs, batch);
+}
+
+void Sequences::run_decode(const std::vector<int64_t>& seqs, std::vector<model::BatchItem>& batch) {
+  std::vector<std::vector<float>> features(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (exec_.has_drafter()) batch[i].dspark_features = &features[i];
+    find(seqs[i]).undo = {};
+  }
   exec_.forward(batch);
-  for (int64_t seq : seqs) find(seq).length += 1;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Sequence& s = find(seqs[i]);
+    s.length += 1;
+    if (exec_.has_drafter()) keep_features(s, features[i], 1);
+  }
 }
 
 void Sequences::decode_greedy(const std::vector<int64_t>& seqs, const int32_t* tokens,
@@ -179,13 +163,11 @@ void Sequences::decode_greedy(const std::vector<int64_t>& seqs, const int32_t* t
   std::vector<kernels::SampledToken> sampled(batch.size());
   for (size_t i = 0; i < batch.size(); ++i)
     batch[i].sample = &greedy, batch[i].sampled = &sampled[i];
-  for (int64_t seq : seqs) find(seq).undo = {};
-  exec_.forward(batch);
+  run_decode(seqs, batch);
   for (size_t i = 0; i < batch.size(); ++i) {
     next[i] = sampled[i].token;
     logprobs[i] = sampled[i].logprob;
   }
-  for (int64_t seq : seqs) find(seq).length += 1;
 }
 
 std::vector<uint8_t> Sequences::export_state(int64_t seq) {
@@ -201,6 +183,7 @@ int64_t Sequences::import_state(const uint8_t* data, size_t size) {
     reserve(s, v.header.length, id);
     write_sequence_state(exec_, v, s.slot, s.pages.data());
     s.length = v.header.length;
+    s.features_first = s.length;  // the blob carries no drafter features
   } catch (...) {
     close(id);
     throw;

@@ -45,6 +45,8 @@ class Sequences {
   /// the longest draft prefix the target's greedy tokens agree with kept, the rest rolled back;
   /// returns the kept drafts and the target's next token.
   std::vector<int32_t> verify_greedy(int64_t seq, int32_t last, const std::vector<int32_t>& draft);
+  /// The drafter's greedy block anchored at `last` (Runtime::draft_greedy).
+  DraftBlock draft_greedy(int64_t seq, int32_t last);
   /// The pool owners these sequences hold (Runtime::check_invariants), after checking that each
   /// holds the pages its length needs.
   void owners(std::vector<const std::vector<int32_t>*>& tables, std::vector<int32_t>& slots) const;
@@ -70,6 +72,10 @@ class Sequences {
     std::vector<int32_t> pages;
     int64_t length = 0;
     model::UndoRecord undo;  // of the latest forward, when it ran undoable
+    // With a drafter: the DSpark target features of positions [features_first, length), T * H
+    // floats each (the drafter reads the last sliding_window; rows an undo may need are kept).
+    std::vector<float> features;
+    int64_t features_first = 0;
   };
 
   Sequence& find(int64_t seq);
@@ -77,7 +83,13 @@ class Sequences {
   // One single-token item per sequence (distinct), pages reserved for the new position.
   std::vector<model::BatchItem> decode_batch(const std::vector<int64_t>& seqs,
                                              const int32_t* tokens);
+  // Runs a decode batch of `seqs`: lengths, undo records and drafter features follow.
+  void run_decode(const std::vector<int64_t>& seqs, std::vector<model::BatchItem>& batch);
   void free(Sequence& s);
+  // Appends the features of `n` new positions (the forward's capture) and drops rows no draft or
+  // rollback can read any more.
+  void keep_features(Sequence& s, const std::vector<float>& rows, int64_t n);
+  int64_t feature_width() const;
   /// Pages for `positions` positions of `s`, or Error(kOutOfRange) naming `what`.
   void reserve(Sequence& s, int64_t positions, int64_t seq);
 

@@ -23,6 +23,7 @@ from .config import ModelConfig, load_config
 from .errors import Dsv41rtError
 from .options import RuntimeOptions
 from .sampling import GREEDY, Grammar, SamplingParams
+from .speculative import DraftBlock
 from .tokenizer.engram_file import engram_tables_for
 from .tokenizer.grammar_vocab import grammar_vocab
 
@@ -109,6 +110,7 @@ def core_options(
     c.parallel.group_id = group_id
     c.parallel.worker_threads = worker_threads
     c.record_decisions = o.record_decisions
+    c.load_drafter = o.load_drafter
     c.engine_thread = engine_thread
     return c
 
@@ -430,6 +432,15 @@ class Runtime:
         next call's `last_token`)."""
         (last,) = self._check_ids([last_token], "last_token")
         return [int(t) for t in self._rt.verify_greedy(handle, last, self._check_ids(draft, "draft"))]
+
+    def draft_greedy(self, handle: int, last_token: int) -> DraftBlock:
+        """The DSpark drafter's greedy block after `handle` (a Runtime loaded with load_drafter=True):
+        anchored at `last_token` (the newest token, not fed yet), reading the target features the
+        handle's own forwards captured; dspark_block_size tokens for the positions after it, each
+        with its confidence logit. Feed the tokens the target accepts with verify_greedy."""
+        (last,) = self._check_ids([last_token], "last_token")
+        block = self._rt.draft_greedy(handle, last)
+        return DraftBlock(tuple(int(t) for t in block.tokens), tuple(float(c) for c in block.confidence))
 
     def rollback_limit(self, handle: int) -> int:
         """The most positions rollback_handle(handle, r) takes back now (0: none)."""

@@ -91,6 +91,10 @@ struct RuntimeOptions {
   DeviceOptions device;
   ParallelOptions parallel;
   bool record_decisions = false;  ///< keep each forward's decisions (Decisions; debug)
+  /// Load the DSpark drafter (spec 4.2) with the weights, for draft_greedy on direct sequences,
+  /// which then keep the target features of their last positions (their forwards run eagerly).
+  /// Not with context, tensor or expert parallelism.
+  bool load_drafter = false;
   /// true: an engine thread runs steps whenever there is work; false: the caller runs them with
   /// step() (scripting, deterministic tests).
   bool engine_thread = true;
@@ -231,6 +235,12 @@ struct Decisions {
 /// forwards (off: unpacks them to FP32 first; the same results).
 enum class Switch { kMultistream, kCudaGraphs, kTensorCores, kCpTiming, kAttentionInPlace };
 
+/// A block the DSpark drafter proposes (Runtime::draft_greedy).
+struct DraftBlock {
+  std::vector<int32_t> tokens;    ///< dspark_block_size greedy drafts, in order
+  std::vector<float> confidence;  ///< per token, the confidence head's logit (uncalibrated)
+};
+
 struct ModelInfo {
   int64_t vocab_size = 0;
   int32_t eos_token_id = 0;
@@ -310,6 +320,14 @@ class DSV41RT_API Runtime {
   /// draft too long or a token outside the vocabulary (before anything runs).
   std::vector<int32_t> verify_greedy(int64_t seq, int32_t last_token,
                                      const std::vector<int32_t>& draft);
+  /// The DSpark drafter's greedy block after `seq` (options.load_drafter), with each token's
+  /// confidence logit (the input a self-tuning draft length reads): anchored at
+  /// `last_token` (the newest token, not fed yet), reading the target features `seq`'s forwards
+  /// captured for its last sliding_window positions; dspark_block_size tokens proposed for the
+  /// positions after `last_token`, each the argmax of its row with the Markov head of the token
+  /// before it. Error(kUnsupported) without a drafter, kOutOfRange when `seq` lacks those
+  /// features (an imported sequence: feed it sliding_window positions first).
+  DraftBlock draft_greedy(int64_t seq, int32_t last_token);
   /// A new sequence holding a copy of `seq`'s state: it continues exactly as `seq` would.
   int64_t fork(int64_t seq);
   /// One token for each sequence in one batched forward; logits [seqs, vocab].

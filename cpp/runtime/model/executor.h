@@ -28,7 +28,9 @@
 
 namespace dsv41rt::model {
 
-struct UndoRecord;  // runtime/model/state_undo.h
+struct UndoRecord;   // runtime/model/state_undo.h
+struct DraftInputs;  // runtime/model/draft_runner.h
+struct DraftOutputs;
 
 /// Engram hashing inputs the control plane derives from the tokenizer (spec §4.1): the
 /// normalised-token map and, per Engram layer in config order, the hash multipliers and the
@@ -139,6 +141,10 @@ struct BatchItem {
   /// Executor::undo can take any number of them back afterwards (speculative verification).
   /// Null: nothing kept (no cost). Executors that cannot keep it refuse the forward.
   UndoRecord* undo = nullptr;
+  /// This item's rows of the DSpark target features [n, T * H] (host; T target layers in their
+  /// config order, the drafter's input: Decisions::dspark_features), filled by the forward.
+  /// Null: not computed. Only where has_drafter().
+  std::vector<float>* dspark_features = nullptr;
 };
 
 class DSV41RT_API Executor {
@@ -174,6 +180,11 @@ class DSV41RT_API Executor {
   /// bitwise those of the shorter request; the caller gives back the pages past `length`.
   /// Error(kUnsupported) where not built (context, tensor and expert parallel groups).
   virtual void undo(const RequestView& request, const UndoRecord& record, int64_t length);
+  /// Whether the DSpark drafter was loaded with the weights (ExecutorOptions::drafter).
+  virtual bool has_drafter() const { return false; }
+  /// One greedily drafted block (DraftRunner::run_greedy) over this executor's backend and
+  /// weights; Error(kUnsupported) without a drafter.
+  virtual void draft_greedy(const DraftInputs& in, DraftOutputs& out);
   /// Moves pages and slot states between the pool and host memory (the prefix cache's host
   /// tier), or null where that is not supported (the context-parallel drivers: their state is
   /// spread over several ranks' pools).

@@ -4,7 +4,6 @@
 
 #include "core/status.h"
 #include "kernels/rope.h"
-#include "runtime/model/state_undo.h"
 
 namespace dsv41rt::model {
 
@@ -96,6 +95,9 @@ ModelExecutor::ModelExecutor(ModelPlan plan, ModelWeights weights, EngramTables 
   runner_->expert_comm = options_.ep_size > 1 ? options_.group_comm : nullptr;
   if (runner_->expert_comm) check_expert_split(*backend_, weights_);
   runner_->tensor_comm = options_.tp_size > 1 ? options_.group_comm : nullptr;
+  if (!weights_.drafts.empty() && !options_.group_comm) {
+    drafter_ = std::make_unique<DraftRunner>(plan_, *backend_, weights_, layout_->formats().window);
+  }
 }
 
 ModelExecutor::~ModelExecutor() {
@@ -132,10 +134,15 @@ void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicat
   // Undoable items copy rows out as the forward runs: eager too.
   const bool undo =
       std::any_of(batch.begin(), batch.end(), [](const BatchItem& b) { return b.undo; });
-  DSV41RT_CHECK_CODE(kUnsupported, !undo || !comm,
-                     "keeping a forward undoable (rollback) is not built for context parallelism");
+  const bool features =
+      std::any_of(batch.begin(), batch.end(), [](const BatchItem& b) { return b.dspark_features; });
+  DSV41RT_CHECK_CODE(kUnsupported, !(undo || features) || !comm,
+                     "keeping a forward undoable (rollback) or its drafter features is not built "
+                     "for context parallelism");
+  DSV41RT_CHECK_CODE(kInvalidArgument, !features || c.dspark,
+                     "drafter features asked of a model without DSpark");
   const bool graphs = options_.cuda_graphs && backend_->supports_graphs() &&
-                      !runner_->record_decisions && !comm && !masked && !undo &&
+                      !runner_->record_decisions && !comm && !masked && !undo && !features &&
                       !options_.group_comm;
   const DecodeBucket bucket = graphs ? decode_bucket(c, batch) : DecodeBucket{};
   // Precision "bf16" / "fp8" runs every forward with BF16 / FP8 GEMM inputs; the backend picks
@@ -155,13 +162,17 @@ void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicat
   } else {
     runner_->begin(f, comm);
     std::shared_ptr<void> capture = undo ? begin_undo(f, batch) : nullptr;
+    runner_->capture_dspark_features = features;
     try {
       runner_->run(f);
     } catch (...) {
       runner_->capture_compressor.clear();
+      runner_->capture_dspark_features = false;
       throw;
     }
+    runner_->capture_dspark_features = false;
     if (undo) finish_undo(batch);
+    if (features) copy_dspark_features(f, batch);
     ++eager_forwards_;
     copy_results(f, batch);
   }
@@ -238,64 +249,6 @@ void ModelExecutor::copy_state(const RequestView& src, const RequestView& dst) {
   const int64_t hist = std::max<int64_t>(layout_->history_len(), 1);
   const int32_t* from = history(src.slot);
   std::copy(from, from + hist, history(dst.slot));
-}
-
-std::shared_ptr<void> ModelExecutor::begin_undo(const ForwardPlan& f,
-                                                std::vector<BatchItem>& batch) {
-  const std::vector<PendingSource> sources = pending_sources(plan_, *layout_);
-  const int64_t D = plan_.config.head_dim;
-  int64_t floats = 0;
-  for (const BatchItem& b : batch) {
-    if (b.undo) floats += int64_t(sources.size()) * 2 * b.n * D;
-  }
-  std::shared_ptr<void> buffer =
-      floats > 0 ? backend_->alloc(floats * int64_t(sizeof(float))) : nullptr;
-  auto* next = static_cast<float*>(buffer.get());
-  runner_->capture_compressor.clear();
-  for (size_t i = 0; i < batch.size(); ++i) {
-    BatchItem& b = batch[i];
-    if (!b.undo) continue;
-    save_undo(*backend_, plan_, *layout_, b.request.slot, history(b.request.slot), b.request.length,
-              b.tokens, b.n, *b.undo);
-    if (sources.empty()) continue;
-    CompressorCapture k;
-    k.row0 = f.row0[i];
-    k.n = b.n;
-    for (const PendingSource& ps : sources) {
-      k.rows[ps.layer] = next;
-      next += 2 * b.n * D;
-    }
-    runner_->capture_compressor.push_back(std::move(k));
-  }
-  return buffer;
-}
-
-void ModelExecutor::finish_undo(std::vector<BatchItem>& batch) {
-  const Stream s = runner_->main();
-  size_t next = 0;
-  for (BatchItem& b : batch) {
-    if (!b.undo || runner_->capture_compressor.empty()) continue;
-    const CompressorCapture& k = runner_->capture_compressor[next++];
-    float* out = b.undo->compressor_rows.data();
-    const int64_t D = plan_.config.head_dim;
-    for (const auto& [layer, rows] : k.rows) {  // layer order: pending_sources()'s order
-      backend_->to_host(out, rows, 2 * k.n * D * int64_t(sizeof(float)), s);
-      out += 2 * k.n * D;
-    }
-  }
-  backend_->synchronize(s);
-  runner_->capture_compressor.clear();
-}
-
-void ModelExecutor::undo(const RequestView& request, const UndoRecord& record, int64_t length) {
-  DSV41RT_CHECK(request.slot != nullptr, "undo: the request has no state slot");
-  backend_->activate();
-  restore_undo(*backend_, plan_, *layout_, request.slot, history(request.slot), record,
-               request.length, length);
-  // No workspace row outlives a forward; still, the sources' entries past `length` are gone.
-  for (const LayerPlan& layer : plan_.layers) {
-    if (layer.role == LayerRole::kFull) workspaces_.note_source_write(layer.index);
-  }
 }
 
 void ModelExecutor::set_switch(Switch which, bool on) {

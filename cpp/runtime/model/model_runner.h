@@ -54,6 +54,9 @@ class ModelRunner {
   bool attention_in_place = true;
   /// Keep each forward's Decisions (top-k, experts, window-KV rounding inputs).
   bool record_decisions = false;
+  /// Keep only the DSpark target features of Decisions (the drafter's input); set by the
+  /// executor for an eager forward that serves a drafter.
+  bool capture_dspark_features = false;
   /// Expert parallelism: the group over which this rank's routed-expert shard is combined (null
   /// or size 1: the weights hold every expert). Every rank runs every token (replicated attention).
   /// How the ranks' outputs combine is the backend's (Backend::expert_split): slots summed and
