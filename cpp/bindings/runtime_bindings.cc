@@ -149,7 +149,11 @@ void register_options(nb::module_& m) {
       .def_rw("device", &RuntimeOptions::device)
       .def_rw("parallel", &RuntimeOptions::parallel)
       .def_rw("record_decisions", &RuntimeOptions::record_decisions)
+      .def_rw("load_drafter", &RuntimeOptions::load_drafter)
       .def_rw("engine_thread", &RuntimeOptions::engine_thread);
+  nb::class_<DraftBlock>(m, "DraftBlock")
+      .def_ro("tokens", &DraftBlock::tokens)
+      .def_ro("confidence", &DraftBlock::confidence);
 
   // The C API's defaults (dsv41rt_runtime_default_params), for the test that all ways in agree.
   m.def("c_api_defaults", [] {
@@ -341,14 +345,22 @@ void register_runtime(nb::module_& m) {
       .def("open_sequence", &Runtime::open_sequence)
       .def(
           "forward",
-          [](Runtime& rt, int64_t seq, I32Array tokens, bool all_logits) {
+          [](Runtime& rt, int64_t seq, I32Array tokens, bool all_logits, bool undoable) {
             const int64_t n = int64_t(tokens.shape(0));
             DSV41RT_CHECK(n > 0, "forward: empty token list for sequence ", seq);
             return logits_array(all_logits ? n : 1, rt.info().vocab_size, [&](float* out) {
-              rt.forward(seq, tokens.data(), n, all_logits, out);
+              rt.forward(seq, tokens.data(), n, all_logits, out, undoable);
             });
           },
-          nb::arg("seq"), nb::arg("tokens"), nb::arg("all_logits") = true)
+          nb::arg("seq"), nb::arg("tokens"), nb::arg("all_logits") = true,
+          nb::arg("undoable") = false)
+      .def("rollback", &Runtime::rollback, nb::arg("seq"), nb::arg("r"),
+           nb::call_guard<nb::gil_scoped_release>())
+      .def("rollback_limit", &Runtime::rollback_limit, nb::arg("seq"))
+      .def("verify_greedy", &Runtime::verify_greedy, nb::arg("seq"), nb::arg("last_token"),
+           nb::arg("draft"), nb::call_guard<nb::gil_scoped_release>())
+      .def("draft_greedy", &Runtime::draft_greedy, nb::arg("seq"), nb::arg("last_token"),
+           nb::call_guard<nb::gil_scoped_release>())
       .def("fork", &Runtime::fork, nb::arg("seq"), nb::call_guard<nb::gil_scoped_release>())
       .def(
           "decode",

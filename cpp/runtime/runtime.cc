@@ -561,11 +561,29 @@ int64_t Runtime::open_sequence() {
   impl_->refresh();  // it may have taken a slot back from the prefix cache
   return id;
 }
-void Runtime::forward(int64_t seq, const int32_t* tokens, int64_t n, bool all_logits,
-                      float* logits) {
+void Runtime::forward(int64_t seq, const int32_t* tokens, int64_t n, bool all_logits, float* logits,
+                      bool undoable) {
   impl_->with_engine(
-      [&](auto&, auto&, Sequences& s) { s.forward(seq, tokens, n, all_logits, logits); });
+      [&](auto&, auto&, Sequences& s) { s.forward(seq, tokens, n, all_logits, logits, undoable); });
   impl_->refresh();
+}
+void Runtime::rollback(int64_t seq, int64_t r) {
+  impl_->with_engine([&](auto&, auto&, Sequences& s) { s.rollback(seq, r); });
+  impl_->refresh();
+}
+std::vector<int32_t> Runtime::verify_greedy(int64_t seq, int32_t last_token,
+                                            const std::vector<int32_t>& draft) {
+  auto out = impl_->with_engine(
+      [&](auto&, auto&, Sequences& s) { return s.verify_greedy(seq, last_token, draft); });
+  impl_->refresh();
+  return out;
+}
+DraftBlock Runtime::draft_greedy(int64_t seq, int32_t last_token) {
+  return impl_->with_engine(
+      [&](auto&, auto&, Sequences& s) { return s.draft_greedy(seq, last_token); });
+}
+int64_t Runtime::rollback_limit(int64_t seq) const {
+  return impl_->with_engine([&](auto&, auto&, Sequences& s) { return s.rollback_limit(seq); });
 }
 int64_t Runtime::fork(int64_t seq) {
   const int64_t id = impl_->with_engine([&](auto&, auto&, Sequences& s) { return s.fork(seq); });
@@ -610,7 +628,12 @@ std::string Runtime::describe_pool() const {
   });
 }
 void Runtime::check_invariants() const {
-  impl_->with_engine([](engine::Engine& en, auto&, auto&) { en.check_invariants(); });
+  impl_->with_engine([](engine::Engine& en, auto&, Sequences& s) {
+    std::vector<const std::vector<int32_t>*> tables;
+    std::vector<int32_t> slots;
+    s.owners(tables, slots);
+    en.check_invariants(tables, slots);
+  });
 }
 void Runtime::set_switch(Switch which, bool on) {
   impl_->with_engine([&](auto&, model::Executor& x, auto&) { x.set_switch(which, on); });

@@ -90,8 +90,19 @@ LoadedModel load_model(const RuntimeOptions& o) {
                                    : model::load_engram_tables_file(o.engram_tables, plan.config);
   // The CPU backend computes from FP32 host copies; the CUDA backend dequantises the stored
   // tensors on the device (a released checkpoint does not fit in host memory as FP32).
+  if (o.load_drafter) {
+    DSV41RT_CHECK_CODE(kInvalidArgument, plan.config.dspark && !plan.draft_layers.empty(),
+                       "load_drafter: ", o.checkpoint, " has no DSpark drafter");
+    const ParallelOptions& p = o.parallel;
+    DSV41RT_CHECK_CODE(
+        kUnsupported,
+        p.context_parallel_size == 1 && p.tensor_parallel_size == 1 && p.expert_parallel_size == 1,
+        "load_drafter: the drafter is not built for context, tensor or expert "
+        "parallelism");
+  }
   model::ModelWeights weights =
-      model::load_weights(ck, plan, /*host_values=*/o.device.device == "cpu", o.progress);
+      model::load_weights(ck, plan, /*host_values=*/o.device.device == "cpu", o.progress,
+                          /*drafts=*/o.load_drafter);
   LoadedModel m;
   m.engine.max_num_seqs = o.pool.max_num_seqs;
   m.engine.max_num_batched_tokens = o.pool.max_num_batched_tokens;

@@ -20,7 +20,7 @@ int64_t Sequences::open() {
 }
 
 void Sequences::forward(int64_t seq, const int32_t* tokens, int64_t n, bool all_logits,
-                        float* logits) {
+                        float* logits, bool undoable) {
   Sequence& s = find(seq);
   DSV41RT_CHECK(n > 0 && tokens, "forward: no tokens for sequence ", seq);
   DSV41RT_CHECK(logits, "forward: logits is NULL");
@@ -31,8 +31,67 @@ void Sequences::forward(int64_t seq, const int32_t* tokens, int64_t n, bool all_
   batch[0].n = n;
   batch[0].logits = logits;
   batch[0].all_logits = all_logits;
+  model::UndoRecord record;
+  if (undoable) batch[0].undo = &record;
+  std::vector<float> features;
+  if (exec_.has_drafter()) batch[0].dspark_features = &features;
+  s.undo = {};  // the state it described is about to change
   exec_.forward(batch);
   s.length += n;
+  s.undo = std::move(record);
+  if (exec_.has_drafter()) keep_features(s, features, n);
+}
+
+int64_t Sequences::rollback_limit(int64_t seq) {
+  const Sequence& s = find(seq);
+  const int64_t done = s.length - s.undo.length;
+  return s.undo.can_restore(s.length, s.undo.length) ? done : 0;
+}
+
+void Sequences::rollback(int64_t seq, int64_t r) {
+  Sequence& s = find(seq);
+  DSV41RT_CHECK_CODE(kInvalidArgument, r >= 0, "rollback: ", r,
+                     " positions (must be >= 0) for sequence ", seq);
+  if (r == 0) return;
+  DSV41RT_CHECK_CODE(kOutOfRange, s.undo.recorded(), "rollback: sequence ", seq,
+                     " has no undoable forward to take positions back from (run forward with "
+                     "undoable = true; a decode replaces it)");
+  const int64_t limit = rollback_limit(seq);
+  DSV41RT_CHECK_CODE(
+      kOutOfRange, r <= limit && s.undo.can_restore(s.length, s.length - r), "rollback: ", r,
+      " positions of sequence ", seq, " (length ", s.length, "); its last undoable forward ran ",
+      s.undo.n, " from ", s.undo.length, ", so at most ", limit,
+      s.undo.n > s.undo.window ? ", and only all of them (longer than the window)" : "",
+      " can be taken back");
+  model::RequestView v = view(s);
+  exec_.undo(v, s.undo, s.length - r);
+  s.length -= r;
+  if (s.length >= s.features_first) {
+    s.features.resize(size_t((s.length - s.features_first) * feature_width()));
+  } else {
+    s.features.clear();
+    s.features_first = s.length;
+  }
+  std::vector<int32_t> tail(s.pages.begin() + exec_.pool().pages_for(s.length), s.pages.end());
+  s.pages.resize(s.pages.size() - tail.size());
+  exec_.pool().free_pages(tail);
+}
+
+void Sequences::owners(std::vector<const std::vector<int32_t>*>& tables,
+                       std::vector<int32_t>& slots) const {
+  for (const auto& [id, s] : seqs_) {
+    // (>=: a forward that failed keeps the pages it reserved until the sequence closes)
+    DSV41RT_CHECK_CODE(kInternal, int64_t(s.pages.size()) >= exec_.pool().pages_for(s.length),
+                       "sequence ", id, " of length ", s.length, " holds ", s.pages.size(),
+                       " pages, it needs ", exec_.pool().pages_for(s.length));
+    DSV41RT_CHECK_CODE(
+        kInternal,
+        !s.undo.recorded() || (s.undo.length <= s.length && s.length <= s.undo.length + s.undo.n),
+        "sequence ", id, " of length ", s.length, " keeps an undo record of ", s.undo.n,
+        " positions from ", s.undo.length);
+    tables.push_back(&s.pages);
+    slots.push_back(s.slot);
+  }
 }
 
 int64_t Sequences::fork(int64_t seq) {
@@ -47,6 +106,8 @@ int64_t Sequences::fork(int64_t seq) {
   }
   exec_.copy_state(view(src), view(dst));
   dst.length = src.length;
+  dst.features = src.features;
+  dst.features_first = src.features_first;
   return id;
 }
 
@@ -76,8 +137,21 @@ void Sequences::decode(const std::vector<int64_t>& seqs, const int32_t* tokens, 
   std::vector<model::BatchItem> batch = decode_batch(seqs, tokens);
   const int64_t V = exec_.plan().config.vocab_size;
   for (size_t i = 0; i < batch.size(); ++i) batch[i].logits = logits + int64_t(i) * V;
+  run_decode(seqs, batch);
+}
+
+void Sequences::run_decode(const std::vector<int64_t>& seqs, std::vector<model::BatchItem>& batch) {
+  std::vector<std::vector<float>> features(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (exec_.has_drafter()) batch[i].dspark_features = &features[i];
+    find(seqs[i]).undo = {};
+  }
   exec_.forward(batch);
-  for (int64_t seq : seqs) find(seq).length += 1;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Sequence& s = find(seqs[i]);
+    s.length += 1;
+    if (exec_.has_drafter()) keep_features(s, features[i], 1);
+  }
 }
 
 void Sequences::decode_greedy(const std::vector<int64_t>& seqs, const int32_t* tokens,
@@ -89,12 +163,11 @@ void Sequences::decode_greedy(const std::vector<int64_t>& seqs, const int32_t* t
   std::vector<kernels::SampledToken> sampled(batch.size());
   for (size_t i = 0; i < batch.size(); ++i)
     batch[i].sample = &greedy, batch[i].sampled = &sampled[i];
-  exec_.forward(batch);
+  run_decode(seqs, batch);
   for (size_t i = 0; i < batch.size(); ++i) {
     next[i] = sampled[i].token;
     logprobs[i] = sampled[i].logprob;
   }
-  for (int64_t seq : seqs) find(seq).length += 1;
 }
 
 std::vector<uint8_t> Sequences::export_state(int64_t seq) {
@@ -110,6 +183,7 @@ int64_t Sequences::import_state(const uint8_t* data, size_t size) {
     reserve(s, v.header.length, id);
     write_sequence_state(exec_, v, s.slot, s.pages.data());
     s.length = v.header.length;
+    s.features_first = s.length;  // the blob carries no drafter features
   } catch (...) {
     close(id);
     throw;

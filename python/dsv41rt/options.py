@@ -49,6 +49,7 @@ class RuntimeOptions:
     tensor_parallel_size: int = 1
     expert_parallel_size: int = 1
     record_decisions: bool = False
+    load_drafter: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -249,6 +250,12 @@ _ROWS = (
         "routed experts split over this many ranks (CPU: virtual ranks in this process; exact)",
     ),
     Option("record_decisions", parse_bool, "", "keep each forward's top-k, experts, window-KV inputs (debugging)"),
+    Option(
+        "load_drafter",
+        parse_bool,
+        "",
+        "load the DSpark drafter for Runtime.draft_greedy on direct handles (the engine does not speculate yet)",
+    ),
 )
 OPTIONS: dict[str, Option] = {o.name: o for o in _ROWS}
 assert list(OPTIONS) == [f.name for f in fields(RuntimeOptions)], "one table row per RuntimeOptions field"

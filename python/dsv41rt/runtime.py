@@ -23,6 +23,7 @@ from .config import ModelConfig, load_config
 from .errors import Dsv41rtError
 from .options import RuntimeOptions
 from .sampling import GREEDY, Grammar, SamplingParams
+from .speculative import DraftBlock
 from .tokenizer.engram_file import engram_tables_for
 from .tokenizer.grammar_vocab import grammar_vocab
 
@@ -109,6 +110,7 @@ def core_options(
     c.parallel.group_id = group_id
     c.parallel.worker_threads = worker_threads
     c.record_decisions = o.record_decisions
+    c.load_drafter = o.load_drafter
     c.engine_thread = engine_thread
     return c
 
@@ -404,11 +406,45 @@ class Runtime:
         """A direct handle (outside the scheduler) for scoring and parity tests."""
         return self._rt.open_sequence()
 
-    def forward_tokens(self, handle: int, tokens: Sequence[int], all_logits: bool = True) -> np.ndarray:
+    def forward_tokens(
+        self, handle: int, tokens: Sequence[int], all_logits: bool = True, undoable: bool = False
+    ) -> np.ndarray:
         """Run tokens on a handle at its next positions; logits float32 [len(tokens), vocab] (or of
-        the last position only, [1, vocab], with all_logits=False)."""
+        the last position only, [1, vocab], with all_logits=False). `undoable`: keep what these
+        positions overwrite, so that rollback_handle can take them back."""
         ids = np.asarray(self._check_ids(tokens, "tokens"), np.int32)
-        return self._rt.forward(handle, ids, all_logits=all_logits)
+        return self._rt.forward(handle, ids, all_logits=all_logits, undoable=undoable)
+
+    def rollback_handle(self, handle: int, r: int) -> None:
+        """Take back the last `r` positions of `handle`'s latest forward (run with undoable=True):
+        the handle continues bitwise as if they had never run, the pages past its new length go
+        back to the pool. A forward of n positions goes back by any r <= n when n <= the model's
+        sliding window, else only as a whole; rollbacks may repeat down to where it began; a
+        decode or another forward starts over. Raises for r < 0 or past rollback_limit(handle)."""
+        self._rt.rollback(handle, int(r))
+
+    def verify_greedy(self, handle: int, last_token: int, draft: Sequence[int]) -> list[int]:
+        """One greedy speculative step: `last_token` is the handle's newest token, not fed yet,
+        `draft` k proposed tokens after it (k + 1 <= the model's sliding window). ONE forward over
+        [last_token, *draft]; the longest prefix of `draft` the target's greedy tokens agree with is
+        kept, the other positions are taken back exactly; returns those drafts plus the target's
+        own next token (1 .. k + 1 tokens, what plain greedy decoding gives; the last one is the
+        next call's `last_token`)."""
+        (last,) = self._check_ids([last_token], "last_token")
+        return [int(t) for t in self._rt.verify_greedy(handle, last, self._check_ids(draft, "draft"))]
+
+    def draft_greedy(self, handle: int, last_token: int) -> DraftBlock:
+        """The DSpark drafter's greedy block after `handle` (a Runtime loaded with load_drafter=True):
+        anchored at `last_token` (the newest token, not fed yet), reading the target features the
+        handle's own forwards captured; dspark_block_size tokens for the positions after it, each
+        with its confidence logit. Feed the tokens the target accepts with verify_greedy."""
+        (last,) = self._check_ids([last_token], "last_token")
+        block = self._rt.draft_greedy(handle, last)
+        return DraftBlock(tuple(int(t) for t in block.tokens), tuple(float(c) for c in block.confidence))
+
+    def rollback_limit(self, handle: int) -> int:
+        """The most positions rollback_handle(handle, r) takes back now (0: none)."""
+        return int(self._rt.rollback_limit(handle))
 
     def fork_handle(self, handle: int) -> int:
         """A new handle holding a copy of `handle`'s state: it continues exactly as `handle` would

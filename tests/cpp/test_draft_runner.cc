@@ -128,6 +128,41 @@ TEST(DraftRunner, BlockRowsSeeEachOtherAndMarkovIsPerRow) {
   }
 }
 
+// Greedy drafting in order: each row's Markov head reads the token drafted at the row before, so
+// the outputs are run()'s with those tokens as `previous`, bitwise, and each token its row's
+// argmax.
+TEST(DraftRunner, GreedyDraftsInOrderThroughTheMarkovHead) {
+  NEED_CHECKPOINT();
+  Drafter& d = drafter();
+  for (const int64_t anchor : {0, 5, 12, 20}) {
+    Case k = make_case(d.plan(), 20, anchor);
+    const DraftOutputs g = d.draft_greedy(k.in);
+    ASSERT_EQ(int64_t(g.tokens.size()), g.block);
+    DraftInputs in = k.in;
+    for (int64_t i = 1; i < g.block; ++i) in.previous[size_t(i)] = g.tokens[size_t(i - 1)];
+    const DraftOutputs ref = d.draft(in);
+    EXPECT_EQ(g.logits, ref.logits) << anchor;
+    EXPECT_EQ(g.confidence, ref.confidence) << anchor;
+    for (int64_t r = 0; r < g.block; ++r) {
+      const auto row = ref.logits.begin() + r * ref.vocab;
+      EXPECT_EQ(g.tokens[size_t(r)], int32_t(std::max_element(row, row + ref.vocab) - row)) << r;
+    }
+  }
+}
+
+// Features given from a later first position (what a serving sequence keeps) draft the same.
+TEST(DraftRunner, FeaturesFromALaterFirstPosition) {
+  NEED_CHECKPOINT();
+  Drafter& d = drafter();
+  const int64_t W = d.plan().config.sliding_window, anchor = W + 6;
+  Case k = make_case(d.plan(), 20, anchor);
+  DraftInputs in = k.in;
+  in.first = anchor - W;
+  in.context = 20 - in.first;
+  in.features = k.features.data() + in.first * in.width;
+  EXPECT_EQ(d.draft(in).logits, d.draft(k.in).logits);
+}
+
 TEST(DraftRunner, AnchorZeroHasNoTargetKeys) {
   NEED_CHECKPOINT();
   Drafter& d = drafter();
@@ -154,7 +189,9 @@ TEST(DraftRunner, BadInputsAreNamed) {
   in.width -= 1;
   expect_error(d, in, "columns");
   in = k.in, in.anchor = 21;
-  expect_error(d, in, "anchor 21 outside [0, 20]");
+  expect_error(d, in, "anchor 21 reads the features of positions [13, 21), the rows hold [0, 20)");
+  in = k.in, in.first = 5;  // the ring of anchor 12 starts at 4
+  expect_error(d, in, "positions [4, 12), the rows hold [5, 25)");
   in = k.in, in.anchor = -1;
   expect_error(d, in, "anchor -1");
   in = k.in, in.ids.pop_back();

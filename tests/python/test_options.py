@@ -38,6 +38,7 @@ def _core_defaults() -> dict:
         "context_parallel_size": c.parallel.context_parallel_size,
         "context_parallel_backend": c.parallel.context_parallel_backend.name,
         "record_decisions": c.record_decisions,
+        "load_drafter": c.load_drafter,
     }
 
 

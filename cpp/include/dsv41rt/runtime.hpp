@@ -91,6 +91,10 @@ struct RuntimeOptions {
   DeviceOptions device;
   ParallelOptions parallel;
   bool record_decisions = false;  ///< keep each forward's decisions (Decisions; debug)
+  /// Load the DSpark drafter (spec 4.2) with the weights, for draft_greedy on direct sequences,
+  /// which then keep the target features of their last positions (their forwards run eagerly).
+  /// Not with context, tensor or expert parallelism.
+  bool load_drafter = false;
   /// true: an engine thread runs steps whenever there is work; false: the caller runs them with
   /// step() (scripting, deterministic tests).
   bool engine_thread = true;
@@ -231,6 +235,12 @@ struct Decisions {
 /// forwards (off: unpacks them to FP32 first; the same results).
 enum class Switch { kMultistream, kCudaGraphs, kTensorCores, kCpTiming, kAttentionInPlace };
 
+/// A block the DSpark drafter proposes (Runtime::draft_greedy).
+struct DraftBlock {
+  std::vector<int32_t> tokens;    ///< dspark_block_size greedy drafts, in order
+  std::vector<float> confidence;  ///< per token, the confidence head's logit (uncalibrated)
+};
+
 struct ModelInfo {
   int64_t vocab_size = 0;
   int32_t eos_token_id = 0;
@@ -286,7 +296,38 @@ class DSV41RT_API Runtime {
   // a slot and pages of the same pool; forward() runs its next tokens at once.
   int64_t open_sequence();
   /// Logits of every new position (all_logits) or of the last, into `logits` ([n or 1, vocab]).
-  void forward(int64_t seq, const int32_t* tokens, int64_t n, bool all_logits, float* logits);
+  /// `undoable`: keep what these positions overwrite, so that rollback() can take them back.
+  void forward(int64_t seq, const int32_t* tokens, int64_t n, bool all_logits, float* logits,
+               bool undoable = false);
+  /// Takes back the last `r` positions of `seq`'s latest forward, which ran undoable: `seq`
+  /// continues bitwise as if they had never run (window rings, pending compressor rows, Engram
+  /// history restored; compressed entries and index keys past the new length dropped, the pages
+  /// past it freed). A forward of n positions can be taken back by any r <= n when n <= the
+  /// model's sliding window, else only as a whole (r = n); rollbacks may repeat down to where
+  /// that forward began; a decode, fork or another forward starts over. Error(kNotFound) for an
+  /// unknown sequence, kInvalidArgument for r < 0, kOutOfRange past rollback_limit(seq) (or a
+  /// partial rollback of a long forward), kUnsupported under context/tensor/expert parallelism.
+  void rollback(int64_t seq, int64_t r);
+  /// The most positions rollback(seq, r) takes back now (0: none).
+  int64_t rollback_limit(int64_t seq) const;
+  /// One greedy speculative step (spec 7.3-7.4): `last_token` is `seq`'s newest token, not fed
+  /// yet (the previous step's last output), `draft` k proposed tokens after it. Runs ONE forward
+  /// over [last_token, draft...] (k + 1 <= the model's sliding window), keeps the longest prefix
+  /// of `draft` that the target's greedy tokens equal, takes the other positions back exactly
+  /// (rollback), and returns those drafts followed by the target's own next token (the bonus):
+  /// 1 .. k + 1 tokens, bitwise those plain greedy decoding gives from `last_token`; the last is
+  /// the next call's `last_token`. Errors as forward() / rollback(); kInvalidArgument for a
+  /// draft too long or a token outside the vocabulary (before anything runs).
+  std::vector<int32_t> verify_greedy(int64_t seq, int32_t last_token,
+                                     const std::vector<int32_t>& draft);
+  /// The DSpark drafter's greedy block after `seq` (options.load_drafter), with each token's
+  /// confidence logit (the input a self-tuning draft length reads): anchored at
+  /// `last_token` (the newest token, not fed yet), reading the target features `seq`'s forwards
+  /// captured for its last sliding_window positions; dspark_block_size tokens proposed for the
+  /// positions after `last_token`, each the argmax of its row with the Markov head of the token
+  /// before it. Error(kUnsupported) without a drafter, kOutOfRange when `seq` lacks those
+  /// features (an imported sequence: feed it sliding_window positions first).
+  DraftBlock draft_greedy(int64_t seq, int32_t last_token);
   /// A new sequence holding a copy of `seq`'s state: it continues exactly as `seq` would.
   int64_t fork(int64_t seq);
   /// One token for each sequence in one batched forward; logits [seqs, vocab].

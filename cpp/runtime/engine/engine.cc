@@ -207,7 +207,10 @@ class Engine::Impl {
     return s;
   }
 
-  void check_invariants() const { scheduler_.check_invariants(); }
+  void check_invariants(const std::vector<const std::vector<int32_t>*>& other_tables,
+                        const std::vector<int32_t>& other_slots) const {
+    scheduler_.check_invariants(other_tables, other_slots);
+  }
   void reset_prefix_cache() { scheduler_.reset_prefix_cache(); }
   bool evict_cached_page() { return scheduler_.evict_cached_page(); }
   bool evict_cached_slot() { return scheduler_.evict_cached_slot(); }
@@ -285,7 +288,10 @@ void Engine::cancel(int64_t id) { impl_->cancel(id); }
 bool Engine::has_request(int64_t id) const { return impl_->has_request(id); }
 bool Engine::idle() const { return impl_->idle(); }
 EngineStats Engine::stats() const { return impl_->stats(); }
-void Engine::check_invariants() const { impl_->check_invariants(); }
+void Engine::check_invariants(const std::vector<const std::vector<int32_t>*>& other_tables,
+                              const std::vector<int32_t>& other_slots) const {
+  impl_->check_invariants(other_tables, other_slots);
+}
 void Engine::reset_prefix_cache() { impl_->reset_prefix_cache(); }
 bool Engine::evict_cached_page() { return impl_->evict_cached_page(); }
 bool Engine::evict_cached_slot() { return impl_->evict_cached_slot(); }

@@ -115,8 +115,10 @@ class DSV41RT_API Engine {
   bool has_request(int64_t id) const;
   bool idle() const;
   EngineStats stats() const;
-  /// Pool invariants over the live requests and the prefix cache; throws Error on a violation.
-  void check_invariants() const;
+  /// Pool invariants over the live requests, the prefix cache and the pool's other owners (the
+  /// Runtime's direct sequences); throws Error on a violation.
+  void check_invariants(const std::vector<const std::vector<int32_t>*>& other_tables = {},
+                        const std::vector<int32_t>& other_slots = {}) const;
   /// Forgets every cached prefix (scheduler.h); pages of running requests stay with them.
   void reset_prefix_cache();
   /// One unreferenced cached page / one snapshot slot back to the pool, for users of the pool

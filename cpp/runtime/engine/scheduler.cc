@@ -427,9 +427,10 @@ SchedulerStats Scheduler::stats() const {
   return s;
 }
 
-void Scheduler::check_invariants() const {
-  std::vector<const std::vector<int32_t>*> tables;
-  std::vector<int32_t> slots;
+void Scheduler::check_invariants(const std::vector<const std::vector<int32_t>*>& other_tables,
+                                 const std::vector<int32_t>& other_slots) const {
+  std::vector<const std::vector<int32_t>*> tables(other_tables);
+  std::vector<int32_t> slots(other_slots);
   tables.reserve(requests_.size());
   for (const auto& [id, r] : requests_) {
     tables.push_back(&r.pages);

@@ -158,9 +158,11 @@ class DSV41RT_API Scheduler {
   SchedulerStats stats() const;
   const SchedulerConfig& config() const { return config_; }
 
-  /// Pool invariants over the live requests and the prefix cache (KvPool::check_invariants);
+  /// Pool invariants over the live requests, the prefix cache and the pool's other owners
+  /// (`other_tables`, `other_slots`: the Runtime's direct sequences) (KvPool::check_invariants);
   /// throws Error.
-  void check_invariants() const;
+  void check_invariants(const std::vector<const std::vector<int32_t>*>& other_tables = {},
+                        const std::vector<int32_t>& other_slots = {}) const;
 
   /// The prefix cache, or null when prefix caching is off.
   const PrefixCache* prefix_cache() const { return cache_.get(); }

@@ -199,6 +199,10 @@ void check_cp_batch(const Executor& e, const std::vector<BatchItem>& batch) {
     const BatchItem& b = batch[i];
     DSV41RT_CHECK(b.n > 0 && b.tokens, "batch item ", i, " has no tokens");
     DSV41RT_CHECK(b.request.slot != nullptr, "batch item ", i, " has no state slot");
+    DSV41RT_CHECK_CODE(kUnsupported, b.undo == nullptr && b.dspark_features == nullptr,
+                       "batch item ", i,
+                       ": keeping a forward undoable (rollback) or its drafter features is not "
+                       "built for context-, tensor- or expert-parallel groups");
     DSV41RT_CHECK(b.request.n_pages * e.layout().page_tokens() >= b.request.length + b.n,
                   "batch item ", i, ": pages cover ", b.request.n_pages * e.layout().page_tokens(),
                   " positions, the forward needs ", b.request.length + b.n);

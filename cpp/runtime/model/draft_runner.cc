@@ -28,9 +28,13 @@ void DraftRunner::check(const DraftInputs& in) const {
                      "draft: features must hold context >= 0 rows, got ", in.context);
   DSV41RT_CHECK_CODE(kInvalidArgument, in.width == T * H, "draft: features have ", in.width,
                      " columns, expected ", T * H, " (", T, " target layers x hidden ", H, ")");
-  DSV41RT_CHECK_CODE(kInvalidArgument, in.anchor >= 0 && in.anchor <= in.context, "draft: anchor ",
-                     in.anchor, " outside [0, ", in.context,
-                     "] (the features of the positions before it are needed)");
+  const int64_t ring_first = std::max<int64_t>(0, in.anchor - c.sliding_window);
+  DSV41RT_CHECK_CODE(kInvalidArgument,
+                     in.first >= 0 && in.anchor >= 0 && ring_first >= in.first &&
+                         in.anchor <= in.first + in.context,
+                     "draft: anchor ", in.anchor, " reads the features of positions [", ring_first,
+                     ", ", in.anchor, "), the rows hold [", in.first, ", ", in.first + in.context,
+                     ")");
   auto tokens = [&](const std::vector<int32_t>& t, const char* what) {
     DSV41RT_CHECK_CODE(kInvalidArgument, int64_t(t.size()) == block_, "draft: ", what, " has ",
                        t.size(), " tokens, expected the block size ", block_);
@@ -61,12 +65,41 @@ void DraftRunner::upload(const DraftInputs& in, int64_t ring_first, int64_t ring
   be_.to_device(buf(pre_, B * hc), pre.data(), B * hc * int64_t(sizeof(float)), s);
   be_.to_device(buf(ids_, B), in.ids.data(), B * int64_t(sizeof(int32_t)), s);
   be_.to_device(buf(previous_, B), in.previous.data(), B * int64_t(sizeof(int32_t)), s);
-  be_.to_device(buf(features_, ring * in.width), in.features + ring_first * in.width,
+  be_.to_device(buf(features_, ring * in.width), in.features + (ring_first - in.first) * in.width,
                 ring * in.width * int64_t(sizeof(float)), s);
   be_.synchronize(s);
 }
 
 DraftOutputs DraftRunner::run(const DraftInputs& in) {
+  DraftOutputs out;
+  backbone(in, out);
+  head_logits();
+  add_markov(0, block_);
+  finish(out);
+  return out;
+}
+
+DraftOutputs DraftRunner::run_greedy(const DraftInputs& in) {
+  DraftOutputs out;
+  backbone(in, out);
+  head_logits();
+  const int64_t V = plan_.config.vocab_size;
+  const Stream s = be_.stream(0);
+  std::vector<float> row(static_cast<size_t>(V));
+  int32_t prev = in.previous[0];
+  for (int64_t i = 0; i < block_; ++i) {
+    be_.to_device(previous_.get() + i, &prev, int64_t(sizeof(int32_t)), s);
+    add_markov(i, 1);
+    be_.to_host(row.data(), logits_.get() + i * V, V * int64_t(sizeof(float)), s);
+    be_.synchronize(s);
+    prev = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+    out.tokens.push_back(prev);
+  }
+  finish(out);
+  return out;
+}
+
+void DraftRunner::backbone(const DraftInputs& in, DraftOutputs& out) {
   check(in);
   const ModelConfig& c = plan_.config;
   const int64_t H = c.hidden_size, hc = c.hc_mult, B = block_;
@@ -83,12 +116,9 @@ DraftOutputs DraftRunner::run(const DraftInputs& in) {
     be_.rms_norm(main_x, w_.draft_heads.main_norm, ring, H, eps, main_x, s);
   }
   be_.embed_rows(w_.embed, w_.embed_bf16, ids_.get(), B, H, hc, buf(X_, B * hc * H), s);
-  DraftOutputs out;
   for (size_t i = 0; i < plan_.draft_layers.size(); ++i) {
     stage(plan_.draft_layers[i], w_.drafts[i], ring, out);
   }
-  heads(out);
-  return out;
 }
 
 // One stage as a backbone block: attention of the block rows, then the draft MoE; the pre-mix
@@ -174,20 +204,37 @@ void DraftRunner::attention(const LayerWeights& w, int64_t ring, DraftOutputs& o
 
 // Final collapse and norm, the shared head plus the Markov head, the confidence head on
 // [normed | markov embedding] (NeMo-trained drafts feed the normed state).
-void DraftRunner::heads(DraftOutputs& out) {
+void DraftRunner::head_logits() {
   const ModelConfig& c = plan_.config;
   const int64_t H = c.hidden_size, hc = c.hc_mult, B = block_, V = c.vocab_size;
-  const int64_t r = c.dspark->markov_rank;
-  const DraftHeadWeights& h = w_.draft_heads;
   const Stream s = be_.stream(0);
   float* normed = buf(normed_, B * H);
   be_.hc_collapse(X_.get(), pre_.get(), B, hc, H, normed, s);
-  be_.rms_norm(normed, h.norm, B, H, float(c.rms_norm_eps), normed, s);
-  float* logits = buf(logits_, B * V);
-  be_.linear(normed, w_.head, B, H, V, logits, false, s);
-  float* markov = buf(markov_, B * r);
-  be_.embed_rows(h.markov_embed, nullptr, previous_.get(), B, r, 1, markov, s);
-  be_.linear(markov, h.markov_head, B, r, V, logits, true, s);
+  be_.rms_norm(normed, w_.draft_heads.norm, B, H, float(c.rms_norm_eps), normed, s);
+  be_.linear(normed, w_.head, B, H, V, buf(logits_, B * V), false, s);
+}
+
+// Rows are independent in every op here (fixed reduction order), so adding the Markov head row
+// by row gives the bits of adding it to the whole block at once.
+void DraftRunner::add_markov(int64_t row0, int64_t n) {
+  const ModelConfig& c = plan_.config;
+  const int64_t V = c.vocab_size, r = c.dspark->markov_rank;
+  const DraftHeadWeights& h = w_.draft_heads;
+  const Stream s = be_.stream(0);
+  float* markov = buf(markov_, block_ * r) + row0 * r;
+  be_.embed_rows(h.markov_embed, nullptr, previous_.get() + row0, n, r, 1, markov, s);
+  be_.linear(markov, h.markov_head, n, r, V, logits_.get() + row0 * V, true, s);
+}
+
+void DraftRunner::finish(DraftOutputs& out) {
+  const ModelConfig& c = plan_.config;
+  const int64_t H = c.hidden_size, B = block_, V = c.vocab_size;
+  const int64_t r = c.dspark->markov_rank;
+  const DraftHeadWeights& h = w_.draft_heads;
+  const Stream s = be_.stream(0);
+  const float* normed = normed_.get();
+  const float* markov = markov_.get();
+  const float* logits = logits_.get();
   float* joined = buf(joined_, B * (H + r));
   const int64_t f = int64_t(sizeof(float));
   be_.copy_2d(joined, (H + r) * f, normed, H * f, H * f, B, s);

@@ -29,21 +29,28 @@ namespace dsv41rt::model {
 /// One block to draft (host memory).
 struct DraftInputs {
   /// Target features [context, T * H] (T = dspark_target_layer_ids.size()): row i is target
-  /// position i (Decisions::dspark_features of those layers, concatenated in their order).
+  /// position first + i (Decisions::dspark_features of those layers, concatenated in their
+  /// order).
   const float* features = nullptr;
   int64_t context = 0;  ///< rows of `features`
   int64_t width = 0;    ///< columns of `features` (must be T * H)
+  int64_t first = 0;    ///< position of row 0 (a serving sequence keeps only its last rows)
   /// Position of the anchor token ids[0]: the block occupies positions anchor .. anchor + block
-  /// - 1 and reads the features of [anchor - window, anchor); 0 <= anchor <= context.
+  /// - 1 and reads the features of [anchor - window, anchor) (clipped at 0), which must be rows
+  /// of `features`: first <= max(0, anchor - window), anchor <= first + context.
   int64_t anchor = 0;
-  std::vector<int32_t> ids;       ///< [block]: the anchor token, then noise tokens
-  std::vector<int32_t> previous;  ///< [block]: the Markov head's preceding token per row
+  std::vector<int32_t> ids;  ///< [block]: the anchor token, then noise tokens
+  /// [block]: the Markov head's preceding token per row (run_greedy: only previous[0] is read,
+  /// the anchor token in serving; the others become the drafted tokens).
+  std::vector<int32_t> previous;
 };
 
 struct DraftOutputs {
   int64_t block = 0, vocab = 0;
   std::vector<float> logits;      ///< [block, vocab]: head + Markov head
   std::vector<float> confidence;  ///< [block]: confidence logits (uncalibrated)
+  /// run_greedy: the drafted tokens, tokens[i] = argmax of logits row i (ties to the lowest id).
+  std::vector<int32_t> tokens;
   /// With DraftRunner::record_window_kv: per stage, the keys entering their window-format QDQ
   /// [ring + block, head_dim] (ring rows, then block rows), as the executor's Decisions record
   /// the backbone's (an oracle aligns its near-tie roundings to them).
@@ -59,6 +66,11 @@ class DSV41RT_API DraftRunner {
 
   /// Drafts one block; throws Error(kInvalidArgument) naming the bad input.
   DraftOutputs run(const DraftInputs& in);
+  /// Drafts one block greedily, in order (spec 4.2): the backbone once, then per row i the
+  /// Markov head of previous[i] (previous[0] from `in`, then the token drafted at row i - 1)
+  /// and the row's argmax. The outputs are run()'s with previous = [in.previous[0], tokens[0],
+  /// .., tokens[block - 2]], bitwise.
+  DraftOutputs run_greedy(const DraftInputs& in);
 
   bool record_window_kv = false;  ///< fill DraftOutputs::window_kv
 
@@ -73,7 +85,12 @@ class DSV41RT_API DraftRunner {
   void upload(const DraftInputs& in, int64_t ring_first, int64_t ring);
   void stage(const LayerPlan& layer, const LayerWeights& w, int64_t ring, DraftOutputs& out);
   void attention(const LayerWeights& w, int64_t ring, DraftOutputs& out);
-  void heads(DraftOutputs& out);
+  void backbone(const DraftInputs& in, DraftOutputs& out);
+  // The heads: the shared head of the final state (logits_ without the Markov part), the Markov
+  // head of rows [row0, row0 + n) added, then the confidence head and the copies out.
+  void head_logits();
+  void add_markov(int64_t row0, int64_t n);
+  void finish(DraftOutputs& out);
 
   const ModelPlan& plan_;
   Backend& be_;

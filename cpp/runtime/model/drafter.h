@@ -24,6 +24,7 @@ class DSV41RT_API Drafter {
   Drafter& operator=(const Drafter&) = delete;
 
   DraftOutputs draft(const DraftInputs& in) { return runner_->run(in); }
+  DraftOutputs draft_greedy(const DraftInputs& in) { return runner_->run_greedy(in); }
   /// Record the keys entering their window-format QDQ (DraftOutputs::window_kv).
   void record_window_kv(bool on) { runner_->record_window_kv = on; }
   const ModelPlan& plan() const { return plan_; }

@@ -28,6 +28,10 @@
 
 namespace dsv41rt::model {
 
+struct UndoRecord;   // runtime/model/state_undo.h
+struct DraftInputs;  // runtime/model/draft_runner.h
+struct DraftOutputs;
+
 /// Engram hashing inputs the control plane derives from the tokenizer (spec §4.1): the
 /// normalised-token map and, per Engram layer in config order, the hash multipliers and the
 /// bucket primes/offsets.
@@ -133,6 +137,14 @@ struct BatchItem {
   /// requested top alternatives leave the device) into *sampled.
   const SampleSpec* sample = nullptr;
   kernels::SampledToken* sampled = nullptr;
+  /// Keep what this item's positions overwrite in its slot state (state_undo.h), so that
+  /// Executor::undo can take any number of them back afterwards (speculative verification).
+  /// Null: nothing kept (no cost). Executors that cannot keep it refuse the forward.
+  UndoRecord* undo = nullptr;
+  /// This item's rows of the DSpark target features [n, T * H] (host; T target layers in their
+  /// config order, the drafter's input: Decisions::dspark_features), filled by the forward.
+  /// Null: not computed. Only where has_drafter().
+  std::vector<float>* dspark_features = nullptr;
 };
 
 class DSV41RT_API Executor {
@@ -162,6 +174,17 @@ class DSV41RT_API Executor {
   /// `length` positions) into `dst`'s slot and pages, which must already cover that length. The
   /// destination then continues exactly as the source would (same logits for the same tokens).
   virtual void copy_state(const RequestView& src, const RequestView& dst) = 0;
+  /// Takes `request` (request.length: its current length) back to `length` positions from
+  /// `record`, which a forward of that request with BatchItem::undo filled (the rule:
+  /// state_undo.h; Error(kOutOfRange) outside it). The slot state and Engram history become
+  /// bitwise those of the shorter request; the caller gives back the pages past `length`.
+  /// Error(kUnsupported) where not built (context, tensor and expert parallel groups).
+  virtual void undo(const RequestView& request, const UndoRecord& record, int64_t length);
+  /// Whether the DSpark drafter was loaded with the weights (ExecutorOptions::drafter).
+  virtual bool has_drafter() const { return false; }
+  /// One greedily drafted block (DraftRunner::run_greedy) over this executor's backend and
+  /// weights; Error(kUnsupported) without a drafter.
+  virtual void draft_greedy(const DraftInputs& in, DraftOutputs& out);
   /// Moves pages and slot states between the pool and host memory (the prefix cache's host
   /// tier), or null where that is not supported (the context-parallel drivers: their state is
   /// spread over several ranks' pools).

@@ -22,6 +22,17 @@ void Executor::forward_cp(std::vector<BatchItem>&, comm::Communicator&) {
                      " executor");
 }
 
+void Executor::undo(const RequestView&, const UndoRecord&, int64_t) {
+  DSV41RT_THROW_CODE(kUnsupported, "rolling back a sequence is not built for the ", device(),
+                     " executor of a context-, tensor- or expert-parallel group");
+}
+
+void Executor::draft_greedy(const DraftInputs&, DraftOutputs&) {
+  DSV41RT_THROW_CODE(kUnsupported, "this ", device(),
+                     " executor has no DSpark drafter (load the runtime with load_drafter; not "
+                     "built for context-, tensor- or expert-parallel groups)");
+}
+
 void Executor::run_cp_worker() {
   DSV41RT_THROW_CODE(kUnsupported, "this ", device(),
                      " executor is not a context-parallel worker (rank > 0)");

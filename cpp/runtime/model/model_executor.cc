@@ -95,6 +95,9 @@ ModelExecutor::ModelExecutor(ModelPlan plan, ModelWeights weights, EngramTables 
   runner_->expert_comm = options_.ep_size > 1 ? options_.group_comm : nullptr;
   if (runner_->expert_comm) check_expert_split(*backend_, weights_);
   runner_->tensor_comm = options_.tp_size > 1 ? options_.group_comm : nullptr;
+  if (!weights_.drafts.empty() && !options_.group_comm) {
+    drafter_ = std::make_unique<DraftRunner>(plan_, *backend_, weights_, layout_->formats().window);
+  }
 }
 
 ModelExecutor::~ModelExecutor() {
@@ -128,8 +131,19 @@ void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicat
   // Token masks (SampleSpec::mask) are per-step host data the graphs do not take: eager too.
   const bool masked = std::any_of(batch.begin(), batch.end(),
                                   [](const BatchItem& b) { return b.sample && b.sample->mask; });
+  // Undoable items copy rows out as the forward runs: eager too.
+  const bool undo =
+      std::any_of(batch.begin(), batch.end(), [](const BatchItem& b) { return b.undo; });
+  const bool features =
+      std::any_of(batch.begin(), batch.end(), [](const BatchItem& b) { return b.dspark_features; });
+  DSV41RT_CHECK_CODE(kUnsupported, !(undo || features) || !comm,
+                     "keeping a forward undoable (rollback) or its drafter features is not built "
+                     "for context parallelism");
+  DSV41RT_CHECK_CODE(kInvalidArgument, !features || c.dspark,
+                     "drafter features asked of a model without DSpark");
   const bool graphs = options_.cuda_graphs && backend_->supports_graphs() &&
-                      !runner_->record_decisions && !comm && !masked && !options_.group_comm;
+                      !runner_->record_decisions && !comm && !masked && !undo && !features &&
+                      !options_.group_comm;
   const DecodeBucket bucket = graphs ? decode_bucket(c, batch) : DecodeBucket{};
   // Precision "bf16" / "fp8" runs every forward with BF16 / FP8 GEMM inputs; the backend picks
   // its kernels by the forward's rows (decode-sized forwards on the skinny decode kernels).
@@ -147,7 +161,18 @@ void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicat
     copy_results(padded, batch);
   } else {
     runner_->begin(f, comm);
-    runner_->run(f);
+    std::shared_ptr<void> capture = undo ? begin_undo(f, batch) : nullptr;
+    runner_->capture_dspark_features = features;
+    try {
+      runner_->run(f);
+    } catch (...) {
+      runner_->capture_compressor.clear();
+      runner_->capture_dspark_features = false;
+      throw;
+    }
+    runner_->capture_dspark_features = false;
+    if (undo) finish_undo(batch);
+    if (features) copy_dspark_features(f, batch);
     ++eager_forwards_;
     copy_results(f, batch);
   }

@@ -10,6 +10,7 @@
 #include "runtime/model/backend.h"
 #include "runtime/model/backend_host_copy.h"
 #include "runtime/model/decode_graphs.h"
+#include "runtime/model/draft_runner.h"
 #include "runtime/model/executor.h"
 #include "runtime/model/model_runner.h"
 
@@ -30,6 +31,9 @@ class ModelExecutor final : public Executor {
     forward_impl(batch, &comm);
   }
   void copy_state(const RequestView& src, const RequestView& dst) override;
+  void undo(const RequestView& request, const UndoRecord& record, int64_t length) override;
+  bool has_drafter() const override { return drafter_ != nullptr; }
+  void draft_greedy(const DraftInputs& in, DraftOutputs& out) override;
   HostStateCopy* host_state_copy() override { return host_copy_.get(); }
 
   const ModelPlan& plan() const override { return plan_; }
@@ -45,6 +49,12 @@ class ModelExecutor final : public Executor {
  private:
   void forward_impl(std::vector<BatchItem>& batch, comm::Communicator* comm);
   void copy_results(const ForwardPlan& f, std::vector<BatchItem>& batch);
+  // Rollback records (BatchItem::undo): what the items' positions will overwrite, saved before
+  // the run, and the buffer the run copies their raw compressor rows into (null: none asked).
+  std::shared_ptr<void> begin_undo(const ForwardPlan& f, std::vector<BatchItem>& batch);
+  void finish_undo(std::vector<BatchItem>& batch);
+  // The items' rows of the drafter's target features, from the forward's capture.
+  void copy_dspark_features(const ForwardPlan& f, std::vector<BatchItem>& batch);
   int32_t* history(const uint8_t* slot);
 
   ModelPlan plan_;
@@ -59,6 +69,7 @@ class ModelExecutor final : public Executor {
   std::vector<int32_t> histories_;  // every slot's Engram history (planning input, host side)
   std::unique_ptr<BackendHostCopy> host_copy_;
   std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<DraftRunner> drafter_;  // when the weights hold the drafts
   DecodeGraphs graphs_;
   bool bf16_gemm_ = false;  // tensor-core GEMM inputs (precision "bf16" or "fp8")
   bool fp8_act_ = false;    // precision "fp8": FP8 inputs of FP8 / FP4 matrices

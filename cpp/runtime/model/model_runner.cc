@@ -88,7 +88,7 @@ void ModelRunner::embed_and_layers(const ForwardPlan& f) {
                          scratch(engram_scratch_), s);
     }
     if (layer.engram) ++engram_pos;
-    if (record_decisions && rows_here && dspark_target(layer.index)) {
+    if ((record_decisions || capture_dspark_features) && rows_here && dspark_target(layer.index)) {
       record_dspark_features(layer.index, X, N, hc, H);
     }
     if (rows_here) {

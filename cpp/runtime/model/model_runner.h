@@ -31,6 +31,7 @@
 #include "runtime/model/forward_plan.h"
 #include "runtime/model/group_collectives.h"
 #include "runtime/model/state_layout.h"
+#include "runtime/model/state_undo.h"
 
 namespace dsv41rt::model {
 
@@ -53,6 +54,9 @@ class ModelRunner {
   bool attention_in_place = true;
   /// Keep each forward's Decisions (top-k, experts, window-KV rounding inputs).
   bool record_decisions = false;
+  /// Keep only the DSpark target features of Decisions (the drafter's input); set by the
+  /// executor for an eager forward that serves a drafter.
+  bool capture_dspark_features = false;
   /// Expert parallelism: the group over which this rank's routed-expert shard is combined (null
   /// or size 1: the weights hold every expert). Every rank runs every token (replicated attention).
   /// How the ranks' outputs combine is the backend's (Backend::expert_split): slots summed and
@@ -65,6 +69,9 @@ class ModelRunner {
   /// is bitwise the one-rank one. Null or size 1: the weights are whole.
   comm::Communicator* tensor_comm = nullptr;
   bool cp_timing = false;  ///< time the CP all-gather against the Q projection
+  /// Rollback (state_undo.h): batch rows whose raw compressor rows (ratio >= 2 Full layers) are
+  /// also copied out as they are computed. Set by the executor for one eager forward.
+  std::vector<CompressorCapture> capture_compressor;
 
   /// Host bookkeeping of a forward and the upload of its plan, outside any capture. With `comm`
   /// this runner is rank comm->rank() of a context-parallel group for this forward.
