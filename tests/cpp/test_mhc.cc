@@ -53,21 +53,30 @@ TEST(Mhc, SinkhornIsDoublyStochastic) {
   for (float v : e) EXPECT_EQ(v, 0.5f);
 }
 
-// Straightforward double-precision model of the mixer, for random comparisons.
+// Straightforward double-precision model of the mixer, for random comparisons. zerr[s * W + j]:
+// a bound on the FP32 evaluation's error in the mixer logit z_j (Higham's gamma_n for a K-term
+// dot product, the rms factor and the scale/base steps: u * ((K + 4) * r * |scale| * sum |f fn| +
+// 4 |z|), u = 2^-24), from which the sigmoid outputs' bounds follow.
 void mix_ref(const std::vector<float>& X, const std::vector<float>& fn,
              const std::vector<float>& base, const std::vector<float>& scale, int S, int n, int H,
              double rms_eps, double hc_eps, int iters, std::vector<double>& pre,
-             std::vector<double>& post, std::vector<double>& comb) {
+             std::vector<double>& post, std::vector<double>& comb, std::vector<double>& zerr) {
   const int W = (2 + n) * n, K = n * H;
   for (int s = 0; s < S; ++s) {
     double ms = 0;
     for (int k = 0; k < K; ++k) ms += double(X[s * K + k]) * X[s * K + k];
     const double r = 1 / std::sqrt(ms / K + rms_eps);
     std::vector<double> z(W);
+    const double u = std::ldexp(1.0, -24);
     for (int j = 0; j < W; ++j) {
-      double acc = 0;
-      for (int k = 0; k < K; ++k) acc += double(fn[j * K + k]) * X[s * K + k];
-      z[j] = base[j] + acc * r * scale[j < n ? 0 : (j < 2 * n ? 1 : 2)];
+      double acc = 0, mag = 0;
+      for (int k = 0; k < K; ++k) {
+        acc += double(fn[j * K + k]) * X[s * K + k];
+        mag += std::abs(double(fn[j * K + k]) * X[s * K + k]);
+      }
+      const double sc = scale[j < n ? 0 : (j < 2 * n ? 1 : 2)];
+      z[j] = base[j] + acc * r * sc;
+      zerr[s * W + j] = u * ((K + 4) * r * std::abs(sc) * mag + 4 * std::abs(z[j]));
     }
     for (int i = 0; i < n; ++i) {
       pre[s * n + i] = 1 / (1 + std::exp(-z[i])) + hc_eps;
@@ -113,11 +122,21 @@ TEST(Mhc, MixRandomMatchesDouble) {
         comb(S * n * n, std::nanf(""));
     hc_mix(X.data(), fn.data(), base.data(), scale.data(), S, n, H, 1e-20f, 1e-6f, 20, pre.data(),
            post.data(), comb.data());
-    std::vector<double> rp(S * n), rq(S * n), rc(S * n * n);
-    mix_ref(X, fn, base, scale, S, n, H, 1e-20, 1e-6, 20, rp, rq, rc);
-    for (int i = 0; i < S * n; ++i) {
-      EXPECT_NEAR(pre[i], rp[i], 1e-6 * rp[i]) << "seed " << seed;
-      EXPECT_NEAR(post[i], rq[i], 1e-6 * rq[i]) << "seed " << seed;
+    std::vector<double> rp(S * n), rq(S * n), rc(S * n * n), zerr(S * W);
+    mix_ref(X, fn, base, scale, S, n, H, 1e-20, 1e-6, 20, rp, rq, rc, zerr);
+    // pre = sigmoid(z) + eps and post = 2 sigmoid(z) move by sigmoid' = s (1 - s) times the logit's
+    // error, plus a few ulps of expf and the division (a fixed relative 1e-6 failed on correct code
+    // when cancellation in the dot product left z with an absolute error near 1e-6: seed 41126489).
+    const double u = std::ldexp(1.0, -24);
+    for (int s = 0; s < S; ++s) {
+      for (int i = 0; i < n; ++i) {
+        const int at = s * n + i;
+        const double sp = rp[at] - 1e-6, sq = rq[at] / 2;
+        EXPECT_NEAR(pre[at], rp[at], sp * (1 - sp) * zerr[s * W + i] + 4 * u * rp[at])
+            << "seed " << seed;
+        EXPECT_NEAR(post[at], rq[at], 2 * sq * (1 - sq) * zerr[s * W + n + i] + 4 * u * rq[at])
+            << "seed " << seed;
+      }
     }
     for (int i = 0; i < S * n * n; ++i)
       EXPECT_NEAR(comb[i], rc[i], 1e-5 * rc[i] + 1e-7) << "seed " << seed;
