@@ -14,9 +14,10 @@ tokens generated so far (the last one not fed yet) and the most tokens wanted, t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -48,16 +49,51 @@ class SpeculativeGeneration:
 DraftFn = Callable[[list[int], int], Sequence[int]]
 
 
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's `--speculative-config` for this model: the method (DSpark, V4.1's only drafter) and
+    the most draft tokens per step (None: the drafter's block)."""
+
+    method: str = "dspark"
+    num_speculative_tokens: int | None = None
+
+
+def parse_speculative_config(value: str | dict[str, Any]) -> SpeculativeConfig:
+    """A SpeculativeConfig from the JSON text of `--speculative-config` (or its decoded object),
+    with an error naming what is wrong: not an object, an unknown key, a method other than
+    "dspark", a count that is not a non-negative integer."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise Dsv41rtError(f"speculative-config: not valid JSON ({e}): {value!r}") from None
+    if not isinstance(value, dict):
+        raise Dsv41rtError(f"speculative-config: must be a JSON object, got {value!r}")
+    known = {"method", "num_speculative_tokens"}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise Dsv41rtError(f"speculative-config: unknown key(s) {unknown}; known: {sorted(known)}")
+    method = value.get("method")
+    if method != "dspark":
+        raise Dsv41rtError(f'speculative-config: "method" must be "dspark" (V4.1\'s drafter), got {method!r}')
+    k = value.get("num_speculative_tokens")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+        raise Dsv41rtError(f'speculative-config: "num_speculative_tokens" must be an integer >= 0, got {k!r}')
+    return SpeculativeConfig(method, k)
+
+
 def generate_greedy_speculative(
     rt: Runtime,
     prompt_ids: Sequence[int],
     max_new_tokens: int,
     num_speculative_tokens: int | None = None,
     draft: DraftFn | None = None,
+    stop_token_ids: Sequence[int] = (),
 ) -> SpeculativeGeneration:
-    """`max_new_tokens` greedy tokens after `prompt_ids` (no stop tokens), drafting up to
-    `num_speculative_tokens` per step (default: the drafter's block; at most sliding_window - 1,
-    the verify forward's limit) with DSpark or `draft`."""
+    """`max_new_tokens` greedy tokens after `prompt_ids`, drafting up to `num_speculative_tokens`
+    per step (default: the drafter's block; at most sliding_window - 1, the verify forward's
+    limit) with DSpark or `draft`. Generation ends at the first of `stop_token_ids`, which is kept
+    (the engine's rule: `Runtime.generate` returns the same tokens)."""
     if max_new_tokens < 1:
         raise Dsv41rtError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not prompt_ids:
@@ -72,7 +108,12 @@ def generate_greedy_speculative(
         logits = rt.forward_tokens(handle, prompt_ids, all_logits=False)
         tokens = [int(np.argmax(logits[0]))]  # first maximum: ties to the lowest id, as the sampler
         steps = drafted = accepted = 0
-        while len(tokens) < max_new_tokens:
+        stops = set(stop_token_ids)
+
+        def stopped() -> bool:
+            return any(t in stops for t in tokens)
+
+        while len(tokens) < max_new_tokens and not stopped():
             k = min(k_max, max_new_tokens - len(tokens) - 1)  # never past max_new_tokens
             if k == 0:
                 proposal: list[int] = []
@@ -85,6 +126,8 @@ def generate_greedy_speculative(
             drafted += len(proposal)
             accepted += len(new) - 1
             tokens += new
+        if stopped():  # the accepted block may run past a stop token: cut after the first
+            tokens = tokens[: next(i for i, t in enumerate(tokens) if t in stops) + 1]
         return SpeculativeGeneration(tuple(tokens), steps, drafted, accepted)
     finally:
         rt.release_handle(handle)
