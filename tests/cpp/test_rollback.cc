@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "direct_sequence_test_util.h"
 #include "dsv41rt/runtime.hpp"
 #include "runtime/sequence_state.h"
 
@@ -23,10 +24,8 @@ using dsv41rt::Runtime;
 using dsv41rt::RuntimeOptions;
 using dsv41rt::StatusCode;
 
-const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
-
-#define NEED_CHECKPOINT() \
-  if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint"
+using dsv41rt::testing::code_of;
+const char* checkpoint() { return dsv41rt::testing::tiny_checkpoint(); }
 
 RuntimeOptions options(int64_t page_size) {
   RuntimeOptions o;
@@ -68,15 +67,6 @@ std::vector<float> run(Runtime& rt, int64_t seq, const std::vector<int32_t>& t, 
   std::vector<float> logits(size_t((all ? int64_t(t.size()) : 1) * rt.info().vocab_size));
   rt.forward(seq, t.data(), int64_t(t.size()), all, logits.data(), undoable);
   return logits;
-}
-
-StatusCode code_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const dsv41rt::Error& e) {
-    return e.kind();
-  }
-  return StatusCode::kOk;
 }
 
 struct Case {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "direct_sequence_test_util.h"
 #include "dsv41rt/runtime.hpp"
 #include "runtime/model/drafter.h"
 
@@ -20,10 +21,8 @@ namespace {
 using dsv41rt::Runtime;
 using dsv41rt::StatusCode;
 
-const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
-
-#define NEED_CHECKPOINT() \
-  if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint"
+using dsv41rt::testing::code_of;
+const char* checkpoint() { return dsv41rt::testing::tiny_checkpoint(); }
 
 dsv41rt::RuntimeOptions options(bool drafter, bool record = false) {
   dsv41rt::RuntimeOptions o;
@@ -50,15 +49,6 @@ int32_t last_argmax(Runtime& rt, int64_t seq, const std::vector<int32_t>& t) {
   std::vector<float> logits(size_t(rt.info().vocab_size));
   rt.forward(seq, t.data(), int64_t(t.size()), false, logits.data());
   return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-}
-
-StatusCode code_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const dsv41rt::Error& e) {
-    return e.kind();
-  }
-  return StatusCode::kOk;
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "direct_sequence_test_util.h"
 #include "dsv41rt/runtime.hpp"
 
 namespace {
@@ -20,10 +21,8 @@ namespace {
 using dsv41rt::Runtime;
 using dsv41rt::StatusCode;
 
-const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
-
-#define NEED_CHECKPOINT() \
-  if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint"
+using dsv41rt::testing::code_of;
+const char* checkpoint() { return dsv41rt::testing::tiny_checkpoint(); }
 
 dsv41rt::RuntimeOptions options() {
   dsv41rt::RuntimeOptions o;
@@ -115,15 +114,6 @@ void check_speculative(Runtime& rt, const std::vector<int32_t>& prompt,
   EXPECT_TRUE(logits_of(rt, seq, {stream.back()}) == logits_of(rt, fresh, {stream.back()}));
   rt.close_sequence(seq);
   rt.close_sequence(fresh);
-}
-
-StatusCode code_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const dsv41rt::Error& e) {
-    return e.kind();
-  }
-  return StatusCode::kOk;
 }
 
 }  // namespace

@@ -88,6 +88,17 @@ __global__ void shared_act_kernel(float* __restrict__ gate, const float* __restr
   }
 }
 
+// The token's next slot (be = expert id, bj = slot) after (prev_e, prev_j) in ascending
+// (expert id, slot) order; be = -1 when none is left.
+__device__ __forceinline__ void next_slot(const int32_t* it, int64_t k, int64_t prev_e,
+                                          int64_t prev_j, int64_t& be, int64_t& bj) {
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t e = it[j];
+    const bool after = e > prev_e || (e == prev_e && j > prev_j);
+    if (after && (be < 0 || e < be || (e == be && j < bj))) be = e, bj = j;
+  }
+}
+
 // y[t, c] = 0 + each routed slot in ascending (expert id, slot) order + the shared expert: the
 // FP32 path's accumulation order.
 __global__ void combine_kernel(const int32_t* __restrict__ idx, const int32_t* __restrict__ inv,
@@ -101,11 +112,7 @@ __global__ void combine_kernel(const int32_t* __restrict__ idx, const int32_t* _
     int64_t prev_e = -1, prev_j = -1;
     for (int64_t n = 0; n < k; ++n) {
       int64_t be = -1, bj = -1;
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t e = it[j];
-        const bool after = e > prev_e || (e == prev_e && j > prev_j);
-        if (after && (be < 0 || e < be || (e == be && j < bj))) be = e, bj = j;
-      }
+      next_slot(it, k, prev_e, prev_j, be, bj);
       prev_e = be, prev_j = bj;
       if (be < 0) break;
       const int32_t pos = inv[t * k + bj];
@@ -134,11 +141,7 @@ __global__ void combine_rows_kernel(const int32_t* __restrict__ idx,
       int n = 0;
       for (int64_t r = 0; r < k; ++r) {
         int64_t be = -1, bj = -1;
-        for (int64_t j = 0; j < k; ++j) {
-          const int64_t e = it[j];
-          const bool after = e > prev_e || (e == prev_e && j > prev_j);
-          if (after && (be < 0 || e < be || (e == be && j < bj))) be = e, bj = j;
-        }
+        next_slot(it, k, prev_e, prev_j, be, bj);
         prev_e = be, prev_j = bj;
         if (be < 0) break;
         const int32_t pos = inv[t * k + bj];
