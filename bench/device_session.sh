@@ -20,6 +20,8 @@
 #   profile  per-kernel device time of one bench-40 prefill and of eager decode steps (B 1, 8, 64), with
 #            kernels per step (after bench40, or generates it); PROFILE_TOKENS, PROFILE_BATCHES,
 #            PROFILE_PRECISION, PROFILE_KV_MEMORY (bytes; 32k tokens need ~26 GiB)
+#   spec     DSpark speculation at batch 1 on bench-40 (bench/spec_decode_bench.py: fixed acceptance lengths,
+#            the real drafter, plain greedy; SPEC_PRECISION, SPEC_PROMPT, SPEC_TOKENS)
 #   kbench   the kernel microbenchmarks carried in .devcarry/bench (bench/kernels/*_bench.cu)
 #   cp2      (2 GPUs) CP 2 over NCCL vs CP 1 on the tiny presets, threads and one process per GPU
 #   bf16diag GPU precision bf16 vs the CPU emulation of it, per position (errors saved for analysis)
@@ -165,6 +167,13 @@ for step in ${STEPS:-tests}; do
       timeout 200 python3 -u bench/profile_prefill.py --checkpoint /tmp/bench-40 --tokens "${PROFILE_TOKENS:-4096}" \
         --precision "${PROFILE_PRECISION:-bf16}" --kv-memory "${PROFILE_KV_MEMORY:-$((8 << 30))}" \
         --decode-batches "${PROFILE_BATCHES:-1,8,64}" 2>&1 | tee "$OUT/profile.log" | tail -80
+      ;;
+    spec)
+      echo "== DSpark speculation at batch 1: fixed acceptance lengths and the real drafter"
+      [ -d /tmp/bench-40 ] || python3 -m dsv41rt make-checkpoint --preset bench-40 --seed 0 --out /tmp/bench-40 --workers 16 | tail -1
+      DSV41RT_COMMIT=$commit timeout "${SPEC_TIMEOUT:-400}" python3 -u bench/spec_decode_bench.py --checkpoint /tmp/bench-40 \
+        --precision "${SPEC_PRECISION:-fp8}" --prompt "${SPEC_PROMPT:-1024}" --new-tokens "${SPEC_TOKENS:-128}" \
+        --out "$OUT/spec_decode.json" 2>&1 | tail -12
       ;;
     kbench)
       echo "== kernel microbenchmarks (carried in .devcarry/bench, built on the CPU machine)"
