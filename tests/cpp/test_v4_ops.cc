@@ -164,6 +164,11 @@ void expect_compressor_matches(const std::string& p, const std::string& x_name, 
     n += v4_compress_append(w, st, x.data() + t * w.H, 1, stepped.data() + n * w.D);
   ASSERT_EQ(n, groups);
   EXPECT_EQ(std::memcmp(got.data(), stepped.data(), got.size() * sizeof(float)), 0);
+  // And it matches transformers' own decode path (its cache layer fed one token per forward,
+  // overlap state carried between calls); transformers' two forms differ by ~1e-6 themselves.
+  const double step_err = rel_err(stepped, g.f32(p + "_step_out"));
+  EXPECT_LE(step_err, kRel) << p << ": decode rel err vs transformers' decode " << step_err;
+  std::printf("[ %s ] decode rel err vs transformers' decode %.3g\n", p.c_str(), step_err);
 }
 
 TEST(V4Golden, CsaCompressorMatchesTransformers) {

@@ -11,7 +11,9 @@ are regenerated on every run from a fixed seed, in FP32 on the CPU.
 Cases (small dims, same code paths as the released widths):
 - csa / idx: `DeepseekV4CSACompressor` (ratio 4, overlap, APE) and its nested `DeepseekV4Indexer`
   compressor on one 37-token prompt, captured at the output of each `kv_norm` (before RoPE) with a
-  forward hook; `past_key_values=None` is transformers' one-shot prefill form.
+  forward hook; `past_key_values=None` is transformers' one-shot prefill form. *_step_out: the same
+  modules fed one token per forward through transformers' own cache layers (`DeepseekV4CSACache`,
+  `DeepseekV4HCACache`: its decode path, with the overlap state carried between calls).
 - hca: `DeepseekV4HCACompressor` (ratio 128) on 300 tokens (2 entries, 44 trailing), same capture.
 - hash / hash1: `DeepseekV4HashRouter` (tid2eid lookup, sqrtsoftplus weights) on 20 tokens, k = 4 and k = 1.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -111,6 +114,23 @@ def write_csa(w: _Writer, gen: torch.Generator) -> None:
     w.tensor("csa_out", main[0][0])
     _compressor_weights(w, "idx", comp.indexer)
     w.tensor("idx_out", index[0][0])
+    # transformers' decode path: its CSA cache layer fed one token per forward.
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4CSACache
+
+    main.clear()
+    index.clear()
+    _step(comp, DeepseekV4CSACache(cfg), x, q_res)
+    w.tensor("csa_step_out", torch.cat(main, dim=1)[0])
+    w.tensor("idx_step_out", torch.cat(index, dim=1)[0])
+
+
+def _step(comp: torch.nn.Module, layer: object, x: torch.Tensor, q_res: torch.Tensor | None) -> None:
+    """Feeds x one position per forward through `layer` (a transformers V4 cache layer at index 0)."""
+    cache = SimpleNamespace(layers=[layer])
+    with torch.no_grad():
+        for t in range(x.shape[1]):
+            q = None if q_res is None else q_res[:, t : t + 1]
+            comp(x[:, t : t + 1], q, torch.tensor([[t]]), cache, 0)
 
 
 def write_hca(w: _Writer, gen: torch.Generator) -> None:
@@ -129,6 +149,11 @@ def write_hca(w: _Writer, gen: torch.Generator) -> None:
     w.tensor("hca_x", x[0])
     _compressor_weights(w, "hca", comp)
     w.tensor("hca_out", out[0][0])
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4HCACache
+
+    out.clear()
+    _step(comp, DeepseekV4HCACache(cfg), x, None)
+    w.tensor("hca_step_out", torch.cat(out, dim=1)[0])
 
 
 def write_hash(w: _Writer, gen: torch.Generator, prefix: str, k: int) -> None:
