@@ -44,7 +44,12 @@ DSV41RT_API void moe_route(const float* x, const float* gate_w, const float* bia
 /// Hash-routed gate (V4 layers < num_hash_layers, spec §3.2): idx[t] = tid2eid[token_ids[t]]
 /// (tid2eid [vocab, k] int32, entries in [0, E)), weights from the learned gate as in moe_route
 /// (s = sqrt(softplus(x · gate_w^T)), weight = s[idx] / (Σ s[idx] + 1e-20) · scale when
-/// `normalize`; NeMo's DeepseekV4HashGate normalises unconditionally, i.e. normalize = true).
+/// `normalize`, the sum in slot order; unlike moe_route also for k = 1). References: transformers
+/// 5.23 DeepseekV4HashRouter.forward (modeling_deepseek_v4.py:1119-1128: `weights / (weights.sum(
+/// dim=-1, keepdim=True) + 1e-20)` then `* routed_scaling_factor`, unconditionally) and NeMo's
+/// DeepseekV4HashGate (normalises unconditionally, i.e. normalize = true). Errors (Error,
+/// kInvalidArgument) name the position and value of a token id outside [0, vocab) and of a
+/// tid2eid entry outside [0, E). Tested against transformers in tests/cpp/test_v4_ops.cc.
 DSV41RT_API void moe_route_hash(const float* x, const float* gate_w, const int32_t* tid2eid,
                                 const int64_t* token_ids, int64_t S, int64_t H, int64_t E,
                                 int64_t k, int64_t vocab, float routed_scaling_factor, int32_t* idx,

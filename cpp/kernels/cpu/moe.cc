@@ -22,11 +22,13 @@ void sqrt_softplus_inplace(float* v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) v[i] = std::sqrt(softplus(v[i]));
 }
 
-// Weights from the unbiased scores of the selected experts (NeMo `_route_scores`).
+// Weights from the unbiased scores of the selected experts (NeMo `_route_scores`):
+// w = s[idx] / (Σ s[idx] + 1e-20) · scale, the sum in slot order. The score-routed gate normalises
+// only when k > 1 (NeMo: norm_topk_prob and topk > 1); the hash gate always (normalize_single).
 void gather_weights(const float* s, const int32_t* idx, int64_t k, float scale, bool normalize,
-                    float* w) {
+                    float* w, bool normalize_single = false) {
   for (int64_t j = 0; j < k; ++j) w[j] = s[idx[j]];
-  if (normalize && k > 1) {
+  if (normalize && (k > 1 || normalize_single)) {
     float sum = 0;
     for (int64_t j = 0; j < k; ++j) sum += w[j];
     const float denom = sum + 1e-20f;
@@ -99,7 +101,11 @@ void moe_route_hash(const float* x, const float* gate_w, const int32_t* tid2eid,
     const float* s = scores.data() + t * E;
     int32_t* it = idx + t * k;
     for (int64_t j = 0; j < k; ++j) it[j] = tid2eid[token_ids[t] * k + j];
-    gather_weights(s, it, k, routed_scaling_factor, normalize, weight + t * k);
+    // transformers 5.23 DeepseekV4HashRouter.forward (modeling_deepseek_v4.py:1119-1128):
+    // weights = scores.gather(1, tid2eid[ids]); weights / (weights.sum(-1) + 1e-20) ·
+    // routed_scaling_factor, for every k (k = 1 included).
+    gather_weights(s, it, k, routed_scaling_factor, normalize, weight + t * k,
+                   /*normalize_single=*/true);
   }
 }
 
