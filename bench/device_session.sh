@@ -90,6 +90,12 @@ run_gtests() {
     [ -x "$t" ] || continue
     name=$(basename "$t")
     if [ -n "${GTESTS:-}" ] && [[ " $GTESTS " != *" $name "* ]]; then continue; fi
+    # test_v4_ops reads golden values that ctest's fixture makes with transformers (CPU references
+    # only; the device image has no transformers): run only when they were carried or generated.
+    if [ "$name" = test_v4_ops ] && [ -z "${DSV41RT_V4_GOLDEN:-}" ]; then
+      echo "$name: not run (CPU references against transformers' goldens; set DSV41RT_V4_GOLDEN)"
+      continue
+    fi
     if ! timeout "${GTEST_TIMEOUT:-300}" "$t" >"$OUT/gtest_one.log" 2>&1; then
       fails=$((fails + 1))
       grep -E "Failure|FAILED|error|Expected|Which is|actual|seed" "$OUT/gtest_one.log" | head -30
