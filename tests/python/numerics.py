@@ -24,3 +24,15 @@ def generate_with_logprobs(rt, prompts, max_new_tokens: int, sampling=None) -> l
         for o in rt.step():
             out[o.request_id] += list(zip(o.new_tokens, o.logprobs, strict=True))
     return [out[i] for i in ids]
+
+
+def plain_greedy(rt, prompt: list[int], n: int) -> list[int]:
+    """n greedy tokens after `prompt` on a direct handle: the prefill's argmax, then device-drawn
+    decode steps (the reference the speculative paths must equal bitwise)."""
+    h = rt.new_handle()
+    out = [int(np.argmax(rt.forward_tokens(h, prompt, all_logits=False)[0]))]
+    while len(out) < n:
+        nxt, _ = rt.decode_handles_greedy([h], [out[-1]])
+        out.append(int(nxt[0]))
+    rt.release_handle(h)
+    return out

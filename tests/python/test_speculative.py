@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from dsv41rt.errors import Dsv41rtError
 from dsv41rt.speculative import generate_greedy_speculative
+from numerics import plain_greedy
 
 
 @pytest.fixture(scope="module")
@@ -18,16 +19,6 @@ def rt(tiny_v41_dir):
     runtime = Runtime(tiny_v41_dir, load_drafter=True)
     yield runtime
     runtime.close()
-
-
-def plain_greedy(rt, prompt: list[int], n: int) -> list[int]:
-    h = rt.new_handle()
-    out = [int(np.argmax(rt.forward_tokens(h, prompt, all_logits=False)[0]))]
-    while len(out) < n:
-        nxt, _ = rt.decode_handles_greedy([h], [out[-1]])
-        out.append(int(nxt[0]))
-    rt.release_handle(h)
-    return out
 
 
 @pytest.mark.parametrize("length", [1, 24, 130])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from dsv41rt.errors import Dsv41rtError
+from numerics import plain_greedy
 
 
 @pytest.fixture(scope="module")
@@ -16,16 +17,6 @@ def rt(tiny_v41_dir):
     runtime = Runtime(tiny_v41_dir)
     yield runtime
     runtime.close()
-
-
-def plain_greedy(rt, prompt: list[int], n: int) -> list[int]:
-    h = rt.new_handle()
-    out = [int(np.argmax(rt.forward_tokens(h, prompt, all_logits=False)[0]))]
-    while len(out) < n:
-        nxt, _ = rt.decode_handles_greedy([h], [out[-1]])
-        out.append(int(nxt[0]))
-    rt.release_handle(h)
-    return out
 
 
 def test_speculative_loop_is_plain_greedy(rt) -> None:

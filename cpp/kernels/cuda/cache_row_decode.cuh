@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "kernels/cuda/bf16_bits.cuh"
 #include "kernels/paged.h"
 
 namespace dsv41rt::kernels::cuda {
@@ -79,18 +80,8 @@ namespace dsv41rt::kernels::cuda {
 
 namespace row_bf16 {
 
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
-
-// a * b on BF16x2; exact whenever the product is a BF16 (fma with -0 keeps -0).
-__device__ __forceinline__ uint32_t bmul(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
-  return d;
-}
+using bits::bmul;
+using bits::prmt;
 
 // Both halves 2^k (a normal BF16: -126 <= k <= 127).
 __device__ __forceinline__ uint32_t pow2x2(int k) { return uint32_t(k + 127) * 0x00800080u; }

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "kernels/cuda/bf16_bits.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_decode.cuh"
 #include "kernels/cuda/quant_device.cuh"
@@ -216,18 +217,8 @@ __device__ __forceinline__ uint32_t comp(const uint4& v, int i) {
   return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
 }
 
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
-
-// a * b on BF16x2, exact whenever the product is a BF16 (fma with -0 keeps -0 and subnormals).
-__device__ __forceinline__ uint32_t bmul(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
-  return d;
-}
+using bits::bmul;
+using bits::prmt;
 
 constexpr uint32_t kBf16x2One = 0x3F803F80u;
 
