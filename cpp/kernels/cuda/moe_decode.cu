@@ -7,8 +7,7 @@
 //      the other CTAs round x to BF16 into a lane-permuted layout (below).
 //   2. gate/up: grid (row tiles of 16 of I) x (routed slots + shared). A CTA whose slot is empty
 //      exits at once; otherwise its 4 warps split K (= H), each streams its 16 rows of w1 and w3
-//      through its own cp.async ring in shared memory (MXFP4: 3 chunks in flight, FP8: 1), decodes
-//      to BF16 in registers and runs swap-AB
+//      with 128-bit loads (one chunk prefetched), decodes to BF16 in registers and runs swap-AB
 //      mma.sync m16n8k16 (weights in M, tokens in N); the 4 partials are summed in a fixed order,
 //      then clamped SwiGLU x routing weight, rounded to BF16 into `hid`.
 //   3. down: the same kernel with w2 (K = I) writing each pair's FP32 output row.
@@ -29,7 +28,6 @@
 
 #include "kernels/cuda/bf16_bits.cuh"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/mma_bf16.cuh"
 #include "kernels/cuda/moe_decode.cuh"
 #include "kernels/cuda/quant_device.cuh"
 #include "kernels/cuda/swiglu.cuh"
@@ -290,26 +288,12 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Per-warp staging ring of the MXFP4 / FP8 weight rows (cp.async, no registers held while the
-// bytes are in flight): Nsight Compute showed the register double buffer's one chunk of prefetch
-// too short (the first use of each loaded word and of each scale byte were the top stalls, DRAM at
-// 33-40%). Data [stage][m][h][q][lane] of 16 bytes (lane-fastest: conflict-free 128-bit reads),
-// then the MXFP4 scales [stage][m][h][g] as one 4-byte word per row and chunk (blocks 4c..4c+3).
-constexpr int kRingDataBytes = 8192;
-constexpr int kRingBytes = kRingDataBytes + 512;
-
-template <WeightFormat F>
-__host__ __device__ constexpr int ring_stages() {
-  return kRingDataBytes / (2 * 2 * quads_of(F) * 32 * 16);  // sized for NMAT = 2: 4 MXFP4, 2 FP8
-}
-
 // acc[m][nt] += rows [row0, row0 + 16) of w[m] times the activation rows bp[nt] over this
-// warp's chunks (warp, warp + 4, ...). Lanes past K load nothing and multiply zeros. `ring`: this
-// warp's kRingBytes of shared memory (MXFP4 / FP8 only).
+// warp's chunks (warp, warp + 4, ...). Lanes past K load nothing and multiply zeros.
 template <WeightFormat F, int NMAT, int NT>
 __device__ __forceinline__ void mainloop(const WeightView (&w)[NMAT], int64_t row0, int64_t K,
                                          const uint16_t* const (&bp)[NT], int nt_active,
-                                         float (&acc)[NMAT][NT][4], uint8_t* ring) {
+                                         float (&acc)[NMAT][NT][4]) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
   const int nchunks = int((K + kChunk - 1) / kChunk);
   // This lane's row g of each matrix as a byte pointer to its 32 columns of chunk 0 and, for
@@ -325,9 +309,27 @@ __device__ __forceinline__ void mainloop(const WeightView (&w)[NMAT], int64_t ro
     scalep[m] = nullptr;
     if constexpr (F == WeightFormat::kMxfp4) scalep[m] = w[m].scale + row * (K / 32) + t4;
   }
-  // Chunk c of this warp from the registers `now`, all lanes past K multiplying zeros. Scales
-  // needing two multiplies (never in real checkpoints) take a separate, warp-uniform copy of the
-  // body, so the common one has no per-value branch.
+  auto load = [&](RowRaw<F>(&r)[NMAT][2], int c) {
+    const int64_t col0 = int64_t(c) * kChunk + t4 * 32;
+#pragma unroll
+    for (int m = 0; m < NMAT; ++m) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (col0 >= K) {
+          for (auto& q : r[m][h].d) q = make_uint4(0, 0, 0, 0);
+          r[m][h].m1 = 0, r[m][h].m2 = kBf16x2One;
+        } else if constexpr (F == WeightFormat::kMxfp4) {
+          r[m][h].d[0] = ld_stream(rowp[m] + h * rows8 + c * (kChunk / 2));
+          scale_mults<F>(__ldg(scalep[m] + h * srows8 + c * (kChunk / 32)), r[m][h].m1, r[m][h].m2);
+        } else {
+          load_row<F>(w[m], row0 + g + 8 * h, col0, r[m][h]);
+        }
+      }
+    }
+  };
+  // Chunk c of this warp from the registers `now` (loaded before), all lanes past K multiplying
+  // zeros. Scales needing two multiplies (never in real checkpoints) take a separate,
+  // warp-uniform copy of the body, so the common one has no per-value branch.
   auto compute = [&](const RowRaw<F>(&now)[NMAT][2], int c) {
     const bool valid = int64_t(c) * kChunk + t4 * 32 < K;
     auto body = [&](auto two) {
@@ -373,105 +375,25 @@ __device__ __forceinline__ void mainloop(const WeightView (&w)[NMAT], int64_t ro
       body(std::false_type{});
     }
   };
-  if constexpr (F == WeightFormat::kBF16) {
-    // BF16 rows (64 bytes a lane; no release format stores experts so): loaded into registers.
-    RowRaw<F> ra[NMAT][2];
-    for (int c = warp; c < nchunks; c += kWarps) {
-      const int64_t col0 = int64_t(c) * kChunk + t4 * 32;
-#pragma unroll
-      for (int m = 0; m < NMAT; ++m) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (col0 >= K) {
-            for (auto& q : ra[m][h].d) q = make_uint4(0, 0, 0, 0);
-          } else {
-            load_row<F>(w[m], row0 + g + 8 * h, col0, ra[m][h]);
-          }
-        }
-      }
+  RowRaw<F> ra[NMAT][2], rb[NMAT][2];
+  if constexpr (F == WeightFormat::kMxfp4) {
+    // MXFP4 rows are 16 bytes a lane: the next chunk is in flight during this one. Two register
+    // sets in turn (ra, rb), the loop unrolled by two, so nothing is copied between them.
+    if (warp < nchunks) load(ra, warp);
+    for (int c = warp; c < nchunks; c += 2 * kWarps) {
+      if (c + kWarps < nchunks) load(rb, c + kWarps);
       compute(ra, c);
+      if (c + kWarps >= nchunks) break;
+      if (c + 2 * kWarps < nchunks) load(ra, c + 2 * kWarps);
+      compute(rb, c + kWarps);
     }
   } else {
-    constexpr int Q = quads_of(F), kStages = ring_stages<F>();
-    static_assert(kStages >= 2, "ring too small");
-    auto data = [&](int stage, int m, int h, int q) {
-      return ring + ((((stage * NMAT + m) * 2 + h) * Q + q) * 32 + lane) * 16;
-    };
-    auto scale_word = [&](int stage, int m, int h, int row) {
-      return reinterpret_cast<uint32_t*>(ring + kRingDataBytes) + ((stage * NMAT + m) * 2 + h) * 8 +
-             row;
-    };
-    // MXFP4 scales go through the ring as 4-byte words when each row's words are aligned (K a
-    // multiple of 128 and an aligned scale array: every V4.1 shape), else are read at use.
-    bool scale_async = false;
-    if constexpr (F == WeightFormat::kMxfp4) {
-      scale_async = K % kChunk == 0;
-#pragma unroll
-      for (int m = 0; m < NMAT; ++m) {
-        scale_async = scale_async && reinterpret_cast<uintptr_t>(w[m].scale) % 4 == 0;
-      }
-    }
-    // Issues chunk c's copies into `stage` (zero-filled past K; nothing past the last chunk),
-    // then commits a group (empty groups keep the count uniform).
-    auto issue = [&](int stage, int c) {
-      if (c < nchunks) {
-        const bool in = int64_t(c) * kChunk + t4 * 32 < K;
-#pragma unroll
-        for (int m = 0; m < NMAT; ++m) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const uint8_t* src = rowp[m] + h * rows8 + int64_t(c) * (kChunk / 32) * 16 * Q;
-#pragma unroll
-            for (int q = 0; q < Q; ++q) mma::cp_async16(data(stage, m, h, q), src + 16 * q, in);
-            if (F == WeightFormat::kMxfp4 && scale_async && t4 == 0) {
-              const uint8_t* s = scalep[m] + h * srows8 + int64_t(c) * (kChunk / 32);
-              asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(
-                               mma::smem_addr(scale_word(stage, m, h, g))),
-                           "l"(s)
-                           : "memory");
-            }
-          }
-        }
-      }
-      mma::cp_async_commit();
-    };
-    for (int s = 0; s < kStages - 1; ++s) issue(s, warp + s * kWarps);
-    int stage = 0;
+    // FP8 / BF16 rows are 32 / 64 bytes a lane: as many loads in flight without a second set
+    // (and fewer registers).
     for (int c = warp; c < nchunks; c += kWarps) {
-      // The stage before this one was read in the last iteration (all lanes, __syncwarp below).
-      issue(stage == 0 ? kStages - 1 : stage - 1, c + (kStages - 1) * kWarps);
-      mma::cp_async_wait<kStages - 1>();  // this chunk's group has landed (this lane's copies)
-      __syncwarp();                       // ... and every lane's
-      const int64_t col0 = int64_t(c) * kChunk + t4 * 32;
-      RowRaw<F> now[NMAT][2];
-#pragma unroll
-      for (int m = 0; m < NMAT; ++m) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-          for (int q = 0; q < Q; ++q) {
-            now[m][h].d[q] = *reinterpret_cast<const uint4*>(data(stage, m, h, q));
-          }
-          uint32_t e = 0;
-          if (col0 < K) {
-            if constexpr (F == WeightFormat::kMxfp4) {
-              e = scale_async ? (*scale_word(stage, m, h, g) >> (8 * t4)) & 0xFFu
-                              : __ldg(scalep[m] + h * srows8 + int64_t(c) * (kChunk / 32));
-            } else {
-              const int64_t sc = (w[m].cols + w[m].block_cols - 1) / w[m].block_cols;
-              e = __ldg(w[m].scale + ((row0 + g + 8 * h) / w[m].block_rows) * sc +
-                        col0 / w[m].block_cols);
-            }
-          }
-          scale_mults<F>(e, now[m][h].m1, now[m][h].m2);
-          if (col0 >= K) now[m][h].m1 = 0, now[m][h].m2 = kBf16x2One;  // zeros, never NaN
-        }
-      }
-      compute(now, c);
-      __syncwarp();  // every lane is done with this stage before it is refilled
-      stage = stage + 1 == kStages ? 0 : stage + 1;
+      load(ra, c);
+      compute(ra, c);
     }
-    mma::cp_async_wait<0>();  // no copy outlives the kernel's use of the ring
   }
 }
 
@@ -501,7 +423,6 @@ struct ExpertParams {
 template <WeightFormat FR, WeightFormat FS, int NMAT, int NT>
 __global__ void __launch_bounds__(kCtaThreads, 4) expert_kernel(const ExpertParams p, int slot0) {
   __shared__ float red[kWarps][NMAT][16][NT * 8];
-  __shared__ __align__(16) uint8_t ring[kWarps][kRingBytes];
   const int slot = slot0 + int(blockIdx.y);
   const bool shared = slot >= p.nslots;
   const Side& side = shared ? p.shared : p.routed;
@@ -531,9 +452,9 @@ __global__ void __launch_bounds__(kCtaThreads, 4) expert_kernel(const ExpertPara
     }
     float acc[NMAT][NT][4] = {};
     if (FR == FS || !shared) {
-      mainloop<FR, NMAT, NT>(w, rowbase + tile, side.K, bp, nt_active, acc, ring[warp]);
+      mainloop<FR, NMAT, NT>(w, rowbase + tile, side.K, bp, nt_active, acc);
     } else if constexpr (FR != FS) {
-      mainloop<FS, NMAT, NT>(w, rowbase + tile, side.K, bp, nt_active, acc, ring[warp]);
+      mainloop<FS, NMAT, NT>(w, rowbase + tile, side.K, bp, nt_active, acc);
     }
 #pragma unroll
     for (int m = 0; m < NMAT; ++m) {
