@@ -142,8 +142,15 @@ MODES = {  # name -> backend options (and dequant reuse) switched from the defau
     "multistream off": {"multistream": False},
     "reuse off": {"reuse": False, "attention_in_place": False},
     "in place off": {"attention_in_place": False},
+    "pdl off": {"programmatic_launch": False},
 }
-DEFAULTS = {"cuda_graphs": True, "multistream": True, "reuse": True, "attention_in_place": True}
+DEFAULTS = {
+    "cuda_graphs": True,
+    "multistream": True,
+    "reuse": True,
+    "attention_in_place": True,
+    "programmatic_launch": True,
+}
 
 
 def prefill_handle(rt, n: int, budget: int, rng) -> tuple[int, float]:

@@ -343,8 +343,8 @@ class Runtime:
         return str(self._rt.info().device)
 
     def set_switch(self, name: str, on: bool) -> None:
-        """Switch "multistream", "cuda_graphs", "tensor_cores", "cp_timing" or "attention_in_place"
-        between forwards (A/B measurements)."""
+        """Switch "multistream", "cuda_graphs", "tensor_cores", "cp_timing", "attention_in_place" or
+        "programmatic_launch" between forwards (A/B measurements)."""
         if name not in _core.Switch.__members__:
             raise Dsv41rtError(f"unknown switch {name!r} (one of {', '.join(_core.Switch.__members__)})")
         self._rt.set_switch(_core.Switch.__members__[name], bool(on))

@@ -182,3 +182,16 @@ def test_memory_plan_is_the_pool_the_runtime_builds(tiny_v41_dir) -> None:
     assert s["workspace_bytes_per_page"] == m["workspace_bytes_per_page"] and m["page_tokens"] == 8
     with pytest.raises(Exception, match="KV memory budget of 1024 bytes is too small"):
         _core.memory_plan(plan, 1024, 3, 24, 128, 8)
+
+
+def test_gpu_only_switches_are_refused_on_the_cpu_by_name(tiny_v41_dir) -> None:
+    """The CUDA executor's switches (streams, graphs, programmatic launch) name themselves and the
+    device when set on the CPU executor; an unknown switch lists the known ones."""
+    from dsv41rt import _core
+
+    rt = Runtime(tiny_v41_dir)
+    for name in ("multistream", "cuda_graphs", "programmatic_launch"):
+        with pytest.raises(_core.Error, match=f"the {name} switch does not apply to the cpu executor"):
+            rt.set_switch(name, False)
+    with pytest.raises(Dsv41rtError, match="unknown switch 'pdl'.*programmatic_launch"):
+        rt.set_switch("pdl", True)

@@ -181,6 +181,8 @@ struct BackendStats {
   int64_t weight_host_bytes = 0;  ///< pinned host memory the device reads (engram_host_memory)
   int64_t d2h_bytes = 0;          ///< bytes copied from the device to the host by forwards
   int64_t eager_forwards = 0, graph_captures = 0, graph_replays = 0, graph_updates = 0;
+  /// Kernel -> kernel edges of captured graphs made programmatic (Switch::kProgrammaticLaunch).
+  int64_t programmatic_edges = 0;
   int64_t graphs = 0;           ///< decode graphs held
   int64_t last_forward_us = 0;  ///< device time of the last forward
   bool multistream = false, cuda_graphs = false, tensor_cores = false;
@@ -233,7 +235,16 @@ struct Decisions {
 /// Switches for A/B measurements between forwards.
 /// kAttentionInPlace: sparse attention reads the quantised caches as stored in decode-sized
 /// forwards (off: unpacks them to FP32 first; the same results).
-enum class Switch { kMultistream, kCudaGraphs, kTensorCores, kCpTiming, kAttentionInPlace };
+/// kProgrammaticLaunch: captured decode graphs chain their kernels by programmatic dependent
+/// launch (each kernel's launch overlaps the previous one's tail; the same results).
+enum class Switch {
+  kMultistream,
+  kCudaGraphs,
+  kTensorCores,
+  kCpTiming,
+  kAttentionInPlace,
+  kProgrammaticLaunch
+};
 
 /// A block the DSpark drafter proposes (Runtime::draft_greedy).
 struct DraftBlock {

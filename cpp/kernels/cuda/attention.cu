@@ -87,6 +87,7 @@ __global__ void __cluster_dims__(1, kKvSplit, 1) __launch_bounds__(kThreadsPerBl
     sparse_attention_kernel(const float* __restrict__ q, const float* __restrict__ kv,
                             const float* __restrict__ kv2, const int32_t* __restrict__ indices,
                             const float* __restrict__ sink, AttnShape sh, float* __restrict__ out) {
+  pdl_entry();
   extern __shared__ float smem[];
   const int D = int(sh.D);
   float* keys_sh = smem;                                            // [kChunkKeys][D]

@@ -69,6 +69,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
                                     const int32_t* __restrict__ indices,
                                     const float* __restrict__ sink, PrefillShape sh,
                                     float* __restrict__ out) {
+  pdl_entry();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int D = static_cast<int>(sh.D);
   float* q_sh = reinterpret_cast<float*>(smem_raw);
@@ -289,6 +290,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1)
 __global__ void keys_to_bf16_kernel(const float4* __restrict__ a, int64_t na,
                                     const float4* __restrict__ b, int64_t n,
                                     uint2* __restrict__ dst) {
+  pdl_entry();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const float4 v = i < na ? a[i] : b[i - na];

@@ -56,6 +56,7 @@ __global__ void __cluster_dims__(1, kSplits, 1) __launch_bounds__(kBlockThreads,
     sparse_attention_tc_kernel(const float* __restrict__ q, Keys keys,
                                const int32_t* __restrict__ indices, const float* __restrict__ sink,
                                TcShape sh, float* __restrict__ out) {
+  pdl_entry();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int D = static_cast<int>(sh.D);
   __nv_bfloat16* keys_sh = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kChunk][D], swizzled

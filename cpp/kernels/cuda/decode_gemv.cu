@@ -266,8 +266,7 @@ struct Kernel {
       auto steps = [&](auto two) {
         [&]<int... S>(std::integer_sequence<int, S...>) {
           (step(std::integral_constant<int, S>{}, two), ...);
-        }
-        (std::make_integer_sequence<int, T::V / 4>{});
+        }(std::make_integer_sequence<int, T::V / 4>{});
       };
       bool two = false;
       if constexpr (F != kBf16) {
@@ -344,6 +343,7 @@ struct Kernel {
 template <int F, int NT>
 __global__ void __launch_bounds__(kBlockThreads, NT == 1 ? 2 : 1)
     decode_gemv_kernel(const Params p) {
+  pdl_entry();
   Kernel<F, NT>::run(p);
 }
 

@@ -215,6 +215,7 @@ struct Kernel {
 
 template <int NT>
 __global__ void __launch_bounds__(kBlockThreads, NT == 1 ? 2 : 1) a8_kernel(const Params p) {
+  pdl_entry();
   Kernel<NT>::run(p);
 }
 
@@ -223,6 +224,7 @@ __global__ void __launch_bounds__(kBlockThreads, NT == 1 ? 2 : 1) a8_kernel(cons
 __global__ void __launch_bounds__(kThreads)
     quantize_act_kernel(const float* x, int64_t m, int64_t k, int64_t ldx, uint8_t* q,
                         int64_t ldq) {
+  pdl_entry();
   const int lane = threadIdx.x % 32;
   const int64_t blocks = k / 32, warps = int64_t(gridDim.x) * (blockDim.x / 32);
   for (int64_t wb = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; wb < m * blocks;

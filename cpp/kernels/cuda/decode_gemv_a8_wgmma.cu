@@ -382,6 +382,7 @@ struct Kernel {
 template <int N>
 __global__ void __launch_bounds__(kWgThreads, Cfg<N>::kMinCtas)
     a8_wgmma_kernel(const Params p, const __grid_constant__ CUtensorMap wmap) {
+  pdl_entry();
   extern __shared__ __align__(16) uint8_t smem[];
   Kernel<N>::run(p, &wmap, smem);
 }

@@ -22,6 +22,7 @@ constexpr int kUnroll = 4;
 template <int TB>
 __global__ void engram_kv_kernel(const float* __restrict__ emb, const WeightView wkv, int64_t S,
                                  int64_t kvw, int64_t D, float* __restrict__ kv) {
+  pdl_entry();
   const bool plain = wkv.format == WeightFormat::kF32;
   const int lane = threadIdx.x % kWarp;
   const int64_t groups = (S + TB - 1) / TB;
@@ -93,6 +94,7 @@ __global__ void engram_update_kernel(float* __restrict__ X, const float* __restr
                                      const float* __restrict__ k_weight,
                                      const uint8_t* __restrict__ token_mask, int64_t S, int64_t n,
                                      int64_t H, float eps, float inv_sqrt_h) {
+  pdl_entry();
   const int64_t kvw = (n + 1) * H;
   const float fH = static_cast<float>(H);
   for (int64_t b = blockIdx.x; b < S * n; b += gridDim.x) {

@@ -117,6 +117,7 @@ __device__ void store_stage(const Stage& st, __nv_bfloat16 (*as)[kLd], __nv_bflo
 
 template <bool Vec, WeightFormat F>
 __global__ void __launch_bounds__(kTcThreads) gemm_tc_kernel(const TcGemm g) {
+  pdl_entry();
   __shared__ __align__(32) __nv_bfloat16 as[kBM][kLd];
   __shared__ __align__(32) __nv_bfloat16 bs[kBN][kLd];
   __shared__ __align__(32) float scratch[kTcThreads / 32][16 * 16];

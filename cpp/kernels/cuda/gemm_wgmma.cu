@@ -83,6 +83,7 @@ struct Params {
 __global__ void __launch_bounds__(kGemmThreads, 1)
     gemm_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
                       const __grid_constant__ CUtensorMap map_b, const Params p) {
+  pdl_entry();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
   const uint32_t ring = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -172,6 +173,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 __global__ void rows_to_bf16_kernel(const float* __restrict__ x, int64_t ldx, int64_t m, int64_t k,
                                     uint16_t* __restrict__ y, int64_t ldy,
                                     const int32_t* __restrict__ gather, int64_t gather_div) {
+  pdl_entry();
   const int64_t groups = (k + 3) / 4, total = m * groups;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -188,6 +190,7 @@ __global__ void rows_to_bf16_kernel(const float* __restrict__ x, int64_t ldx, in
 template <WeightFormat F, bool Vec>
 __global__ void weight_to_bf16_kernel(const WeightView w, int64_t row0, int64_t rows,
                                       uint16_t* __restrict__ y, int64_t ldy) {
+  pdl_entry();
   const int64_t groups = (w.cols + 7) / 8, total = rows * groups;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -207,6 +210,7 @@ __global__ void weight_to_bf16_kernel(const WeightView w, int64_t row0, int64_t 
 // (p * repeat + q) * k.
 __global__ void split3_kernel(const float* __restrict__ x, int64_t ldx, int64_t m, int64_t k,
                               uint16_t* __restrict__ y, int64_t ldy, int repeat) {
+  pdl_entry();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < m * k;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / k, col = i % k;

@@ -18,6 +18,7 @@ __global__ void indexer_scores_kernel(const float* __restrict__ q, const float* 
                                       const float* __restrict__ w,
                                       const int64_t* __restrict__ n_visible, int64_t S, int64_t H,
                                       int64_t D, int64_t T, float* __restrict__ scores) {
+  pdl_entry();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t tiles = (T + kWarpsPerBlock - 1) / kWarpsPerBlock;
   // Grid-stride over (query, tile) blocks; only warp-level synchronisation inside.
@@ -154,6 +155,7 @@ __device__ unsigned block_exclusive_scan(unsigned v, unsigned* scan, unsigned& t
 template <bool kAggregate>
 __global__ void topk_select_kernel(const float* __restrict__ scores, int64_t T, int64_t k,
                                    int32_t* __restrict__ indices) {
+  pdl_entry();
   __shared__ SelectShared sh;
   const float* row = scores + int64_t(blockIdx.x) * T;
   int32_t* out = indices + int64_t(blockIdx.x) * k;
@@ -202,6 +204,7 @@ __global__ void candidate_blocks_kernel(const float* __restrict__ scores,
                                         const int64_t* __restrict__ n_visible, int64_t T,
                                         int64_t topk_blocks, int64_t block_size,
                                         uint8_t* __restrict__ mask) {
+  pdl_entry();
   __shared__ SelectShared sh;
   const int64_t s = blockIdx.x;
   const float* row = scores + s * T;

@@ -104,6 +104,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     indexer_scores_tc_kernel(const float* __restrict__ q, Keys keys, const float* __restrict__ w,
                              const int64_t* __restrict__ n_visible, int64_t H, int64_t D, int64_t T,
                              float* __restrict__ scores) {
+  pdl_entry();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int Dn = static_cast<int>(D), Hn = static_cast<int>(H);
   const int mtiles = (Hn + 15) / 16;

@@ -19,6 +19,7 @@ __global__ void __launch_bounds__(kTile* kRowsPerPass)
     linear_kernel(const float* __restrict__ x, const WeightView w, float* __restrict__ y, int64_t m,
                   int64_t k, int64_t n, int64_t ldx, int64_t ldy, int64_t gx, int64_t gw,
                   int64_t gy, bool accumulate) {
+  pdl_entry();
   __shared__ float xs[kTile][kTile + 1];
   __shared__ float ws[kTile][kTile + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;

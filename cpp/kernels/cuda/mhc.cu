@@ -26,6 +26,7 @@ constexpr int kMixTokens = 8;
 __global__ void hc_mix_partial_kernel(const float* __restrict__ X, const float* __restrict__ fn,
                                       int64_t S, int64_t W, int64_t K, int64_t C,
                                       float* __restrict__ part, double* __restrict__ sq) {
+  pdl_entry();
   __shared__ double warp_acc[kMixTokens][32];
   __shared__ float xs[kMixTokens][kMixChunk];
   const int64_t s0 = int64_t(blockIdx.x) * kMixTokens, c = blockIdx.y;
@@ -125,6 +126,7 @@ __global__ void hc_mix_finish_kernel(const float* __restrict__ part, const doubl
                                      float rms_eps, float hc_eps, int iters,
                                      float* __restrict__ pre, float* __restrict__ post,
                                      float* __restrict__ comb) {
+  pdl_entry();
   extern __shared__ float smem[];
   __shared__ float r_shared;
   const int64_t W = (2 + n) * n, K = n * H;
@@ -209,6 +211,7 @@ __global__ void hc_mix_finish_kernel(const float* __restrict__ part, const doubl
 
 __global__ void hc_collapse_kernel(const float* __restrict__ X, const float* __restrict__ w,
                                    int64_t total, int64_t n, int64_t H, float* __restrict__ u) {
+  pdl_entry();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
        t += stride) {
@@ -224,6 +227,7 @@ __global__ void hc_collapse_kernel(const float* __restrict__ X, const float* __r
 __global__ void hc_expand_kernel(const float* __restrict__ X, const float* __restrict__ y,
                                  const float* __restrict__ post, const float* __restrict__ comb,
                                  int64_t total, int64_t n, int64_t H, float* __restrict__ out) {
+  pdl_entry();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
        t += stride) {
@@ -245,6 +249,7 @@ __global__ void hc_expand_rows_kernel(const float* __restrict__ X, const float* 
                                       const float* __restrict__ post,
                                       const float* __restrict__ comb, int64_t total, int64_t H,
                                       float* __restrict__ out) {
+  pdl_entry();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
        t += stride) {

@@ -79,6 +79,7 @@ __global__ void moe_forward_kernel(const float* __restrict__ x, const int32_t* _
                                    const W* __restrict__ sw1, const W* __restrict__ sw3,
                                    const W* __restrict__ sw2, int64_t Is, float limit,
                                    float* __restrict__ y) {
+  pdl_entry();
   extern __shared__ float smem[];
   float* xs = smem;      // [H]
   float* hs = smem + H;  // [max(I, Is)]
@@ -121,6 +122,7 @@ __global__ void moe_hidden_kernel(const float* __restrict__ x, const int32_t* __
                                   int64_t E, int64_t I, const WeightView w1, const WeightView w3,
                                   const WeightView sw1, const WeightView sw3, int64_t Is,
                                   float limit, int64_t ld, float* __restrict__ hidden) {
+  pdl_entry();
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
   const int64_t total = S * (k + 1) * ld;
@@ -152,6 +154,7 @@ __global__ void moe_down_kernel(const int32_t* __restrict__ idx, int64_t S, int6
                                 int64_t E, int64_t I, const WeightView w2, const WeightView sw2,
                                 int64_t Is, int64_t ld, const float* __restrict__ hidden,
                                 float* __restrict__ y) {
+  pdl_entry();
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarp);
   for (int64_t w = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp; w < S * H;
@@ -275,6 +278,7 @@ cudaError_t moe_forward(const float* x, const int32_t* idx, const float* weight,
 namespace {
 __global__ void local_ids_kernel(const int32_t* __restrict__ idx, int64_t n, int64_t begin,
                                  int64_t count, int32_t* __restrict__ out) {
+  pdl_entry();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t e = int64_t(idx[i]) - begin;

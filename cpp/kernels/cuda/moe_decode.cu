@@ -180,6 +180,7 @@ __device__ void route(const PrepParams& p) {
 }
 
 __global__ void __launch_bounds__(kRouteThreads) prep_kernel(const PrepParams p) {
+  pdl_entry();
   if (blockIdx.x == 0) {
     route(p);
     return;
@@ -422,6 +423,7 @@ struct ExpertParams {
 // alone would leave most SMs idle); slot = slot0 + blockIdx.y. 128 registers: 4 CTAs / SM.
 template <WeightFormat FR, WeightFormat FS, int NMAT, int NT>
 __global__ void __launch_bounds__(kCtaThreads, 4) expert_kernel(const ExpertParams p, int slot0) {
+  pdl_entry();
   __shared__ float red[kWarps][NMAT][16][NT * 8];
   const int slot = slot0 + int(blockIdx.y);
   const bool shared = slot >= p.nslots;
@@ -495,6 +497,7 @@ __global__ void __launch_bounds__(kCtaThreads, 4) expert_kernel(const ExpertPara
 // values are BF16 already (the reference's cast), so this is fp8_act_qdq, in place.
 __global__ void hid_qdq_kernel(uint16_t* hid, int64_t stride, int64_t P, int64_t S, int64_t I,
                                int64_t Is) {
+  pdl_entry();
   const int lane = threadIdx.x & 31;
   const int64_t bpr = (I > Is ? I : Is) / 32, rows = P + S;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
@@ -514,6 +517,7 @@ __global__ void hid_qdq_kernel(uint16_t* hid, int64_t stride, int64_t P, int64_t
 
 __global__ void combine_kernel(const float* out, const int32_t* order, int S, int64_t H, int k,
                                int P, bool has_shared, float* y) {
+  pdl_entry();
   const int64_t n4 = int64_t(S) * H / 4;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
        i += int64_t(gridDim.x) * blockDim.x) {

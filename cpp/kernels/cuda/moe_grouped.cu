@@ -13,6 +13,7 @@ namespace {
 
 __global__ void count_kernel(const int32_t* __restrict__ idx, int64_t pairs, int64_t E,
                              int32_t* __restrict__ counts) {
+  pdl_entry();
   for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < pairs;
        p += int64_t(gridDim.x) * blockDim.x) {
     const int32_t e = idx[p];
@@ -24,6 +25,7 @@ __global__ void count_kernel(const int32_t* __restrict__ idx, int64_t pairs, int
 // expert's rows in tile_rows-row tiles); the rest of the table is marked empty in parallel.
 __global__ void tile_table_kernel(int32_t* __restrict__ counts, int64_t E, int64_t max_tiles,
                                   int32_t* __restrict__ tiles, int32_t tile_rows) {
+  pdl_entry();
   __shared__ int32_t used;
   int32_t* group = tiles;
   int32_t* row0 = tiles + max_tiles;
@@ -53,6 +55,7 @@ __global__ void tile_table_kernel(int32_t* __restrict__ counts, int64_t E, int64
 __global__ void place_kernel(const int32_t* __restrict__ idx, int64_t pairs, int64_t E,
                              int32_t* __restrict__ cursors, int32_t* __restrict__ perm,
                              int32_t* __restrict__ inv) {
+  pdl_entry();
   for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < pairs;
        p += int64_t(gridDim.x) * blockDim.x) {
     const int32_t e = idx[p];
@@ -71,6 +74,7 @@ __global__ void routed_act_kernel(float* __restrict__ gate, const float* __restr
                                   const int32_t* __restrict__ perm, const int32_t* __restrict__ cnt,
                                   int64_t E, const float* __restrict__ weight, int64_t I,
                                   float limit) {
+  pdl_entry();
   int64_t rows = 0;
   for (int64_t e = 0; e < E; ++e) rows += cnt[e];
   for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < rows * I;
@@ -82,6 +86,7 @@ __global__ void routed_act_kernel(float* __restrict__ gate, const float* __restr
 
 __global__ void shared_act_kernel(float* __restrict__ gate, const float* __restrict__ up, int64_t n,
                                   float limit) {
+  pdl_entry();
   for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < n;
        v += int64_t(gridDim.x) * blockDim.x) {
     gate[v] = swiglu_unit(gate[v], up[v], limit, false, 1.0f);
@@ -104,6 +109,7 @@ __device__ __forceinline__ void next_slot(const int32_t* it, int64_t k, int64_t 
 __global__ void combine_kernel(const int32_t* __restrict__ idx, const int32_t* __restrict__ inv,
                                const float* __restrict__ out, const float* __restrict__ shared,
                                int64_t S, int64_t H, int64_t k, float* __restrict__ y) {
+  pdl_entry();
   for (int64_t v = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; v < S * H;
        v += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = v / H, c = v % H;
@@ -132,6 +138,7 @@ __global__ void combine_rows_kernel(const int32_t* __restrict__ idx,
                                     const int32_t* __restrict__ inv, const float* __restrict__ out,
                                     const float* __restrict__ shared, int64_t S, int64_t H,
                                     int64_t k, float* __restrict__ y) {
+  pdl_entry();
   __shared__ int32_t pos_sh[kCombineMaxK];
   __shared__ int n_sh;
   for (int64_t t = blockIdx.x; t < S; t += gridDim.x) {

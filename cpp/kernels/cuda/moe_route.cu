@@ -71,6 +71,7 @@ __global__ void __cluster_dims__(kRouteSplit, 1, 1)
     moe_route_kernel(const float* __restrict__ x, const float* __restrict__ gate_w,
                      const float* __restrict__ bias, RouteShape sh, float scale, bool normalize,
                      int32_t* __restrict__ idx, float* __restrict__ weight) {
+  pdl_entry();
   extern __shared__ float smem[];
   const int64_t ld = sh.chunk + kRowPad;
   float* xs = smem;                  // [chunk]

@@ -32,6 +32,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     moe_route_tiled_kernel(const float* __restrict__ x, const float* __restrict__ gate_w,
                            const float* __restrict__ bias, TiledShape sh, float scale,
                            bool normalize, int32_t* __restrict__ idx, float* __restrict__ weight) {
+  pdl_entry();
   extern __shared__ float smem[];
   const int64_t ld = sh.chunk + kRowPad;
   float* xs = smem;                           // [kTileTokens][ld]

@@ -54,6 +54,7 @@ __device__ __forceinline__ uint8_t* ring_row(const RingRows& r, int64_t item, in
 template <RowFormat R>
 __global__ void unpack_paged_kernel(PagedRows src, int64_t dim, int64_t items, int64_t max_count,
                                     const int64_t* count, const int64_t* out_offset, float* out) {
+  pdl_entry();
   const int64_t total = items * max_count * dim;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -67,6 +68,7 @@ template <RowFormat R>
 __global__ void unpack_ring_kernel(RingRows src, int64_t dim, int64_t items, int64_t max_count,
                                    const int64_t* first, const int64_t* count,
                                    const int64_t* out_offset, float* out) {
+  pdl_entry();
   const int64_t total = items * max_count * dim;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -97,6 +99,7 @@ __device__ __forceinline__ void pack_rows(const float* rows, int64_t n, int64_t 
 template <RowFormat R>
 __global__ void pack_paged_kernel(PagedRows dst, int64_t dim, int64_t n, const float* rows,
                                   const int32_t* item, const int64_t* entry) {
+  pdl_entry();
   pack_rows<R>(rows, n, dim, [&](int64_t r) -> uint8_t* {
     return item[r] < 0 ? nullptr : paged_row(dst, item[r], entry[r]);
   });
@@ -106,6 +109,7 @@ template <RowFormat R>
 __global__ void pack_ring_kernel(RingRows dst, int64_t dim, int64_t n, const float* rows,
                                  const int32_t* item, const int64_t* positions,
                                  const uint8_t* store) {
+  pdl_entry();
   pack_rows<R>(rows, n, dim, [&](int64_t r) -> uint8_t* {
     return (item[r] < 0 || !store[r]) ? nullptr : ring_row(dst, item[r], positions[r]);
   });
@@ -117,6 +121,7 @@ __global__ void compress_pool_gather_kernel(const float* values, const float* sc
                                             int64_t groups, int64_t ratio, int64_t D,
                                             const int32_t* group_item, const int64_t* n_pending,
                                             const int64_t* first_row, float* pooled) {
+  pdl_entry();
   const int64_t n = groups * D;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -142,6 +147,7 @@ __global__ void store_pending_kernel(const float* values, const float* scores,
                                      uint8_t* const* slots, int64_t pending_offset, int64_t ratio,
                                      int64_t D, int64_t n, const int32_t* item,
                                      const int64_t* src_row, const int64_t* dst_row) {
+  pdl_entry();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n * D;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / D, c = i % D;
@@ -159,6 +165,7 @@ __global__ void attention_indices_kernel(int64_t S, int64_t W, int64_t KI, const
                                          const int64_t* row0, int64_t new_offset,
                                          const int32_t* topk, const int64_t* comp_offset,
                                          int64_t comp_base, int32_t* idx) {
+  pdl_entry();
   const int64_t K = W + KI;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < S * K;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -184,6 +191,7 @@ __global__ void attention_indices_kernel(int64_t S, int64_t W, int64_t KI, const
 __global__ void embed_rows_kernel(const float* table_f32, const uint16_t* table_bf16,
                                   const int32_t* tokens, int64_t n, int64_t H, int64_t copies,
                                   float* X) {
+  pdl_entry();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n * copies * H;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t h = i % H, t = i / (copies * H);
@@ -194,6 +202,7 @@ __global__ void embed_rows_kernel(const float* table_f32, const uint16_t* table_
 
 __global__ void engram_gather_kernel(const uint8_t* table, const uint8_t* scales,
                                      const int64_t* rows, int64_t n, int64_t hd, float* out) {
+  pdl_entry();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n * hd;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t k = i / hd, c = i % hd, r = rows[k];
@@ -203,6 +212,7 @@ __global__ void engram_gather_kernel(const uint8_t* table, const uint8_t* scales
 }
 
 __global__ void candidate_mask_kernel(float* scores, const uint8_t* mask, int64_t n) {
+  pdl_entry();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     if (!mask[i]) scores[i] = -INFINITY;
@@ -211,6 +221,7 @@ __global__ void candidate_mask_kernel(float* scores, const uint8_t* mask, int64_
 
 __global__ void gather_rows_kernel(const float* src, const int64_t* rows, int64_t n, int64_t dim,
                                    float* dst) {
+  pdl_entry();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n * dim;
        i += int64_t(gridDim.x) * blockDim.x) {
     dst[i] = src[rows[i / dim] * dim + i % dim];
@@ -218,6 +229,7 @@ __global__ void gather_rows_kernel(const float* src, const int64_t* rows, int64_
 }
 
 __global__ void scale_kernel(float* x, int64_t n, float factor) {
+  pdl_entry();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     x[i] = __fmul_rn(x[i], factor);

@@ -13,6 +13,7 @@ using namespace qdev;
 // Bf16First: each value is first rounded to BF16 (the GEMM activation QDQ, fp8_act_qdq).
 template <Format F, bool Bf16First = false>
 __global__ void qdq_kernel(const float* x, int64_t total, float* y) {
+  pdl_entry();
   const int lane = threadIdx.x & 31;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) - lane;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -35,6 +36,7 @@ __global__ void dequant_fp8_blocks_kernel(const uint8_t* __restrict__ codes,
                                           const uint8_t* __restrict__ scales, int64_t total,
                                           int64_t cols, int64_t block_rows, int64_t block_cols,
                                           int64_t scale_cols, Out* __restrict__ out) {
+  pdl_entry();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += stride) {
@@ -48,6 +50,7 @@ template <typename Out>
 __global__ void dequant_fp4_rows_kernel(const uint8_t* __restrict__ packed,
                                         const uint8_t* __restrict__ scales, int64_t total,
                                         int64_t cols, int64_t scale_cols, Out* __restrict__ out) {
+  pdl_entry();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += stride) {

@@ -11,6 +11,7 @@ namespace {
 // warp shuffles and shared memory, then every thread scales its slice.
 __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ weight,
                                 int64_t dim, float eps, float* __restrict__ y) {
+  pdl_entry();
   const float* xr = x + blockIdx.x * dim;
   float* yr = y + blockIdx.x * dim;
   // Loads in batches of kBatch per thread (a plain loop waits on each in turn), adds in order.
@@ -58,6 +59,7 @@ constexpr int kSplit = 8;  // = warps of rms_norm_kernel's kThreads
 __global__ void __cluster_dims__(kSplit, 1, 1)
     rms_norm_split_kernel(const float* __restrict__ x, const float* __restrict__ weight,
                           int64_t dim, float eps, float* __restrict__ y) {
+  pdl_entry();
   namespace cg = cooperative_groups;
   extern __shared__ float staged[];  // [ceil(dim / 256)][32]
   __shared__ float part;

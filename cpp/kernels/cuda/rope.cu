@@ -10,6 +10,7 @@ __global__ void apply_rope_kernel(float* __restrict__ x, int64_t total, int64_t 
                                   int64_t head_dim, int64_t pairs,
                                   const int64_t* __restrict__ positions,
                                   const float* __restrict__ inv_freq, bool inverse) {
+  pdl_entry();
   const int64_t off = head_dim - 2 * pairs;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;

@@ -112,6 +112,7 @@ __global__ void sampling_kernel(
     const uint64_t* __restrict__ steps, unsigned char* ws, int64_t ws_stride,
     float* __restrict__ probs, int32_t* __restrict__ tokens, float* __restrict__ logprobs,
     int32_t max_top, int32_t* __restrict__ top_ids, float* __restrict__ top_lps) {
+  pdl_entry();
   __shared__ int64_t s_m;
   __shared__ double s_total;
   __shared__ int32_t s_token;
@@ -293,6 +294,7 @@ cudaError_t launch(const float* logits, const int64_t* logit_rows, int64_t rows,
 // One thread per (token, row): the 32 threads of a warp share one mask word.
 __global__ void mask_tokens_kernel(float* __restrict__ logits, const int64_t* __restrict__ rows,
                                    int64_t V, int64_t W, const uint32_t* __restrict__ words) {
+  pdl_entry();
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t i = blockIdx.y;
   if (t >= V) return;

@@ -6,6 +6,7 @@ namespace dsv41rt::kernels::cuda {
 // Indices in 32 bits (the launcher checks batch * m * n fits): three 64-bit divisions per
 // element were most of this short kernel's instructions.
 __global__ void __launch_bounds__(kThreads) reduce_split_partials(const SplitPartials p) {
+  pdl_entry();
   const uint32_t n = uint32_t(p.n), mn = uint32_t(p.m) * n, total = uint32_t(p.batch) * mn;
   for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
     const uint32_t b = e / mn, rem = e - b * mn, tok = rem / n, r = rem - tok * n;

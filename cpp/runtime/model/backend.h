@@ -101,6 +101,9 @@ class DSV41RT_API Backend {
   virtual std::unique_ptr<BackendGraph> capture(Stream s, const std::function<void()>& body,
                                                 std::unique_ptr<BackendGraph> reuse);
   virtual void replay(BackendGraph& graph, Stream s);
+  /// Whether graphs captured from now on chain their kernels by programmatic dependent launch
+  /// (CUDA; kernels/cuda/common.cuh pdl_entry). Default: ignored.
+  virtual void set_programmatic_launch(bool on) { (void)on; }
   /// Counters ("d2h_bytes", graph updates, ...).
   virtual std::map<std::string, int64_t> stats() const = 0;
 

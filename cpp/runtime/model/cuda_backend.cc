@@ -3,7 +3,9 @@
 // cudaGraphExecUpdate when only addresses changed). Built with DSV41RT_WITH_CUDA.
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <map>
+#include <vector>
 
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/decode_gemv.cuh"
@@ -30,6 +32,57 @@ namespace dsv41rt::model {
 namespace {
 
 namespace kc = kernels::cuda;
+
+// Whether a graph node is a kernel of this library (every one starts with kc::pdl_entry()):
+// cudaFuncGetName gives the mangled name of a runtime-launched kernel. Anything else (NCCL's
+// kernels, copies, memsets) is not.
+bool library_kernel(cudaGraphNode_t node) {
+  cudaGraphNodeType type{};
+  if (cudaGraphNodeGetType(node, &type) != cudaSuccess || type != cudaGraphNodeTypeKernel) {
+    return false;
+  }
+  cudaKernelNodeParams params{};
+  const char* name = nullptr;
+  const bool ok = cudaGraphKernelNodeGetParams(node, &params) == cudaSuccess && params.func &&
+                  cudaFuncGetName(&name, params.func) == cudaSuccess && name;
+  cudaGetLastError();  // a node the runtime cannot name is simply not ours
+  return ok && (std::strstr(name, "7dsv41rt7kernels4cuda") ||
+                std::strstr(name, "dsv41rt::kernels::cuda"));
+}
+
+// Makes the graph's kernel -> kernel edges between this library's kernels programmatic: the
+// downstream grid may be scheduled as the upstream's blocks finish (they trigger at their start)
+// and waits at its first statement for the upstream's completion and memory, so the results are
+// those of plain stream order and only the launch gap shrinks. Returns the edges changed.
+int64_t make_kernel_edges_programmatic(cudaGraph_t graph) {
+  size_t n = 0;
+  DSV41RT_CU(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n));
+  if (n == 0) return 0;
+  std::vector<cudaGraphNode_t> from(n), to(n);
+  std::vector<cudaGraphEdgeData> data(n);
+  DSV41RT_CU(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &n));
+  std::map<cudaGraphNode_t, bool> ours;
+  auto is_ours = [&ours](cudaGraphNode_t node) {
+    auto it = ours.find(node);
+    return it != ours.end() ? it->second : (ours[node] = library_kernel(node));
+  };
+  std::vector<cudaGraphNode_t> f, t;
+  for (size_t i = 0; i < n; ++i) {
+    if (data[i].type == cudaGraphDependencyTypeDefault && data[i].from_port == 0 &&
+        is_ours(from[i]) && is_ours(to[i])) {
+      f.push_back(from[i]), t.push_back(to[i]);
+    }
+  }
+  if (f.empty()) return 0;
+  std::vector<cudaGraphEdgeData> plain(f.size()), programmatic(f.size());
+  for (cudaGraphEdgeData& e : programmatic) {
+    e.from_port = cudaGraphKernelNodePortProgrammatic;
+    e.type = cudaGraphDependencyTypeProgrammatic;
+  }
+  DSV41RT_CU(cudaGraphRemoveDependencies(graph, f.data(), t.data(), plain.data(), f.size()));
+  DSV41RT_CU(cudaGraphAddDependencies(graph, f.data(), t.data(), programmatic.data(), f.size()));
+  return int64_t(f.size());
+}
 using kernels::RowFormat;
 
 int parse_device(const std::string& d) {
@@ -158,6 +211,14 @@ class CudaBackend final : public Backend {
       throw;
     }
     DSV41RT_CU(cudaStreamEndCapture(cs(s), &graph));
+    if (programmatic_launch_) {
+      try {
+        programmatic_edges_ += make_kernel_edges_programmatic(graph);
+      } catch (...) {
+        cudaGraphDestroy(graph);
+        throw;
+      }
+    }
     if (auto* old = dynamic_cast<CudaGraph*>(reuse.get())) {
       cudaGraphExecUpdateResultInfo info{};
       if (cudaGraphExecUpdate(old->exec(), graph, &info) == cudaSuccess) {
@@ -177,11 +238,14 @@ class CudaBackend final : public Backend {
     DSV41RT_CU(cudaGraphLaunch(static_cast<CudaGraph&>(graph).exec(), cs(s)));
   }
   std::map<std::string, int64_t> stats() const override {
-    return {{"d2h_bytes", d2h_bytes_}, {"graph_updates", graph_updates_}};
+    return {{"d2h_bytes", d2h_bytes_},
+            {"graph_updates", graph_updates_},
+            {"programmatic_edges", programmatic_edges_}};
   }
 
   void set_tensor_cores(bool on) override { tc_ = on; }
   void set_fp8_activations(bool on) override { fp8_ = on; }
+  void set_programmatic_launch(bool on) override { programmatic_launch_ = on; }
   // The wgmma workspaces are never used under capture (eager_workspace refuses), so they are not
   // part of what a graph depends on.
   uint64_t workspace_generation() const override { return gemv_generation_; }
@@ -493,6 +557,8 @@ class CudaBackend final : public Backend {
   // staged_gemm_: this forward may take the wgmma GEMMs, whose staging workspaces grow with the
   // forward (neither decode-sized nor a decode batch: never under graph capture).
   bool tc_ = false, fp8_ = false, decode_forward_ = false, staged_gemm_ = true;
+  bool programmatic_launch_ = false;  // set per decode graph by the executor
+  int64_t programmatic_edges_ = 0;    // over every capture: how many edges were made programmatic
   bool engram_host_ = false;  // the next load_weights keeps the Engram tables in host memory
   // Split-K partials of the decode GEMV, one per stream (ops on different streams overlap);
   // sized at load for every matrix of the model, so they never move under a captured graph.

@@ -73,6 +73,10 @@ class ModelExecutor final : public Executor {
   DecodeGraphs graphs_;
   bool bf16_gemm_ = false;  // tensor-core GEMM inputs (precision "bf16" or "fp8")
   bool fp8_act_ = false;    // precision "fp8": FP8 inputs of FP8 / FP4 matrices
+  // Switch::kProgrammaticLaunch: decode graphs of at most kProgrammaticLaunchMaxItems items chain
+  // their kernels by programmatic dependent launch (model_executor.cc says why only those).
+  bool programmatic_launch_ = true;
+  static constexpr int64_t kProgrammaticLaunchMaxItems = 8;
   int64_t eager_forwards_ = 0, last_forward_us_ = 0;
   CpTiming cp_timing_;
 };

@@ -169,6 +169,8 @@ class Switch(enum.Enum):
 
     attention_in_place = 4
 
+    programmatic_launch = 5
+
 class FinishReason(enum.Enum):
     none = 0
 
@@ -542,6 +544,9 @@ class BackendStats:
 
     @property
     def graph_updates(self) -> int: ...
+
+    @property
+    def programmatic_edges(self) -> int: ...
 
     @property
     def graphs(self) -> int: ...
