@@ -157,8 +157,8 @@ void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicat
   if (bucket.items > 0) {
     const ForwardPlan padded = pad_decode_plan(f, c, *layout_, bucket);
     // Programmatic launch for small buckets only: on bench-40 (H200, fp8, ctx 4k, single runs)
-    // it took 8.2% off a B 1 step and 4.8% off B 8, but added 3.4% at B 64, whose kernels are
-    // several waves long (B 16 and 32 not measured). A bucket's graph keeps the choice it was
+    // it took 8.2% off a B 1 step and 4.8% off B 8, but added 0.7% at B 16, 1.8% at B 32 and 3.4%
+    // at B 64, whose kernels are several waves long. A bucket's graph keeps the choice it was
     // captured with, so updates of it never change its edges.
     backend_->set_programmatic_launch(programmatic_launch_ &&
                                       bucket.items <= kProgrammaticLaunchMaxItems);
