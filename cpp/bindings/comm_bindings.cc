@@ -7,6 +7,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <new>
@@ -49,33 +50,43 @@ void* ptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
 
 // Owns one communicator; close() destroys it early (before the interpreter tears objects down in
 // an arbitrary order, and before a CUDA graph that used it is kept around by mistake).
+// As make_nccl_comm's default: 10 minutes.
+constexpr int64_t kDefaultTimeoutMs = 600000;
+
 class PyNcclComm {
  public:
   explicit PyNcclComm(std::unique_ptr<Communicator> c) : c_(std::move(c)) {}
 
-  static void init(PyNcclComm* self, const nb::bytes& unique_id, int rank, int size, int device) {
+  static void init(PyNcclComm* self, const nb::bytes& unique_id, int rank, int size, int device,
+                   int64_t timeout_ms) {
 #ifdef DSV41RT_HAVE_NCCL
     const std::string id(unique_id.c_str(), unique_id.size());
     std::unique_ptr<Communicator> c;
     {
       nb::gil_scoped_release release;  // every rank blocks in init until all have joined
-      c = comm::make_nccl_comm(id, rank, size, device);
+      c = comm::make_nccl_comm(id, rank, size, device, timeout(timeout_ms));
     }
     new (self) PyNcclComm(std::move(c));
 #else
-    (void)self, (void)unique_id, (void)rank, (void)size, (void)device;
+    (void)self, (void)unique_id, (void)rank, (void)size, (void)device, (void)timeout_ms;
     no_nccl();
 #endif
   }
 
-  static PyNcclComm single(int device) {
+  static PyNcclComm single(int device, int64_t timeout_ms) {
 #ifdef DSV41RT_HAVE_NCCL
+    const std::chrono::milliseconds t = timeout(timeout_ms);
     nb::gil_scoped_release release;
-    return PyNcclComm(comm::make_nccl_comm_single(device));
+    return PyNcclComm(comm::make_nccl_comm_single(device, t));
 #else
-    (void)device;
+    (void)device, (void)timeout_ms;
     no_nccl();
 #endif
+  }
+
+  static std::chrono::milliseconds timeout(int64_t ms) {
+    DSV41RT_CHECK(ms > 0, "NcclComm: timeout_ms must be positive, got ", ms);
+    return std::chrono::milliseconds(ms);
   }
 
   Communicator& get() const {
@@ -135,9 +146,15 @@ void register_comm(nb::module_& m) {
                          "GPU; collectives are enqueued on `stream` (a cudaStream_t as an int) and "
                          "may be captured into a CUDA graph.")
       .def("__init__", &PyNcclComm::init, nb::arg("unique_id"), nb::arg("rank"), nb::arg("size"),
-           nb::arg("device"))
+           nb::arg("device"), nb::arg("timeout_ms") = kDefaultTimeoutMs,
+           "`timeout_ms` bounds barrier() and every collective's completion (the watchdog "
+           "aborts the communicator past it).")
       .def_static("single", &PyNcclComm::single, nb::arg("device"),
+                  nb::arg("timeout_ms") = kDefaultTimeoutMs,
                   "A one-rank group on CUDA device `device`.")
+      .def(
+          "check_healthy", [](const PyNcclComm& s) { s.get().check_healthy(); },
+          "Raises the watchdog's reason once it has aborted the communicator.")
       .def_prop_ro("rank", [](const PyNcclComm& s) { return s.get().rank(); })
       .def_prop_ro("size", [](const PyNcclComm& s) { return s.get().size(); })
       .def(

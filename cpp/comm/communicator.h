@@ -45,6 +45,10 @@ class DSV41RT_API Communicator {
   /// `reason` instead of waiting for a rank that will not come; called by a group driver when
   /// one rank failed. Safe from any thread.
   virtual void abort(const std::string& reason) = 0;
+  /// Throws the error that made the group unusable behind the caller's back (NCCL: its watchdog
+  /// aborted a collective that did not complete); nothing otherwise. Called after a forward's
+  /// results are synchronised, so that results a failed collective cut short are never used.
+  virtual void check_healthy() const {}
 };
 
 }  // namespace dsv41rt::comm

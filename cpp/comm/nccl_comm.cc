@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "comm/nccl_loader.h"
+#include "comm/nccl_watchdog.h"
 #include "core/status.h"
 
 namespace dsv41rt::comm {
@@ -103,6 +104,24 @@ NcclComm::NcclComm(ncclComm* comm, int rank, int size, int cuda_device,
     barrier_stream_ = stream;
     cuda_check(cudaMalloc(&barrier_value_, sizeof(float)), "cudaMalloc");
     cuda_check(cudaMemset(barrier_value_, 0, sizeof(float)), "cudaMemset");
+    // The watchdog reads comm_ from its thread; comm_ changes only after it is stopped
+    // (abort_now, release), and its abort leaves comm_ alone (the main thread checks it first).
+    watchdog_ = std::make_unique<NcclWatchdog>(
+        device_, barrier_timeout_,
+        [this] {
+          ncclResult_t async = ncclSuccess;
+          api_->comm_get_async_error(comm_, &async);
+          return async == ncclSuccess || async == ncclInProgress
+                     ? std::string()
+                     : nccl_error_text(*api_, async, "asynchronous NCCL error");
+        },
+        [this] {
+          // Wait (briefly) for an enqueue in progress; one blocked inside NCCL is what
+          // ncclCommAbort is for, so abort regardless after a second.
+          std::unique_lock<std::timed_mutex> lock(enqueue_mu_, std::defer_lock);
+          (void)lock.try_lock_for(std::chrono::seconds(1));
+          api_->comm_abort(comm_);
+        });
   } catch (...) {
     release();
     throw;
@@ -112,7 +131,9 @@ NcclComm::NcclComm(ncclComm* comm, int rank, int size, int cuda_device,
 NcclComm::~NcclComm() { release(); }
 
 void NcclComm::release() noexcept {
-  if (comm_) {
+  const bool aborted = watchdog_fired();
+  watchdog_.reset();  // joins its thread: nothing reads comm_ after this
+  if (comm_ && !aborted) {
     // Destroy flushes outstanding work, which never finishes once NCCL has failed: abort then.
     ncclResult_t async = ncclSuccess;
     api_->comm_get_async_error(comm_, &async);
@@ -136,8 +157,28 @@ void NcclComm::release() noexcept {
 void NcclComm::abort(const std::string&) { abort_now(); }
 
 void NcclComm::abort_now() noexcept {
-  if (comm_) api_->comm_abort(comm_);
+  const bool aborted = watchdog_fired();
+  watchdog_.reset();
+  if (comm_ && !aborted) api_->comm_abort(comm_);
   comm_ = nullptr;
+}
+
+bool NcclComm::watchdog_fired() const { return watchdog_ && watchdog_->failed(); }
+
+void NcclComm::check_healthy() const {
+  DSV41RT_CHECK_CODE(kInternal, !watchdog_fired(), "NcclComm rank ", rank_, " of ", size_,
+                     ": aborted by its watchdog: ", watchdog_->reason());
+}
+
+std::unique_lock<std::timed_mutex> NcclComm::enqueue_lock(const char* op) {
+  std::unique_lock<std::timed_mutex> lock(enqueue_mu_);
+  DSV41RT_CHECK_CODE(kInternal, !watchdog_fired(), "NcclComm ", op, " (rank ", rank_, " of ", size_,
+                     "): the communicator was aborted by its watchdog: ", watchdog_->reason());
+  return lock;
+}
+
+void NcclComm::watch(const char* op, void* stream) {
+  if (watchdog_) watchdog_->track(op, stream);
 }
 
 // Validates a call whose largest buffer holds `chunks` * count elements and that the communicator
@@ -156,6 +197,8 @@ size_t NcclComm::prepare(const char* op, const void* send, const void* recv, siz
 void NcclComm::check_usable(const char* op) const {
   DSV41RT_CHECK_CODE(kInternal, comm_ != nullptr, "NcclComm ", op, " (rank ", rank_,
                      "): the communicator was aborted after an earlier error");
+  DSV41RT_CHECK_CODE(kInternal, !watchdog_fired(), "NcclComm ", op, " (rank ", rank_, " of ", size_,
+                     "): the communicator was aborted by its watchdog: ", watchdog_->reason());
   ncclResult_t async = ncclSuccess;
   api_->comm_get_async_error(comm_, &async);
   DSV41RT_CHECK_CODE(kInternal, async == ncclSuccess || async == ncclInProgress,
@@ -173,9 +216,11 @@ void NcclComm::all_gather(const void* send, void* recv, size_t count, DType dtyp
   const size_t bytes = prepare("all_gather", send, recv, count, dtype, size_);
   if (bytes == 0) return;
   DeviceGuard guard(device_);
+  const auto lock = enqueue_lock("all_gather");
   check_nccl(api_->all_gather(send, recv, type == ncclUint8 ? bytes : count, type, comm_,
                               static_cast<cudaStream_t>(stream)),
              "ncclAllGather");
+  watch("all_gather", stream);
 }
 
 void NcclComm::reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
@@ -184,9 +229,11 @@ void NcclComm::reduce_scatter(const void* send, void* recv, size_t count, DType 
   prepare("reduce_scatter", send, recv, count, dtype, size_);
   if (count == 0) return;
   DeviceGuard guard(device_);
+  const auto lock = enqueue_lock("reduce_scatter");
   check_nccl(api_->reduce_scatter(send, recv, count, type, nccl_op(op), comm_,
                                   static_cast<cudaStream_t>(stream)),
              "ncclReduceScatter");
+  watch("reduce_scatter", stream);
 }
 
 void NcclComm::all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
@@ -195,9 +242,11 @@ void NcclComm::all_reduce(const void* send, void* recv, size_t count, DType dtyp
   prepare("all_reduce", send, recv, count, dtype, 1);
   if (count == 0) return;
   DeviceGuard guard(device_);
+  const auto lock = enqueue_lock("all_reduce");
   check_nccl(api_->all_reduce(send, recv, count, type, nccl_op(op), comm_,
                               static_cast<cudaStream_t>(stream)),
              "ncclAllReduce");
+  watch("all_reduce", stream);
 }
 
 void NcclComm::broadcast(void* buf, size_t count, DType dtype, int root, void* stream) {
@@ -206,9 +255,11 @@ void NcclComm::broadcast(void* buf, size_t count, DType dtype, int root, void* s
   const size_t bytes = prepare("broadcast", buf, buf, count, dtype, 1);
   if (bytes == 0) return;
   DeviceGuard guard(device_);
+  const auto lock = enqueue_lock("broadcast");
   check_nccl(api_->broadcast(buf, buf, type == ncclUint8 ? bytes : count, type, root, comm_,
                              static_cast<cudaStream_t>(stream)),
              "ncclBroadcast");
+  watch("broadcast", stream);
 }
 
 void NcclComm::all_to_all(const void* send, void* recv, size_t count, DType dtype, void* stream) {
@@ -225,6 +276,7 @@ void NcclComm::all_to_all(const void* send, void* recv, size_t count, DType dtyp
   const auto* in = static_cast<const uint8_t*>(send);
   auto* out = static_cast<uint8_t*>(recv);
   auto* st = static_cast<cudaStream_t>(stream);
+  const auto lock = enqueue_lock("all_to_all");
   // One fused launch for all peers; the group is always closed, even after a failed call.
   check_nccl(api_->group_start(), "ncclGroupStart");
   ncclResult_t first = ncclSuccess;
@@ -241,6 +293,7 @@ void NcclComm::all_to_all(const void* send, void* recv, size_t count, DType dtyp
   const ncclResult_t end = api_->group_end();
   check_nccl(first, failed);
   check_nccl(end, "ncclGroupEnd (all_to_all)");
+  watch("all_to_all", stream);
 }
 
 void NcclComm::barrier() {

@@ -5,8 +5,10 @@
 // default stream): no host synchronisation and no allocation happens inside them, so they can be
 // recorded into a CUDA graph (create the communicator before the capture, and destroy graphs
 // that replay its collectives before the communicator). Buffers are device pointers on the
-// communicator's GPU. NCCL cannot check that the ranks made matching calls: a mismatch hangs the
-// GPU work (as with any NCCL program); barrier() notices a dead peer or a timeout and throws.
+// communicator's GPU. NCCL cannot check that the ranks made matching calls: a mismatch (or a dead
+// rank) would hang the GPU work; a watchdog thread (nccl_watchdog.h) aborts the communicator when
+// a collective has not completed within the timeout or NCCL reports an asynchronous error, and
+// the next call and check_healthy() throw the reason. barrier() waits for itself likewise.
 //
 // Data types: moves (all_gather, all_to_all) take every dtype with whole-byte elements (f32,
 // bf16, f16, fp8_e4m3 and e8m0 as bytes, i8, i32, i64, u8); reductions take f32, bf16, f16, i8,
@@ -15,6 +17,7 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "comm/communicator.h"
@@ -25,6 +28,7 @@ struct CUstream_st;  // cudaStream_t
 namespace dsv41rt::comm {
 
 struct NcclApi;
+class NcclWatchdog;
 
 class DSV41RT_API NcclComm final : public Communicator {
  public:
@@ -58,6 +62,8 @@ class DSV41RT_API NcclComm final : public Communicator {
   bool device_buffers() const override { return true; }  // device pointers, stream-ordered
   /// ncclCommAbort: collectives in flight on the GPU return; the communicator is unusable after.
   void abort(const std::string& reason) override;
+  /// Throws (kInternal) with the watchdog's reason once it has aborted the communicator.
+  void check_healthy() const override;
 
  private:
   size_t prepare(const char* op, const void* send, const void* recv, size_t count, DType dtype,
@@ -66,6 +72,11 @@ class DSV41RT_API NcclComm final : public Communicator {
   void check_nccl(int result, const char* what) const;  // throws unless ncclSuccess
   void abort_now() noexcept;
   void release() noexcept;
+  // Serialises an enqueue with the watchdog's abort (which must not free the communicator under
+  // a call) and refuses once the watchdog has aborted; then watch(op, stream) after the enqueue.
+  std::unique_lock<std::timed_mutex> enqueue_lock(const char* op);
+  void watch(const char* op, void* stream);
+  bool watchdog_fired() const;
 
   const NcclApi* api_;
   ncclComm* comm_;
@@ -75,6 +86,8 @@ class DSV41RT_API NcclComm final : public Communicator {
   std::chrono::milliseconds barrier_timeout_;
   CUstream_st* barrier_stream_ = nullptr;
   void* barrier_value_ = nullptr;  // the barrier's one f32, on device_
+  std::timed_mutex enqueue_mu_;
+  std::unique_ptr<NcclWatchdog> watchdog_;
 };
 
 /// Whether NCCL can be used: built with it and libnccl.so.2 loads. Never throws.
@@ -85,6 +98,7 @@ DSV41RT_API std::string nccl_library_info();
 
 /// Rank `rank` of a `size`-rank group on CUDA device `cuda_device`. Every rank calls this with the
 /// same `unique_id` (from NcclComm::nccl_unique_id() on rank 0); it returns once all have joined.
+/// `barrier_timeout` bounds barrier() and, through the watchdog, every collective's completion.
 DSV41RT_API std::unique_ptr<Communicator> make_nccl_comm(
     const std::string& unique_id, int rank, int size, int cuda_device,
     std::chrono::milliseconds barrier_timeout = std::chrono::minutes(10));

@@ -290,3 +290,46 @@ def test_unique_id_group_and_close():
     c.close()
     with pytest.raises(_core.Error, match="closed"):
         c.barrier()
+
+
+@pytest.mark.cuda
+def test_the_watchdog_aborts_a_collective_stuck_past_its_timeout():
+    """A collective that cannot complete (on one GPU: queued behind ~1.5 s of GPU work, with a
+    300 ms timeout; in a group, a dead or diverging rank) makes the watchdog abort the communicator:
+    check_healthy() and the next call raise its reason soon after the timeout, and the stream's work
+    still ends (nothing hangs). A collective that completes in time raises nothing."""
+    import time
+
+    pytest.importorskip("torch")
+    if not comm.built_with_nccl:
+        pytest.skip("built without NCCL")
+    with pytest.raises(_core.Error, match="timeout_ms must be positive"):
+        comm.NcclComm.single(0, timeout_ms=0)
+    c = comm.NcclComm.single(0, timeout_ms=300)
+    x = torch.arange(8, dtype=torch.float32, device="cuda")
+    y = torch.full_like(x, float("nan"))
+    stream = torch.cuda.current_stream().cuda_stream
+    c.all_reduce(x.data_ptr(), y.data_ptr(), 8, "f32", "sum", stream)
+    torch.cuda.synchronize()
+    time.sleep(0.5)
+    c.check_healthy()  # completed in time: no alarm
+    assert torch.equal(y, x)
+    torch.cuda._sleep(int(3e9))  # ~1.5 s of spinning ahead of the next collective
+    c.all_reduce(x.data_ptr(), y.data_ptr(), 8, "f32", "sum", stream)
+    t0 = time.monotonic()
+    while True:
+        try:
+            c.check_healthy()
+        except _core.Error as e:
+            message = str(e)
+            break
+        assert time.monotonic() - t0 < 5, "the watchdog did not fire"
+        time.sleep(0.01)
+    fired = time.monotonic() - t0
+    print(f"watchdog fired after {fired * 1e3:.0f} ms: {message}")
+    assert "aborted by its watchdog: all_reduce did not complete within 300 ms" in message
+    assert fired < 1.0
+    with pytest.raises(_core.Error, match="aborted by its watchdog"):
+        c.all_reduce(x.data_ptr(), y.data_ptr(), 8, "f32", "sum", stream)
+    torch.cuda.synchronize()  # the spinning kernel ends; the aborted collective does not hang
+    c.close()

@@ -184,6 +184,10 @@ void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicat
   }
   backend_->record_time(kForwardEnd, s);
   backend_->synchronize(s);
+  // A collective that a group's watchdog aborted (a rank died or called differently) returned
+  // early: this forward's results must not be used.
+  if (comm) comm->check_healthy();
+  if (options_.group_comm) options_.group_comm->check_healthy();
   last_forward_us_ = int64_t(backend_->elapsed_ms(kForwardStart, kForwardEnd) * 1000.0);
   if (comm && runner_->cp_timing) cp_timing_ = runner_->read_cp_timing();
   // Engram history: the last `hist` ids of (old history, chunk).

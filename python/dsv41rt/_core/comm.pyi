@@ -27,11 +27,17 @@ class NcclComm:
     One rank of an NCCL group. Buffers are device pointers (ints) on its GPU; collectives are enqueued on `stream` (a cudaStream_t as an int) and may be captured into a CUDA graph.
     """
 
-    def __init__(self, unique_id: bytes, rank: int, size: int, device: int) -> None: ...
+    def __init__(self, unique_id: bytes, rank: int, size: int, device: int, timeout_ms: int = 600000) -> None:
+        """
+        `timeout_ms` bounds barrier() and every collective's completion (the watchdog aborts the communicator past it).
+        """
 
     @staticmethod
-    def single(device: int) -> NcclComm:
+    def single(device: int, timeout_ms: int = 600000) -> NcclComm:
         """A one-rank group on CUDA device `device`."""
+
+    def check_healthy(self) -> None:
+        """Raises the watchdog's reason once it has aborted the communicator."""
 
     @property
     def rank(self) -> int: ...
