@@ -57,3 +57,23 @@ def test_bad_input() -> None:
         ds.pcg64_init([-1, 0, 0])
     with pytest.raises(ValueError, match="pairs"):
         ds.fp4_packed(0, 0, 0, 3)
+
+
+def test_make_checkpoint_writes_these_bytes(tmp_path) -> None:
+    """A tiny checkpoint with a small --direct-codes-min-numel holds exactly these codes."""
+    from dsv41rt.checkpoint.generator import make_checkpoint
+    from dsv41rt.checkpoint.reader import open_checkpoint
+    from dsv41rt.checkpoint.synthetic import manifest_entries
+    from dsv41rt.config.presets import preset_config_json
+
+    out = str(tmp_path / "ck")
+    make_checkpoint(preset_config_json("tiny-v4"), out, 5, tokenizer=False, direct_codes_min_numel=1024)
+    opened = open_checkpoint(out)
+    entries = manifest_entries(opened.plan, 5, 1024)
+    for storage in ("fp8", "fp4"):
+        e = next(e for e in entries if e["storage"] == storage)
+        n = e["rows"] * e["cols"]  # one chunk at tiny widths
+        sample = ds.fp8_codes if storage == "fp8" else ds.fp4_packed
+        want = sample(5, zlib.crc32(e["name"].encode()), 0, n)
+        assert opened.tensors.array(e["name"]).tobytes() == want, e["name"]
+        assert set(opened.tensors.array(e["scale"]).reshape(-1).tolist()) == {e["scale_exponent"] + 127}
