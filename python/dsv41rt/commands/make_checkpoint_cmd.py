@@ -46,6 +46,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "tensor-wide scale (what synthetic weights generate on the device; default 4194304 = 2^22)",
     )
     p.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="leave the directly sampled tensors out of the files and list them in "
+        "dsv41rt_synthetic.json: the runtime generates them when it opens the directory, with the bytes "
+        "this command would have written (how flash-full runs without 300 GB on disk)",
+    )
+    p.add_argument(
         "--workers",
         type=int,
         default=min(8, os.cpu_count() or 1),
@@ -77,10 +84,12 @@ def run(args: argparse.Namespace) -> int:
         direct_codes_min_numel=DIRECT_CODES_MIN_NUMEL
         if args.direct_codes_min_numel is None
         else args.direct_codes_min_numel,
+        synthetic=args.synthetic,
         progress=lambda m: print(m, file=sys.stderr),
     )
     print(
-        f"wrote {args.out}: preset {args.preset}, seed {args.seed}, {len(files)} safetensors file(s) "
+        f"wrote {args.out}: preset {args.preset}, seed {args.seed}, {len(files)} safetensors file(s)"
+        f"{' (synthetic: the listed tensors are generated at load)' if args.synthetic else ''} "
         f"in {time.time() - t0:.1f}s"
     )
     return 0
