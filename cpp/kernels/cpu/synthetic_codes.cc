@@ -82,6 +82,12 @@ uint32_t synth_name_crc(const char* name, int64_t len) {
 }  // namespace dsv41rt::kernels
 
 namespace dsv41rt::kernels::cpu {
+namespace {
+
+// Codes per thread task (even, so FP4 pieces start on a code pair).
+constexpr int64_t kPieceCodes = int64_t{1} << 20;
+
+}  // namespace
 
 void synth_chunk_codes(SynthCodes kind, const Pcg64Start& start, int64_t n, int64_t begin,
                        int64_t end, uint8_t* out) {
@@ -130,9 +136,17 @@ void synth_tensor_codes(SynthCodes kind, uint64_t seed, uint32_t name_crc, int64
   for (int64_t c = row_begin / step; c * step < row_end; ++c) {
     const int64_t cs = c * step, ce = std::min(rows, cs + step);
     const int64_t lo = std::max(row_begin, cs), hi = std::min(row_end, ce);
-    synth_chunk_codes(kind, pcg64_seed(seed, name_crc, uint64_t(c)), (ce - cs) * cols,
-                      (lo - cs) * cols, (hi - cs) * cols, out);
-    out += synth_code_bytes(kind, (hi - lo) * cols);
+    const Pcg64Start start = pcg64_seed(seed, name_crc, uint64_t(c));
+    // Pieces of a chunk are independent (one jump each), so threads split it.
+    const int64_t begin = (lo - cs) * cols, end = (hi - cs) * cols;
+    const int64_t pieces = (end - begin + kPieceCodes - 1) / kPieceCodes;
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < pieces; ++p) {
+      const int64_t b = begin + p * kPieceCodes, e = std::min(end, b + kPieceCodes);
+      synth_chunk_codes(kind, start, (ce - cs) * cols, b, e,
+                        out + synth_code_bytes(kind, b - begin));
+    }
+    out += synth_code_bytes(kind, end - begin);
   }
 }
 
