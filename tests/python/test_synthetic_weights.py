@@ -96,6 +96,8 @@ def test_bad_input_is_refused(tmp_path) -> None:
         write_synthetic_checkpoint("no-such", 0, str(tmp_path / "a"))
     with pytest.raises(CheckpointError, match="non-negative"):
         write_synthetic_checkpoint("tiny-v4", -1, str(tmp_path / "b"))
+    with pytest.raises(CheckpointError, match="below 2\\^63"):
+        write_synthetic_checkpoint("tiny-v4", 1 << 63, str(tmp_path / "b"))
     with pytest.raises(CheckpointError, match="direct-codes-min-numel must be >= 1"):
         write_synthetic_checkpoint("tiny-v4", 0, str(tmp_path / "c"), direct_codes_min_numel=0)
 

@@ -22,6 +22,11 @@ from .generator import DIRECT_CODES_MIN_NUMEL, SYNTHETIC_MANIFEST, _TensorSource
 from .tensor_spec import Storage, tensor_spec
 
 
+def _check_seed(seed: int) -> None:
+    if not 0 <= seed < 1 << 63:  # the core reads the manifest's seed as an int64
+        raise CheckpointError(f"synthetic weights: the seed must be a non-negative integer below 2^63, got {seed}")
+
+
 def manifest_entries(plan: ModelPlan, seed: int, direct_codes_min_numel: int) -> list[dict[str, Any]]:
     """The directly sampled tensors of a plan, as the core's manifest lists them."""
     spec = tensor_spec(plan)
@@ -51,6 +56,7 @@ def manifest_entries(plan: ModelPlan, seed: int, direct_codes_min_numel: int) ->
 
 def write_manifest(out_dir: str, plan: ModelPlan, seed: int, direct_codes_min_numel: int) -> int:
     """Write dsv41rt_synthetic.json into out_dir; returns the number of tensors it lists."""
+    _check_seed(seed)
     entries = manifest_entries(plan, seed, direct_codes_min_numel)
     with open(os.path.join(out_dir, SYNTHETIC_MANIFEST), "w") as f:
         json.dump({"seed": seed, "tensors": entries}, f, indent=1)
@@ -70,8 +76,7 @@ def write_synthetic_checkpoint(
 
     Unknown presets raise ConfigError naming the known ones; a negative seed CheckpointError.
     """
-    if seed < 0:
-        raise CheckpointError(f"synthetic weights: the seed must be a non-negative integer, got {seed}")
+    _check_seed(seed)
     cfg = preset_config_json(preset)
     build_plan(config_from_dict(cfg, source=preset))  # config errors before any file is written
     make_checkpoint(
