@@ -1,9 +1,10 @@
 // Synthetic weight codes on one GPU, standalone (no project build): the CUDA kernel against the CPU
 // reference (kernels/synthetic_codes.h) on tests/cpp/synthetic_codes_cases.h (numpy's hashes) and
 // on whole multi-chunk tensors and row shares, then the generation rate at flash-full shapes
-// (routed expert w1/w3 [2048, 4096] and w2 [4096, 2048] FP4; an FP8 [4096, 4096] matrix).
+// (192 FP4 [2048, 4096] tensors: 64 routed experts' w1, w2, w3 by bytes; 32 FP8 [4096, 4096]).
 //
-//   bash bench/synthetic_codes_bench.sh      # builds with nvcc and runs; exit status 0 = all equal
+//   bash bench/synthetic_codes_bench.sh   # nvcc alone, no project build; exit status 0 = all equal
+// or, in a CUDA build with tests, the synthetic_codes_bench target (bench/kernels/CMakeLists.txt)
 #include <cuda_runtime_api.h>
 
 #include <chrono>
@@ -19,23 +20,24 @@ namespace k = dsv41rt::kernels;
 using dsv41rt::testing::synth_crc;
 using dsv41rt::testing::synth_hash;
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                    \
-    }                                                                                  \
+      std::exit(2);                                                                           \
+    }                                                                                         \
   } while (0)
 
-static std::vector<uint8_t> device_tensor(k::SynthCodes kind, uint64_t seed, const std::string& name,
-                                          int64_t rows, int64_t cols, int64_t align, int64_t rb,
-                                          int64_t re) {
+static std::vector<uint8_t> device_tensor(k::SynthCodes kind, uint64_t seed,
+                                          const std::string& name, int64_t rows, int64_t cols,
+                                          int64_t align, int64_t rb, int64_t re) {
   const int64_t bytes = k::synth_code_bytes(kind, (re - rb) * cols);
   uint8_t* d = nullptr;
   CK(cudaMalloc(&d, size_t(bytes)));
   CK(cudaMemset(d, 0xA5, size_t(bytes)));
-  CK(k::cuda::synth_tensor_codes(kind, seed, synth_crc(name), rows, cols, align, rb, re, d, nullptr));
+  CK(k::cuda::synth_tensor_codes(kind, seed, synth_crc(name), rows, cols, align, rb, re, d,
+                                 nullptr));
   std::vector<uint8_t> out(static_cast<size_t>(bytes));
   CK(cudaMemcpy(out.data(), d, size_t(bytes), cudaMemcpyDeviceToHost));
   CK(cudaFree(d));
