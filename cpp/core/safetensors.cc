@@ -446,9 +446,12 @@ void Checkpoint::finish() {
   }
 }
 
-bool Checkpoint::contains(std::string_view name) const { return owner_.find(name) != owner_.end(); }
+bool Checkpoint::contains(std::string_view name) const {
+  return owner_.find(name) != owner_.end() || owned_.find(name) != owned_.end();
+}
 
 const TensorInfo& Checkpoint::info(std::string_view name) const {
+  if (auto o = owned_.find(name); o != owned_.end()) return o->second.info;
   auto it = owner_.find(name);
   if (it == owner_.end()) {
     DSV41RT_THROW_CODE(kNotFound, "checkpoint '", path_, "' has no tensor named '", name, "'");
@@ -457,11 +460,33 @@ const TensorInfo& Checkpoint::info(std::string_view name) const {
 }
 
 TensorView Checkpoint::view(std::string_view name) const {
+  if (auto o = owned_.find(name); o != owned_.end()) {
+    // const_cast: as for the mappings, callers only read through TensorView.
+    return TensorView(const_cast<uint8_t*>(o->second.bytes.data()), o->second.info.dtype,
+                      o->second.info.shape);
+  }
   auto it = owner_.find(name);
   if (it == owner_.end()) {
     DSV41RT_THROW_CODE(kNotFound, "checkpoint '", path_, "' has no tensor named '", name, "'");
   }
   return files_[it->second]->view(name);
+}
+
+void Checkpoint::add_owned(const std::string& name, DType dtype, std::vector<int64_t> shape,
+                           std::vector<uint8_t> bytes) {
+  DSV41RT_CHECK_CODE(kInvalidArgument, !contains(name), "checkpoint '", path_, "': tensor '", name,
+                     "' is already present");
+  TensorInfo info;
+  info.name = name;
+  info.dtype = dtype;
+  info.shape = std::move(shape);
+  info.nbytes = bytes.size();
+  info.file = "<memory>";
+  const uint64_t want = uint64_t(bytes_for(dtype, info.numel()));
+  DSV41RT_CHECK_CODE(kInvalidArgument, want == bytes.size(), "checkpoint '", path_, "': tensor '",
+                     name, "' has ", bytes.size(), " bytes, its dtype and shape need ", want);
+  owned_.emplace(name, Owned{std::move(info), std::move(bytes)});
+  names_.insert(std::lower_bound(names_.begin(), names_.end(), name), name);
 }
 
 const uint8_t* Checkpoint::tensor_data(std::string_view name) const {

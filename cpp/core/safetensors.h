@@ -96,6 +96,11 @@ class DSV41RT_API Checkpoint {
   // Union of the files' "__metadata__" maps; on conflicting keys the first file (sorted by path)
   // wins, since shards written by one tool carry identical metadata.
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Adds a tensor held in memory rather than in a file (synthetic weights generated at load:
+  // runtime/model/synthetic_weights.h); `file` of its info is "<memory>". Throws Error
+  // (kInvalidArgument) when the name is taken or the byte count does not match dtype and shape.
+  void add_owned(const std::string& name, DType dtype, std::vector<int64_t> shape,
+                 std::vector<uint8_t> bytes);
 
  private:
   void load_single(const std::string& file);
@@ -106,6 +111,11 @@ class DSV41RT_API Checkpoint {
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   // name -> index into files_
   std::map<std::string, size_t, std::less<>> owner_;
+  struct Owned {
+    TensorInfo info;
+    std::vector<uint8_t> bytes;
+  };
+  std::map<std::string, Owned, std::less<>> owned_;  // add_owned's tensors
   std::vector<std::string> names_;
   std::map<std::string, std::string> metadata_;
 };

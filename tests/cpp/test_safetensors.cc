@@ -139,6 +139,36 @@ TEST_F(SafetensorsTest, ValidSingleFileRoundTrip) {
   }
 }
 
+TEST_F(SafetensorsTest, OwnedTensorsJoinTheMappedOnes) {
+  // Synthetic weights (runtime/model/synthetic_weights.h) add generated tensors this way.
+  write_valid(path("m.safetensors"), {{"b", "F32", {1}, pattern(4, 0)}});
+  Checkpoint ck(path("m.safetensors"));
+  const std::vector<uint8_t> codes = {1, 2, 3, 4, 5, 6};
+  ck.add_owned("c", DType::kFP8E4M3, {2, 3}, codes);
+  ck.add_owned("a", DType::kI8, {1, 2}, {7, 8});
+  EXPECT_EQ(ck.names(), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_TRUE(ck.contains("c"));
+  EXPECT_EQ(ck.info("c").file, "<memory>");
+  EXPECT_EQ(ck.info("c").nbytes, 6u);
+  EXPECT_EQ(ck.view("c").shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(std::memcmp(ck.tensor_data("c"), codes.data(), codes.size()), 0);
+  EXPECT_EQ(ck.files(), (std::vector<std::string>{path("m.safetensors")}));
+  try {
+    ck.add_owned("b", DType::kF32, {1}, {0, 0, 0, 0});
+    FAIL() << "a name taken by a file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'b' is already present"), std::string::npos) << e.what();
+  }
+  try {
+    ck.add_owned("d", DType::kF32, {2}, {0, 0, 0, 0});
+    FAIL() << "4 bytes for two F32";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has 4 bytes, its dtype and shape need 8"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(SafetensorsTest, DirectoryResolution) {
   fs::create_directory(path("a"));
   write_valid(path("a/model.safetensors"), {{"x", "F32", {1}, pattern(4, 0)}});

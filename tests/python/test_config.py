@@ -31,6 +31,7 @@ def test_every_preset_parses_and_plans() -> None:
         "tiny-v41-released-schedule",
         "tiny-v4",
         "bench-40",
+        "flash-full",
     } <= set(preset_names())
     for name in preset_names():
         plan = plan_of(name)
@@ -43,6 +44,7 @@ _V41_RELEASED = "SSFUUUUUFUUUUUFUUUUUFUUURUUURUUURUUURUUU"
 SCHEDULES = {
     "deepseek-v4.1-flash": (_V41_RELEASED, ("dspark", 3, 128, 3), (32, 32), "fp4"),
     "bench-40": (_V41_RELEASED, ("dspark", 3, 32, 3), (32, 32), "fp4"),
+    "flash-full": (_V41_RELEASED, ("dspark", 3, 128, 3), (32, 32), "fp4"),
     "tiny-v41-released-schedule": (_V41_RELEASED, ("dspark", 3, 4, 2), (32, 32), "fp4"),
     "tiny-v41": ("SSFURFUFRFRUS", ("dspark", 2, 4, 2), (32, 32), "fp4"),
     "deepseek-v4-flash": ("SS" + "CH" * 20 + "C", ("mtp", 1, 256, 6), (128, 128), "fp4"),

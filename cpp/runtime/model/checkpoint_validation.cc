@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "runtime/model/model_config.h"
+#include "runtime/model/synthetic_weights.h"
 
 namespace dsv41rt {
 namespace {
@@ -77,7 +78,11 @@ OpenedCheckpoint open_checkpoint(const std::string& dir, bool validate) {
                      ": not a checkpoint directory");
   OpenedCheckpoint out{build_model_plan(load_model_config(dir)), {}, nullptr};
   out.spec = build_tensor_spec(out.plan);
-  out.tensors = std::make_shared<Checkpoint>(dir);
+  auto tensors = std::make_shared<Checkpoint>(dir);
+  // Synthetic weights (a manifest beside the files): generated now, so validation and the loader
+  // see them as any other tensor.
+  model::add_synthetic_weights(*tensors, dir);
+  out.tensors = std::move(tensors);
   if (validate) validate_checkpoint(out.spec, *out.tensors, dir);
   return out;
 }

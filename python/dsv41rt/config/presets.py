@@ -12,6 +12,9 @@ Released configs (no weights): `deepseek-v4.1-flash`, `deepseek-v4-flash`, `deep
 * `tiny-v4` — V4 at tiny width: SWA, CSA (ratio 4), HCA (ratio 128), hash-routed MoE, one MTP layer.
 * `bench-40` — released V4.1-Flash widths and 40-layer schedule with 32 routed experts and small
   Engram tables, for benchmarks on one GPU.
+* `flash-full` — the released V4.1-Flash text config (384 routed experts, full Engram tables): about
+  300 GB of weights, meant for synthetic weights generated at load (checkpoint/synthetic.py) rather
+  than for `make-checkpoint`.
 """
 
 from __future__ import annotations
@@ -337,6 +340,7 @@ GENERATOR = {
     "tiny-v41-released-schedule": _tiny_v41_released_schedule,
     "tiny-v4": _tiny_v4,
     "bench-40": _bench_40,
+    "flash-full": lambda: v41_config_json(V41_FLASH_TEXT),
 }
 
 
