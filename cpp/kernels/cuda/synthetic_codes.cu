@@ -1,6 +1,7 @@
 // Synthetic weight codes on the device (contract: kernels/synthetic_codes.h).
 #include <algorithm>
 
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/synthetic_codes.cuh"
 
 namespace dsv41rt::kernels::cuda {
@@ -8,7 +9,7 @@ namespace {
 
 // Codes per thread: one jump amortised over 64 uint32 words (FP8: two streams, two jumps).
 constexpr int64_t kSpan = 256;
-constexpr int kThreads = 128;
+constexpr int kSynthThreads = 128;
 
 // Byte i % 4 of word i / 4 of the stream from word `first_word`, for i in [lo, hi), sequentially.
 struct ByteCursor {
@@ -29,6 +30,7 @@ struct ByteCursor {
 
 __global__ void synth_codes_kernel(SynthCodes kind, Pcg64Start start, int64_t n, int64_t begin,
                                    int64_t end, uint8_t* out) {
+  pdl_entry();
   const int64_t lo = begin + (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kSpan;
   if (lo >= end) return;
   const int64_t hi = lo + kSpan < end ? lo + kSpan : end;
@@ -56,9 +58,9 @@ cudaError_t synth_chunk_codes(SynthCodes kind, const Pcg64Start& start, int64_t 
   if (kind == SynthCodes::kFp4 && (begin % 2 || end % 2 || n % 2)) return cudaErrorInvalidValue;
   if (begin == end) return cudaSuccess;
   const int64_t threads = (end - begin + kSpan - 1) / kSpan;
-  const int64_t blocks = (threads + kThreads - 1) / kThreads;
+  const int64_t blocks = (threads + kSynthThreads - 1) / kSynthThreads;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  synth_codes_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(kind, start, n, begin, end, out);
+  synth_codes_kernel<<<unsigned(blocks), kSynthThreads, 0, stream>>>(kind, start, n, begin, end, out);
   return cudaGetLastError();
 }
 
