@@ -144,7 +144,7 @@ def test_programmatic_launch_graphs_equal_plain_graphs_bitwise(tiny_v41_dir, pre
     from dsv41rt.runtime import Runtime
     from numerics import generate_with_logprobs
 
-    kw = dict(precision=precision, max_num_seqs=16, max_num_batched_tokens=4096)  # one prefill step
+    kw = dict(precision=precision, max_num_seqs=16)
     pdl, plain = Runtime(tiny_v41_dir, "cuda", **kw), Runtime(tiny_v41_dir, "cuda", **kw)
     plain.set_switch("programmatic_launch", False)
     for n, steps in ((37, 12), (250, 20)):
@@ -155,10 +155,21 @@ def test_programmatic_launch_graphs_equal_plain_graphs_bitwise(tiny_v41_dir, pre
     for requests in (3, 7):
         prompts = [prompt_of(5 + 17 * i) for i in range(requests)]
         assert generate_with_logprobs(pdl, prompts, 24) == generate_with_logprobs(plain, prompts, 24)
+    # The bucket rule, on direct handles (every step exactly 12, then 5, items): a 16-item graph
+    # keeps plain edges, an 8-item one gets programmatic ones. (Engine batches are not used here:
+    # staggered admissions give steps of any size.)
+    src = pdl.new_handle()
+    pdl.forward_tokens(src, prompt_of(30), all_logits=False)
+    handles = [src] + [pdl.fork_handle(src) for _ in range(11)]
     edges = pdl.backend_stats()["programmatic_edges"]
-    prompts = [prompt_of(5 + 17 * i) for i in range(12)]  # every decode step in the 16-item bucket
-    assert generate_with_logprobs(pdl, prompts, 8) == generate_with_logprobs(plain, prompts, 8)
+    for t in range(3):
+        pdl.decode_handles_greedy(handles, [7 + t] * 12)
     assert pdl.backend_stats()["programmatic_edges"] == edges
+    for t in range(3):
+        pdl.decode_handles_greedy(handles[:5], [9 + t] * 5)
+    assert pdl.backend_stats()["programmatic_edges"] > edges
+    for h in handles:
+        pdl.release_handle(h)
     s, t = pdl.backend_stats(), plain.backend_stats()
     print(f"{precision}: programmatic edges {s['programmatic_edges']} over {s['graph_captures']} captures")
     assert s["graph_replays"] > 0 and t["graph_replays"] > 0
