@@ -1,0 +1,291 @@
+// Speculative decoding in the engine (engine/speculation.h, issue 24) on the tiny checkpoint
+// (DSV41RT_TEST_CHECKPOINT, with DSpark weights): 16 greedy requests with prompts of 1..300
+// tokens, submitted while others run, give the tokens, logprobs, top logprobs and finish reasons
+// of the engine without speculation, bitwise, with the DSpark drafter (random weights accept
+// almost nothing), with the known continuation as drafts (everything accepted: the counts and the
+// number of sampling forwards say so) and with drafts wrong at index j (exactly j accepted); stop
+// tokens inside an accepted block, a pool small enough to preempt, a cancel mid-generation; the
+// pool invariants after every step and no page or slot left at the end. Bad configs by message.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/safetensors.h"
+#include "core/status.h"
+#include "engine_test_util.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/engram_tables.h"
+#include "runtime/model/executor.h"
+#include "runtime/model/layer_plan.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/weights.h"
+
+namespace dsv41rt::engine {
+namespace {
+
+using namespace ::dsv41rt::model;  // NOLINT: the loaders of the checkpoint
+using Outcome = ::dsv41rt::testing::EngineOutcome;
+
+const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
+
+std::shared_ptr<Executor> load(bool drafts = true, int64_t kv_memory = 64ll << 20) {
+  const std::string dir = checkpoint();
+  ModelPlan plan = build_model_plan(load_model_config(dir));
+  EngramTables tables = load_engram_tables(dir, plan.config);
+  ModelWeights weights =
+      load_weights(std::make_shared<Checkpoint>(dir), plan, true, {}, /*drafts=*/drafts);
+  ExecutorOptions options;
+  options.kv_memory = kv_memory;
+  options.max_num_seqs = 8;
+  options.page_tokens = 4;
+  options.max_num_batched_tokens = 64;
+  return make_executor(std::move(plan), std::move(weights), std::move(tables), options);
+}
+
+std::vector<int32_t> tokens(int64_t n, int64_t salt) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    p[size_t(i)] = int32_t((i * 7919 + salt * 104729 + 13) % 120000 + 3);
+  return p;
+}
+
+// 16 prompts of 1..300 tokens (page boundaries of 4, the window of 8, long compressions).
+std::vector<std::vector<int32_t>> prompts() {
+  std::vector<std::vector<int32_t>> p;
+  for (int64_t n : {1, 2, 3, 5, 7, 8, 9, 16, 31, 64, 100, 129, 200, 257, 300, 13}) {
+    p.push_back(tokens(n, n));
+  }
+  return p;
+}
+
+GenerationParams greedy(int64_t max_new, std::vector<int32_t> stops = {}) {
+  GenerationParams g;
+  g.max_new_tokens = max_new;
+  g.ignore_eos = true;
+  g.sampling.temperature = 0.0f;
+  g.sampling.top_logprobs = 2;
+  g.stop_token_ids = std::move(stops);
+  return g;
+}
+
+EngineConfig config(int64_t k, DraftSource source = {}) {
+  EngineConfig c;
+  c.max_num_seqs = 4;
+  c.max_num_batched_tokens = 64;
+  // Decodes always leave room for their drafts (4 x (1 + 5) + 32 <= 64): exact counts below.
+  c.max_prefill_tokens_while_decoding = 32;
+  c.speculation.num_speculative_tokens = k;
+  c.speculation.draft_source = std::move(source);
+  return c;
+}
+
+struct Result {
+  std::map<int64_t, Outcome> out;
+  std::map<int64_t, int64_t> sampling_steps;  ///< outputs carrying tokens, per request
+  EngineStats stats;
+};
+
+// Submits 6 requests, then 2 more every other step (staggered arrivals), until all ran.
+Result run(Engine& engine, const std::vector<std::vector<int32_t>>& ps,
+           const std::vector<GenerationParams>& params, int64_t cancel_id = -1) {
+  Result r;
+  size_t next = 0;
+  int64_t step = 0;
+  while (next < ps.size() || !engine.idle()) {
+    const size_t burst = next == 0 ? 6 : (step % 2 == 0 ? 2 : 0);
+    for (size_t i = 0; i < burst && next < ps.size(); ++i, ++next) {
+      EXPECT_EQ(engine.submit(ps[next], params[next]), int64_t(next) + 1);
+    }
+    // Request 2 (a 2-token prompt) is decoding by then, with speculation mid-generation.
+    if (cancel_id > 0 && step == 3 && engine.has_request(cancel_id)) engine.cancel(cancel_id);
+    for (const RequestOutput& o : engine.step()) {
+      ::dsv41rt::testing::collect(o, r.out[o.id]);
+      if (!o.new_tokens.empty()) ++r.sampling_steps[o.id];
+    }
+    engine.check_invariants();
+    ++step;
+  }
+  r.stats = engine.stats();
+  EXPECT_EQ(r.stats.pool.pages_used, 0);
+  EXPECT_EQ(r.stats.pool.slots_used, 0);
+  return r;
+}
+
+void expect_same(const Result& got, const Result& want) {
+  ASSERT_EQ(got.out.size(), want.out.size());
+  for (const auto& [id, w] : want.out) {
+    SCOPED_TRACE("request " + std::to_string(id));
+    const Outcome& g = got.out.at(id);
+    EXPECT_EQ(g.tokens, w.tokens);
+    EXPECT_EQ(g.logprobs, w.logprobs);  // float ==: bitwise for finite values
+    EXPECT_EQ(g.top_logprobs, w.top_logprobs);
+    EXPECT_EQ(g.reason, w.reason);
+  }
+}
+
+class EngineSpeculation : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint";
+  }
+};
+
+constexpr int64_t kMaxNew = 16;
+
+std::vector<GenerationParams> all_greedy(size_t n, int64_t max_new = kMaxNew) {
+  return std::vector<GenerationParams>(n, greedy(max_new));
+}
+
+// The engine without speculation over prompts(), greedy: what every run below must give.
+const Result& baseline() {
+  static const Result want = [] {
+    Engine plain(load(false), config(0));
+    const auto ps = prompts();
+    return run(plain, ps, all_greedy(ps.size()));
+  }();
+  return want;
+}
+
+TEST_F(EngineSpeculation, DSparkDraftsGivePlainDecodingBitwise) {
+  const auto ps = prompts();
+  const Result& want = baseline();
+  EXPECT_EQ(want.stats.spec_decode.drafts, 0);
+  Engine spec(load(), config(5));
+  const Result got = run(spec, ps, all_greedy(ps.size()));
+  expect_same(got, want);
+  const SpecDecodeStats& s = got.stats.spec_decode;
+  EXPECT_GT(s.drafts, 0);
+  EXPECT_GE(s.draft_tokens, s.drafts);
+  EXPECT_LE(s.accepted_tokens, s.draft_tokens);
+  ASSERT_EQ(s.accepted_per_pos.size(), 5u);
+}
+
+// Drafts from the known continuation, wrong at index `wrong` (none when >= k).
+DraftSource oracle(const Result& want, const std::vector<std::vector<int32_t>>& ps, int64_t wrong) {
+  return [&want, &ps, wrong](int64_t id, const std::vector<int32_t>& t, int64_t k) {
+    const std::vector<int32_t>& all = want.out.at(id).tokens;
+    const size_t g = t.size() - ps[size_t(id - 1)].size();  // generated, the last one unfed
+    std::vector<int32_t> d(all.begin() + std::ptrdiff_t(std::min(g, all.size())),
+                           all.begin() + std::ptrdiff_t(std::min(g + size_t(k), all.size())));
+    if (wrong < int64_t(d.size())) d[size_t(wrong)] = (d[size_t(wrong)] + 1) % 1000;
+    return d;
+  };
+}
+
+TEST_F(EngineSpeculation, OracleDraftsAcceptExactlyTheRightPrefix) {
+  const auto ps = prompts();
+  const Result& want = baseline();
+  for (const auto& [k, wrong] :
+       std::vector<std::pair<int64_t, int64_t>>{{5, 99}, {5, 3}, {2, 0}, {2, 1}}) {
+    {
+      SCOPED_TRACE("k " + std::to_string(k) + ", wrong at " + std::to_string(wrong));
+      Engine spec(load(false), config(k, oracle(want, ps, wrong)));
+      const Result got = run(spec, ps, all_greedy(ps.size()));
+      expect_same(got, want);
+      // Per request: the first token from the prompt, then verifies of min(k, left - 1) drafts
+      // of which min(j, drafts) are accepted, each emitting those and the bonus token.
+      int64_t drafts = 0, drafted = 0, accepted = 0;
+      std::vector<int64_t> per_pos(size_t(k), 0);
+      for (size_t i = 0; i < ps.size(); ++i) {
+        int64_t left = kMaxNew - 1, steps = 1;
+        while (left > 0) {
+          const int64_t d = std::min(k, left - 1), a = std::min(wrong, d);
+          if (d > 0) {
+            ++drafts;
+            drafted += d;
+            accepted += a;
+            for (int64_t j = 0; j < a; ++j) ++per_pos[size_t(j)];
+          }
+          left -= a + 1;
+          ++steps;
+        }
+        EXPECT_EQ(got.sampling_steps.at(int64_t(i) + 1), steps) << "request " << i;
+      }
+      const SpecDecodeStats& s = got.stats.spec_decode;
+      EXPECT_EQ(s.drafts, drafts);
+      EXPECT_EQ(s.draft_tokens, drafted);
+      EXPECT_EQ(s.accepted_tokens, accepted);
+      EXPECT_EQ(s.accepted_per_pos, per_pos);
+    }
+  }
+}
+
+TEST_F(EngineSpeculation, StopTokensInsideAnAcceptedBlockCutTheOutput) {
+  const auto ps = prompts();
+  const Result& base = baseline();
+  // Request i stops at the token it generates at index 2 + i % 9 (its first occurrence).
+  std::vector<GenerationParams> params;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    params.push_back(greedy(kMaxNew, {base.out.at(int64_t(i) + 1).tokens[2 + i % 9]}));
+  }
+  Engine plain(load(false), config(0));
+  const Result want = run(plain, ps, params);
+  int64_t stopped = 0;
+  for (const auto& [id, o] : want.out) stopped += o.reason == FinishReason::kStop;
+  EXPECT_EQ(stopped, int64_t(ps.size()));
+  Engine spec(load(false), config(5, oracle(base, ps, 99)));
+  const Result got = run(spec, ps, params);
+  expect_same(got, want);
+  EXPECT_GT(got.stats.spec_decode.accepted_tokens, 0);
+}
+
+TEST_F(EngineSpeculation, PreemptionAndCancelLeaveNothingBehind) {
+  const auto ps = prompts();
+  // A pool too small for 4 running requests of up to 320 positions: preemptions recompute.
+  // (4.6 MB of scratch for the step's 64 tokens, then ~90 pages of 4 positions.)
+  const int64_t small = 5140000;
+  Result want = baseline();
+  Engine spec(load(false, small), config(5, oracle(want, ps, 2)));
+  Result got = run(spec, ps, all_greedy(ps.size()), /*cancel_id=*/2);
+  EXPECT_GT(got.stats.scheduler.preemptions, 0) << got.stats.pool.pages_total << " pages";
+  EXPECT_GT(got.stats.spec_decode.accepted_tokens, 0);
+  // The cancelled request: a prefix of its output, then kAborted; every other one as before.
+  const Outcome& cancelled = got.out.at(2);
+  EXPECT_EQ(cancelled.reason, FinishReason::kAborted);
+  ASSERT_GT(cancelled.tokens.size(), 1u);
+  ASSERT_LT(cancelled.tokens.size(), size_t(kMaxNew));
+  const std::vector<int32_t>& full = want.out.at(2).tokens;
+  EXPECT_TRUE(std::equal(cancelled.tokens.begin(), cancelled.tokens.end(), full.begin()));
+  got.out.erase(2);
+  want.out.erase(2);
+  expect_same(got, want);
+}
+
+TEST_F(EngineSpeculation, SamplingRequestsDecodeAsBefore) {
+  const auto ps = prompts();
+  std::vector<GenerationParams> params = all_greedy(ps.size(), 8);
+  for (size_t i = 0; i < params.size(); i += 2) {
+    params[i].sampling.temperature = 0.8f;
+    params[i].sampling.seed = 7 + i;
+  }
+  Engine plain(load(), config(0));
+  const Result want = run(plain, ps, params);
+  Engine spec(load(), config(5));
+  expect_same(run(spec, ps, params), want);
+}
+
+TEST_F(EngineSpeculation, BadConfigsAreNamed) {
+  auto message = [](std::shared_ptr<Executor> e, EngineConfig c) -> std::string {
+    try {
+      Engine engine(std::move(e), std::move(c));
+    } catch (const Error& err) {
+      return err.what();
+    }
+    return "";
+  };
+  EXPECT_NE(message(load(false), config(-1)).find("num_speculative_tokens must be >= 0"),
+            std::string::npos);
+  EXPECT_NE(message(load(false), config(8)).find("sliding window (8)"), std::string::npos);
+  EXPECT_NE(message(load(), config(6)).find("block of 5"), std::string::npos);
+  EXPECT_NE(message(load(false), config(3)).find("without it (load_drafter)"), std::string::npos);
+  EXPECT_EQ(message(load(false), config(7, oracle(Result{}, {}, 0))), "");
+}
+
+}  // namespace
+}  // namespace dsv41rt::engine
