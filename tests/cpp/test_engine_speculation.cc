@@ -34,7 +34,8 @@ using Outcome = ::dsv41rt::testing::EngineOutcome;
 
 const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
 
-std::shared_ptr<Executor> load(bool drafts = true, int64_t kv_memory = 64ll << 20) {
+std::shared_ptr<Executor> load(bool drafts = true, int64_t kv_memory = 64ll << 20,
+                               int64_t slots = 8) {
   const std::string dir = checkpoint();
   ModelPlan plan = build_model_plan(load_model_config(dir));
   EngramTables tables = load_engram_tables(dir, plan.config);
@@ -42,7 +43,7 @@ std::shared_ptr<Executor> load(bool drafts = true, int64_t kv_memory = 64ll << 2
       load_weights(std::make_shared<Checkpoint>(dir), plan, true, {}, /*drafts=*/drafts);
   ExecutorOptions options;
   options.kv_memory = kv_memory;
-  options.max_num_seqs = 8;
+  options.max_num_seqs = slots;
   options.page_tokens = 4;
   options.max_num_batched_tokens = 64;
   return make_executor(std::move(plan), std::move(weights), std::move(tables), options);
@@ -112,8 +113,9 @@ Result run(Engine& engine, const std::vector<std::vector<int32_t>>& ps,
     ++step;
   }
   r.stats = engine.stats();
-  EXPECT_EQ(r.stats.pool.pages_used, 0);
-  EXPECT_EQ(r.stats.pool.slots_used, 0);
+  engine.reset_prefix_cache();
+  EXPECT_EQ(engine.stats().pool.pages_used, 0);
+  EXPECT_EQ(engine.stats().pool.slots_used, 0);
   return r;
 }
 
@@ -255,6 +257,38 @@ TEST_F(EngineSpeculation, PreemptionAndCancelLeaveNothingBehind) {
   got.out.erase(2);
   want.out.erase(2);
   expect_same(got, want);
+}
+
+TEST_F(EngineSpeculation, PrefixCachingStaysExact) {
+  // The last prompts continue earlier ones (16 and 31 tokens): they hit the prefix cache, and
+  // the DSpark drafter, which has no features of the cached positions, waits for a window of its
+  // own; decode-time snapshots are taken between verifies.
+  auto ps = prompts();
+  ps.resize(10);  // 1..64 tokens (the long ones are covered above)
+  for (size_t from : {size_t(7), size_t(8)}) {
+    std::vector<int32_t> turn = ps[from];
+    const std::vector<int32_t> more = tokens(9, int64_t(from));
+    turn.insert(turn.end(), more.begin(), more.end());
+    ps.push_back(turn);
+  }
+  EngineConfig cfg = config(0);
+  cfg.enable_prefix_caching = true;
+  // Slots enough that no snapshot is evicted before the continuations come.
+  const int64_t slots = 40, kv = 64ll << 20;
+  Engine plain(load(false, kv, slots), cfg);
+  const Result want = run(plain, ps, all_greedy(ps.size()));
+  EXPECT_GT(want.stats.prefix_cache.hits, 0);
+  for (bool dspark : {true, false}) {
+    SCOPED_TRACE(dspark ? "DSpark" : "oracle wrong at 3");
+    EngineConfig spec_cfg = config(5, dspark ? DraftSource{} : oracle(want, ps, 3));
+    spec_cfg.enable_prefix_caching = true;
+    Engine spec(load(dspark, kv, slots), spec_cfg);
+    Result got = run(spec, ps, all_greedy(ps.size()));
+    EXPECT_GT(got.stats.prefix_cache.hits, 0);
+    EXPECT_GT(got.stats.spec_decode.drafts, 0);
+    for (auto& [id, o] : got.out) o.cached = -1;  // hits may differ: when snapshots are taken
+    expect_same(got, want);
+  }
 }
 
 TEST_F(EngineSpeculation, SamplingRequestsDecodeAsBefore) {
