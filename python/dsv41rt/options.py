@@ -271,8 +271,9 @@ _ROWS = (
         _speculative,
         "speculative_config",
         'speculative decoding in the engine, vLLM\'s JSON: {"method": "dspark", "num_speculative_tokens": 5}'
-        " (count omitted: the drafter's block); greedy requests draft with DSpark, one batched verify per step,"
-        " outputs bitwise those without (docs/design/dspark.md); needs a checkpoint with DSpark weights",
+        " (count omitted: the drafter's block); requests without a grammar draft with DSpark, one batched verify"
+        " per step; greedy outputs bitwise those without, sampling by rejection sampling (docs/design/dspark.md);"
+        " needs a checkpoint with DSpark weights",
     ),
 )
 OPTIONS: dict[str, Option] = {o.name: o for o in _ROWS}

@@ -108,9 +108,9 @@ typedef struct dsv41rt_runtime_params {
   int64_t expert_parallel_size;
   /* Speculative decoding in the engine, vLLM's speculative-config JSON:
    * {"method": "dspark", "num_speculative_tokens": 5} (count omitted: the drafter's block); greedy
-   * requests draft with DSpark, outputs bitwise those without (docs/design/dspark.md). NULL or ""
-   * = off (default). Added after expert_parallel_size: a struct_size ending before it is accepted
-   * (off). */
+   * outputs bitwise those without, sampling by rejection sampling (docs/design/dspark.md). NULL or
+   * "" = off (default). Added after expert_parallel_size: a struct_size ending before it is
+   * accepted (off). */
   const char* speculative_config;
 } dsv41rt_runtime_params;
 

@@ -96,7 +96,7 @@ struct RuntimeOptions {
   /// Not with context, tensor or expert parallelism.
   bool load_drafter = false;
   /// Speculative decoding in the engine (vLLM's speculative-config, method "dspark"): draft
-  /// tokens the DSpark drafter proposes per greedy decode step, verified in the step's forward
+  /// tokens the DSpark drafter proposes per decode step, verified in the step's forward
   /// (docs/design/dspark.md). 0 = off; -1 = the drafter's block. Loads the drafter (as
   /// load_drafter); the checkpoint must have one.
   int64_t num_speculative_tokens = 0;

@@ -261,9 +261,12 @@ class Engine::Impl {
   std::vector<kernels::SampledToken> resolve_verify(ScheduledChunk& ch, const Verify& v) {
     const SchedRequest& r = scheduler_.request(ch.request_id);
     const Meta& meta = meta_.at(ch.request_id);
-    std::vector<kernels::SampledToken> out =
-        accept_greedy(v, exec_->plan().config.vocab_size, meta.params.sampling, r,
-                      [&meta](int32_t t) { return meta.stops.count(t) != 0; });
+    const auto stops = [&meta](int32_t t) { return meta.stops.count(t) != 0; };
+    const int64_t V = exec_->plan().config.vocab_size;
+    const kernels::SamplingParams& sp = meta.params.sampling;
+    std::vector<kernels::SampledToken> out = double(sp.temperature) < 1e-5
+                                                 ? accept_greedy(v, V, sp, r, stops)
+                                                 : accept_sampled(v, V, sp, r, stops);
     const int64_t m = int64_t(out.size()), k = int64_t(v.fed.size()) - 1;
     const bool last_matches = m - 1 < k && out.back().token == v.fed[size_t(m)];
     spec_.count(k, m - 1 + (last_matches ? 1 : 0));

@@ -2,7 +2,7 @@
 // step() schedules a batch (decodes + prefill chunks under the token budget, admitting and
 // preempting against the KV pool), runs one batched forward, samples every request whose chunk
 // reached its last token, and returns the new tokens and finished requests. With speculation
-// (speculation.h), a greedy decoding request's item verifies drafts and may emit several tokens.
+// (speculation.h), a decoding request's item verifies drafts and may emit several tokens.
 //
 // Thread-safety: none; one engine thread owns it (the Python binding releases the GIL around
 // step(), and the C API serialises calls).
@@ -30,7 +30,7 @@ struct EngineConfig {
   int64_t max_prefill_tokens_while_decoding = 0;  ///< scheduler.h; 0 = no cap
   bool enable_prefix_caching = false;             ///< share cached prefixes (prefix_cache.h)
   int64_t host_cache_bytes = 0;  ///< host tier of the prefix cache (host_tier.h); 0 = off
-  /// Speculative decoding of greedy requests (speculation.h); num_speculative_tokens 0 = off.
+  /// Speculative decoding (speculation.h); num_speculative_tokens 0 = off.
   SpeculationConfig speculation;
 };
 

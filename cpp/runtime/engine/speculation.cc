@@ -1,6 +1,7 @@
 #include "runtime/engine/speculation.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/status.h"
 #include "runtime/model/draft_runner.h"
@@ -29,10 +30,9 @@ Speculator::Speculator(model::Executor& exec, SpeculationConfig config)
   width_ = int64_t(c.dspark->target_layer_ids.size()) * c.hidden_size;
 }
 
-bool Speculator::eligible(const kernels::SamplingParams& sampling, bool grammar,
-                          bool handoff) const {
-  // Greedy only (kernels/sampling.h's threshold): a sampled token would need rejection sampling.
-  return k() > 0 && sampling.temperature < 1e-5f && !grammar && !handoff;
+bool Speculator::eligible(const kernels::SamplingParams&, bool grammar, bool handoff) const {
+  // A grammar's mask would have to follow every draft; a handoff ends after its first token.
+  return k() > 0 && !grammar && !handoff;
 }
 
 std::vector<int32_t> Speculator::draft(const SchedRequest& r, int64_t k) {
@@ -98,6 +98,72 @@ std::vector<kernels::SampledToken> accept_greedy(const Verify& v, int64_t vocab,
     history.push_back(t);
     if (stops(t) || generated + j + 1 >= r.max_new_tokens) break;
     if (j == k || t != v.fed[size_t(j + 1)]) break;
+  }
+  return out;
+}
+
+namespace {
+
+// The raw logprob of `token` in `row`, with the sampler's arithmetic (kernels/cpu/sampling.cc).
+float raw_logprob(const float* row, int64_t V, int32_t token) {
+  const double mx = *std::max_element(row, row + V);
+  double sum = 0;
+  for (int64_t t = 0; t < V; ++t) sum += std::exp(double(row[t]) - mx);
+  return float(double(row[token]) - (mx + std::log(sum)));
+}
+
+// The accept test's and the residual draw's uniforms: (seed, step) on streams of their own.
+constexpr uint64_t kAcceptStream = 0x5EC0DE0000000001ull, kResidualStream = 0x5EC0DE0000000002ull;
+
+}  // namespace
+
+std::vector<kernels::SampledToken> accept_sampled(const Verify& v, int64_t vocab,
+                                                  const kernels::SamplingParams& params,
+                                                  const SchedRequest& r,
+                                                  const std::function<bool(int32_t)>& stops) {
+  std::vector<int32_t> history(r.tokens.begin() + r.prompt_len, r.tokens.end());
+  const int64_t generated = r.generated(), k = int64_t(v.fed.size()) - 1;
+  std::vector<float> p(static_cast<size_t>(vocab));
+  std::vector<kernels::SampledToken> out;
+  for (int64_t j = 0; j <= k; ++j) {
+    const float* row = v.logits.data() + j * vocab;
+    const uint64_t step = uint64_t(generated + j);
+    // The sampler's own draw: the token when every draft before was accepted (j == k), and the
+    // top logprobs of the row in any case.
+    kernels::SampledToken s =
+        kernels::cpu::sample_token(row, vocab, params, r.tokens.data(), r.prompt_len,
+                                   history.data(), int64_t(history.size()), step);
+    bool accepted = false;
+    if (j < k) {
+      const int32_t d = v.fed[size_t(j + 1)];
+      kernels::cpu::sampling_probs(row, vocab, params, r.tokens.data(), r.prompt_len,
+                                   history.data(), int64_t(history.size()), p.data());
+      accepted = kernels::sampling_uniform(params.seed ^ kAcceptStream, step) < double(p[d]);
+      int32_t token = d;
+      if (!accepted) {  // the residual: p without d (p(d) < 1 here, so some mass is left)
+        p[size_t(d)] = 0.0f;
+        double total = 0;
+        for (float x : p) total += x;
+        const double target =
+            kernels::sampling_uniform(params.seed ^ kResidualStream, step) * total;
+        double cum = 0;
+        for (int64_t t = 0; t < vocab; ++t) {
+          if (p[size_t(t)] <= 0) continue;
+          token = int32_t(t);  // the last kept token: the fallback if rounding runs past the end
+          cum += p[size_t(t)];
+          if (target < cum) break;
+        }
+      }
+      if (token != s.token) {
+        s.token = token;
+        s.logprob = raw_logprob(row, vocab, token);
+      }
+    }
+    out.push_back(std::move(s));
+    const int32_t t = out.back().token;
+    history.push_back(t);
+    if (stops(t) || generated + j + 1 >= r.max_new_tokens) break;
+    if (j == k || !accepted) break;
   }
   return out;
 }

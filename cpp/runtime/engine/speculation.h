@@ -1,14 +1,16 @@
-// Speculative decoding in the engine (issue 24, docs/design/dspark.md), greedy path: for a
-// decoding request whose next token is greedy, the engine drafts up to k tokens, runs the verify
+// Speculative decoding in the engine (issue 24, docs/design/dspark.md): for a decoding request
+// (no grammar, not a handoff's prefill), the engine drafts up to k tokens, runs the verify
 // rows [last token, d1..dk] as that request's item of the step's one batched forward (undoable,
-// all k + 1 rows' logits to the host), and keeps the longest prefix of drafts the target agrees
-// with plus the target's own next token; the other positions are taken back exactly
-// (Executor::undo, model/state_undo.h) and their pages given back.
+// all k + 1 rows' logits to the host), and keeps the drafts the target accepts plus one token of
+// its own; the other positions are taken back exactly (Executor::undo, model/state_undo.h) and
+// their pages given back.
 //
-// The tokens are drawn on the host from each verify row with the sampler the device runs
-// (kernels::cpu::sample_token, the request's params, history and step), so tokens, logprobs and
-// top logprobs are plain decoding's: bitwise on the CPU backend, whose device sampler is that
-// function. A stop token or max_new_tokens inside an accepted block ends the output there.
+// Greedy requests (accept_greedy): the tokens are drawn on the host from each verify row with the
+// sampler the device runs (kernels::cpu::sample_token, the request's params, history and step),
+// so tokens, logprobs and top logprobs are plain decoding's: bitwise on the CPU backend, whose
+// device sampler is that function. Sampling requests (accept_sampled): rejection sampling, the
+// same distribution as plain sampling but other draws. A stop token or max_new_tokens inside an
+// accepted block ends the output there.
 //
 // This class holds what the drafting needs between steps (each request's last target features,
 // for the DSpark drafter) and the counters; the engine step (engine.cc) does the batching.
@@ -19,6 +21,7 @@
 #include <map>
 #include <vector>
 
+#include "core/export.h"
 #include "kernels/sampling.h"
 #include "runtime/engine/scheduler.h"
 #include "runtime/model/executor.h"
@@ -62,10 +65,20 @@ struct Verify {
 /// it (the request's params; history: its generated tokens, then the emitted ones before row j;
 /// step: their count). Row j + 1 is read only while row j's token equals draft j + 1 and is
 /// neither a stop token (`stops`) nor the request's last (max_new_tokens).
-std::vector<kernels::SampledToken> accept_greedy(const Verify& v, int64_t vocab,
-                                                 const kernels::SamplingParams& params,
-                                                 const SchedRequest& r,
-                                                 const std::function<bool(int32_t)>& stops);
+DSV41RT_API std::vector<kernels::SampledToken> accept_greedy(
+    const Verify& v, int64_t vocab, const kernels::SamplingParams& params, const SchedRequest& r,
+    const std::function<bool(int32_t)>& stops);
+
+/// The same for a sampling request (temperature > 0), by rejection sampling (spec 7.3; Leviathan
+/// et al.), which keeps the target distribution p of each row (`sampling_probs`: penalties,
+/// temperature, top-k / top-p / min-p). The drafter proposes its argmax, a point mass q at d, so
+/// the rule "accept d with probability min(1, p(d) / q(d))" accepts with probability p(d), and a
+/// rejection draws from normalise(max(0, p - q)): p without d. The uniforms come from (seed, step)
+/// like the sampler's, on their own streams; the last row (every draft accepted) draws as the
+/// sampler does. Logprobs and top logprobs are the raw ones, as the sampler reports them.
+DSV41RT_API std::vector<kernels::SampledToken> accept_sampled(
+    const Verify& v, int64_t vocab, const kernels::SamplingParams& params, const SchedRequest& r,
+    const std::function<bool(int32_t)>& stops);
 
 class Speculator {
  public:
@@ -74,7 +87,8 @@ class Speculator {
   Speculator(model::Executor& exec, SpeculationConfig config);
 
   int64_t k() const { return config_.num_speculative_tokens; }
-  /// Requests it speculates for: greedy, no grammar, not a handoff's prefill.
+  /// Requests it speculates for: no grammar, not a handoff's prefill (greedy ones through
+  /// accept_greedy, sampling ones through accept_sampled).
   bool eligible(const kernels::SamplingParams& sampling, bool grammar, bool handoff) const;
   /// Whether the forwards of eligible requests capture the drafter's target features.
   bool needs_features() const { return k() > 0 && !config_.draft_source; }
