@@ -110,3 +110,48 @@ def test_load_errors_name_the_problem(tiny_v41_dir: str, tmp_path) -> None:
     make_checkpoint(config, str(tmp_path / "plain"), 1, name="tiny-v41-no-dspark")
     with pytest.raises(Dsv41rtError, match="has no DSpark drafter"):
         Runtime(str(tmp_path / "plain"), speculative_config={"method": "dspark"})
+
+
+def test_served_greedy_completion_and_metrics(tiny_dir: str, tok) -> None:
+    """`dsv41rt serve --speculative-config`: a greedy completion equals the engine's without
+    speculation (the same built-in model through Runtime), and /metrics shows the drafts."""
+    import httpx
+    from dsv41rt.runtime import Runtime
+    from prometheus_client.parser import text_string_to_metric_families
+    from serve_harness import LiveServer
+
+    model_dir = tiny_dir  # the built-in model (conftest: generated once per module)
+    spec = '{"method": "dspark", "num_speculative_tokens": 4}'
+    server = LiveServer("--speculative-config", spec, "--kv-memory", "64M", model_dir=model_dir)
+    try:
+        prompt = [5, 900, 77, 1234, 8]
+        r = httpx.post(
+            server.url + "/v1/completions",
+            json={
+                "model": "dsv41rt-tiny-v41",
+                "prompt": prompt,
+                "max_tokens": 10,
+                "temperature": 0,
+                "ignore_eos": True,
+                "logprobs": 0,
+            },
+            timeout=120,
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 10
+        samples = {
+            (s.name, s.labels.get("position")): s.value
+            for fam in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)
+            for s in fam.samples
+        }
+        assert samples[("dsv41rt:spec_decode_num_drafts_total", None)] > 0
+        assert samples[("dsv41rt:spec_decode_num_draft_tokens_total", None)] >= 4
+        assert ("dsv41rt:spec_decode_num_accepted_tokens_per_pos_total", "3") in samples
+    finally:
+        assert server.stop() == 0, server.output()
+    rt = Runtime(model_dir, kv_memory="64M")
+    try:
+        want = rt.generate([prompt], max_new_tokens=10, ignore_eos=True)[0]
+    finally:
+        rt.close()
+    assert r.json()["choices"][0]["text"] == tok.hf.decode(want, skip_special_tokens=False)
