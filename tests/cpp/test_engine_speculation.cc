@@ -221,20 +221,28 @@ TEST_F(EngineSpeculation, OracleDraftsAcceptExactlyTheRightPrefix) {
 TEST_F(EngineSpeculation, StopTokensInsideAnAcceptedBlockCutTheOutput) {
   const auto ps = prompts();
   const Result& base = baseline();
-  // Request i stops at the token it generates at index 2 + i % 9 (its first occurrence).
+  // Request i stops at the token it generates at index 2 + i % 9 (its first occurrence); every
+  // third one also has penalties, which follow the accepted drafts from row to row.
   std::vector<GenerationParams> params;
   for (size_t i = 0; i < ps.size(); ++i) {
     params.push_back(greedy(kMaxNew, {base.out.at(int64_t(i) + 1).tokens[2 + i % 9]}));
+    if (i % 3 == 0) {
+      params.back().sampling.repetition_penalty = 1.3f;
+      params.back().sampling.frequency_penalty = 0.4f;
+      params.back().sampling.presence_penalty = 0.2f;
+    }
   }
   Engine plain(load(false), config(0));
   const Result want = run(plain, ps, params);
   int64_t stopped = 0;
   for (const auto& [id, o] : want.out) stopped += o.reason == FinishReason::kStop;
-  EXPECT_EQ(stopped, int64_t(ps.size()));
-  Engine spec(load(false), config(5, oracle(base, ps, 99)));
+  EXPECT_GE(stopped, int64_t(ps.size()) * 2 / 3);  // the penalised ones may not meet their stop
+  Engine spec(load(false), config(5, oracle(want, ps, 99)));
   const Result got = run(spec, ps, params);
   expect_same(got, want);
+  // Every draft is the plain run's next token: all accepted, stops and penalties included.
   EXPECT_GT(got.stats.spec_decode.accepted_tokens, 0);
+  EXPECT_EQ(got.stats.spec_decode.accepted_tokens, got.stats.spec_decode.draft_tokens);
 }
 
 TEST_F(EngineSpeculation, PreemptionAndCancelLeaveNothingBehind) {
