@@ -125,7 +125,7 @@ class Engine::Impl {
       b.logits = nullptr;  // only the sampled token leaves the device
       if (spec_.needs_features() && speculates(m.params)) b.dspark_features = &features[i];
       tokens_computed_ += b.n;
-      if (v) {  // every row's logits: the tokens are drawn on the host (accept_greedy)
+      if (v) {  // every row's logits: the tokens are drawn on the host (speculation.h)
         b.logits = v->logits.data();
         b.all_logits = true;
         b.undo = &v->undo;
@@ -174,7 +174,7 @@ class Engine::Impl {
   }
 
   // The output of a request's new tokens; all but the last are already its tokens (accepted
-  // drafts, which accept_greedy ended before any stop or the last allowed token).
+  // drafts, which accept_greedy / accept_sampled end before any stop or the last allowed token).
   RequestOutput emit(int64_t id, const std::vector<kernels::SampledToken>& tokens) {
     Meta& m = meta_.at(id);
     RequestOutput out;
