@@ -501,12 +501,14 @@ dsv41rt_status dsv41rt_set_grammar_vocab(dsv41rt_runtime* rt, const char* const*
 dsv41rt_status dsv41rt_get_stats(dsv41rt_runtime* rt, dsv41rt_stats* out) {
   return guarded(rt, [&]() -> dsv41rt_status {
     if (!out) return fail(rt, DSV41RT_E_INVALID_ARGUMENT, "out is NULL");
-    // The 0.1.0 layout ended before the prefix cache counters, the next before the host tier's:
+    // The 0.1.0 layout ended before the prefix cache counters, the next before the host tier's,
+    // the next before the spec-decode counters:
     // what a layout does not have is not written.
     constexpr size_t kSize010 = offsetof(dsv41rt_stats, prefix_cache_queries);
     constexpr size_t kSizePrefix = offsetof(dsv41rt_stats, prefix_cache_host_bytes);
+    constexpr size_t kSizeHost = offsetof(dsv41rt_stats, spec_decode_num_drafts);
     if (out->struct_size != sizeof(*out) && out->struct_size != kSize010 &&
-        out->struct_size != kSizePrefix) {
+        out->struct_size != kSizePrefix && out->struct_size != kSizeHost) {
       return fail(rt, DSV41RT_E_ABI_MISMATCH,
                   "dsv41rt_stats.struct_size is not this library's (dsv41rt_stats_init)");
     }
@@ -524,10 +526,15 @@ dsv41rt_status dsv41rt_get_stats(dsv41rt_runtime* rt, dsv41rt_stats* out) {
       out->prefix_cache_queries = s.prefix_cache.queries;
       out->prefix_cache_hits = s.prefix_cache.hits;
     }
-    if (out->struct_size == sizeof(*out)) {
+    if (out->struct_size >= kSizeHost) {
       out->prefix_cache_host_bytes = s.prefix_cache.host_bytes;
       out->prefix_cache_host_offloaded_pages = s.prefix_cache.offloaded_pages;
       out->prefix_cache_host_restored_pages = s.prefix_cache.restored_pages;
+    }
+    if (out->struct_size == sizeof(*out)) {
+      out->spec_decode_num_drafts = s.spec_decode.drafts;
+      out->spec_decode_num_draft_tokens = s.spec_decode.draft_tokens;
+      out->spec_decode_num_accepted_tokens = s.spec_decode.accepted_tokens;
     }
     return DSV41RT_OK;
   });

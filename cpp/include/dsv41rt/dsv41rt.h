@@ -163,6 +163,11 @@ typedef struct dsv41rt_stats {
    * before them is accepted and they are not written. */
   int64_t prefix_cache_host_bytes, prefix_cache_host_offloaded_pages,
       prefix_cache_host_restored_pages;
+  /* Speculative decoding (params.speculative_config; vLLM's spec_decode counters): verify steps
+   * with at least one draft token, draft tokens verified, of them accepted. Added after
+   * prefix_cache_host_restored_pages: a struct_size ending before them is accepted and they are
+   * not written. */
+  int64_t spec_decode_num_drafts, spec_decode_num_draft_tokens, spec_decode_num_accepted_tokens;
 } dsv41rt_stats;
 
 DSV41RT_C_API uint32_t dsv41rt_abi_version(void);
