@@ -151,6 +151,7 @@ void register_options(nb::module_& m) {
       .def_rw("parallel", &RuntimeOptions::parallel)
       .def_rw("record_decisions", &RuntimeOptions::record_decisions)
       .def_rw("load_drafter", &RuntimeOptions::load_drafter)
+      .def_rw("num_speculative_tokens", &RuntimeOptions::num_speculative_tokens)
       .def_rw("engine_thread", &RuntimeOptions::engine_thread);
   nb::class_<DraftBlock>(m, "DraftBlock")
       .def_ro("tokens", &DraftBlock::tokens)
@@ -175,6 +176,8 @@ void register_options(nb::module_& m) {
     d["host_cache_memory"] = p.host_cache_memory;
     d["tensor_parallel_size"] = p.tensor_parallel_size;
     d["expert_parallel_size"] = p.expert_parallel_size;
+    d["speculative_config"] =
+        p.speculative_config ? nb::object(nb::str(p.speculative_config)) : nb::none();
     return d;
   });
 }
@@ -233,10 +236,13 @@ void register_results(nb::module_& m) {
                                               DSV41RT_RO(BackendStats, cp_q_projection_us)
                                                   DSV41RT_RO(BackendStats, cp_all_gather_us)
                                                       DSV41RT_RO(BackendStats, cp_overlap_us);
+  nb::class_<SpecDecodeStats>(m, "SpecDecodeStats") DSV41RT_RO(SpecDecodeStats, drafts)
+      DSV41RT_RO(SpecDecodeStats, draft_tokens) DSV41RT_RO(SpecDecodeStats, accepted_tokens)
+          DSV41RT_RO(SpecDecodeStats, accepted_per_pos);
   nb::class_<Stats>(m, "Stats") DSV41RT_RO(Stats, pool) DSV41RT_RO(Stats, scheduler)
       DSV41RT_RO(Stats, dequant) DSV41RT_RO(Stats, backend) DSV41RT_RO(Stats, steps)
           DSV41RT_RO(Stats, tokens_computed) DSV41RT_RO(Stats, tokens_generated)
-              DSV41RT_RO(Stats, prefix_cache);
+              DSV41RT_RO(Stats, prefix_cache) DSV41RT_RO(Stats, spec_decode);
 #undef DSV41RT_RO
   nb::class_<ModelInfo>(m, "ModelInfo")
       .def_ro("vocab_size", &ModelInfo::vocab_size)

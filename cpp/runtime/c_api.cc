@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/json.h"
 #include "core/status.h"
 #include "dsv41rt/dsv41rt.h"
 #include "dsv41rt/runtime.hpp"
@@ -109,6 +110,31 @@ dsv41rt_status check_size(uint32_t got, size_t want, const char* what) {
                   " (initialise it with the *_default_params function)");
 }
 
+// params.speculative_config, as dsv41rt.speculative.parse_speculative_config reads it: the
+// RuntimeOptions count (-1: the drafter's block). Errors name what is wrong.
+int64_t speculative_tokens(const char* text) {
+  dsv41rt::Json j;
+  try {
+    j = dsv41rt::json_parse(text);
+  } catch (const dsv41rt::Error& e) {
+    DSV41RT_THROW("params.speculative_config: not valid JSON (", e.what(), "): ", text);
+  }
+  DSV41RT_CHECK(j.is_object(), "params.speculative_config: must be a JSON object, got ", text);
+  for (const auto& [key, value] : j.as_object()) {
+    DSV41RT_CHECK(key == "method" || key == "num_speculative_tokens",
+                  "params.speculative_config: unknown key \"", key,
+                  "\" (known: method, num_speculative_tokens)");
+  }
+  const dsv41rt::Json* method = j.find("method");
+  DSV41RT_CHECK(method && method->is_string() && method->as_string() == "dspark",
+                "params.speculative_config: \"method\" must be \"dspark\" (V4.1's drafter)");
+  const dsv41rt::Json* k = j.find("num_speculative_tokens");
+  if (!k || k->is_null()) return -1;
+  DSV41RT_CHECK(k->is_int() && k->as_int() >= 0,
+                "params.speculative_config: \"num_speculative_tokens\" must be an integer >= 0");
+  return k->as_int();
+}
+
 dsv41rt::RuntimeOptions options_from(const dsv41rt_runtime_params& p) {
   dsv41rt::RuntimeOptions o;
   o.checkpoint = p.checkpoint_dir;
@@ -137,6 +163,9 @@ dsv41rt::RuntimeOptions options_from(const dsv41rt_runtime_params& p) {
   o.pool.host_cache_memory = p.host_cache_memory;
   o.parallel.tensor_parallel_size = p.tensor_parallel_size;
   o.parallel.expert_parallel_size = p.expert_parallel_size;
+  if (p.speculative_config && *p.speculative_config) {
+    o.num_speculative_tokens = speculative_tokens(p.speculative_config);
+  }
   return o;
 }
 
@@ -325,16 +354,18 @@ dsv41rt_status dsv41rt_runtime_create(uint32_t abi_version, const dsv41rt_runtim
   if (!params) return fail(nullptr, DSV41RT_E_INVALID_ARGUMENT, "params is NULL");
   // Older layouts end before a field added since (0.1.0 before max_prefill_tokens_while_decoding,
   // the next before enable_prefix_caching, the next before host_cache_memory, the next before
-  // tensor_parallel_size): read only the bytes the caller has, the rest keeps this library's
-  // defaults.
+  // tensor_parallel_size, the next before speculative_config): read only the bytes the caller has,
+  // the rest keeps this library's defaults.
   constexpr size_t kSize010 = offsetof(dsv41rt_runtime_params, max_prefill_tokens_while_decoding);
   constexpr size_t kSizePrefill = offsetof(dsv41rt_runtime_params, enable_prefix_caching);
   constexpr size_t kSizePrefixCaching = offsetof(dsv41rt_runtime_params, host_cache_memory);
   constexpr size_t kSizeHostCache = offsetof(dsv41rt_runtime_params, tensor_parallel_size);
+  constexpr size_t kSizeParallel = offsetof(dsv41rt_runtime_params, speculative_config);
   dsv41rt_runtime_params p;
   dsv41rt_runtime_default_params(&p);
   if (params->struct_size == kSize010 || params->struct_size == kSizePrefill ||
-      params->struct_size == kSizePrefixCaching || params->struct_size == kSizeHostCache) {
+      params->struct_size == kSizePrefixCaching || params->struct_size == kSizeHostCache ||
+      params->struct_size == kSizeParallel) {
     std::memcpy(&p, params, params->struct_size);
     p.struct_size = sizeof(p);
   } else if (dsv41rt_status s =
@@ -470,12 +501,14 @@ dsv41rt_status dsv41rt_set_grammar_vocab(dsv41rt_runtime* rt, const char* const*
 dsv41rt_status dsv41rt_get_stats(dsv41rt_runtime* rt, dsv41rt_stats* out) {
   return guarded(rt, [&]() -> dsv41rt_status {
     if (!out) return fail(rt, DSV41RT_E_INVALID_ARGUMENT, "out is NULL");
-    // The 0.1.0 layout ended before the prefix cache counters, the next before the host tier's:
+    // The 0.1.0 layout ended before the prefix cache counters, the next before the host tier's,
+    // the next before the spec-decode counters:
     // what a layout does not have is not written.
     constexpr size_t kSize010 = offsetof(dsv41rt_stats, prefix_cache_queries);
     constexpr size_t kSizePrefix = offsetof(dsv41rt_stats, prefix_cache_host_bytes);
+    constexpr size_t kSizeHost = offsetof(dsv41rt_stats, spec_decode_num_drafts);
     if (out->struct_size != sizeof(*out) && out->struct_size != kSize010 &&
-        out->struct_size != kSizePrefix) {
+        out->struct_size != kSizePrefix && out->struct_size != kSizeHost) {
       return fail(rt, DSV41RT_E_ABI_MISMATCH,
                   "dsv41rt_stats.struct_size is not this library's (dsv41rt_stats_init)");
     }
@@ -493,10 +526,15 @@ dsv41rt_status dsv41rt_get_stats(dsv41rt_runtime* rt, dsv41rt_stats* out) {
       out->prefix_cache_queries = s.prefix_cache.queries;
       out->prefix_cache_hits = s.prefix_cache.hits;
     }
-    if (out->struct_size == sizeof(*out)) {
+    if (out->struct_size >= kSizeHost) {
       out->prefix_cache_host_bytes = s.prefix_cache.host_bytes;
       out->prefix_cache_host_offloaded_pages = s.prefix_cache.offloaded_pages;
       out->prefix_cache_host_restored_pages = s.prefix_cache.restored_pages;
+    }
+    if (out->struct_size == sizeof(*out)) {
+      out->spec_decode_num_drafts = s.spec_decode.drafts;
+      out->spec_decode_num_draft_tokens = s.spec_decode.draft_tokens;
+      out->spec_decode_num_accepted_tokens = s.spec_decode.accepted_tokens;
     }
     return DSV41RT_OK;
   });

@@ -525,6 +525,8 @@ Stats Runtime::Impl::to_stats(const engine::Engine& en) const {
                     c.evicted_snapshots, c.host_pages,     c.host_bytes,
                     c.offloaded_pages,   c.restored_pages, c.offloaded_snapshots,
                     c.restored_snapshots};
+  const engine::SpecDecodeStats& d = e.spec_decode;
+  s.spec_decode = {d.drafts, d.draft_tokens, d.accepted_tokens, d.accepted_per_pos};
   return s;
 }
 

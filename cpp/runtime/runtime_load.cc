@@ -29,6 +29,10 @@ void check_options(const RuntimeOptions& o) {
                 p.max_prefill_tokens_while_decoding);
   DSV41RT_CHECK(p.host_cache_memory >= 0, "host_cache_memory must be >= 0 (0: off), got ",
                 p.host_cache_memory);
+  DSV41RT_CHECK(o.num_speculative_tokens >= -1,
+                "speculative-config: num_speculative_tokens must be >= 0 (or -1: the drafter's "
+                "block), got ",
+                o.num_speculative_tokens);
   const ParallelOptions& c = o.parallel;
   DSV41RT_CHECK(c.context_parallel_size >= 1 && c.context_parallel_size <= 64,
                 "context_parallel_size ", c.context_parallel_size, " must be in [1, 64]");
@@ -90,20 +94,24 @@ LoadedModel load_model(const RuntimeOptions& o) {
                                    : model::load_engram_tables_file(o.engram_tables, plan.config);
   // The CPU backend computes from FP32 host copies; the CUDA backend dequantises the stored
   // tensors on the device (a released checkpoint does not fit in host memory as FP32).
-  if (o.load_drafter) {
-    DSV41RT_CHECK_CODE(kInvalidArgument, plan.config.dspark && !plan.draft_layers.empty(),
-                       "load_drafter: ", o.checkpoint, " has no DSpark drafter");
+  // Speculation drafts with DSpark: the drafter is loaded for it.
+  const bool drafter = o.load_drafter || o.num_speculative_tokens != 0;
+  const char* asker = o.load_drafter ? "load_drafter" : "speculative-config (method dspark)";
+  if (drafter) {
+    DSV41RT_CHECK_CODE(kInvalidArgument, plan.config.dspark && !plan.draft_layers.empty(), asker,
+                       ": ", o.checkpoint, " has no DSpark drafter");
     const ParallelOptions& p = o.parallel;
     DSV41RT_CHECK_CODE(
         kUnsupported,
         p.context_parallel_size == 1 && p.tensor_parallel_size == 1 && p.expert_parallel_size == 1,
-        "load_drafter: the drafter is not built for context, tensor or expert "
-        "parallelism");
+        asker, ": the drafter is not built for context, tensor or expert parallelism");
   }
   model::ModelWeights weights =
       model::load_weights(ck, plan, /*host_values=*/o.device.device == "cpu", o.progress,
-                          /*drafts=*/o.load_drafter);
+                          /*drafts=*/drafter);
   LoadedModel m;
+  m.engine.speculation.num_speculative_tokens =
+      o.num_speculative_tokens < 0 ? plan.config.dspark->block_size : o.num_speculative_tokens;
   m.engine.max_num_seqs = o.pool.max_num_seqs;
   m.engine.max_num_batched_tokens = o.pool.max_num_batched_tokens;
   m.engine.max_model_len = o.pool.max_model_len;

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .errors import Dsv41rtError
+from .speculative import SpeculativeConfig, parse_speculative_config
 
 DEVICE_PATTERN = r"cpu|cuda|cuda:\d+"
 PRECISIONS = ("fp32", "bf16", "fp8")
@@ -50,6 +51,7 @@ class RuntimeOptions:
     expert_parallel_size: int = 1
     record_decisions: bool = False
     load_drafter: bool = False
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -147,6 +149,14 @@ def _choice(choices: tuple[str, ...]) -> Callable[[Any, str], str]:
         return str(value)
 
     return parse
+
+
+def _speculative(value: Any, key: str) -> SpeculativeConfig | None:
+    """vLLM's speculative-config: a YAML mapping, its JSON text or a SpeculativeConfig; None (or
+    null / an empty string) is off."""
+    if value is None or value == "" or value == "null" or isinstance(value, SpeculativeConfig):
+        return value if isinstance(value, SpeculativeConfig) else None
+    return parse_speculative_config(value)
 
 
 def _device(value: Any, key: str) -> str:
@@ -254,7 +264,16 @@ _ROWS = (
         "load_drafter",
         parse_bool,
         "",
-        "load the DSpark drafter for Runtime.draft_greedy on direct handles (the engine does not speculate yet)",
+        "load the DSpark drafter for Runtime.draft_greedy on direct handles (speculative-config loads it too)",
+    ),
+    Option(
+        "speculative_config",
+        _speculative,
+        "speculative_config",
+        'speculative decoding in the engine, vLLM\'s JSON: {"method": "dspark", "num_speculative_tokens": 5}'
+        " (count omitted: the drafter's block); requests without a grammar draft with DSpark, one batched verify"
+        " per step; greedy outputs bitwise those without, sampling by rejection sampling (docs/design/dspark.md);"
+        " needs a checkpoint with DSpark weights",
     ),
 )
 OPTIONS: dict[str, Option] = {o.name: o for o in _ROWS}
@@ -294,7 +313,10 @@ def to_argv(options: RuntimeOptions) -> list[str]:
     argv: list[str] = []
     for o in OPTIONS.values():
         value = getattr(options, o.name)
-        argv += [f"--{o.key}", str(value).lower() if isinstance(value, bool) else str(value)]
+        if isinstance(value, SpeculativeConfig):
+            argv += [f"--{o.key}", value.to_json()]
+        elif value is not None:
+            argv += [f"--{o.key}", str(value).lower() if isinstance(value, bool) else str(value)]
     return argv
 
 

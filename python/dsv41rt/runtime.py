@@ -71,6 +71,13 @@ def flat_stats(s: Any) -> dict[str, int]:
     out["pool_bytes"] = out.pop("bytes_total")
     out.update(steps=s.steps, tokens_computed=s.tokens_computed, tokens_generated=s.tokens_generated)
     out.update({f"prefix_cache_{k}": v for k, v in _fields(s.prefix_cache).items()})
+    d = s.spec_decode
+    out.update(
+        spec_decode_drafts=d.drafts,
+        spec_decode_draft_tokens=d.draft_tokens,
+        spec_decode_accepted_tokens=d.accepted_tokens,
+    )
+    out.update({f"spec_decode_accepted_pos_{j}": int(n) for j, n in enumerate(d.accepted_per_pos)})
     return out
 
 
@@ -111,6 +118,7 @@ def core_options(
     c.parallel.worker_threads = worker_threads
     c.record_decisions = o.record_decisions
     c.load_drafter = o.load_drafter
+    c.num_speculative_tokens = 0 if o.speculative_config is None else o.speculative_config.engine_tokens
     c.engine_thread = engine_thread
     return c
 

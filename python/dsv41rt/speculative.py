@@ -57,6 +57,18 @@ class SpeculativeConfig:
     method: str = "dspark"
     num_speculative_tokens: int | None = None
 
+    def to_json(self) -> str:
+        """The `--speculative-config` text that parses back to this config."""
+        d: dict[str, Any] = {"method": self.method}
+        if self.num_speculative_tokens is not None:
+            d["num_speculative_tokens"] = self.num_speculative_tokens
+        return json.dumps(d)
+
+    @property
+    def engine_tokens(self) -> int:
+        """The C++ RuntimeOptions.num_speculative_tokens: -1 for the drafter's block."""
+        return -1 if self.num_speculative_tokens is None else self.num_speculative_tokens
+
 
 def parse_speculative_config(value: str | dict[str, Any]) -> SpeculativeConfig:
     """A SpeculativeConfig from the JSON text of `--speculative-config` (or its decoded object),

@@ -106,6 +106,12 @@ typedef struct dsv41rt_runtime_params {
    * Added after host_cache_memory: a struct_size ending before them is accepted (1 and 1). */
   int64_t tensor_parallel_size;
   int64_t expert_parallel_size;
+  /* Speculative decoding in the engine, vLLM's speculative-config JSON:
+   * {"method": "dspark", "num_speculative_tokens": 5} (count omitted: the drafter's block); greedy
+   * outputs bitwise those without, sampling by rejection sampling (docs/design/dspark.md). NULL or
+   * "" = off (default). Added after expert_parallel_size: a struct_size ending before it is
+   * accepted (off). */
+  const char* speculative_config;
 } dsv41rt_runtime_params;
 
 typedef struct dsv41rt_sampling_params {
@@ -157,6 +163,11 @@ typedef struct dsv41rt_stats {
    * before them is accepted and they are not written. */
   int64_t prefix_cache_host_bytes, prefix_cache_host_offloaded_pages,
       prefix_cache_host_restored_pages;
+  /* Speculative decoding (params.speculative_config; vLLM's spec_decode counters): verify steps
+   * with at least one draft token, draft tokens verified, of them accepted. Added after
+   * prefix_cache_host_restored_pages: a struct_size ending before them is accepted and they are
+   * not written. */
+  int64_t spec_decode_num_drafts, spec_decode_num_draft_tokens, spec_decode_num_accepted_tokens;
 } dsv41rt_stats;
 
 DSV41RT_C_API uint32_t dsv41rt_abi_version(void);

@@ -95,6 +95,11 @@ struct RuntimeOptions {
   /// which then keep the target features of their last positions (their forwards run eagerly).
   /// Not with context, tensor or expert parallelism.
   bool load_drafter = false;
+  /// Speculative decoding in the engine (vLLM's speculative-config, method "dspark"): draft
+  /// tokens the DSpark drafter proposes per decode step, verified in the step's forward
+  /// (docs/design/dspark.md). 0 = off; -1 = the drafter's block. Loads the drafter (as
+  /// load_drafter); the checkpoint must have one.
+  int64_t num_speculative_tokens = 0;
   /// true: an engine thread runs steps whenever there is work; false: the caller runs them with
   /// step() (scripting, deterministic tests).
   bool engine_thread = true;
@@ -206,6 +211,12 @@ struct DequantStats {
   int64_t dequant_calls = 0, reuse_hits = 0, rows_dequantised = 0, reallocations = 0;
 };
 
+/// vLLM's spec-decode counters (num_speculative_tokens > 0).
+struct SpecDecodeStats {
+  int64_t drafts = 0, draft_tokens = 0, accepted_tokens = 0;
+  std::vector<int64_t> accepted_per_pos;  ///< [k]: drafts whose token at that index was accepted
+};
+
 struct Stats {
   PoolStats pool;
   SchedulerStats scheduler;
@@ -213,6 +224,7 @@ struct Stats {
   BackendStats backend;
   int64_t steps = 0, tokens_computed = 0, tokens_generated = 0;
   PrefixCacheStats prefix_cache;
+  SpecDecodeStats spec_decode;
 };
 
 /// Discrete decisions of the last forward (record_decisions): per layer, rows x k (each row

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <string>
 #include <unordered_set>
 
@@ -21,7 +22,8 @@ class Engine::Impl {
                             config.max_prefill_tokens_while_decoding, config.enable_prefix_caching,
                             config.host_cache_bytes},
             exec_->pool(), [this](int32_t from, int32_t to) { copy_slot(from, to); },
-            exec_->host_state_copy()) {}
+            exec_->host_state_copy()),
+        spec_(*exec_, config.speculation) {}
 
   void check(const std::vector<int32_t>& prompt, const GenerationParams& params) const {
     const ModelConfig& c = exec_->plan().config;
@@ -97,34 +99,48 @@ class Engine::Impl {
     for (int64_t id : cancelled_) outputs.push_back(finished_output(id, FinishReason::kAborted));
     cancelled_.clear();
     StepPlan plan = scheduler_.schedule();
+    for (int64_t id : plan.preempted) spec_.forget(id);  // recomputed later, captured again
     if (plan.chunks.empty()) return outputs;
     if (scheduled) {
       for (const ScheduledChunk& ch : plan.chunks) scheduled->push_back(ch.request_id);
     }
-    std::vector<model::BatchItem> batch(plan.chunks.size());
-    std::vector<model::SampleSpec> specs(plan.chunks.size());
-    std::vector<kernels::SampledToken> sampled(plan.chunks.size());
-    std::vector<std::vector<uint32_t>> masks(plan.chunks.size());  // grammars' next tokens
+    const size_t n = plan.chunks.size();
+    std::vector<model::BatchItem> batch(n);
+    std::vector<model::SampleSpec> specs(n);
+    std::vector<kernels::SampledToken> sampled(n);
+    std::vector<std::vector<uint32_t>> masks(n);  // grammars' next tokens
+    std::vector<std::unique_ptr<Verify>> verifies(n);
+    std::vector<std::vector<float>> features(n);  // the drafter's target features per item
+    plan_verifies(plan, verifies);  // reserves pages: before any item points at a page table
     KvPool& pool = exec_->pool();
-    for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    for (size_t i = 0; i < n; ++i) {
       const ScheduledChunk& ch = plan.chunks[i];
       const SchedRequest& r = scheduler_.request(ch.request_id);
+      const Meta& m = meta_.at(ch.request_id);
       model::BatchItem& b = batch[i];
+      Verify* v = verifies[i].get();
       b.request = {pool.slot_data(r.slot), r.pages.data(), int64_t(r.pages.size()), ch.start};
-      b.tokens = r.tokens.data() + ch.start;
-      b.n = ch.count;
+      b.tokens = v ? v->fed.data() : r.tokens.data() + ch.start;
+      b.n = v ? int64_t(v->fed.size()) : ch.count;
       b.logits = nullptr;  // only the sampled token leaves the device
-      tokens_computed_ += ch.count;
+      if (spec_.needs_features() && speculates(m.params)) b.dspark_features = &features[i];
+      tokens_computed_ += b.n;
+      if (v) {  // every row's logits: the tokens are drawn on the host (speculation.h)
+        b.logits = v->logits.data();
+        b.all_logits = true;
+        b.undo = &v->undo;
+        continue;
+      }
       if (!ch.samples) continue;
       // The next token is drawn on the device from the chunk's last row.
       model::SampleSpec& sp = specs[i];
-      sp.params = meta_.at(ch.request_id).params.sampling;
+      sp.params = m.params.sampling;
       sp.prompt = r.tokens.data();
       sp.n_prompt = r.prompt_len;
       sp.output = r.tokens.data() + r.prompt_len;
       sp.n_output = r.generated();
       sp.step = uint64_t(r.generated());
-      if (RequestGrammar* g = meta_.at(ch.request_id).params.grammar.get()) {
+      if (RequestGrammar* g = m.params.grammar.get()) {
         masks[i].resize(size_t(kernels::token_mask_words(exec_->plan().config.vocab_size)));
         if (g->next_mask(masks[i].data(), r.generated())) sp.mask = masks[i].data();
       }
@@ -132,63 +148,146 @@ class Engine::Impl {
       b.sampled = &sampled[i];
     }
     exec_->forward(batch);
+    // The tokens each item emits; verifies are resolved (rejected positions taken back) before
+    // complete(), which may snapshot a request's state into the prefix cache.
+    std::vector<std::vector<kernels::SampledToken>> emitted(n);
+    for (size_t i = 0; i < n; ++i) {
+      ScheduledChunk& ch = plan.chunks[i];
+      if (verifies[i]) {
+        emitted[i] = resolve_verify(ch, *verifies[i]);  // ch.count: the positions kept
+      } else if (ch.samples) {
+        emitted[i].push_back(std::move(sampled[i]));
+      }
+      if (batch[i].dspark_features) {
+        spec_.keep_features(ch.request_id, ch.start, features[i], ch.count);
+      }
+    }
     scheduler_.complete(plan);
+    for (size_t i = 0; i < n; ++i) {
+      if (verifies[i]) scheduler_.trim_pages(plan.chunks[i].request_id);
+    }
     ++steps_;
-    for (size_t i = 0; i < plan.chunks.size(); ++i) {
-      const ScheduledChunk& ch = plan.chunks[i];
-      if (!ch.samples) continue;
-      Meta& m = meta_.at(ch.request_id);
-      const kernels::SampledToken& s = sampled[i];
-      RequestOutput out;
-      out.id = ch.request_id;
+    for (size_t i = 0; i < n; ++i) {
+      if (!emitted[i].empty()) outputs.push_back(emit(plan.chunks[i].request_id, emitted[i]));
+    }
+    return outputs;
+  }
+
+  // The output of a request's new tokens; all but the last are already its tokens (accepted
+  // drafts, which accept_greedy / accept_sampled end before any stop or the last allowed token).
+  RequestOutput emit(int64_t id, const std::vector<kernels::SampledToken>& tokens) {
+    Meta& m = meta_.at(id);
+    RequestOutput out;
+    out.id = id;
+    for (const kernels::SampledToken& s : tokens) {
       out.new_tokens.push_back(s.token);
       out.logprobs.push_back(s.logprob);
       if (m.params.sampling.top_logprobs > 0) {
         out.top_ids.push_back(s.top_ids);
         out.top_logprobs.push_back(s.top_logprobs);
       }
-      if (!m.reported_cached) {
-        out.cached_tokens = scheduler_.request(ch.request_id).cached;
-        m.reported_cached = true;
-      }
-      scheduler_.append_token(ch.request_id, s.token);
       ++tokens_generated_;
-      const int64_t generated = scheduler_.request(ch.request_id).generated();
-      RequestGrammar* g = m.params.grammar.get();
-      if (g && !g->accept(s.token)) {
-        out.reason = FinishReason::kStop;
-        out.error = "the request's grammar cannot take the drawn token " + std::to_string(s.token);
-      } else if (m.stops.count(s.token) || (g && g->terminated())) {
-        out.reason = FinishReason::kStop;
-      } else if (generated >= m.params.max_new_tokens) {
-        out.reason = FinishReason::kLength;
-      }
-      if (out.reason == FinishReason::kNone && m.params.handoff) {
-        const SchedRequest& r = scheduler_.request(ch.request_id);
-        // An executor that cannot export states fails this request, not the engine (nothing
-        // was read when it says so); any other error still stops the engine.
-        try {
-          out.handoff = export_sequence_state(*exec_, r.slot, r.pages.data(), r.computed);
-        } catch (const Error& e) {
-          if (e.kind() != StatusCode::kUnsupported) throw;
-          out.error = std::string("handoff: ") + e.what();
-        }
-        out.reason = FinishReason::kLength;
-      }
-      if (out.reason != FinishReason::kNone) {
-        out.finished = true;
-        scheduler_.finish(ch.request_id, out.reason);
-        meta_.erase(ch.request_id);
-      }
-      outputs.push_back(std::move(out));
     }
-    return outputs;
+    if (!m.reported_cached) {
+      out.cached_tokens = scheduler_.request(id).cached;
+      m.reported_cached = true;
+    }
+    const int32_t token = tokens.back().token;
+    scheduler_.append_token(id, token);
+    const int64_t generated = scheduler_.request(id).generated();
+    RequestGrammar* g = m.params.grammar.get();
+    if (g && !g->accept(token)) {
+      out.reason = FinishReason::kStop;
+      out.error = "the request's grammar cannot take the drawn token " + std::to_string(token);
+    } else if (m.stops.count(token) || (g && g->terminated())) {
+      out.reason = FinishReason::kStop;
+    } else if (generated >= m.params.max_new_tokens) {
+      out.reason = FinishReason::kLength;
+    }
+    if (out.reason == FinishReason::kNone && m.params.handoff) {
+      const SchedRequest& r = scheduler_.request(id);
+      // An executor that cannot export states fails this request, not the engine (nothing
+      // was read when it says so); any other error still stops the engine.
+      try {
+        out.handoff = export_sequence_state(*exec_, r.slot, r.pages.data(), r.computed);
+      } catch (const Error& e) {
+        if (e.kind() != StatusCode::kUnsupported) throw;
+        out.error = std::string("handoff: ") + e.what();
+      }
+      out.reason = FinishReason::kLength;
+    }
+    if (out.reason != FinishReason::kNone) {
+      out.finished = true;
+      scheduler_.finish(id, out.reason);
+      meta_.erase(id);
+      spec_.forget(id);
+    }
+    return out;
+  }
+
+  bool speculates(const GenerationParams& p) const {
+    return spec_.eligible(p.sampling, p.grammar != nullptr, p.handoff);
+  }
+
+  // Drafts for the step's greedy decodes, within the step's token budget; a request that gets no
+  // drafts or no pages for them decodes as usual (drafts never preempt anyone).
+  void plan_verifies(const StepPlan& plan, std::vector<std::unique_ptr<Verify>>& verifies) {
+    if (spec_.k() == 0) return;
+    int64_t budget = config_.max_num_batched_tokens;
+    for (const ScheduledChunk& ch : plan.chunks) budget -= ch.count;
+    const int64_t V = exec_->plan().config.vocab_size;
+    for (size_t i = 0; i < plan.chunks.size() && budget >= 1; ++i) {
+      const ScheduledChunk& ch = plan.chunks[i];
+      const SchedRequest& r = scheduler_.request(ch.request_id);
+      const GenerationParams& p = meta_.at(ch.request_id).params;
+      // A decode: one position, the request's last known token, past its prompt.
+      if (!ch.samples || ch.count != 1 || ch.start < r.prompt_len || !speculates(p)) continue;
+      const int64_t k = std::min({spec_.k(), p.max_new_tokens - r.generated() - 1, budget});
+      if (k < 1) continue;
+      std::vector<int32_t> d = spec_.draft(r, k);
+      if (d.empty()) continue;
+      if (!scheduler_.reserve_pages(r.id, ch.start + 1 + int64_t(d.size()))) continue;
+      budget -= int64_t(d.size());
+      auto v = std::make_unique<Verify>();
+      v->fed.push_back(r.tokens[size_t(ch.start)]);
+      v->fed.insert(v->fed.end(), d.begin(), d.end());
+      v->logits.resize(v->fed.size() * size_t(V));
+      verifies[i] = std::move(v);
+    }
+  }
+
+  // Accepts a verify's tokens, takes its other positions back (Executor::undo) and records the
+  // accepted drafts with the scheduler; `ch.count` becomes the positions kept.
+  std::vector<kernels::SampledToken> resolve_verify(ScheduledChunk& ch, const Verify& v) {
+    const SchedRequest& r = scheduler_.request(ch.request_id);
+    const Meta& meta = meta_.at(ch.request_id);
+    const auto stops = [&meta](int32_t t) { return meta.stops.count(t) != 0; };
+    const int64_t V = exec_->plan().config.vocab_size;
+    const kernels::SamplingParams& sp = meta.params.sampling;
+    std::vector<kernels::SampledToken> out = double(sp.temperature) < 1e-5
+                                                 ? accept_greedy(v, V, sp, r, stops)
+                                                 : accept_sampled(v, V, sp, r, stops);
+    const int64_t m = int64_t(out.size()), k = int64_t(v.fed.size()) - 1;
+    const bool last_matches = m - 1 < k && out.back().token == v.fed[size_t(m)];
+    spec_.count(k, m - 1 + (last_matches ? 1 : 0));
+    const int64_t length = ch.start + k + 1;
+    if (ch.start + m < length) {
+      const model::RequestView view{exec_->pool().slot_data(r.slot), r.pages.data(),
+                                    int64_t(r.pages.size()), length};
+      exec_->undo(view, v.undo, ch.start + m);
+    }
+    std::vector<int32_t> kept;
+    for (int64_t j = 0; j + 1 < m; ++j) kept.push_back(out[size_t(j)].token);
+    if (!kept.empty()) scheduler_.extend_tokens(r.id, kept);
+    ch.count = m;
+    return out;
   }
 
   void cancel(int64_t id) {
     DSV41RT_CHECK_CODE(kNotFound, scheduler_.has_request(id), "unknown request ", id);
     scheduler_.abort(id);
     meta_.erase(id);
+    spec_.forget(id);
     cancelled_.push_back(id);
   }
 
@@ -204,6 +303,7 @@ class Engine::Impl {
     s.tokens_computed = tokens_computed_;
     s.tokens_generated = tokens_generated_;
     if (const PrefixCache* cache = scheduler_.prefix_cache()) s.prefix_cache = cache->stats();
+    s.spec_decode = spec_.stats();
     return s;
   }
 
@@ -240,6 +340,7 @@ class Engine::Impl {
   std::shared_ptr<model::Executor> exec_;
   EngineConfig config_;
   Scheduler scheduler_;
+  Speculator spec_;
   std::map<int64_t, Meta> meta_;
   std::vector<int64_t> cancelled_;
   int64_t steps_ = 0, tokens_computed_ = 0, tokens_generated_ = 0;

@@ -1,7 +1,8 @@
 // The serving engine: continuous batching over one executor. submit() queues a request; each
 // step() schedules a batch (decodes + prefill chunks under the token budget, admitting and
 // preempting against the KV pool), runs one batched forward, samples every request whose chunk
-// reached its last token, and returns the new tokens and finished requests.
+// reached its last token, and returns the new tokens and finished requests. With speculation
+// (speculation.h), a decoding request's item verifies drafts and may emit several tokens.
 //
 // Thread-safety: none; one engine thread owns it (the Python binding releases the GIL around
 // step(), and the C API serialises calls).
@@ -16,6 +17,7 @@
 #include "kernels/sampling.h"
 #include "runtime/engine/grammar.h"
 #include "runtime/engine/scheduler.h"
+#include "runtime/engine/speculation.h"
 #include "runtime/model/executor.h"
 #include "runtime/sequence_state.h"
 
@@ -28,6 +30,8 @@ struct EngineConfig {
   int64_t max_prefill_tokens_while_decoding = 0;  ///< scheduler.h; 0 = no cap
   bool enable_prefix_caching = false;             ///< share cached prefixes (prefix_cache.h)
   int64_t host_cache_bytes = 0;  ///< host tier of the prefix cache (host_tier.h); 0 = off
+  /// Speculative decoding (speculation.h); num_speculative_tokens 0 = off.
+  SpeculationConfig speculation;
 };
 
 struct GenerationParams {
@@ -70,6 +74,7 @@ struct EngineStats {
   int64_t tokens_computed = 0;  ///< positions run through the model (recomputation included)
   int64_t tokens_generated = 0;
   PrefixCacheStats prefix_cache;  ///< zeros when prefix caching is off
+  SpecDecodeStats spec_decode;    ///< zeros when speculation is off
 };
 
 class DSV41RT_API Engine {

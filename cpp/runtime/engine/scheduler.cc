@@ -392,6 +392,34 @@ void Scheduler::append_token(int64_t id, int32_t token) {
   r.tokens.push_back(token);
 }
 
+bool Scheduler::reserve_pages(int64_t id, int64_t end) {
+  SchedRequest& r = requests_.at(id);
+  DSV41RT_CHECK(r.running, "scheduler: reserve_pages for request ", id, ", which is not running");
+  while (!pool_.ensure_pages(r.pages, end)) {
+    if (!(cache_ && cache_->evict_page())) return false;  // drafts never preempt anyone
+  }
+  return true;
+}
+
+void Scheduler::trim_pages(int64_t id) {
+  SchedRequest& r = requests_.at(id);
+  const size_t keep = size_t(pool_.pages_for(r.computed));
+  if (r.pages.size() <= keep) return;
+  // Pages past the computed positions are the request's own: the prefix cache indexes only pages
+  // up to a published boundary, which is never past computed.
+  std::vector<int32_t> tail(r.pages.begin() + std::ptrdiff_t(keep), r.pages.end());
+  r.pages.resize(keep);
+  pool_.free_pages(tail);
+}
+
+void Scheduler::extend_tokens(int64_t id, const std::vector<int32_t>& tokens) {
+  SchedRequest& r = requests_.at(id);
+  DSV41RT_CHECK(r.running && r.generated() + int64_t(tokens.size()) < r.max_new_tokens,
+                "scheduler: request ", id, " cannot take ", tokens.size(),
+                " accepted tokens (generated ", r.generated(), " of ", r.max_new_tokens, ")");
+  r.tokens.insert(r.tokens.end(), tokens.begin(), tokens.end());
+}
+
 void Scheduler::finish(int64_t id, FinishReason reason) {
   auto it = requests_.find(id);
   DSV41RT_CHECK_CODE(kNotFound, it != requests_.end(), "scheduler: no request ", id);

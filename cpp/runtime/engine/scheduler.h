@@ -147,6 +147,18 @@ class DSV41RT_API Scheduler {
   void complete(const StepPlan& plan);
   /// Appends a sampled token to a request (after complete()).
   void append_token(int64_t id, int32_t token);
+
+  // Speculative decoding (engine/speculation.h): a decode chunk that verifies drafts runs more
+  // positions than the scheduler planned. The engine reserves their pages, takes the rejected
+  // positions back itself (Executor::undo), then records the accepted ones here.
+  /// Grows a running request's pages to cover `end` positions without preempting anyone (cached
+  /// pages may be evicted); false, changing nothing, when the pool has too few.
+  bool reserve_pages(int64_t id, int64_t end);
+  /// Gives back a running request's pages past those its computed positions need.
+  void trim_pages(int64_t id);
+  /// Appends tokens whose positions the step's chunk also ran (accepted drafts), before
+  /// complete() is told the chunk's longer count; the request's last token stays the sampled one.
+  void extend_tokens(int64_t id, const std::vector<int32_t>& tokens);
   /// Finishes a request (length / stop): frees its slot and pages at once.
   void finish(int64_t id, FinishReason reason);
   /// Aborts a waiting or running request; frees its pages at once. Throws Error for unknown ids.

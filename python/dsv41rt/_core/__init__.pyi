@@ -372,6 +372,12 @@ class RuntimeOptions:
     def load_drafter(self, arg: bool, /) -> None: ...
 
     @property
+    def num_speculative_tokens(self) -> int: ...
+
+    @num_speculative_tokens.setter
+    def num_speculative_tokens(self, arg: int, /) -> None: ...
+
+    @property
     def engine_thread(self) -> bool: ...
 
     @engine_thread.setter
@@ -590,6 +596,19 @@ class BackendStats:
     @property
     def cp_overlap_us(self) -> int: ...
 
+class SpecDecodeStats:
+    @property
+    def drafts(self) -> int: ...
+
+    @property
+    def draft_tokens(self) -> int: ...
+
+    @property
+    def accepted_tokens(self) -> int: ...
+
+    @property
+    def accepted_per_pos(self) -> list[int]: ...
+
 class Stats:
     @property
     def pool(self) -> PoolStats: ...
@@ -614,6 +633,9 @@ class Stats:
 
     @property
     def prefix_cache(self) -> PrefixCacheStats: ...
+
+    @property
+    def spec_decode(self) -> SpecDecodeStats: ...
 
 class ModelInfo:
     @property

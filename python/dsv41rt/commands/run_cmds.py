@@ -55,12 +55,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--sequential", action="store_true", help="run the prompts one at a time (default: all at once, batched)"
     )
     g.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's end-of-sequence token")
-    g.add_argument(
-        "--speculative-config",
-        default=None,
-        help='speculative decoding, vLLM\'s JSON: \'{"method": "dspark", "num_speculative_tokens": 5}\' '
-        "(omit the count for the drafter's block); greedy, one prompt at a time, same tokens as without",
-    )
     g.set_defaults(run=run_generate)
 
 
@@ -89,7 +83,9 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise Dsv41rtError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     prompts = load_prompts(args.prompts)
-    if args.speculative_config is not None:
+    # --speculative-config (a runtime option): the direct-handle loop below, which reports the
+    # acceptance per prompt; serve speculates in the engine.
+    if options_from_args(args).speculative_config is not None:
         return _run_generate_speculative(args, prompts)
     with _runtime(args) as rt:
         t0 = time.time()
@@ -114,10 +110,12 @@ def _run_generate_speculative(args: argparse.Namespace, prompts: list[list[int]]
     verified by the target (dsv41rt.speculative), one prompt at a time; the tokens are those of
     plain greedy generation, the summary says how many drafts the target accepted."""
     from ..runtime import Runtime
-    from ..speculative import generate_greedy_speculative, parse_speculative_config
+    from ..speculative import generate_greedy_speculative
 
-    spec = parse_speculative_config(args.speculative_config)
-    options = options_from_args(args).replace(load_drafter=True)
+    options = options_from_args(args)
+    spec = options.speculative_config
+    assert spec is not None
+    options = options.replace(load_drafter=True, speculative_config=None)  # no engine speculation
     if options.context_parallel_size > 1 or options.tensor_parallel_size > 1 or options.expert_parallel_size > 1:
         raise Dsv41rtError(
             "--speculative-config runs on one rank: context/tensor/expert parallelism is not built for it"

@@ -84,6 +84,30 @@ class _EngineCollector(Collector):
             s.get("tokens_computed", 0),
         )
         yield counter("dequant_calls", "Compressed-KV workspace refills (dequantisations).", s.get("dequant_calls", 0))
+        # Speculative decoding (speculative-config), vLLM's series: zeros when it is off.
+        yield counter(
+            "spec_decode_num_drafts",
+            "Verify steps that checked at least one draft token.",
+            s.get("spec_decode_drafts", 0),
+        )
+        yield counter(
+            "spec_decode_num_draft_tokens", "Draft tokens the target verified.", s.get("spec_decode_draft_tokens", 0)
+        )
+        yield counter(
+            "spec_decode_num_accepted_tokens",
+            "Draft tokens the target accepted.",
+            s.get("spec_decode_accepted_tokens", 0),
+        )
+        per_pos = CounterMetricFamily(
+            "dsv41rt:spec_decode_num_accepted_tokens_per_pos",
+            "Drafts whose token at this position (0-based) the target accepted.",
+            labels=[*labels, "position"],
+        )
+        prefix = "spec_decode_accepted_pos_"
+        positions = sorted(int(k[len(prefix) :]) for k in s if k.startswith(prefix))
+        for j in positions:
+            per_pos.add_metric([self.model, str(j)], s[f"{prefix}{j}"])
+        yield per_pos
 
 
 class Metrics:

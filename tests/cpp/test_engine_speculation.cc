@@ -1,0 +1,416 @@
+// Speculative decoding in the engine (engine/speculation.h, issue 24) on the tiny checkpoint
+// (DSV41RT_TEST_CHECKPOINT, with DSpark weights): 16 greedy requests with prompts of 1..300
+// tokens, submitted while others run, give the tokens, logprobs, top logprobs and finish reasons
+// of the engine without speculation, bitwise, with the DSpark drafter (random weights accept
+// almost nothing), with the known continuation as drafts (everything accepted: the counts and the
+// number of sampling forwards say so) and with drafts wrong at index j (exactly j accepted); stop
+// tokens inside an accepted block (with penalties), a pool small enough to preempt, a cancel
+// mid-generation, prefix caching with hits; the pool invariants after every step and no page or
+// slot left at the end. Sampling requests speculate by rejection sampling: whole outputs beside
+// bitwise greedy ones, and the distribution of 300 of them against plain sampling (chi-square).
+// Bad configs by message.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/safetensors.h"
+#include "core/status.h"
+#include "engine_test_util.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/engram_tables.h"
+#include "runtime/model/executor.h"
+#include "runtime/model/layer_plan.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/weights.h"
+
+namespace dsv41rt::engine {
+namespace {
+
+using namespace ::dsv41rt::model;  // NOLINT: the loaders of the checkpoint
+using Outcome = ::dsv41rt::testing::EngineOutcome;
+
+const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
+
+std::shared_ptr<Executor> load(bool drafts = true, int64_t kv_memory = 64ll << 20,
+                               int64_t slots = 8) {
+  const std::string dir = checkpoint();
+  ModelPlan plan = build_model_plan(load_model_config(dir));
+  EngramTables tables = load_engram_tables(dir, plan.config);
+  ModelWeights weights =
+      load_weights(std::make_shared<Checkpoint>(dir), plan, true, {}, /*drafts=*/drafts);
+  ExecutorOptions options;
+  options.kv_memory = kv_memory;
+  options.max_num_seqs = slots;
+  options.page_tokens = 4;
+  options.max_num_batched_tokens = 64;
+  return make_executor(std::move(plan), std::move(weights), std::move(tables), options);
+}
+
+std::vector<int32_t> tokens(int64_t n, int64_t salt) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    p[size_t(i)] = int32_t((i * 7919 + salt * 104729 + 13) % 120000 + 3);
+  return p;
+}
+
+// 16 prompts of 1..300 tokens (page boundaries of 4, the window of 8, long compressions).
+std::vector<std::vector<int32_t>> prompts() {
+  std::vector<std::vector<int32_t>> p;
+  for (int64_t n : {1, 2, 3, 5, 7, 8, 9, 16, 31, 64, 100, 129, 200, 257, 300, 13}) {
+    p.push_back(tokens(n, n));
+  }
+  return p;
+}
+
+GenerationParams greedy(int64_t max_new, std::vector<int32_t> stops = {}) {
+  GenerationParams g;
+  g.max_new_tokens = max_new;
+  g.ignore_eos = true;
+  g.sampling.temperature = 0.0f;
+  g.sampling.top_logprobs = 2;
+  g.stop_token_ids = std::move(stops);
+  return g;
+}
+
+EngineConfig config(int64_t k, DraftSource source = {}) {
+  EngineConfig c;
+  c.max_num_seqs = 4;
+  c.max_num_batched_tokens = 64;
+  // Decodes always leave room for their drafts (4 x (1 + 5) + 32 <= 64): exact counts below.
+  c.max_prefill_tokens_while_decoding = 32;
+  c.speculation.num_speculative_tokens = k;
+  c.speculation.draft_source = std::move(source);
+  return c;
+}
+
+struct Result {
+  std::map<int64_t, Outcome> out;
+  std::map<int64_t, int64_t> sampling_steps;  ///< outputs carrying tokens, per request
+  EngineStats stats;
+};
+
+// Submits 6 requests, then 2 more every other step (staggered arrivals), until all ran.
+Result run(Engine& engine, const std::vector<std::vector<int32_t>>& ps,
+           const std::vector<GenerationParams>& params, int64_t cancel_id = -1) {
+  Result r;
+  size_t next = 0;
+  int64_t step = 0;
+  while (next < ps.size() || !engine.idle()) {
+    const size_t burst = next == 0 ? 6 : (step % 2 == 0 ? 2 : 0);
+    for (size_t i = 0; i < burst && next < ps.size(); ++i, ++next) {
+      EXPECT_EQ(engine.submit(ps[next], params[next]), int64_t(next) + 1);
+    }
+    // Request 2 (a 2-token prompt) is decoding by then, with speculation mid-generation.
+    if (cancel_id > 0 && step == 3 && engine.has_request(cancel_id)) engine.cancel(cancel_id);
+    for (const RequestOutput& o : engine.step()) {
+      ::dsv41rt::testing::collect(o, r.out[o.id]);
+      if (!o.new_tokens.empty()) ++r.sampling_steps[o.id];
+    }
+    engine.check_invariants();
+    ++step;
+  }
+  r.stats = engine.stats();
+  engine.reset_prefix_cache();
+  EXPECT_EQ(engine.stats().pool.pages_used, 0);
+  EXPECT_EQ(engine.stats().pool.slots_used, 0);
+  return r;
+}
+
+void expect_same(const Result& got, const Result& want) {
+  ASSERT_EQ(got.out.size(), want.out.size());
+  for (const auto& [id, w] : want.out) {
+    SCOPED_TRACE("request " + std::to_string(id));
+    const Outcome& g = got.out.at(id);
+    EXPECT_EQ(g.tokens, w.tokens);
+    EXPECT_EQ(g.logprobs, w.logprobs);  // float ==: bitwise for finite values
+    EXPECT_EQ(g.top_logprobs, w.top_logprobs);
+    EXPECT_EQ(g.reason, w.reason);
+  }
+}
+
+class EngineSpeculation : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint";
+  }
+};
+
+constexpr int64_t kMaxNew = 16;
+
+std::vector<GenerationParams> all_greedy(size_t n, int64_t max_new = kMaxNew) {
+  return std::vector<GenerationParams>(n, greedy(max_new));
+}
+
+// The engine without speculation over prompts(), greedy: what every run below must give.
+const Result& baseline() {
+  static const Result want = [] {
+    Engine plain(load(false), config(0));
+    const auto ps = prompts();
+    return run(plain, ps, all_greedy(ps.size()));
+  }();
+  return want;
+}
+
+TEST_F(EngineSpeculation, DSparkDraftsGivePlainDecodingBitwise) {
+  const auto ps = prompts();
+  const Result& want = baseline();
+  EXPECT_EQ(want.stats.spec_decode.drafts, 0);
+  Engine spec(load(), config(5));
+  const Result got = run(spec, ps, all_greedy(ps.size()));
+  expect_same(got, want);
+  const SpecDecodeStats& s = got.stats.spec_decode;
+  EXPECT_GT(s.drafts, 0);
+  EXPECT_GE(s.draft_tokens, s.drafts);
+  EXPECT_LE(s.accepted_tokens, s.draft_tokens);
+  ASSERT_EQ(s.accepted_per_pos.size(), 5u);
+}
+
+// Drafts from the known continuation, wrong at index `wrong` (none when >= k).
+DraftSource oracle(const Result& want, const std::vector<std::vector<int32_t>>& ps, int64_t wrong) {
+  return [&want, &ps, wrong](int64_t id, const std::vector<int32_t>& t, int64_t k) {
+    const std::vector<int32_t>& all = want.out.at(id).tokens;
+    const size_t g = t.size() - ps[size_t(id - 1)].size();  // generated, the last one unfed
+    std::vector<int32_t> d(all.begin() + std::ptrdiff_t(std::min(g, all.size())),
+                           all.begin() + std::ptrdiff_t(std::min(g + size_t(k), all.size())));
+    if (wrong < int64_t(d.size())) d[size_t(wrong)] = (d[size_t(wrong)] + 1) % 1000;
+    return d;
+  };
+}
+
+TEST_F(EngineSpeculation, OracleDraftsAcceptExactlyTheRightPrefix) {
+  const auto ps = prompts();
+  const Result& want = baseline();
+  for (const auto& [k, wrong] : std::vector<std::pair<int64_t, int64_t>>{{5, 99}, {5, 3}, {2, 0}}) {
+    {
+      SCOPED_TRACE("k " + std::to_string(k) + ", wrong at " + std::to_string(wrong));
+      Engine spec(load(false), config(k, oracle(want, ps, wrong)));
+      const Result got = run(spec, ps, all_greedy(ps.size()));
+      expect_same(got, want);
+      // Per request: the first token from the prompt, then verifies of min(k, left - 1) drafts
+      // of which min(j, drafts) are accepted, each emitting those and the bonus token.
+      int64_t drafts = 0, drafted = 0, accepted = 0;
+      std::vector<int64_t> per_pos(size_t(k), 0);
+      for (size_t i = 0; i < ps.size(); ++i) {
+        int64_t left = kMaxNew - 1, steps = 1;
+        while (left > 0) {
+          const int64_t d = std::min(k, left - 1), a = std::min(wrong, d);
+          if (d > 0) {
+            ++drafts;
+            drafted += d;
+            accepted += a;
+            for (int64_t j = 0; j < a; ++j) ++per_pos[size_t(j)];
+          }
+          left -= a + 1;
+          ++steps;
+        }
+        EXPECT_EQ(got.sampling_steps.at(int64_t(i) + 1), steps) << "request " << i;
+      }
+      const SpecDecodeStats& s = got.stats.spec_decode;
+      EXPECT_EQ(s.drafts, drafts);
+      EXPECT_EQ(s.draft_tokens, drafted);
+      EXPECT_EQ(s.accepted_tokens, accepted);
+      EXPECT_EQ(s.accepted_per_pos, per_pos);
+    }
+  }
+}
+
+TEST_F(EngineSpeculation, StopTokensInsideAnAcceptedBlockCutTheOutput) {
+  const auto ps = prompts();
+  const Result& base = baseline();
+  // Request i stops at the token it generates at index 2 + i % 9 (its first occurrence); every
+  // third one also has penalties, which follow the accepted drafts from row to row.
+  std::vector<GenerationParams> params;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    params.push_back(greedy(kMaxNew, {base.out.at(int64_t(i) + 1).tokens[2 + i % 9]}));
+    if (i % 3 == 0) {
+      params.back().sampling.repetition_penalty = 1.3f;
+      params.back().sampling.frequency_penalty = 0.4f;
+      params.back().sampling.presence_penalty = 0.2f;
+    }
+  }
+  Engine plain(load(false), config(0));
+  const Result want = run(plain, ps, params);
+  int64_t stopped = 0;
+  for (const auto& [id, o] : want.out) stopped += o.reason == FinishReason::kStop;
+  EXPECT_GE(stopped, int64_t(ps.size()) * 2 / 3);  // the penalised ones may not meet their stop
+  Engine spec(load(false), config(5, oracle(want, ps, 99)));
+  const Result got = run(spec, ps, params);
+  expect_same(got, want);
+  // Every draft is the plain run's next token: all accepted, stops and penalties included.
+  EXPECT_GT(got.stats.spec_decode.accepted_tokens, 0);
+  EXPECT_EQ(got.stats.spec_decode.accepted_tokens, got.stats.spec_decode.draft_tokens);
+}
+
+TEST_F(EngineSpeculation, PreemptionAndCancelLeaveNothingBehind) {
+  const auto ps = prompts();
+  // A pool too small for 4 running requests of up to 320 positions: preemptions recompute.
+  // (4.6 MB of scratch for the step's 64 tokens, then ~90 pages of 4 positions.)
+  const int64_t small = 5140000;
+  Result want = baseline();
+  Engine spec(load(false, small), config(5, oracle(want, ps, 2)));
+  Result got = run(spec, ps, all_greedy(ps.size()), /*cancel_id=*/2);
+  EXPECT_GT(got.stats.scheduler.preemptions, 0) << got.stats.pool.pages_total << " pages";
+  EXPECT_GT(got.stats.spec_decode.accepted_tokens, 0);
+  // The cancelled request: a prefix of its output, then kAborted; every other one as before.
+  const Outcome& cancelled = got.out.at(2);
+  EXPECT_EQ(cancelled.reason, FinishReason::kAborted);
+  ASSERT_GT(cancelled.tokens.size(), 1u);
+  ASSERT_LT(cancelled.tokens.size(), size_t(kMaxNew));
+  const std::vector<int32_t>& full = want.out.at(2).tokens;
+  EXPECT_TRUE(std::equal(cancelled.tokens.begin(), cancelled.tokens.end(), full.begin()));
+  got.out.erase(2);
+  want.out.erase(2);
+  expect_same(got, want);
+}
+
+TEST_F(EngineSpeculation, PrefixCachingStaysExact) {
+  // The last prompts continue earlier ones (16 and 31 tokens): they hit the prefix cache, and
+  // the DSpark drafter, which has no features of the cached positions, waits for a window of its
+  // own; decode-time snapshots are taken between verifies.
+  auto ps = prompts();
+  ps.resize(10);  // 1..64 tokens (the long ones are covered above)
+  for (size_t from : {size_t(7), size_t(8)}) {
+    std::vector<int32_t> turn = ps[from];
+    const std::vector<int32_t> more = tokens(9, int64_t(from));
+    turn.insert(turn.end(), more.begin(), more.end());
+    ps.push_back(turn);
+  }
+  EngineConfig cfg = config(0);
+  cfg.enable_prefix_caching = true;
+  // Slots enough that no snapshot is evicted before the continuations come.
+  const int64_t slots = 40, kv = 64ll << 20;
+  Engine plain(load(false, kv, slots), cfg);
+  const Result want = run(plain, ps, all_greedy(ps.size()));
+  EXPECT_GT(want.stats.prefix_cache.hits, 0);
+  for (bool dspark : {true, false}) {
+    SCOPED_TRACE(dspark ? "DSpark" : "oracle wrong at 3");
+    EngineConfig spec_cfg = config(5, dspark ? DraftSource{} : oracle(want, ps, 3));
+    spec_cfg.enable_prefix_caching = true;
+    Engine spec(load(dspark, kv, slots), spec_cfg);
+    Result got = run(spec, ps, all_greedy(ps.size()));
+    EXPECT_GT(got.stats.prefix_cache.hits, 0);
+    EXPECT_GT(got.stats.spec_decode.drafts, 0);
+    for (auto& [id, o] : got.out) o.cached = -1;  // hits may differ: when snapshots are taken
+    expect_same(got, want);
+  }
+}
+
+// Sampling requests speculate by rejection sampling (test_speculation_sampling.cc checks the
+// distribution): not the plain run's draws, but whole outputs with the raw logprobs; the greedy
+// requests beside them stay bitwise.
+TEST_F(EngineSpeculation, SamplingRequestsSpeculateBesideGreedyOnes) {
+  const auto ps = prompts();
+  std::vector<GenerationParams> params = all_greedy(ps.size(), 8);
+  for (size_t i = 0; i < params.size(); i += 2) {
+    params[i].sampling.temperature = 0.8f;
+    params[i].sampling.top_k = 3;  // a slice the random drafter's tokens sometimes fall in
+    params[i].sampling.seed = 7 + i;
+  }
+  Engine plain(load(false), config(0));
+  const Result want = run(plain, ps, params);
+  Engine spec(load(false), config(5, oracle(want, ps, 99)));
+  const Result got = run(spec, ps, params);
+  ASSERT_EQ(got.out.size(), ps.size());
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const Outcome& g = got.out.at(int64_t(i) + 1);
+    const Outcome& w = want.out.at(int64_t(i) + 1);
+    if (i % 2 == 1) {
+      EXPECT_EQ(g.tokens, w.tokens) << "greedy request " << i;
+      EXPECT_EQ(g.logprobs, w.logprobs) << "greedy request " << i;
+    } else {
+      EXPECT_EQ(g.tokens.size(), 8u) << "sampling request " << i;
+      EXPECT_EQ(g.reason, FinishReason::kLength);
+      for (float lp : g.logprobs) EXPECT_TRUE(std::isfinite(lp) && lp <= 0.0f);
+    }
+  }
+  // The plain run's draws as drafts: the sampling requests accept some (with probability p(d)).
+  EXPECT_GT(got.stats.spec_decode.accepted_tokens, 0);
+}
+
+// Acceptance 2's sampling half at the engine: 300 sampling requests (one 3-token prompt,
+// seeds 1..300, top-k 3: a small vocabulary slice) run with and without speculation; the joint
+// distribution of their 3 tokens passes a two-sample chi-square test (99.9%). The drafts are
+// another request's plain tokens: in the slice, so accepted sometimes, rejected sometimes.
+TEST_F(EngineSpeculation, SamplingKeepsTheDistribution) {
+  const int64_t n = 300;
+  const std::vector<int32_t> prompt = tokens(3, 5);
+  std::vector<std::vector<int32_t>> ps(size_t(n), prompt);
+  std::vector<GenerationParams> params(size_t(n), greedy(3));
+  for (int64_t i = 0; i < n; ++i) {
+    params[size_t(i)].sampling.temperature = 1.0f;
+    params[size_t(i)].sampling.top_k = 3;
+    params[size_t(i)].sampling.seed = uint64_t(i + 1);
+  }
+  EngineConfig cfg = config(0);
+  cfg.max_num_seqs = 64;
+  cfg.max_num_batched_tokens = 512;
+  cfg.max_prefill_tokens_while_decoding = 0;
+  // All submitted at once (staggered arrivals would take 150 steps).
+  auto all_at_once = [&](Engine& e) {
+    for (int64_t i = 0; i < n; ++i) e.submit(ps[size_t(i)], params[size_t(i)]);
+    Result r;
+    ::dsv41rt::testing::drain(e, r.out);
+    r.stats = e.stats();
+    EXPECT_EQ(r.stats.pool.pages_used, 0);
+    return r;
+  };
+  Engine plain(load(false, 64ll << 20, 64), cfg);
+  const Result want = all_at_once(plain);
+  EngineConfig spec_cfg = cfg;
+  spec_cfg.speculation.num_speculative_tokens = 2;
+  spec_cfg.speculation.draft_source = [&want, n](int64_t id, const std::vector<int32_t>& t,
+                                                 int64_t k) {
+    const std::vector<int32_t>& other = want.out.at(id % n + 1).tokens;
+    const size_t g = t.size() - 3;
+    return std::vector<int32_t>(
+        other.begin() + std::ptrdiff_t(std::min(g, other.size())),
+        other.begin() + std::ptrdiff_t(std::min(g + size_t(k), other.size())));
+  };
+  Engine spec(load(false, 64ll << 20, 64), spec_cfg);
+  const Result got = all_at_once(spec);
+  const SpecDecodeStats& st = got.stats.spec_decode;
+  EXPECT_GT(st.accepted_tokens, 0);
+  EXPECT_LT(st.accepted_tokens, st.draft_tokens);
+  std::map<std::vector<int32_t>, std::pair<int64_t, int64_t>> cells;
+  for (int64_t id = 1; id <= n; ++id) {
+    ASSERT_EQ(want.out.at(id).tokens.size(), 3u);
+    ASSERT_EQ(got.out.at(id).tokens.size(), 3u);
+    ++cells[want.out.at(id).tokens].first;
+    ++cells[got.out.at(id).tokens].second;
+  }
+  double x2 = 0;
+  for (const auto& [key, c] : cells) {
+    x2 += double(c.first - c.second) * double(c.first - c.second) / double(c.first + c.second);
+  }
+  // The 99.9% quantile of chi-square with df = cells - 1 (Wilson-Hilferty).
+  const double df = double(cells.size()) - 1, z = 3.09;
+  const double crit = df * std::pow(1 - 2 / (9 * df) + z * std::sqrt(2 / (9 * df)), 3);
+  EXPECT_LT(x2, crit) << cells.size() << " cells";
+}
+
+TEST_F(EngineSpeculation, BadConfigsAreNamed) {
+  auto message = [](std::shared_ptr<Executor> e, EngineConfig c) -> std::string {
+    try {
+      Engine engine(std::move(e), std::move(c));
+    } catch (const Error& err) {
+      return err.what();
+    }
+    return "";
+  };
+  EXPECT_NE(message(load(false), config(-1)).find("num_speculative_tokens must be >= 0"),
+            std::string::npos);
+  EXPECT_NE(message(load(false), config(8)).find("sliding window (8)"), std::string::npos);
+  EXPECT_NE(message(load(), config(6)).find("block of 5"), std::string::npos);
+  EXPECT_NE(message(load(false), config(3)).find("without it (load_drafter)"), std::string::npos);
+  EXPECT_EQ(message(load(false), config(7, oracle(Result{}, {}, 0))), "");
+}
+
+}  // namespace
+}  // namespace dsv41rt::engine
