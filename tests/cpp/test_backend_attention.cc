@@ -8,13 +8,16 @@
 //     discrete ops (candidate blocks, mask, top-k) exactly.
 //   CUDA instance: the CPU backend on the same inputs. Discrete ops exactly (kernels/cuda/
 //     indexer.cuh promises the CPU's choices, ties and -1 padding included).
-//     indexer_scores and sparse_attention: max |cuda − cpu| <= 1e-5 · max |cpu|, the bound the
-//     Python CUDA suite stated: both are FP32 reductions (dot products, exp-sums, an online-softmax
-//     rescale past 1024 keys) in another order, with FMA and device expf, which moves results by a
-//     few ulp of the largest term.
+//     indexer_scores: max |cuda − cpu| <= 1e-5 · max |cpu|, the bound the Python CUDA suite
+//     stated (FP32 dot products in another order, with FMA).
+//     sparse_attention: the float64 reference within the rounding bound of the CUDA kernels
+//     (attention_reference_util.h cuda_rounding: the tensor cores' truncating FP32 accumulation,
+//     online rescales, the cluster combine). It replaced max |cuda − cpu| <= 1e-5 · max |cpu|, an
+//     empirical bound that a random seed exceeded (1.08e-5 in the cached-keys test).
 #include <algorithm>
 #include <numeric>
 
+#include "attention_reference_util.h"
 #include "backend_test_util.h"
 #include "core/status.h"
 
@@ -289,6 +292,13 @@ TEST_P(BackendAttention, SparseAttentionOverTwoKeyArrays) {
         for (float& v : kv_a) v = round_bf16(v);
         for (float& v : kv_b) v = round_bf16(v);
       }
+      const AttentionF64 ref = attention_f64(q, kv_a, c.Ta, kv_b, idx, sink, S, H, D, K, scale);
+      std::vector<int32_t> bad = idx, cleaned = idx;
+      for (int64_t s = 0; s < S; ++s) bad[s * K] = int32_t(T + 5), cleaned[s * K] = -1;
+      bad[K - 1] = -7, cleaned[K - 1] = -1;
+      const AttentionF64 ref_cleaned =
+          on_cuda() ? attention_f64(q, kv_a, c.Ta, kv_b, cleaned, sink, S, H, D, K, scale)
+                    : AttentionF64{};
       auto run = [&](Backend& b, const std::vector<int32_t>& indices) {
         Buffer<float> dq = upload(b, q), da = upload(b, kv_a), db = upload(b, kv_b),
                       dsink = upload(b, sink);
@@ -309,7 +319,7 @@ TEST_P(BackendAttention, SparseAttentionOverTwoKeyArrays) {
                                   std::vector<float>(size_t(H * D), 0.0f)))
             << "query without keys";
         if (on_cuda()) {
-          EXPECT_LE(rel_error(got, run(cpu(), idx)), 1e-5);
+          EXPECT_TRUE(within(got, ref.out, attention_bound(ref, D, cuda_rounding(D, K))));
           // A row does not depend on the batch: query 1 alone gives the same bits.
           {
             Backend& b = backend();
@@ -327,53 +337,13 @@ TEST_P(BackendAttention, SparseAttentionOverTwoKeyArrays) {
           }
           // Indices outside [−1, T) cannot be checked by the launcher: the kernel skips them like
           // −1 (kernels/cuda/attention.cuh), where the CPU reference throws (below).
-          std::vector<int32_t> bad = idx, cleaned = idx;
-          for (int64_t s = 0; s < S; ++s) bad[s * K] = int32_t(T + 5), cleaned[s * K] = -1;
-          bad[K - 1] = -7, cleaned[K - 1] = -1;
-          EXPECT_LE(rel_error(run(backend(), bad), run(cpu(), cleaned)), 1e-5);
+          EXPECT_TRUE(within(run(backend(), bad), ref_cleaned.out,
+                             attention_bound(ref_cleaned, D, cuda_rounding(D, K))));
           continue;
         }
         if (decode) continue;  // the CPU's result does not depend on the regime
-        // Float64 softmax with sink. Bound per output channel: the logit error Δ = γ_{D+1}·scale·
-        // Σ|q·k| enters every weight twice (numerator and denominator) plus exp and division
-        // roundings, and the K-term weighted sum adds γ_{K+2}:
-        //   |o_d − ref_d| <= (3Δ + 3γ_{K+4}) · Σ_j p_j |v_jd| / (Σ_j p_j + p_sink).
-        std::vector<double> want(got.size()), tol(got.size());
-        for (int64_t s = 0; s < S; ++s) {
-          for (int64_t h = 0; h < H; ++h) {
-            const float* qh = &q[(s * H + h) * D];
-            std::vector<double> logit(static_cast<size_t>(K)), delta(static_cast<size_t>(K));
-            double m = sink[h], max_delta = 0;
-            for (int64_t j = 0; j < K; ++j) {
-              const int32_t r = idx[s * K + j];
-              if (r < 0) continue;
-              const float* v = r < c.Ta ? &kv_a[r * D] : &kv_b[(r - c.Ta) * D];
-              double dot = 0, abs_dot = 0;
-              for (int64_t d = 0; d < D; ++d)
-                dot += double(qh[d]) * v[d], abs_dot += std::abs(double(qh[d]) * v[d]);
-              logit[j] = dot * scale;
-              max_delta =
-                  std::max(max_delta, gamma_n(D + 1) * scale * abs_dot + kU * std::abs(logit[j]));
-              m = std::max(m, logit[j]);
-            }
-            double denom = std::exp(sink[h] - m);
-            std::vector<double> acc(static_cast<size_t>(D), 0.0),
-                abs_acc(static_cast<size_t>(D), 0.0);
-            for (int64_t j = 0; j < K; ++j) {
-              const int32_t r = idx[s * K + j];
-              if (r < 0) continue;
-              const float* v = r < c.Ta ? &kv_a[r * D] : &kv_b[(r - c.Ta) * D];
-              const double p = std::exp(logit[j] - m);
-              denom += p;
-              for (int64_t d = 0; d < D; ++d) acc[d] += p * v[d], abs_acc[d] += p * std::abs(v[d]);
-            }
-            for (int64_t d = 0; d < D; ++d) {
-              want[(s * H + h) * D + d] = acc[d] / denom;
-              tol[(s * H + h) * D + d] = (3 * max_delta + 3 * gamma_n(K + 4)) * abs_acc[d] / denom;
-            }
-          }
-        }
-        EXPECT_TRUE(within(got, want, tol));
+        // Float64 softmax with sink, within the FP32 rounding bound (attention_reference_util.h).
+        EXPECT_TRUE(within(got, ref.out, attention_bound(ref, D, fp32_rounding(D, K))));
       }
       backend().set_forward_rows(4096, false);
       backend().set_fp8_activations(false);
