@@ -21,15 +21,30 @@ namespace dsv41rt::testing {
 
 inline const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
 
-// The tiny checkpoint's executor for `options` (64 MiB pool, 4 request slots).
-inline std::shared_ptr<model::Executor> load(model::ExecutorOptions options) {
+// The tiny checkpoint's executor with `options` as given; `drafts` loads the DSpark drafter too.
+inline std::shared_ptr<model::Executor> load_tiny_executor(const model::ExecutorOptions& options,
+                                                           bool drafts = false) {
   const std::string dir = checkpoint();
   ModelPlan plan = build_model_plan(load_model_config(dir));
   model::EngramTables tables = model::load_engram_tables(dir, plan.config);
-  model::ModelWeights weights = model::load_weights(std::make_shared<Checkpoint>(dir), plan);
+  model::ModelWeights weights = model::load_weights(std::make_shared<Checkpoint>(dir), plan,
+                                                    /*host_values=*/true, {}, drafts);
+  return model::make_executor(std::move(plan), std::move(weights), std::move(tables), options);
+}
+
+// The tiny checkpoint's executor for `options` (64 MiB pool, 4 request slots).
+inline std::shared_ptr<model::Executor> load(model::ExecutorOptions options) {
   options.kv_memory = 64ll << 20;
   options.max_num_seqs = 4;
-  return model::make_executor(std::move(plan), std::move(weights), std::move(tables), options);
+  return load_tiny_executor(options);
+}
+
+// n deterministic token ids in [3, 120003) that differ with `salt` (engine-level prompts).
+inline std::vector<int32_t> salted_prompt(int64_t n, int64_t salt) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    p[size_t(i)] = int32_t((i * 7919 + salt * 104729 + 13) % 120000 + 3);
+  return p;
 }
 
 inline std::vector<int32_t> prompt(int64_t n) {

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "c_api_test_util.h"
 #include "dsv41rt/dsv41rt.h"
 
 namespace {
@@ -150,26 +151,7 @@ TEST(CApi, PrefillCapAndThe010ParamsLayout) {
 TEST(CApi, ParallelSizesGiveTheOneRankTokens) {
   NEED_CHECKPOINT();
   auto tokens = [](const dsv41rt_runtime_params& p) {
-    dsv41rt_runtime* rt = nullptr;
-    EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt), DSV41RT_OK)
-        << dsv41rt_last_error(nullptr);
-    std::vector<int32_t> out;
-    if (!rt) return out;
-    dsv41rt_request_params rp;
-    dsv41rt_request_default_params(&rp);
-    rp.max_new_tokens = 6;
-    int64_t id = 0;
-    EXPECT_EQ(dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), &rp, &id), DSV41RT_OK);
-    int fin = 0;
-    while (!fin) {
-      int32_t buf[8];
-      size_t n = 0;
-      EXPECT_EQ(dsv41rt_wait(rt, id, 60000, buf, 8, &n, &fin), DSV41RT_OK)
-          << dsv41rt_last_error(rt);
-      out.insert(out.end(), buf, buf + n);
-    }
-    EXPECT_EQ(dsv41rt_runtime_destroy(rt), DSV41RT_OK);
-    return out;
+    return dsv41rt::testing::c_api_generate(p, kPrompt, 6);
   };
   dsv41rt_runtime_params p;
   dsv41rt_runtime_default_params(&p);

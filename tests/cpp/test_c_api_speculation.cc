@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "c_api_test_util.h"
 #include "dsv41rt/dsv41rt.h"
 
 namespace {
@@ -19,28 +20,7 @@ const std::vector<int32_t> kPrompt = {0, 671, 6102, 13462, 17, 99, 4000};
 
 std::vector<int32_t> greedy_tokens(const dsv41rt_runtime_params& p,
                                    dsv41rt_stats* stats = nullptr) {
-  dsv41rt_runtime* rt = nullptr;
-  EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt), DSV41RT_OK)
-      << dsv41rt_last_error(nullptr);
-  std::vector<int32_t> out;
-  if (!rt) return out;
-  dsv41rt_request_params rp;
-  dsv41rt_request_default_params(&rp);
-  rp.max_new_tokens = 10;
-  int64_t id = 0;
-  EXPECT_EQ(dsv41rt_submit(rt, kPrompt.data(), kPrompt.size(), &rp, &id), DSV41RT_OK);
-  int fin = 0;
-  while (!fin) {
-    int32_t buf[16];
-    size_t n = 0;
-    EXPECT_EQ(dsv41rt_wait(rt, id, 60000, buf, 16, &n, &fin), DSV41RT_OK) << dsv41rt_last_error(rt);
-    out.insert(out.end(), buf, buf + n);
-  }
-  if (stats) {
-    EXPECT_EQ(dsv41rt_get_stats(rt, stats), DSV41RT_OK) << dsv41rt_last_error(rt);
-  }
-  EXPECT_EQ(dsv41rt_runtime_destroy(rt), DSV41RT_OK);
-  return out;
+  return dsv41rt::testing::c_api_generate(p, kPrompt, 10, stats);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "core/safetensors.h"
 #include "core/status.h"
 #include "engine_test_util.h"
+#include "executor_test_util.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/delegating_executor.h"
 #include "runtime/model/engram_tables.h"
@@ -29,28 +30,17 @@ namespace {
 
 using namespace ::dsv41rt::model;  // NOLINT: the loaders of the checkpoint
 
-const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
+using ::dsv41rt::testing::checkpoint;
+using ::dsv41rt::testing::salted_prompt;
 
 std::shared_ptr<model::Executor> load(const std::string& device, int64_t kv_memory = 64ll << 20) {
-  const std::string dir = checkpoint();
-  ModelPlan plan = build_model_plan(load_model_config(dir));
-  EngramTables tables = load_engram_tables(dir, plan.config);
-  ModelWeights weights = load_weights(std::make_shared<Checkpoint>(dir), plan);
   model::ExecutorOptions options;
   options.device = device;
   options.kv_memory = kv_memory;
   options.max_num_seqs = 8;
   options.page_tokens = 4;
   options.max_num_batched_tokens = 64;
-  return model::make_executor(std::move(plan), std::move(weights), std::move(tables), options);
-}
-
-std::vector<int32_t> tokens(int64_t n, int64_t salt) {
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    p[size_t(i)] = int32_t((i * 7919 + salt * 104729 + 13) % 120000 + 3);
-  }
-  return p;
+  return ::dsv41rt::testing::load_tiny_executor(options);
 }
 
 using Outcome = ::dsv41rt::testing::EngineOutcome;
@@ -72,10 +62,10 @@ GenerationParams params(int64_t max_new, uint64_t seed, bool handoff = false) {
 std::vector<std::vector<int32_t>> prompts() {
   std::vector<std::vector<int32_t>> p;
   for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 16, 31, 64, 100, 129, 257, 300}) {
-    p.push_back(tokens(n, n));
+    p.push_back(salted_prompt(n, n));
   }
-  std::vector<int32_t> turn = tokens(100, 100);
-  const std::vector<int32_t> more = tokens(20, 7);
+  std::vector<int32_t> turn = salted_prompt(100, 100);
+  const std::vector<int32_t> more = salted_prompt(20, 7);
   turn.insert(turn.end(), more.begin(), more.end());
   p.push_back(turn);
   return p;
@@ -141,7 +131,7 @@ TEST_P(EngineHandoff, PrefillThenDecodeEqualsOneEngine) {
 
 TEST_P(EngineHandoff, NoHandoffWhenTheRequestEndsAtItsFirstToken) {
   Engine prefill(load(GetParam()), {.max_num_seqs = 4});
-  const int64_t id = prefill.submit(tokens(9, 1), params(1, 0, /*handoff=*/true));
+  const int64_t id = prefill.submit(salted_prompt(9, 1), params(1, 0, /*handoff=*/true));
   const Outcome o = drain(prefill).at(id);
   EXPECT_EQ(o.tokens.size(), 1u);
   EXPECT_EQ(o.reason, FinishReason::kLength);
@@ -166,8 +156,8 @@ class NoHostCopy : public model::DelegatingExecutor {
 
 TEST_P(EngineHandoff, AnExecutorThatCannotExportFailsTheRequestNotTheEngine) {
   Engine prefill(std::make_shared<NoHostCopy>(load(GetParam())), {.max_num_seqs = 4});
-  const int64_t handoff = prefill.submit(tokens(9, 1), params(4, 0, /*handoff=*/true));
-  const int64_t plain = prefill.submit(tokens(12, 2), params(3, 0));
+  const int64_t handoff = prefill.submit(salted_prompt(9, 1), params(4, 0, /*handoff=*/true));
+  const int64_t plain = prefill.submit(salted_prompt(12, 2), params(3, 0));
   std::map<int64_t, Outcome> out = drain(prefill);
   EXPECT_EQ(out.at(handoff).tokens.size(), 1u);
   EXPECT_TRUE(out.at(handoff).handoff.empty());
@@ -175,14 +165,14 @@ TEST_P(EngineHandoff, AnExecutorThatCannotExportFailsTheRequestNotTheEngine) {
   EXPECT_NE(out.at(handoff).error.find("cannot copy a sequence's state"), std::string::npos);
   EXPECT_EQ(out.at(plain).tokens.size(), 3u);
   EXPECT_TRUE(out.at(plain).error.empty());
-  const int64_t later = prefill.submit(tokens(5, 3), params(2, 0));
+  const int64_t later = prefill.submit(salted_prompt(5, 3), params(2, 0));
   EXPECT_EQ(drain(prefill).at(later).tokens.size(), 2u) << "the engine goes on";
   EXPECT_EQ(prefill.stats().pool.pages_used, 0);
 }
 
 TEST_P(EngineHandoff, BadStatesAreRefusedWithThePoolUntouched) {
   Engine prefill(load(GetParam()), {.max_num_seqs = 4});
-  const std::vector<int32_t> prompt = tokens(30, 3);
+  const std::vector<int32_t> prompt = salted_prompt(30, 3);
   const int64_t id = prefill.submit(prompt, params(4, 0, /*handoff=*/true));
   const Outcome o = drain(prefill).at(id);
   ASSERT_FALSE(o.handoff.empty());
@@ -204,7 +194,7 @@ TEST_P(EngineHandoff, BadStatesAreRefusedWithThePoolUntouched) {
   corrupt[corrupt.size() / 2] ^= 1;
   refused(prompt, o.tokens[0], corrupt, params(4, 0), "checksum mismatch");
   refused(prompt, o.tokens[0], {o.handoff.begin(), o.handoff.end() - 1}, params(4, 0), "truncated");
-  refused(tokens(29, 3), o.tokens[0], o.handoff, params(4, 0), "the prompt has 29 tokens");
+  refused(salted_prompt(29, 3), o.tokens[0], o.handoff, params(4, 0), "the prompt has 29 tokens");
   refused(prompt, -1, o.handoff, params(4, 0), "first token -1");
   refused(prompt, o.tokens[0], o.handoff, params(1, 0), "leaves nothing to decode");
   refused(prompt, o.tokens[0], o.handoff, params(4, 0, true), "handed off again");
@@ -212,7 +202,7 @@ TEST_P(EngineHandoff, BadStatesAreRefusedWithThePoolUntouched) {
 
 TEST_P(EngineHandoff, AHandoffWaitsForRoomAndThenRunsAsTheOthers) {
   Engine prefill(load(GetParam()), {.max_num_seqs = 4});
-  const std::vector<int32_t> prompt = tokens(120, 5);  // 30 pages of 4
+  const std::vector<int32_t> prompt = salted_prompt(120, 5);  // 30 pages of 4
   const int64_t id = prefill.submit(prompt, params(3, 0, /*handoff=*/true));
   const Outcome o = drain(prefill).at(id);
   ASSERT_FALSE(o.handoff.empty());
@@ -257,7 +247,7 @@ TEST_P(EngineHandoff, AHandoffWaitsForRoomAndThenRunsAsTheOthers) {
 
 TEST_P(EngineHandoff, AHandoffThatWouldNeverFitIsRefusedAtSubmit) {
   Engine prefill(load(GetParam()), {.max_num_seqs = 4});
-  const std::vector<int32_t> prompt = tokens(40, 6);
+  const std::vector<int32_t> prompt = salted_prompt(40, 6);
   const int64_t id = prefill.submit(prompt, params(3, 0, /*handoff=*/true));
   const Outcome o = drain(prefill).at(id);
   Engine decode(load(GetParam()), {.max_num_seqs = 2, .max_model_len = 41});

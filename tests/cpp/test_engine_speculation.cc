@@ -23,6 +23,7 @@
 #include "core/safetensors.h"
 #include "core/status.h"
 #include "engine_test_util.h"
+#include "executor_test_util.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/engram_tables.h"
 #include "runtime/model/executor.h"
@@ -36,35 +37,24 @@ namespace {
 using namespace ::dsv41rt::model;  // NOLINT: the loaders of the checkpoint
 using Outcome = ::dsv41rt::testing::EngineOutcome;
 
-const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
+using ::dsv41rt::testing::checkpoint;
+using ::dsv41rt::testing::salted_prompt;
 
 std::shared_ptr<Executor> load(bool drafts = true, int64_t kv_memory = 64ll << 20,
                                int64_t slots = 8) {
-  const std::string dir = checkpoint();
-  ModelPlan plan = build_model_plan(load_model_config(dir));
-  EngramTables tables = load_engram_tables(dir, plan.config);
-  ModelWeights weights =
-      load_weights(std::make_shared<Checkpoint>(dir), plan, true, {}, /*drafts=*/drafts);
   ExecutorOptions options;
   options.kv_memory = kv_memory;
   options.max_num_seqs = slots;
   options.page_tokens = 4;
   options.max_num_batched_tokens = 64;
-  return make_executor(std::move(plan), std::move(weights), std::move(tables), options);
-}
-
-std::vector<int32_t> tokens(int64_t n, int64_t salt) {
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i)
-    p[size_t(i)] = int32_t((i * 7919 + salt * 104729 + 13) % 120000 + 3);
-  return p;
+  return ::dsv41rt::testing::load_tiny_executor(options, drafts);
 }
 
 // 16 prompts of 1..300 tokens (page boundaries of 4, the window of 8, long compressions).
 std::vector<std::vector<int32_t>> prompts() {
   std::vector<std::vector<int32_t>> p;
   for (int64_t n : {1, 2, 3, 5, 7, 8, 9, 16, 31, 64, 100, 129, 200, 257, 300, 13}) {
-    p.push_back(tokens(n, n));
+    p.push_back(salted_prompt(n, n));
   }
   return p;
 }
@@ -278,7 +268,7 @@ TEST_F(EngineSpeculation, PrefixCachingStaysExact) {
   ps.resize(10);  // 1..64 tokens (the long ones are covered above)
   for (size_t from : {size_t(7), size_t(8)}) {
     std::vector<int32_t> turn = ps[from];
-    const std::vector<int32_t> more = tokens(9, int64_t(from));
+    const std::vector<int32_t> more = salted_prompt(9, int64_t(from));
     turn.insert(turn.end(), more.begin(), more.end());
     ps.push_back(turn);
   }
@@ -340,7 +330,7 @@ TEST_F(EngineSpeculation, SamplingRequestsSpeculateBesideGreedyOnes) {
 // another request's plain tokens: in the slice, so accepted sometimes, rejected sometimes.
 TEST_F(EngineSpeculation, SamplingKeepsTheDistribution) {
   const int64_t n = 300;
-  const std::vector<int32_t> prompt = tokens(3, 5);
+  const std::vector<int32_t> prompt = salted_prompt(3, 5);
   std::vector<std::vector<int32_t>> ps(size_t(n), prompt);
   std::vector<GenerationParams> params(size_t(n), greedy(3));
   for (int64_t i = 0; i < n; ++i) {

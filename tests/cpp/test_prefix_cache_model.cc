@@ -19,8 +19,9 @@
 #include <vector>
 
 #include "backend_test_util.h"
-#include "engine_test_util.h"
 #include "core/safetensors.h"
+#include "engine_test_util.h"
+#include "executor_test_util.h"
 #include "held_request.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/engram_tables.h"
@@ -31,31 +32,18 @@
 namespace dsv41rt::model {
 namespace {
 
-const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
-
-#define NEED_CHECKPOINT() \
-  if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_CHECKPOINT to a tiny-v41 checkpoint"
+using ::dsv41rt::testing::checkpoint;
+using ::dsv41rt::testing::salted_prompt;
 
 std::shared_ptr<Executor> load(const std::string& device, int64_t page_tokens,
                                int64_t kv_memory = 64ll << 20) {
-  const std::string dir = checkpoint();
-  ModelPlan plan = build_model_plan(load_model_config(dir));
-  EngramTables tables = load_engram_tables(dir, plan.config);
-  ModelWeights weights = load_weights(std::make_shared<Checkpoint>(dir), plan);
   ExecutorOptions options;
   options.device = device;
   options.kv_memory = kv_memory;
   options.max_num_seqs = 8;  // slots: 4 running requests (the engine's limit) + 4 snapshots
   options.page_tokens = page_tokens;
   options.max_num_batched_tokens = 64;
-  return make_executor(std::move(plan), std::move(weights), std::move(tables), options);
-}
-
-std::vector<int32_t> tokens(int64_t n, int64_t salt) {
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i)
-    p[size_t(i)] = int32_t((i * 7919 + salt * 104729 + 13) % 120000 + 3);
-  return p;
+  return ::dsv41rt::testing::load_tiny_executor(options);
 }
 
 std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
@@ -79,11 +67,11 @@ TEST_P(PrefixCacheModel, SnapshotAndSharedPagesContinueBitwise) {
   auto e = load(GetParam(), /*page_tokens=*/2);
   ASSERT_EQ(e->plan().config.sliding_window, 8);
   const int64_t V = e->plan().config.vocab_size;
-  const std::vector<int32_t> first = tokens(40, 1);
+  const std::vector<int32_t> first = salted_prompt(40, 1);
   for (int64_t c : {2, 4, 6, 8, 10, 16, 32}) {
     SCOPED_TRACE("boundary " + std::to_string(c));
     const std::vector<int32_t> prefix(first.begin(), first.begin() + c);
-    const std::vector<int32_t> suffix = tokens(33 - c, 2 + c);  // the new request: 33 tokens
+    const std::vector<int32_t> suffix = salted_prompt(33 - c, 2 + c);  // the new request: 33 tokens
     const std::vector<float> expected = Held(*e).run(concat(prefix, suffix));
 
     Held a(*e);
@@ -114,11 +102,11 @@ DSV41RT_INSTANTIATE_BACKENDS(PrefixCacheModel);
 namespace dsv41rt::engine {
 namespace {
 
-using model::checkpoint;
+using ::dsv41rt::testing::checkpoint;
+using ::dsv41rt::testing::salted_prompt;
 using model::concat;
-using model::PrefixCacheModel;
 using model::load;
-using model::tokens;
+using model::PrefixCacheModel;
 
 using Outcome = ::dsv41rt::testing::EngineOutcome;
 using ::dsv41rt::testing::drain;
@@ -144,23 +132,23 @@ std::vector<Outcome> run_scenario(const std::string& device, bool caching, bool 
   auto submit = [&](std::vector<int32_t> p, int64_t max_new, uint64_t seed) {
     ids.push_back(engine.submit(std::move(p), params(max_new, seed)));
   };
-  const std::vector<int32_t> a = tokens(37, 1);  // publishes at 36
+  const std::vector<int32_t> a = salted_prompt(37, 1);  // publishes at 36
   submit(a, 6, 0);
   drain(engine, out);
   submit(a, 5, 7);  // re-sent: cached up to the last prompt token but one
   drain(engine, out);
   // The next turn hits 40, inside the first answer (a snapshot taken while decoding).
-  submit(concat(concat(a, out[ids[0]].tokens), tokens(3, 9)), 4, 0);
-  submit(tokens(5, 2), 3, 0);  // publishes at 4
+  submit(concat(concat(a, out[ids[0]].tokens), salted_prompt(3, 9)), 4, 0);
+  submit(salted_prompt(5, 2), 3, 0);  // publishes at 4
   drain(engine, out);
-  submit(concat(tokens(5, 2), tokens(4, 3)), 3, 5);  // a short cached prefix
-  submit(concat(a, tokens(9, 4)), 4, 0);             // two at once on one cached prefix
-  submit(concat(a, tokens(2, 5)), 4, 3);
+  submit(concat(salted_prompt(5, 2), salted_prompt(4, 3)), 3, 5);  // a short cached prefix
+  submit(concat(a, salted_prompt(9, 4)), 4, 0);  // two at once on one cached prefix
+  submit(concat(a, salted_prompt(2, 5)), 4, 3);
   drain(engine, out);
-  submit(tokens(23, 6), 3, 0);  // two at once computing the same new prefix
-  submit(tokens(23, 6), 3, 0);
+  submit(salted_prompt(23, 6), 3, 0);  // two at once computing the same new prefix
+  submit(salted_prompt(23, 6), 3, 0);
   drain(engine, out);
-  submit(concat(tokens(23, 6), tokens(6, 7)), 3, 0);
+  submit(concat(salted_prompt(23, 6), salted_prompt(6, 7)), 3, 0);
   drain(engine, out);
   engine.check_invariants();
   const EngineStats s = engine.stats();

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/safetensors.h"
+#include "executor_test_util.h"
 #include "runtime/engine/engine.h"
 #include "runtime/model/engram_tables.h"
 #include "runtime/model/executor.h"
@@ -25,20 +26,16 @@
 namespace dsv41rt::engine {
 namespace {
 
-const char* checkpoint() { return std::getenv("DSV41RT_TEST_CHECKPOINT"); }
+using ::dsv41rt::testing::checkpoint;
 
 std::shared_ptr<model::Executor> load(int64_t kv_memory) {
-  const std::string dir = checkpoint();
-  ModelPlan plan = build_model_plan(load_model_config(dir));
-  model::EngramTables tables = model::load_engram_tables(dir, plan.config);
-  model::ModelWeights weights = model::load_weights(std::make_shared<Checkpoint>(dir), plan);
   model::ExecutorOptions options;
   options.kv_memory = kv_memory;
   options.max_num_seqs = 6;
   options.page_tokens = 4;
   options.max_num_batched_tokens = 24;
   options.max_model_len = 128;
-  return make_executor(std::move(plan), std::move(weights), std::move(tables), options);
+  return ::dsv41rt::testing::load_tiny_executor(options);
 }
 
 struct Result {

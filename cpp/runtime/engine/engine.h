@@ -31,7 +31,7 @@ struct EngineConfig {
   bool enable_prefix_caching = false;             ///< share cached prefixes (prefix_cache.h)
   int64_t host_cache_bytes = 0;  ///< host tier of the prefix cache (host_tier.h); 0 = off
   /// Speculative decoding (speculation.h); num_speculative_tokens 0 = off.
-  SpeculationConfig speculation;
+  SpeculationConfig speculation{};
 };
 
 struct GenerationParams {
