@@ -3,7 +3,6 @@
 // cudaGraphExecUpdate when only addresses changed). Built with DSV41RT_WITH_CUDA.
 #include <algorithm>
 #include <array>
-#include <cstring>
 #include <map>
 #include <vector>
 
