@@ -152,6 +152,8 @@ void register_options(nb::module_& m) {
       .def_rw("record_decisions", &RuntimeOptions::record_decisions)
       .def_rw("load_drafter", &RuntimeOptions::load_drafter)
       .def_rw("num_speculative_tokens", &RuntimeOptions::num_speculative_tokens)
+      .def_rw("speculative_disable_by_batch_size",
+              &RuntimeOptions::speculative_disable_by_batch_size)
       .def_rw("engine_thread", &RuntimeOptions::engine_thread);
   nb::class_<DraftBlock>(m, "DraftBlock")
       .def_ro("tokens", &DraftBlock::tokens)

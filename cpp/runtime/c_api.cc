@@ -110,9 +110,9 @@ dsv41rt_status check_size(uint32_t got, size_t want, const char* what) {
                   " (initialise it with the *_default_params function)");
 }
 
-// params.speculative_config, as dsv41rt.speculative.parse_speculative_config reads it: the
-// RuntimeOptions count (-1: the drafter's block). Errors name what is wrong.
-int64_t speculative_tokens(const char* text) {
+// params.speculative_config, as dsv41rt.speculative.parse_speculative_config reads it, into the
+// RuntimeOptions (count -1: self-tuned up to the drafter's block). Errors name what is wrong.
+void read_speculative_config(const char* text, dsv41rt::RuntimeOptions& o) {
   dsv41rt::Json j;
   try {
     j = dsv41rt::json_parse(text);
@@ -121,18 +121,27 @@ int64_t speculative_tokens(const char* text) {
   }
   DSV41RT_CHECK(j.is_object(), "params.speculative_config: must be a JSON object, got ", text);
   for (const auto& [key, value] : j.as_object()) {
-    DSV41RT_CHECK(key == "method" || key == "num_speculative_tokens",
-                  "params.speculative_config: unknown key \"", key,
-                  "\" (known: method, num_speculative_tokens)");
+    DSV41RT_CHECK(
+        key == "method" || key == "num_speculative_tokens" || key == "disable_by_batch_size",
+        "params.speculative_config: unknown key \"", key,
+        "\" (known: method, num_speculative_tokens, disable_by_batch_size)");
   }
   const dsv41rt::Json* method = j.find("method");
   DSV41RT_CHECK(method && method->is_string() && method->as_string() == "dspark",
                 "params.speculative_config: \"method\" must be \"dspark\" (V4.1's drafter)");
   const dsv41rt::Json* k = j.find("num_speculative_tokens");
-  if (!k || k->is_null()) return -1;
-  DSV41RT_CHECK(k->is_int() && k->as_int() >= 0,
-                "params.speculative_config: \"num_speculative_tokens\" must be an integer >= 0");
-  return k->as_int();
+  o.num_speculative_tokens = -1;
+  if (k && !k->is_null()) {
+    DSV41RT_CHECK(k->is_int() && k->as_int() >= 0,
+                  "params.speculative_config: \"num_speculative_tokens\" must be an integer >= 0");
+    o.num_speculative_tokens = k->as_int();
+  }
+  const dsv41rt::Json* b = j.find("disable_by_batch_size");
+  if (b && !b->is_null()) {
+    DSV41RT_CHECK(b->is_int() && b->as_int() >= 1,
+                  "params.speculative_config: \"disable_by_batch_size\" must be an integer >= 1");
+    o.speculative_disable_by_batch_size = b->as_int();
+  }
 }
 
 dsv41rt::RuntimeOptions options_from(const dsv41rt_runtime_params& p) {
@@ -164,7 +173,7 @@ dsv41rt::RuntimeOptions options_from(const dsv41rt_runtime_params& p) {
   o.parallel.tensor_parallel_size = p.tensor_parallel_size;
   o.parallel.expert_parallel_size = p.expert_parallel_size;
   if (p.speculative_config && *p.speculative_config) {
-    o.num_speculative_tokens = speculative_tokens(p.speculative_config);
+    read_speculative_config(p.speculative_config, o);
   }
   return o;
 }

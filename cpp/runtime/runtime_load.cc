@@ -30,9 +30,12 @@ void check_options(const RuntimeOptions& o) {
   DSV41RT_CHECK(p.host_cache_memory >= 0, "host_cache_memory must be >= 0 (0: off), got ",
                 p.host_cache_memory);
   DSV41RT_CHECK(o.num_speculative_tokens >= -1,
-                "speculative-config: num_speculative_tokens must be >= 0 (or -1: the drafter's "
-                "block), got ",
+                "speculative-config: num_speculative_tokens must be >= 0 (or -1: self-tuned up to "
+                "the drafter's block), got ",
                 o.num_speculative_tokens);
+  DSV41RT_CHECK(o.speculative_disable_by_batch_size >= 0,
+                "speculative-config: disable_by_batch_size must be >= 1 (0: never), got ",
+                o.speculative_disable_by_batch_size);
   const ParallelOptions& c = o.parallel;
   DSV41RT_CHECK(c.context_parallel_size >= 1 && c.context_parallel_size <= 64,
                 "context_parallel_size ", c.context_parallel_size, " must be in [1, 64]");
@@ -112,6 +115,8 @@ LoadedModel load_model(const RuntimeOptions& o) {
   LoadedModel m;
   m.engine.speculation.num_speculative_tokens =
       o.num_speculative_tokens < 0 ? plan.config.dspark->block_size : o.num_speculative_tokens;
+  m.engine.speculation.self_tuning = o.num_speculative_tokens < 0;
+  m.engine.speculation.disable_by_batch_size = o.speculative_disable_by_batch_size;
   m.engine.max_num_seqs = o.pool.max_num_seqs;
   m.engine.max_num_batched_tokens = o.pool.max_num_batched_tokens;
   m.engine.max_model_len = o.pool.max_model_len;

@@ -271,7 +271,8 @@ _ROWS = (
         _speculative,
         "speculative_config",
         'speculative decoding in the engine, vLLM\'s JSON: {"method": "dspark", "num_speculative_tokens": 5}'
-        " (count omitted: the drafter's block); requests without a grammar draft with DSpark, one batched verify"
+        ' (count omitted: self-tuned per request and step up to the drafter\'s block; "disable_by_batch_size": N,'
+        " no drafts in steps of more requests); requests without a grammar draft with DSpark, one batched verify"
         " per step; greedy outputs bitwise those without, sampling by rejection sampling (docs/design/dspark.md);"
         " needs a checkpoint with DSpark weights",
     ),

@@ -118,7 +118,9 @@ def core_options(
     c.parallel.worker_threads = worker_threads
     c.record_decisions = o.record_decisions
     c.load_drafter = o.load_drafter
-    c.num_speculative_tokens = 0 if o.speculative_config is None else o.speculative_config.engine_tokens
+    spec = o.speculative_config
+    c.num_speculative_tokens = 0 if spec is None else spec.engine_tokens
+    c.speculative_disable_by_batch_size = 0 if spec is None else spec.disable_by_batch_size or 0
     c.engine_thread = engine_thread
     return c
 

@@ -51,22 +51,26 @@ DraftFn = Callable[[list[int], int], Sequence[int]]
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """vLLM's `--speculative-config` for this model: the method (DSpark, V4.1's only drafter) and
-    the most draft tokens per step (None: the drafter's block)."""
+    """vLLM's `--speculative-config` for this model: the method (DSpark, V4.1's only drafter), the
+    draft tokens per step (None: self-tuned per request and step, up to the drafter's block) and
+    `disable_by_batch_size` (no drafts in steps of more requests; None: never)."""
 
     method: str = "dspark"
     num_speculative_tokens: int | None = None
+    disable_by_batch_size: int | None = None
 
     def to_json(self) -> str:
         """The `--speculative-config` text that parses back to this config."""
         d: dict[str, Any] = {"method": self.method}
         if self.num_speculative_tokens is not None:
             d["num_speculative_tokens"] = self.num_speculative_tokens
+        if self.disable_by_batch_size is not None:
+            d["disable_by_batch_size"] = self.disable_by_batch_size
         return json.dumps(d)
 
     @property
     def engine_tokens(self) -> int:
-        """The C++ RuntimeOptions.num_speculative_tokens: -1 for the drafter's block."""
+        """The C++ RuntimeOptions.num_speculative_tokens: -1 for the self-tuned length."""
         return -1 if self.num_speculative_tokens is None else self.num_speculative_tokens
 
 
@@ -81,7 +85,7 @@ def parse_speculative_config(value: str | dict[str, Any]) -> SpeculativeConfig:
             raise Dsv41rtError(f"speculative-config: not valid JSON ({e}): {value!r}") from None
     if not isinstance(value, dict):
         raise Dsv41rtError(f"speculative-config: must be a JSON object, got {value!r}")
-    known = {"method", "num_speculative_tokens"}
+    known = {"method", "num_speculative_tokens", "disable_by_batch_size"}
     unknown = sorted(set(value) - known)
     if unknown:
         raise Dsv41rtError(f"speculative-config: unknown key(s) {unknown}; known: {sorted(known)}")
@@ -91,7 +95,10 @@ def parse_speculative_config(value: str | dict[str, Any]) -> SpeculativeConfig:
     k = value.get("num_speculative_tokens")
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
         raise Dsv41rtError(f'speculative-config: "num_speculative_tokens" must be an integer >= 0, got {k!r}')
-    return SpeculativeConfig(method, k)
+    b = value.get("disable_by_batch_size")
+    if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+        raise Dsv41rtError(f'speculative-config: "disable_by_batch_size" must be an integer >= 1, got {b!r}')
+    return SpeculativeConfig(method, k, b)
 
 
 def generate_greedy_speculative(

@@ -32,7 +32,9 @@ class CApiGrammar : public ::testing::Test {
     for (int c = 0; c < 127; ++c) tokens_.push_back(c >= 32 ? std::string(1, char(c)) : "");
   }
   void TearDown() override {
-    if (rt_) EXPECT_EQ(dsv41rt_runtime_destroy(rt_), DSV41RT_OK);
+    if (rt_) {
+      EXPECT_EQ(dsv41rt_runtime_destroy(rt_), DSV41RT_OK);
+    }
   }
   dsv41rt_status set_vocab() {
     std::vector<const char*> ptrs;
@@ -48,7 +50,8 @@ class CApiGrammar : public ::testing::Test {
     size_t n = 0;
     int fin = 0;
     while (!fin) {
-      EXPECT_EQ(dsv41rt_wait(rt_, id, 60000, buf, 64, &n, &fin), DSV41RT_OK) << dsv41rt_last_error(rt_);
+      EXPECT_EQ(dsv41rt_wait(rt_, id, 60000, buf, 64, &n, &fin), DSV41RT_OK)
+          << dsv41rt_last_error(rt_);
       out.insert(out.end(), buf, buf + n);
     }
     return out;
@@ -94,15 +97,18 @@ TEST_F(CApiGrammar, ErrorsAndTheOldLayout) {
   EXPECT_EQ(rp.grammar_start_token, -1);
   rp.grammar_kind = "json_object";
   int64_t id = 0;
-  EXPECT_EQ(dsv41rt_submit(rt_, kPrompt.data(), kPrompt.size(), &rp, &id), DSV41RT_E_INVALID_ARGUMENT);
+  EXPECT_EQ(dsv41rt_submit(rt_, kPrompt.data(), kPrompt.size(), &rp, &id),
+            DSV41RT_E_INVALID_ARGUMENT);
   EXPECT_NE(std::string(dsv41rt_last_error(rt_)).find("grammar"), std::string::npos)
       << dsv41rt_last_error(rt_);
   size_t len = 1;
-  EXPECT_EQ(dsv41rt_set_grammar_vocab(rt_, nullptr, &len, 1, nullptr, 0), DSV41RT_E_INVALID_ARGUMENT);
+  EXPECT_EQ(dsv41rt_set_grammar_vocab(rt_, nullptr, &len, 1, nullptr, 0),
+            DSV41RT_E_INVALID_ARGUMENT);
   if (dsv41rt::engine::GrammarVocab::available()) {
     ASSERT_EQ(set_vocab(), DSV41RT_OK) << dsv41rt_last_error(rt_);
     rp.grammar_kind = "toml";
-    EXPECT_EQ(dsv41rt_submit(rt_, kPrompt.data(), kPrompt.size(), &rp, &id), DSV41RT_E_INVALID_ARGUMENT);
+    EXPECT_EQ(dsv41rt_submit(rt_, kPrompt.data(), kPrompt.size(), &rp, &id),
+              DSV41RT_E_INVALID_ARGUMENT);
     EXPECT_NE(std::string(dsv41rt_last_error(rt_)).find("grammar kind 'toml'"), std::string::npos);
   }
   // The 0.1.0 layout: no grammar fields, whatever follows them in memory.

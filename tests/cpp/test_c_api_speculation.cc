@@ -48,7 +48,9 @@ TEST(CApiSpeculation, SpeculativeConfigGivesThePlainTokens) {
   older.spec_decode_num_drafts = -7;
   EXPECT_EQ(greedy_tokens(spec, &older), want);
   EXPECT_EQ(older.spec_decode_num_drafts, -7);
-  spec.speculative_config = R"({"method": "dspark"})";  // the drafter's block
+  spec.speculative_config = R"({"method": "dspark"})";  // self-tuned up to the drafter's block
+  EXPECT_EQ(greedy_tokens(spec), want);
+  spec.speculative_config = R"({"method": "dspark", "disable_by_batch_size": 1})";
   EXPECT_EQ(greedy_tokens(spec), want);
   dsv41rt_runtime_params old = spec;  // the config sits in bytes an older host does not have
   old.struct_size = offsetof(dsv41rt_runtime_params, speculative_config);
@@ -58,6 +60,7 @@ TEST(CApiSpeculation, SpeculativeConfigGivesThePlainTokens) {
            {R"({"method": "eagle"})", "\"method\" must be \"dspark\""},
            {R"({"method": "dspark", "num_speculative_tokens": -1})", "integer >= 0"},
            {R"({"method": "dspark", "k": 1})", "unknown key \"k\""},
+           {R"({"method": "dspark", "disable_by_batch_size": 0})", "integer >= 1"},
            {"[1]", "must be a JSON object"},
            {"{", "not valid JSON"},
            {R"({"method": "dspark", "num_speculative_tokens": 6})", "block of 5"}}) {

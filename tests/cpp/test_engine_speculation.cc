@@ -211,6 +211,72 @@ TEST_F(EngineSpeculation, OracleDraftsAcceptExactlyTheRightPrefix) {
   }
 }
 
+// Verifies, draft tokens and accepted ones of oracle drafts wrong at `wrong` with a fixed k
+// (OracleDraftsAcceptExactlyTheRightPrefix): each verify drafts min(k, tokens left - 1).
+SpecDecodeStats fixed_k_counts(size_t requests, int64_t k, int64_t wrong) {
+  SpecDecodeStats s;
+  for (size_t i = 0; i < requests; ++i) {
+    for (int64_t left = kMaxNew - 1; left > 0;) {
+      const int64_t d = std::min(k, left - 1), a = std::min(wrong, d);
+      if (d > 0) ++s.drafts, s.draft_tokens += d, s.accepted_tokens += a;
+      left -= a + 1;
+    }
+  }
+  return s;
+}
+
+// Self-tuned lengths (draft_length.h, speculative-config without a count), on the 8 short prompts
+// (decode-bound, cheap): drafts that are always right are all accepted at (about) the fixed k's
+// lengths; drafts that are always wrong shrink to probes; the DSpark drafter (random weights) is
+// skipped once its acceptance is known to be low; disable_by_batch_size keeps steps of more
+// requests draft-free. Outputs stay the plain engine's bitwise in every case.
+TEST_F(EngineSpeculation, SelfTunedLengthsFollowTheAcceptance) {
+  const auto all = prompts();
+  const std::vector<std::vector<int32_t>> ps(all.begin(), all.begin() + 8);  // 1..16 tokens
+  Engine plain(load(false), config(0));
+  const Result want = run(plain, ps, all_greedy(ps.size()));
+  auto tuned = [](int64_t k, DraftSource source, int64_t disable_by_batch_size = 0) {
+    EngineConfig c = config(k, std::move(source));
+    c.speculation.self_tuning = true;
+    c.speculation.disable_by_batch_size = disable_by_batch_size;
+    return c;
+  };
+  auto tuned_run = [&](bool drafter, EngineConfig c) {
+    Engine e(load(drafter), std::move(c));
+    const Result got = run(e, ps, all_greedy(ps.size()));
+    expect_same(got, want);
+    return got.stats.spec_decode;
+  };
+  const SpecDecodeStats right = fixed_k_counts(ps.size(), 5, 99);
+  {
+    SCOPED_TRACE("always right");
+    const SpecDecodeStats s = tuned_run(false, tuned(5, oracle(want, ps, 99)));
+    EXPECT_EQ(s.accepted_tokens, s.draft_tokens);
+    EXPECT_GE(double(s.draft_tokens) / double(s.drafts),
+              0.9 * double(right.draft_tokens) / double(right.drafts));
+  }
+  {
+    SCOPED_TRACE("always wrong");
+    const SpecDecodeStats s = tuned_run(false, tuned(5, oracle(want, ps, 0)));
+    EXPECT_EQ(s.accepted_tokens, 0);
+    EXPECT_LT(s.draft_tokens * 4, fixed_k_counts(ps.size(), 5, 0).draft_tokens);
+  }
+  {
+    SCOPED_TRACE("DSpark drafter, self-tuned");
+    // 8 requests x 15 decode steps: random weights accept almost nothing, so after the first
+    // verifies the drafter runs for probes only.
+    const SpecDecodeStats s = tuned_run(true, tuned(5, {}));
+    EXPECT_GT(s.drafts, 0);
+    EXPECT_LT(s.drafts, int64_t(ps.size()) * 15 / 3);
+  }
+  {
+    SCOPED_TRACE("disable_by_batch_size 1");
+    const SpecDecodeStats s = tuned_run(false, tuned(5, oracle(want, ps, 99), 1));
+    EXPECT_LT(s.drafts, right.drafts);
+  }
+  EXPECT_THROW(Engine(load(false), tuned(5, oracle(want, ps, 99), -1)), Error);
+}
+
 TEST_F(EngineSpeculation, StopTokensInsideAnAcceptedBlockCutTheOutput) {
   const auto ps = prompts();
   const Result& base = baseline();

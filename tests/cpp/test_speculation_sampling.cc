@@ -97,13 +97,17 @@ void check_draft(int32_t draft, const kernels::SamplingParams& base) {
   }
   int df = 0;
   const double x0 = chi_square(first, p0, n, &df);
-  if (df > 0) EXPECT_LT(x0, critical(df)) << "first token, " << df << " degrees of freedom";
+  if (df > 0) {
+    EXPECT_LT(x0, critical(df)) << "first token, " << df << " degrees of freedom";
+  }
   // Accepted with probability p0(draft): a binomial within 4 standard deviations.
   const double mean = double(p0[size_t(draft)]) * double(n);
   EXPECT_LE(std::abs(double(accepted) - mean), 4 * std::sqrt(mean * (1 - p0[size_t(draft)])) + 1);
   if (accepted > 200) {
     const double x1 = chi_square(second, p1, accepted, &df);
-    if (df > 0) EXPECT_LT(x1, critical(df)) << "bonus token";
+    if (df > 0) {
+      EXPECT_LT(x1, critical(df)) << "bonus token";
+    }
   }
 }
 

@@ -22,6 +22,11 @@ def test_speculative_config_as_a_runtime_option() -> None:
     assert options_from({"speculative_config": {"method": "dspark"}}).speculative_config == SpeculativeConfig()
     assert RuntimeOptions().speculative_config is None
     assert options_from({"speculative_config": None}).speculative_config is None
+    # vLLM's disable_by_batch_size; without a count the length is self-tuned (draft_length.h).
+    tuned = options_from({"speculative_config": '{"method": "dspark", "disable_by_batch_size": 8}'})
+    assert tuned.speculative_config == SpeculativeConfig("dspark", None, 8)
+    assert tuned.speculative_config.engine_tokens == -1
+    assert json.loads(tuned.speculative_config.to_json()) == {"method": "dspark", "disable_by_batch_size": 8}
     # The flags that rebuild the options (worker processes) carry it as JSON.
     argv = to_argv(o)
     assert json.loads(argv[argv.index("--speculative-config") + 1]) == {"method": "dspark", "num_speculative_tokens": 3}
@@ -30,6 +35,8 @@ def test_speculative_config_as_a_runtime_option() -> None:
         ('{"method": "dspark", "num_speculative_tokens": -2}', "integer >= 0"),
         ("{not json", "not valid JSON"),
         ('{"method": "dspark", "k": 2}', "unknown key"),
+        ('{"method": "dspark", "disable_by_batch_size": 0}', "integer >= 1"),
+        ('{"method": "dspark", "disable_by_batch_size": true}', "integer >= 1"),
     ):
         with pytest.raises(Dsv41rtError, match="speculative-config") as e:
             options_from({"speculative_config": bad})
@@ -93,6 +100,31 @@ def test_engine_greedy_outputs_equal_plain(runtimes) -> None:
     assert 0 <= s["spec_decode_accepted_tokens"] <= s["spec_decode_draft_tokens"]
     assert "spec_decode_accepted_pos_4" in s
     assert plain.stats()["spec_decode_drafts"] == 0
+
+
+def test_self_tuned_engine_equals_plain_and_skips_a_drafter_that_misses(runtimes, tiny_v41_dir: str) -> None:
+    """speculative-config without a count: lengths chosen per request and step (draft_length.h).
+    Random weights accept almost nothing, so the drafter runs for probes only after the first
+    verifies; the greedy outputs stay plain decoding's. With disable_by_batch_size 1, a batch of 4
+    never drafts."""
+    from dsv41rt.runtime import Runtime
+
+    plain, _ = runtimes
+    rng = np.random.default_rng(5)
+    prompts = [[int(t) for t in rng.integers(3, 129000, n)] for n in (1, 9, 40, 130)]
+    want = plain.generate(prompts, max_new_tokens=24, ignore_eos=True)
+    cases = (({"method": "dspark"}, 4 * 23 // 3), ({"method": "dspark", "disable_by_batch_size": 1}, 0))
+    for spec, most_drafts in cases:
+        tuned = Runtime(tiny_v41_dir, kv_memory="64M", page_size=4, speculative_config=spec)
+        try:
+            # All four are submitted before the first step and end together: every step runs 4.
+            got = tuned.generate(prompts, max_new_tokens=24, ignore_eos=True)
+            s = tuned.stats()
+        finally:
+            tuned.close()
+        assert got == want, spec
+        assert s["spec_decode_drafts"] <= most_drafts, spec
+        assert (s["spec_decode_drafts"] > 0) == (most_drafts > 0), spec
 
 
 def test_load_errors_name_the_problem(tiny_v41_dir: str, tmp_path) -> None:

@@ -107,7 +107,8 @@ typedef struct dsv41rt_runtime_params {
   int64_t tensor_parallel_size;
   int64_t expert_parallel_size;
   /* Speculative decoding in the engine, vLLM's speculative-config JSON:
-   * {"method": "dspark", "num_speculative_tokens": 5} (count omitted: the drafter's block); greedy
+   * {"method": "dspark", "num_speculative_tokens": 5} (count omitted: self-tuned per request up to
+   * the drafter's block; "disable_by_batch_size": N, no drafts in steps of more requests); greedy
    * outputs bitwise those without, sampling by rejection sampling (docs/design/dspark.md). NULL or
    * "" = off (default). Added after expert_parallel_size: a struct_size ending before it is
    * accepted (off). */

@@ -97,9 +97,13 @@ struct RuntimeOptions {
   bool load_drafter = false;
   /// Speculative decoding in the engine (vLLM's speculative-config, method "dspark"): draft
   /// tokens the DSpark drafter proposes per decode step, verified in the step's forward
-  /// (docs/design/dspark.md). 0 = off; -1 = the drafter's block. Loads the drafter (as
-  /// load_drafter); the checkpoint must have one.
+  /// (docs/design/dspark.md). 0 = off; -1 = self-tuned per request and step, up to the
+  /// drafter's block (runtime/engine/draft_length.h). Loads the drafter (as load_drafter); the
+  /// checkpoint must have one.
   int64_t num_speculative_tokens = 0;
+  /// No drafts in an engine step that runs more than this many requests (vLLM's
+  /// speculative-config key disable_by_batch_size); 0 = never.
+  int64_t speculative_disable_by_batch_size = 0;
   /// true: an engine thread runs steps whenever there is work; false: the caller runs them with
   /// step() (scripting, deterministic tests).
   bool engine_thread = true;

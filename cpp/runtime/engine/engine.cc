@@ -232,7 +232,7 @@ class Engine::Impl {
   // Drafts for the step's greedy decodes, within the step's token budget; a request that gets no
   // drafts or no pages for them decodes as usual (drafts never preempt anyone).
   void plan_verifies(const StepPlan& plan, std::vector<std::unique_ptr<Verify>>& verifies) {
-    if (spec_.k() == 0) return;
+    if (!spec_.drafts_in_step(int64_t(plan.chunks.size()))) return;
     int64_t budget = config_.max_num_batched_tokens;
     for (const ScheduledChunk& ch : plan.chunks) budget -= ch.count;
     const int64_t V = exec_->plan().config.vocab_size;
@@ -242,15 +242,17 @@ class Engine::Impl {
       const GenerationParams& p = meta_.at(ch.request_id).params;
       // A decode: one position, the request's last known token, past its prompt.
       if (!ch.samples || ch.count != 1 || ch.start < r.prompt_len || !speculates(p)) continue;
-      const int64_t k = std::min({spec_.k(), p.max_new_tokens - r.generated() - 1, budget});
+      const int64_t k = spec_.planned_length(
+          r, std::min({spec_.k(), p.max_new_tokens - r.generated() - 1, budget}));
       if (k < 1) continue;
-      std::vector<int32_t> d = spec_.draft(r, k);
-      if (d.empty()) continue;
-      if (!scheduler_.reserve_pages(r.id, ch.start + 1 + int64_t(d.size()))) continue;
-      budget -= int64_t(d.size());
+      Drafts d = spec_.draft(r, k);
+      if (d.tokens.empty()) continue;
+      if (!scheduler_.reserve_pages(r.id, ch.start + 1 + int64_t(d.tokens.size()))) continue;
+      budget -= int64_t(d.tokens.size());
       auto v = std::make_unique<Verify>();
       v->fed.push_back(r.tokens[size_t(ch.start)]);
-      v->fed.insert(v->fed.end(), d.begin(), d.end());
+      v->fed.insert(v->fed.end(), d.tokens.begin(), d.tokens.end());
+      v->confidence = std::move(d.confidence);
       v->logits.resize(v->fed.size() * size_t(V));
       verifies[i] = std::move(v);
     }
@@ -269,7 +271,7 @@ class Engine::Impl {
                                                  : accept_sampled(v, V, sp, r, stops);
     const int64_t m = int64_t(out.size()), k = int64_t(v.fed.size()) - 1;
     const bool last_matches = m - 1 < k && out.back().token == v.fed[size_t(m)];
-    spec_.count(k, m - 1 + (last_matches ? 1 : 0));
+    spec_.count(ch.request_id, k, m - 1 + (last_matches ? 1 : 0), v.confidence);
     const int64_t length = ch.start + k + 1;
     if (ch.start + m < length) {
       const model::RequestView view{exec_->pool().slot_data(r.slot), r.pages.data(),

@@ -14,6 +14,9 @@ Speculator::Speculator(model::Executor& exec, SpeculationConfig config)
   window_ = exec_.layout().sliding_window();
   const int64_t k = config_.num_speculative_tokens;
   DSV41RT_CHECK(k >= 0, "speculative-config: num_speculative_tokens must be >= 0, got ", k);
+  DSV41RT_CHECK(config_.disable_by_batch_size >= 0,
+                "speculative-config: disable_by_batch_size must be >= 1 (0: never), got ",
+                config_.disable_by_batch_size);
   if (k == 0) return;
   // The verify forward of k + 1 positions is taken back in part only within the window ring.
   DSV41RT_CHECK(k + 1 <= window_, "speculative-config: num_speculative_tokens ", k,
@@ -35,18 +38,26 @@ bool Speculator::eligible(const kernels::SamplingParams&, bool grammar, bool han
   return k() > 0 && !grammar && !handoff;
 }
 
-std::vector<int32_t> Speculator::draft(const SchedRequest& r, int64_t k) {
+int64_t Speculator::planned_length(const SchedRequest& r, int64_t k_max) const {
+  if (!config_.self_tuning) return k_max;
+  return lengths_.before_drafting(r.id, r.generated(), k_max);
+}
+
+Drafts Speculator::draft(const SchedRequest& r, int64_t k) {
   const int64_t V = exec_.plan().config.vocab_size;
-  std::vector<int32_t> d;
+  Drafts out_drafts;
+  std::vector<int32_t>& d = out_drafts.tokens;
   if (config_.draft_source) {
     d = config_.draft_source(r.id, r.tokens, k);
     if (int64_t(d.size()) > k) d.resize(size_t(k));
   } else {
     auto it = features_.find(r.id);
-    if (it == features_.end()) return d;
+    if (it == features_.end()) return out_drafts;
     const Features& f = it->second;
     const int64_t L = r.computed, ring_first = std::max<int64_t>(0, L - window_);
-    if (f.first > ring_first || int64_t(f.rows.size()) != (L - f.first) * width_) return d;
+    if (f.first > ring_first || int64_t(f.rows.size()) != (L - f.first) * width_) {
+      return out_drafts;
+    }
     const ModelConfig& c = exec_.plan().config;
     model::DraftInputs in;
     in.features = f.rows.data();
@@ -59,13 +70,22 @@ std::vector<int32_t> Speculator::draft(const SchedRequest& r, int64_t k) {
     in.previous.assign(size_t(c.dspark->block_size), in.ids[0]);
     model::DraftOutputs out;
     exec_.draft_greedy(in, out);
-    d.assign(out.tokens.begin(), out.tokens.begin() + std::min<int64_t>(k, out.tokens.size()));
+    const int64_t n = std::min<int64_t>(k, out.tokens.size());
+    d.assign(out.tokens.begin(), out.tokens.begin() + n);
+    out_drafts.confidence.assign(
+        out.confidence.begin(),
+        out.confidence.begin() + std::min<int64_t>(n, out.confidence.size()));
   }
   for (size_t i = 0; i < d.size(); ++i) {
     DSV41RT_CHECK(d[i] >= 0 && d[i] < V, "speculation: draft token ", i, " = ", d[i],
                   " of request ", r.id, " is outside the vocabulary [0, ", V, ")");
   }
-  return d;
+  if (config_.self_tuning && !d.empty()) {
+    const int64_t keep = lengths_.after_drafting(r.id, int64_t(d.size()), out_drafts.confidence);
+    d.resize(size_t(keep));
+    if (int64_t(out_drafts.confidence.size()) > keep) out_drafts.confidence.resize(size_t(keep));
+  }
+  return out_drafts;
 }
 
 void Speculator::keep_features(int64_t id, int64_t start, const std::vector<float>& rows,
@@ -168,8 +188,10 @@ std::vector<kernels::SampledToken> accept_sampled(const Verify& v, int64_t vocab
   return out;
 }
 
-void Speculator::count(int64_t drafted, int64_t accepted) {
+void Speculator::count(int64_t id, int64_t drafted, int64_t accepted,
+                       const std::vector<float>& confidence) {
   if (drafted == 0) return;
+  lengths_.observe(id, drafted, accepted, confidence);
   ++stats_.drafts;
   stats_.draft_tokens += drafted;
   stats_.accepted_tokens += accepted;

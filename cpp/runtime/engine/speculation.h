@@ -23,6 +23,7 @@
 
 #include "core/export.h"
 #include "kernels/sampling.h"
+#include "runtime/engine/draft_length.h"
 #include "runtime/engine/scheduler.h"
 #include "runtime/model/executor.h"
 #include "runtime/model/state_undo.h"
@@ -39,6 +40,12 @@ struct SpeculationConfig {
   /// sliding_window - 1 (a verify forward must be undoable in part) and, with the DSpark
   /// drafter, its block size.
   int64_t num_speculative_tokens = 0;
+  /// The length per request and step is chosen (draft_length.h), up to num_speculative_tokens
+  /// (speculative-config without a count); otherwise every speculating request drafts that many.
+  bool self_tuning = false;
+  /// No drafts in a step that runs more than this many requests (vLLM's disable_by_batch_size:
+  /// there decoding is compute-bound and a verify row costs as much as a plain token); 0 = never.
+  int64_t disable_by_batch_size = 0;
   /// Testing / benchmarking hook: drafts come from here instead of the DSpark drafter (e.g. the
   /// known greedy continuation, to force acceptance on random weights). Unset: the executor's
   /// drafter, which the executor must have (load_drafter).
@@ -54,10 +61,17 @@ struct SpecDecodeStats {
   std::vector<int64_t> accepted_per_pos;
 };
 
+/// A request's drafts and, from the DSpark drafter, their confidence logits (else empty).
+struct Drafts {
+  std::vector<int32_t> tokens;
+  std::vector<float> confidence;
+};
+
 /// One request's verify item in a step.
 struct Verify {
-  std::vector<int32_t> fed;   ///< [last token, d1..dk]
-  std::vector<float> logits;  ///< [fed.size(), vocab]
+  std::vector<int32_t> fed;       ///< [last token, d1..dk]
+  std::vector<float> confidence;  ///< the drafts' confidence logits (empty: none)
+  std::vector<float> logits;      ///< [fed.size(), vocab]
   model::UndoRecord undo;
 };
 
@@ -93,16 +107,28 @@ class Speculator {
   /// Whether the forwards of eligible requests capture the drafter's target features.
   bool needs_features() const { return k() > 0 && !config_.draft_source; }
 
+  /// Whether a step of `requests` requests drafts at all (disable_by_batch_size).
+  bool drafts_in_step(int64_t requests) const {
+    return k() > 0 &&
+           (config_.disable_by_batch_size <= 0 || requests <= config_.disable_by_batch_size);
+  }
+  /// How many drafts to ask for, at most `k_max`: k_max, or self-tuned (0: skip the drafter).
+  int64_t planned_length(const SchedRequest& r, int64_t k_max) const;
   /// Up to `k` drafts for a request about to decode the token at position r.computed (empty when
-  /// it cannot: no features of the last window yet, e.g. after a prefix-cache hit).
-  std::vector<int32_t> draft(const SchedRequest& r, int64_t k);
+  /// it cannot: no features of the last window yet, e.g. after a prefix-cache hit); self-tuned,
+  /// the drafts the confidences do not justify are cut.
+  Drafts draft(const SchedRequest& r, int64_t k);
   /// Records a forward's target features of a request: `n` rows of `rows` from position `start`
   /// (a gap starts over); keeps the last sliding_window rows.
   void keep_features(int64_t id, int64_t start, const std::vector<float>& rows, int64_t n);
-  void forget(int64_t id) { features_.erase(id); }
+  void forget(int64_t id) {
+    features_.erase(id);
+    lengths_.forget(id);
+  }
 
-  /// Counts one verify of `drafted` tokens whose first `accepted` were accepted.
-  void count(int64_t drafted, int64_t accepted);
+  /// Counts request id's verify of `drafted` tokens whose first `accepted` were accepted
+  /// (`confidence`: the drafts', or empty).
+  void count(int64_t id, int64_t drafted, int64_t accepted, const std::vector<float>& confidence);
   const SpecDecodeStats& stats() const { return stats_; }
 
  private:
@@ -114,6 +140,7 @@ class Speculator {
   SpeculationConfig config_;
   int64_t width_ = 0, window_ = 0;
   std::map<int64_t, Features> features_;
+  DraftLengthModel lengths_;
   SpecDecodeStats stats_;
 };
 
