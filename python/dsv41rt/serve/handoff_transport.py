@@ -103,19 +103,28 @@ class TransferError(Exception):
 
 async def wait_done(check: Any, timeout: float, what: str) -> None:
     """Polls `check()` ("PROC", "DONE" or "ERR") until DONE; TransferError on ERR or after
-    `timeout` seconds (a stuck transfer must not hold the request forever)."""
+    `timeout` seconds (a stuck transfer must not hold the request forever). Polls in bursts of
+    SPIN_S without sleeping (a READ of a few MiB takes milliseconds; each check also progresses
+    UCX), yielding to the event loop between bursts so that other requests are served."""
     deadline = time.monotonic() + timeout
-    delay = 0.0
     while True:
-        state = check()
-        if state == "DONE":
-            return
-        if state == "ERR":
-            raise TransferError(f"{what} failed")
-        if time.monotonic() >= deadline:
-            raise TransferError(f"{what} did not finish within {timeout:g} s (state {state})")
-        await asyncio.sleep(delay)
-        delay = min(0.005, delay + 0.0005)  # short transfers finish in a millisecond or two
+        burst_end = time.monotonic() + SPIN_S
+        while True:
+            state = check()
+            if state == "DONE":
+                return
+            if state == "ERR":
+                raise TransferError(f"{what} failed")
+            now = time.monotonic()
+            if now >= deadline:
+                raise TransferError(f"{what} did not finish within {timeout:g} s (state {state})")
+            if now >= burst_end:
+                break
+        await asyncio.sleep(0)
+
+
+#: How long one burst of polling holds the event loop.
+SPIN_S = 0.001
 
 
 class NixlPeer:
