@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import httpx
 import numpy as np
@@ -73,6 +74,11 @@ def test_completions_through_the_router_equal_a_single_server(cluster) -> None:
     # The state moved with NIXL (the default transport).
     text = httpx.get(decode.url + "/metrics", timeout=10).text
     assert f'handoff_transfer_seconds_count{{model_name="{MODEL}",transport="nixl"}} {handoffs + len(LENGTHS)}' in text
+    # Each READ's notification frees its state on the prefill server (reaped every 0.5 s).
+    deadline = time.monotonic() + 10
+    while metric(prefill, "handoff_lent_states") != 0:
+        assert time.monotonic() < deadline, "the prefill server still holds lent states"
+        time.sleep(0.1)
 
 
 def test_the_http_transport_and_a_mismatched_pair(cluster, tiny_dir) -> None:

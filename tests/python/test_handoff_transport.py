@@ -127,6 +127,30 @@ def test_the_store_lends_at_put_and_frees_on_take_drop_and_expiry(pair) -> None:
     assert lender.registered() == 0
 
 
+class _FailingLender(NixlPeer):
+    def __init__(self) -> None:  # no agent: lend fails as a registration error would
+        pass
+
+    def lend(self, handoff_id: str, state: bytes) -> NixlManifest:
+        raise RuntimeError("NIXL_ERR_BACKEND")
+
+    def manifest(self, handoff_id: str) -> NixlManifest | None:
+        return None  # as NixlPeer.manifest of a state it never lent
+
+    def reap(self, read_timeout: float) -> int:
+        return 0
+
+
+def test_a_state_that_cannot_be_lent_goes_in_the_http_answer() -> None:
+    """put runs on the engine's output thread: a failed registration must not raise there."""
+    store = HandoffStore(nixl=_FailingLender())
+    store.put("f", _handoff(b"state"))
+    taken = store.take("f")
+    assert taken is not None and taken[1] is None
+    h, m = Handoff.decode(taken[0].encode(taken[1]))
+    assert m is None and h.state == b"state"
+
+
 _CHILD = """
 import json, sys, time
 from dsv41rt.serve.handoff_transport import NixlPeer

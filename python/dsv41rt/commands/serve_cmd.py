@@ -169,6 +169,8 @@ def _serve(
     engine = EngineLoop(rt, on_finish=finished)
     holder["engine"] = engine
     state = ServerState(cfg, engine, tok, names, metrics, rt.config.vocab_size, context_limit)
+    if state.handoffs.nixl is not None:
+        metrics.watch_lent_states(state.handoffs.nixl.registered)
     app = create_app(state)
     server = uvicorn.Server(
         uvicorn.Config(

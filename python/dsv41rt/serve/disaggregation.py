@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+import logging
 import struct
 import threading
 import time
@@ -33,6 +34,7 @@ HANDOFF_ID_HEADER = "x-dsv41rt-handoff-id"
 PREFILL_URL_HEADER = "x-dsv41rt-prefill-url"
 HANDOFF_ROUTE = "/dsv41rt/handoff"
 _LEN = struct.Struct("<Q")
+log = logging.getLogger("dsv41rt.serve")
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,11 @@ class HandoffStore:
 
     def put(self, handoff_id: str, h: Handoff) -> None:
         if self.nixl is not None and h.state is not None:
-            self.nixl.lend(handoff_id, h.state)
+            try:
+                self.nixl.lend(handoff_id, h.state)
+            except Exception as err:  # called on the engine's output thread, which must not die
+                # The state stays here unlent: its decode server gets the bytes in the GET answer.
+                log.warning("handoff %s: NIXL could not lend the state (%s); it goes over HTTP", handoff_id, err)
         with self._lock:
             self._drop_old()
             self._items[handoff_id] = (time.monotonic(), h)
@@ -264,7 +270,9 @@ class HandoffMiddleware:
             except TransferError as err:
                 raise ApiError(502, f"handoff {handoff_id}: prefill server {url}: {err}") from None
             h, size = h._replace_state(state), size + len(state)
-        self.state.metrics.handoff_received(size, time.monotonic() - start, transport)
+        # "http" also for a state the prefill server could not lend (sent in its answer instead).
+        moved_by = "nixl" if manifest is not None else ("http" if h.state is not None else transport)
+        self.state.metrics.handoff_received(size, time.monotonic() - start, moved_by)
         return h
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -151,6 +151,17 @@ class Metrics:
         self.handoff_bytes.labels(model, handoff_transport)  # zeros before the first handoff
         self.handoff_time.labels(model, handoff_transport)
         r.register(_EngineCollector(model, stats))
+
+    def watch_lent_states(self, count: Callable[[], int]) -> None:
+        """Prefill servers with the NIXL transport: states held in registered memory now (lent and
+        not yet read, dropped or expired); back to 0 when the decode servers have read them all."""
+        g = Gauge(
+            "dsv41rt:handoff_lent_states",
+            "Request states in NIXL-registered memory.",
+            ["model_name"],
+            registry=self.registry,
+        )
+        g.labels(self.model).set_function(count)
 
     def handoff_received(self, size: int, seconds: float, transport: str) -> None:
         self.handoff_bytes.labels(self.model, transport).inc(size)
