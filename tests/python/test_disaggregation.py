@@ -1,6 +1,7 @@
 """Prefill/decode disaggregation end to end on the CPU (issue 26): `dsv41rt router` over a prefill
 server and a decode server (`dsv41rt serve --disaggregation-mode ...`, built-in tiny model), each
-its own process. The router's answers equal a single server's (the decode server asked directly,
+its own process, the state moved with NIXL (the default handoff-transport; one pair with http).
+The router's answers equal a single server's (the decode server asked directly,
 without a handoff), bitwise in tokens and logprobs; the OpenAI client sees one ordinary server;
 failures are clear errors."""
 
