@@ -58,12 +58,12 @@ class Handoff:
             "top_logprobs": [[[int(k), v] for k, v in d.items()] for d in f.top_logprobs],
             "finish_reason": f.finish_reason if self.state is None else None,
             "cached_tokens": f.cached_tokens,
-            "state_bytes": 0 if nixl else len(self.state or b""),
+            "state_bytes": 0 if nixl is not None else len(self.state or b""),
         }
         if nixl is not None:
             head["nixl"] = nixl.to_json()
         raw = json.dumps(head).encode()
-        return _LEN.pack(len(raw)) + raw + (b"" if nixl else self.state or b"")
+        return _LEN.pack(len(raw)) + raw + (b"" if nixl is not None else self.state or b"")
 
     def _replace_state(self, state: bytes) -> Handoff:
         return Handoff(self.prompt, self.first, state)
@@ -142,12 +142,11 @@ class HandoffStore:
             h = item[1]
             return h, (self.nixl.manifest(handoff_id) if self.nixl is not None and h.state is not None else None)
 
-    def reap(self) -> int:
-        """Frees lent states read since the last call (their notifications) or whose reader never
-        came; drops expired handoffs. Called periodically and on every put/take."""
+    def reap(self) -> None:
+        """Drops expired handoffs and frees lent states read since the last call (their
+        notifications) or whose reader never came. Called periodically; put and take do it too."""
         with self._lock:
             self._drop_old()
-        return self.nixl.reap(self._ttl) if self.nixl is not None else 0
 
     def __len__(self) -> int:
         with self._lock:
