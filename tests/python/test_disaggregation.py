@@ -1,10 +1,15 @@
 """Prefill/decode disaggregation end to end on the CPU (issue 26): `dsv41rt router` over a prefill
 server and a decode server (`dsv41rt serve --disaggregation-mode ...`, built-in tiny model), each
-its own process. The router's answers equal a single server's (the decode server asked directly,
+its own process, the state moved with NIXL (the default handoff-transport; one pair with http).
+The router's answers equal a single server's (the decode server asked directly,
 without a handoff), bitwise in tokens and logprobs; the OpenAI client sees one ordinary server;
 failures are clear errors."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+import time
 
 import httpx
 import numpy as np
@@ -67,6 +72,56 @@ def test_completions_through_the_router_equal_a_single_server(cluster) -> None:
         assert metric(decode, "model_tokens_computed_total") - computed == 7, f"prompt of {n}"
     assert metric(decode, "handoff_transfer_seconds_count") - handoffs == len(LENGTHS)
     assert metric(decode, "handoff_received_bytes_total") > 0
+    # The state moved with NIXL (the default transport).
+    text = httpx.get(decode.url + "/metrics", timeout=10).text
+    assert f'handoff_transfer_seconds_count{{model_name="{MODEL}",transport="nixl"}} {handoffs + len(LENGTHS)}' in text
+    # Each READ's notification frees its state on the prefill server (reaped every 0.5 s).
+    deadline = time.monotonic() + 10
+    while metric(prefill, "handoff_lent_states") != 0:
+        assert time.monotonic() < deadline, "the prefill server still holds lent states"
+        time.sleep(0.1)
+
+
+def test_the_http_transport_and_a_mismatched_pair(cluster, tiny_dir) -> None:
+    """`handoff-transport: http` carries the state in the GET answer: the same answers as one
+    server. A pair whose transports differ is a clear error naming the setting, not a hang."""
+    _, nixl_decode, _ = cluster
+    flags = ("--handoff-transport", "http")
+    prefill = LiveServer("--disaggregation-mode", "prefill", *flags, model_dir=tiny_dir)
+    decode = LiveServer("--disaggregation-mode", "decode", *flags, model_dir=tiny_dir)
+    router, mismatched = Router([prefill.url], [decode.url]), Router([prefill.url], [nixl_decode.url])
+    try:
+        rng = np.random.default_rng(2626)
+        for n in (1, 129):
+            prompt = [int(t) for t in rng.integers(3, 1000, n)]
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0, "logprobs": 2}
+            body["ignore_eos"] = True
+            direct = httpx.post(decode.url + "/v1/completions", json=body, timeout=120)
+            routed = httpx.post(router.url + "/v1/completions", json=body, timeout=120)
+            assert direct.status_code == 200 and routed.status_code == 200, (direct.text, routed.text)
+            assert _tokens_and_logprobs(routed.json()) == _tokens_and_logprobs(direct.json()), f"prompt of {n}"
+        text = httpx.get(decode.url + "/metrics", timeout=10).text
+        assert 'handoff_transfer_seconds_count{model_name="dsv41rt-tiny-v41",transport="http"} 2.0' in text
+        r = httpx.post(mismatched.url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 4})
+        assert r.status_code == 503, r.text
+        assert "handoff-transport mismatch: this prefill server uses 'http'" in r.text
+        assert "asked for 'nixl'" in r.text
+    finally:
+        router.stop()
+        mismatched.stop()
+        assert decode.stop() == 0, decode.output()
+        assert prefill.stop() == 0, prefill.output()
+
+
+def test_nixl_without_its_package_is_refused_at_start(tmp_path) -> None:
+    """Without nixl_cu13, `serve` with the nixl transport (the default) stops before loading a
+    model, naming the package and the extra."""
+    hide = "import sys; sys.modules['nixl_cu13'] = None; from dsv41rt.cli import main; sys.exit(main())"
+    cmd = [sys.executable, "-c", hide, "serve", "--disaggregation-mode", "decode", "--port", str(free_port())]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "handoff-transport: nixl needs the nixl-cu13 package" in done.stderr
+    assert "pip install 'dsv41rt[disagg]'" in done.stderr
 
 
 @pytest.mark.parametrize("processes", [False, True])

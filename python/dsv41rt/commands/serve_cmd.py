@@ -98,6 +98,10 @@ def run_serve(args: argparse.Namespace) -> int:
         raise Dsv41rtError(
             f"the server needs its packages ({err.name} is missing): pip install 'dsv41rt[serve]'"
         ) from None
+    if cfg.disaggregation_mode != "none" and cfg.handoff_transport == "nixl":
+        from ..serve.handoff_transport import import_nixl
+
+        import_nixl()  # refuses now, naming the package and the extra, rather than after the model loads
     from ..serve.tiny_model import NAME, ensure_tiny_model
 
     if cfg.model is not None and not os.path.isdir(cfg.model):
@@ -155,7 +159,7 @@ def _serve(
     limit = cfg.runtime.max_model_len
     context_limit = min(limit, capacity) if limit else capacity
     holder: dict = {}
-    metrics = Metrics(names[0], lambda: holder["engine"].stats)
+    metrics = Metrics(names[0], lambda: holder["engine"].stats, cfg.handoff_transport)
 
     def finished(req, reason: str) -> None:
         metrics.finished(
@@ -165,6 +169,8 @@ def _serve(
     engine = EngineLoop(rt, on_finish=finished)
     holder["engine"] = engine
     state = ServerState(cfg, engine, tok, names, metrics, rt.config.vocab_size, context_limit)
+    if state.handoffs.nixl is not None:
+        metrics.watch_lent_states(state.handoffs.nixl.registered)
     app = create_app(state)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -184,6 +190,13 @@ def _serve(
             await asyncio.sleep(0.02)
 
         stop_now = asyncio.Event()
+
+        async def reap_handoffs() -> None:  # frees NIXL-lent states once read (their notifications)
+            while True:
+                await asyncio.sleep(0.5)
+                state.handoffs.reap()
+
+        reaper = asyncio.create_task(reap_handoffs()) if state.handoffs.nixl is not None else None
 
         def drain() -> None:  # SIGTERM / SIGINT: stop accepting, let in-flight requests finish
             if state.draining:
@@ -222,6 +235,8 @@ def _serve(
                 "serving %s on http://%s:%d (model names: %s)", model_dir, cfg.host, _bound_port(server), names_str
             )
         await task
+        if reaper is not None:
+            reaper.cancel()
 
     try:
         asyncio.run(main())

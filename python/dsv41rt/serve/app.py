@@ -29,6 +29,7 @@ from .disaggregation import HANDOFF_ROUTE, Handoff, HandoffMiddleware, HandoffSt
 from .disaggregation import current as handoff_role
 from .engine_loop import EngineLoop, Tracked
 from .guard import Guard, error_response
+from .handoff_transport import TRANSPORT_HEADER, NixlPeer
 from .messages_api import MessagesApi, anthropic_errors
 from .openapi_schema import ServedApi, install_openapi
 from .protocol import CHAT_USAGE, ApiError, ChatProtocol, Tokenizers, include_usage, reasoning_logprobs_in_content
@@ -50,7 +51,12 @@ class ServerState:
         self.draining = False
         self.active = 0
         self.server: Any = None  # the uvicorn.Server, for the drain to stop it
-        self.handoffs = HandoffStore()  # prefill role: finished prefills for their decode servers
+        # Disaggregation: this process's NIXL agent when the state moves with NIXL (prefill: lends
+        # states; decode: reads them), and the prefill role's finished prefills.
+        mode = getattr(cfg, "disaggregation_mode", "none")  # test doubles of the config: none
+        uses_nixl = mode != "none" and getattr(cfg, "handoff_transport", "http") == "nixl"
+        self.nixl = NixlPeer(mode) if uses_nixl else None
+        self.handoffs = HandoffStore(nixl=self.nixl if mode == "prefill" else None)
 
 
 def _stream_usage(chunk: str, with_usage: bool, fix_usage: Callable[[dict], None]) -> tuple[str, str | None]:
@@ -228,12 +234,22 @@ def create_app(state: ServerState) -> FastAPI:
         return req
 
     @app.get(HANDOFF_ROUTE + "/{handoff_id}", include_in_schema=False)  # between servers, not an API
-    async def take_handoff(handoff_id: str):
-        """A decode server takes a finished prefill's state (once)."""
-        h = state.handoffs.take(handoff_id)
-        if h is None:
+    async def take_handoff(handoff_id: str, request: Request):
+        """A decode server takes a finished prefill's state (once): its bytes, or with NIXL the
+        manifest it reads them by. Both servers must use the same handoff-transport: a mismatch is
+        a 409 naming both (before the handoff is taken), which the decode server passes on."""
+        asked = request.headers.get(TRANSPORT_HEADER)
+        if asked != cfg.handoff_transport:
+            raise ApiError(
+                409,
+                f"handoff-transport mismatch: this prefill server uses {cfg.handoff_transport!r}, the decode "
+                f"server asked for {asked!r} ({TRANSPORT_HEADER}); set the same handoff-transport on both",
+            )
+        taken = state.handoffs.take(handoff_id)
+        if taken is None:
             raise ApiError(404, f"no handoff {handoff_id!r} (never made here, taken already, or expired)")
-        return Response(content=h.encode(), media_type="application/octet-stream")
+        h, manifest = taken
+        return Response(content=h.encode(manifest), media_type="application/octet-stream")
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):

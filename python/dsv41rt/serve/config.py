@@ -20,6 +20,7 @@ from ..options import OPTIONS, RuntimeOptions, options_from, parse_bool, parse_i
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DISAGGREGATION_MODES = ("none", "prefill", "decode")
+HANDOFF_TRANSPORTS = ("nixl", "http")  # serve/handoff_transport.py
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ class ServeConfig:
     # (with none given: from this host).
     disaggregation_mode: str = "none"
     prefill_servers: tuple[str, ...] = ()
+    # How the state moves between the pair (both must agree): NIXL reads (the `disagg` extra), or
+    # the bytes in the HTTP answer.
+    handoff_transport: str = "nixl"
     tiny_model_dir: str = field(default="", metadata={"help": "where the built-in model is generated"})
 
     def model_names(self, default: str) -> tuple[str, ...]:
@@ -112,6 +116,11 @@ def _validate(cfg: ServeConfig) -> ServeConfig:
         cfg.disaggregation_mode in DISAGGREGATION_MODES,
         "disaggregation-mode",
         f"must be one of {', '.join(DISAGGREGATION_MODES)}, got {cfg.disaggregation_mode!r}",
+    )
+    need(
+        cfg.handoff_transport in HANDOFF_TRANSPORTS,
+        "handoff-transport",
+        f"must be one of {', '.join(HANDOFF_TRANSPORTS)}, got {cfg.handoff_transport!r}",
     )
     need(cfg.log_level in LOG_LEVELS, "log-level", f"must be one of {', '.join(LOG_LEVELS)}, got {cfg.log_level!r}")
     return cfg  # the model directory is checked when the server starts (configs travel between machines)

@@ -10,13 +10,16 @@ A request the router sends carries a handoff id (HANDOFF_ID_HEADER):
     always, and the engine loop continues it from the state (Runtime.add_handoff_request) after
     giving the route the first output as if it had been generated here.
 So every route (chat, completions, Responses, Messages) works unchanged on both sides. The state
-travels over HTTP between the two servers (NIXL is the planned transport; see the design note).
+moves with NIXL (`handoff-transport: nixl`, the default; serve/handoff_transport.py: the GET
+answer carries a manifest and the decode server READs the bytes) or in the GET answer itself
+(`http`).
 """
 
 from __future__ import annotations
 
 import contextvars
 import json
+import logging
 import struct
 import threading
 import time
@@ -24,12 +27,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..runtime import StepOutput
+from .handoff_transport import TRANSPORT_HEADER, NixlManifest, NixlPeer, TransferError
 
 MODES = ("none", "prefill", "decode")
 HANDOFF_ID_HEADER = "x-dsv41rt-handoff-id"
 PREFILL_URL_HEADER = "x-dsv41rt-prefill-url"
 HANDOFF_ROUTE = "/dsv41rt/handoff"
 _LEN = struct.Struct("<Q")
+log = logging.getLogger("dsv41rt.serve")
 
 
 @dataclass(frozen=True)
@@ -42,8 +47,9 @@ class Handoff:
     first: StepOutput
     state: bytes | None
 
-    def encode(self) -> bytes:
-        """A length-prefixed JSON header, then the state's bytes."""
+    def encode(self, nixl: NixlManifest | None = None) -> bytes:
+        """A length-prefixed JSON header, then the state's bytes; with `nixl`, the header carries
+        the manifest of the lent state instead of its bytes."""
         f = self.first
         head = {
             "prompt": self.prompt,
@@ -52,14 +58,20 @@ class Handoff:
             "top_logprobs": [[[int(k), v] for k, v in d.items()] for d in f.top_logprobs],
             "finish_reason": f.finish_reason if self.state is None else None,
             "cached_tokens": f.cached_tokens,
-            "state_bytes": len(self.state or b""),
+            "state_bytes": 0 if nixl is not None else len(self.state or b""),
         }
+        if nixl is not None:
+            head["nixl"] = nixl.to_json()
         raw = json.dumps(head).encode()
-        return _LEN.pack(len(raw)) + raw + (self.state or b"")
+        return _LEN.pack(len(raw)) + raw + (b"" if nixl is not None else self.state or b"")
+
+    def _replace_state(self, state: bytes) -> Handoff:
+        return Handoff(self.prompt, self.first, state)
 
     @staticmethod
-    def decode(blob: bytes) -> Handoff:
-        """The inverse of encode; ValueError naming what is wrong with a malformed blob."""
+    def decode(blob: bytes) -> tuple[Handoff, NixlManifest | None]:
+        """The inverse of encode: the handoff (without its state when it was lent) and the lent
+        state's manifest, if any; ValueError naming what is wrong with a malformed blob."""
         if len(blob) < _LEN.size:
             raise ValueError(f"handoff: {len(blob)} bytes is shorter than its length prefix")
         (n,) = _LEN.unpack_from(blob)
@@ -79,7 +91,8 @@ class Handoff:
             top_logprobs=[{int(k): float(v) for k, v in pairs} for pairs in head["top_logprobs"]],
             cached_tokens=int(head["cached_tokens"]),
         )
-        return Handoff([int(t) for t in head["prompt"]], first, state or None)
+        manifest = NixlManifest.from_json(head["nixl"]) if "nixl" in head else None
+        return Handoff([int(t) for t in head["prompt"]], first, state or None), manifest
 
 
 @dataclass(frozen=True)
@@ -95,27 +108,45 @@ current: contextvars.ContextVar[PrefillTag | Handoff | None] = contextvars.Conte
 
 class HandoffStore:
     """Finished prefills waiting for their decode server: each taken once, dropped after `ttl`
-    seconds (a router or decode server that never came), at most `capacity` kept (oldest dropped)."""
+    seconds (a router or decode server that never came), at most `capacity` kept (oldest dropped).
+    With a NixlPeer, each state waits in NIXL-registered memory from `put` on (its registration is
+    off the decode server's path); `take` hands out its manifest, and the memory is freed when the
+    reader's notification arrives (`reap`), `ttl` seconds after the take, or when it is dropped."""
 
-    def __init__(self, ttl: float = 120.0, capacity: int = 1024) -> None:
-        self._ttl, self._capacity = ttl, capacity
+    def __init__(self, ttl: float = 120.0, capacity: int = 1024, nixl: NixlPeer | None = None) -> None:
+        self._ttl, self._capacity, self.nixl = ttl, capacity, nixl
         self._lock = threading.Lock()  # put from the engine's output thread, take from the loop
         self._items: dict[str, tuple[float, Handoff]] = {}
         self.expired = 0
 
     def put(self, handoff_id: str, h: Handoff) -> None:
+        if self.nixl is not None and h.state is not None:
+            try:
+                self.nixl.lend(handoff_id, h.state)
+            except Exception as err:  # called on the engine's output thread, which must not die
+                # The state stays here unlent: its decode server gets the bytes in the GET answer.
+                log.warning("handoff %s: NIXL could not lend the state (%s); it goes over HTTP", handoff_id, err)
         with self._lock:
             self._drop_old()
             self._items[handoff_id] = (time.monotonic(), h)
             while len(self._items) > self._capacity:
-                del self._items[next(iter(self._items))]
-                self.expired += 1
+                self._drop(next(iter(self._items)))
 
-    def take(self, handoff_id: str) -> Handoff | None:
+    def take(self, handoff_id: str) -> tuple[Handoff, NixlManifest | None] | None:
+        """The handoff (once) and, with NIXL, its lent state's manifest."""
         with self._lock:
             self._drop_old()
             item = self._items.pop(handoff_id, None)
-            return item[1] if item else None
+            if item is None:
+                return None
+            h = item[1]
+            return h, (self.nixl.manifest(handoff_id) if self.nixl is not None and h.state is not None else None)
+
+    def reap(self) -> None:
+        """Drops expired handoffs and frees lent states read since the last call (their
+        notifications) or whose reader never came. Called periodically; put and take do it too."""
+        with self._lock:
+            self._drop_old()
 
     def __len__(self) -> int:
         with self._lock:
@@ -124,8 +155,15 @@ class HandoffStore:
     def _drop_old(self) -> None:
         now = time.monotonic()
         for k in [k for k, (t, _) in self._items.items() if now - t > self._ttl]:
-            del self._items[k]
-            self.expired += 1
+            self._drop(k)
+        if self.nixl is not None:
+            self.nixl.reap(self._ttl)
+
+    def _drop(self, handoff_id: str) -> None:
+        del self._items[handoff_id]
+        self.expired += 1
+        if self.nixl is not None:
+            self.nixl.release(handoff_id)
 
 
 def first_output(h: Handoff, request_id: int) -> StepOutput:
@@ -207,15 +245,42 @@ class HandoffMiddleware:
             raise ApiError(400, f"{HANDOFF_ID_HEADER} needs {PREFILL_URL_HEADER} (the prefill server's URL)")
         if not allowed_prefill_url(url, self.state.cfg.prefill_servers):
             raise ApiError(400, f"{PREFILL_URL_HEADER}: {url!r} is not a configured prefill server")
+        transport = self.state.cfg.handoff_transport
         auth = {k: v for k, v in headers.items() if k in ("authorization", "x-api-key")}
         start = time.monotonic()
         try:
             async with httpx.AsyncClient(timeout=60) as client:
-                r = await client.get(f"{url.rstrip('/')}{HANDOFF_ROUTE}/{handoff_id}", headers=auth)
+                r = await client.get(
+                    f"{url.rstrip('/')}{HANDOFF_ROUTE}/{handoff_id}", headers={**auth, TRANSPORT_HEADER: transport}
+                )
         except httpx.HTTPError as err:
             raise ApiError(502, f"handoff {handoff_id}: prefill server {url} unreachable ({err})") from None
+        if r.status_code == 409:  # the pair's handoff-transport settings differ: its message says how
+            raise ApiError(502, f"handoff {handoff_id}: prefill server {url}: {_message(r)}")
         if r.status_code != 200:
             raise ApiError(502, f"handoff {handoff_id}: prefill server {url} answered {r.status_code}")
-        h = Handoff.decode(r.content)
-        self.state.metrics.handoff_received(len(r.content), time.monotonic() - start)
+        h, manifest = Handoff.decode(r.content)
+        size = len(r.content)
+        if manifest is not None:
+            if self.state.nixl is None:  # a prefill server that ignored the transport header
+                raise ApiError(502, f"handoff {handoff_id}: prefill server {url} lent the state over NIXL")
+            try:
+                state = await self.state.nixl.read(manifest, handoff_id, NIXL_READ_TIMEOUT_S)
+            except TransferError as err:
+                raise ApiError(502, f"handoff {handoff_id}: prefill server {url}: {err}") from None
+            h, size = h._replace_state(state), size + len(state)
+        # "http" also for a state the prefill server could not lend (sent in its answer instead).
+        moved_by = "nixl" if manifest is not None else ("http" if h.state is not None else transport)
+        self.state.metrics.handoff_received(size, time.monotonic() - start, moved_by)
         return h
+
+
+#: How long a decode server waits for a NIXL read before answering 502 (the router retries).
+NIXL_READ_TIMEOUT_S = 30.0
+
+
+def _message(r: Any) -> str:
+    try:
+        return str(r.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return r.text[:200]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -111,7 +111,7 @@ class _EngineCollector(Collector):
 
 
 class Metrics:
-    def __init__(self, model: str, stats: Callable[[], dict[str, int]]) -> None:
+    def __init__(self, model: str, stats: Callable[[], dict[str, int]], handoff_transport: str = "nixl") -> None:
         self.model = model
         self.registry = CollectorRegistry()
         r, m = self.registry, ["model_name"]
@@ -136,23 +136,36 @@ class Metrics:
             "dsv41rt:e2e_request_latency_seconds", "Arrival to last token.", m, buckets=E2E_BUCKETS, registry=r
         )
         # Disaggregation (serve/disaggregation.py): request states a decode server fetched.
+        # `transport`: "nixl" (manifest over HTTP, state READ with NIXL) or "http" (state in the answer).
+        t = [*m, "transport"]
         self.handoff_bytes = Counter(
-            "dsv41rt:handoff_received_bytes", "Request state bytes fetched from prefill servers.", m, registry=r
+            "dsv41rt:handoff_received_bytes", "Request state bytes fetched from prefill servers.", t, registry=r
         )
         self.handoff_time = Histogram(
             "dsv41rt:handoff_transfer_seconds",
             "Time to fetch one request's state from its prefill server.",
-            m,
+            t,
             buckets=TTFT_BUCKETS,
             registry=r,
         )
-        self.handoff_bytes.labels(model)  # zeros before the first handoff
-        self.handoff_time.labels(model)
+        self.handoff_bytes.labels(model, handoff_transport)  # zeros before the first handoff
+        self.handoff_time.labels(model, handoff_transport)
         r.register(_EngineCollector(model, stats))
 
-    def handoff_received(self, size: int, seconds: float) -> None:
-        self.handoff_bytes.labels(self.model).inc(size)
-        self.handoff_time.labels(self.model).observe(seconds)
+    def watch_lent_states(self, count: Callable[[], int]) -> None:
+        """Prefill servers with the NIXL transport: states held in registered memory now (lent and
+        not yet read, dropped or expired); back to 0 when the decode servers have read them all."""
+        g = Gauge(
+            "dsv41rt:handoff_lent_states",
+            "Request states in NIXL-registered memory.",
+            ["model_name"],
+            registry=self.registry,
+        )
+        g.labels(self.model).set_function(count)
+
+    def handoff_received(self, size: int, seconds: float, transport: str) -> None:
+        self.handoff_bytes.labels(self.model, transport).inc(size)
+        self.handoff_time.labels(self.model, transport).observe(seconds)
 
     def finished(
         self,
