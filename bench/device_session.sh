@@ -22,6 +22,9 @@
 #            PROFILE_PRECISION, PROFILE_KV_MEMORY (bytes; 32k tokens need ~26 GiB)
 #   spec     DSpark speculation at batch 1 on bench-40 (bench/spec_decode_bench.py: fixed acceptance lengths,
 #            the real drafter, plain greedy; SPEC_PRECISION, SPEC_PROMPT, SPEC_TOKENS)
+#   specb    DSpark speculation in the engine at batches SPECB_BATCHES (default 1,16,64) on bench-40
+#            (bench/spec_decode_engine_bench.py: tok/s per request, plain / fixed acceptance lengths /
+#            the real drafter fixed and self-tuned; SPEC_PRECISION, SPEC_PROMPT, SPECB_TOKENS)
 #   kbench   the kernel microbenchmarks carried in .devcarry/bench (bench/kernels/*_bench.cu)
 #   cp2      (2 GPUs) CP 2 over NCCL vs CP 1 on the tiny presets, threads and one process per GPU
 #   bf16diag GPU precision bf16 vs the CPU emulation of it, per position (errors saved for analysis)
@@ -180,6 +183,14 @@ for step in ${STEPS:-tests}; do
       DSV41RT_COMMIT=$commit timeout "${SPEC_TIMEOUT:-400}" python3 -u bench/spec_decode_bench.py --checkpoint /tmp/bench-40 \
         --precision "${SPEC_PRECISION:-fp8}" --prompt "${SPEC_PROMPT:-1024}" --new-tokens "${SPEC_TOKENS:-128}" \
         --out "$OUT/spec_decode.json" 2>&1 | tail -12
+      ;;
+    specb)
+      echo "== DSpark speculation in the engine: batches, fixed acceptance lengths, the real drafter"
+      [ -d /tmp/bench-40 ] || python3 -m dsv41rt make-checkpoint --preset bench-40 --seed 0 --out /tmp/bench-40 --workers 16 | tail -1
+      DSV41RT_COMMIT=$commit timeout "${SPECB_TIMEOUT:-500}" python3 -u bench/spec_decode_engine_bench.py \
+        --checkpoint /tmp/bench-40 --precision "${SPEC_PRECISION:-fp8}" --prompt "${SPEC_PROMPT:-1024}" \
+        --new-tokens "${SPECB_TOKENS:-48}" --batches "${SPECB_BATCHES:-1,16,64}" --repeats 2 \
+        --out "$OUT/spec_decode_engine.json" 2>&1 | tail -40
       ;;
     kbench)
       echo "== kernel microbenchmarks (carried in .devcarry/bench, built on the CPU machine)"

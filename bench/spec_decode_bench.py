@@ -14,7 +14,7 @@ give the plain run's tokens (checked), so only the time differs. Times are host 
 call returns to the host), medians over --repeats; per output token = (a run of --new-tokens minus
 a run of one token through the same code) / (new tokens - 1): the prompt's prefill never counts.
 
-Batch 16 / 64 need speculation inside the engine (not built): this bench is batch 1 only.
+Batch 16 / 64: bench/spec_decode_engine_bench.py (the engine, through the Runtime's draft_source hook).
 """
 
 from __future__ import annotations

@@ -154,6 +154,9 @@ void register_options(nb::module_& m) {
       .def_rw("num_speculative_tokens", &RuntimeOptions::num_speculative_tokens)
       .def_rw("speculative_disable_by_batch_size",
               &RuntimeOptions::speculative_disable_by_batch_size)
+      // A Python callable (id, tokens, k) -> drafts; nanobind takes the GIL to call it from the
+      // engine (Runtime.step releases it).
+      .def_rw("draft_source", &RuntimeOptions::draft_source)
       .def_rw("engine_thread", &RuntimeOptions::engine_thread);
   nb::class_<DraftBlock>(m, "DraftBlock")
       .def_ro("tokens", &DraftBlock::tokens)

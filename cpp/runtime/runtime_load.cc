@@ -98,7 +98,10 @@ LoadedModel load_model(const RuntimeOptions& o) {
   // The CPU backend computes from FP32 host copies; the CUDA backend dequantises the stored
   // tensors on the device (a released checkpoint does not fit in host memory as FP32).
   // Speculation drafts with DSpark: the drafter is loaded for it.
-  const bool drafter = o.load_drafter || o.num_speculative_tokens != 0;
+  const bool drafter = o.load_drafter || (o.num_speculative_tokens != 0 && !o.draft_source);
+  DSV41RT_CHECK(!o.draft_source || o.num_speculative_tokens > 0,
+                "draft_source: give num_speculative_tokens > 0 (the drafts' count per step), got ",
+                o.num_speculative_tokens);
   const char* asker = o.load_drafter ? "load_drafter" : "speculative-config (method dspark)";
   if (drafter) {
     DSV41RT_CHECK_CODE(kInvalidArgument, plan.config.dspark && !plan.draft_layers.empty(), asker,
@@ -109,6 +112,13 @@ LoadedModel load_model(const RuntimeOptions& o) {
         p.context_parallel_size == 1 && p.tensor_parallel_size == 1 && p.expert_parallel_size == 1,
         asker, ": the drafter is not built for context, tensor or expert parallelism");
   }
+  if (o.draft_source) {
+    const ParallelOptions& p = o.parallel;
+    DSV41RT_CHECK_CODE(
+        kUnsupported,
+        p.context_parallel_size == 1 && p.tensor_parallel_size == 1 && p.expert_parallel_size == 1,
+        "draft_source: speculation is not built for context, tensor or expert parallelism");
+  }
   model::ModelWeights weights =
       model::load_weights(ck, plan, /*host_values=*/o.device.device == "cpu", o.progress,
                           /*drafts=*/drafter);
@@ -117,6 +127,7 @@ LoadedModel load_model(const RuntimeOptions& o) {
       o.num_speculative_tokens < 0 ? plan.config.dspark->block_size : o.num_speculative_tokens;
   m.engine.speculation.self_tuning = o.num_speculative_tokens < 0;
   m.engine.speculation.disable_by_batch_size = o.speculative_disable_by_batch_size;
+  m.engine.speculation.draft_source = o.draft_source;
   m.engine.max_num_seqs = o.pool.max_num_seqs;
   m.engine.max_num_batched_tokens = o.pool.max_num_batched_tokens;
   m.engine.max_model_len = o.pool.max_model_len;

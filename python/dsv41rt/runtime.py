@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -164,6 +164,7 @@ class Runtime:
         rank: int = -1,
         group_id: bytes = b"",
         worker_threads: bool = False,
+        draft_source: Callable[[int, list[int], int], Sequence[int]] | None = None,
         **fields: Any,
     ) -> None:
         """Load `checkpoint` (its config and every tensor validated once, by the C++ core).
@@ -172,7 +173,9 @@ class Runtime:
         keywords (docs/options.md). engine_thread=True starts the C++ engine thread (the server);
         otherwise `step()` runs the engine. Context-parallel launchers only: this process's `rank`
         and the group's `group_id` (NCCL unique id or rank 0's host:port); worker_threads runs the
-        one-process-per-rank protocol with the ranks as threads (tests).
+        one-process-per-rank protocol with the ranks as threads (tests). `draft_source` (benchmarks,
+        tests; needs speculative_config with num_speculative_tokens): drafts(request_id, tokens, k)
+        replaces the DSpark drafter (C++ RuntimeOptions::draft_source).
         """
         if device is not None:
             fields["device"] = device
@@ -197,6 +200,8 @@ class Runtime:
             group_id=group_id,
             worker_threads=worker_threads,
         )
+        if draft_source is not None:
+            core.draft_source = lambda i, t, k: [int(x) for x in draft_source(int(i), list(t), int(k))]
         bar = _load_progress(checkpoint) if progress else None
         try:
             self._rt = _core.Runtime(core, bar)

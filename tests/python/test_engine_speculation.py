@@ -127,6 +127,38 @@ def test_self_tuned_engine_equals_plain_and_skips_a_drafter_that_misses(runtimes
         assert (s["spec_decode_drafts"] > 0) == (most_drafts > 0), spec
 
 
+def test_draft_source_hook_replaces_the_drafter(runtimes, tiny_v41_dir: str) -> None:
+    """Runtime(draft_source=...) (benchmarks: fixed acceptance lengths): the known continuation
+    as drafts is all accepted and the outputs are plain decoding's; the hook needs a count."""
+    from dsv41rt.runtime import Runtime
+
+    plain, _ = runtimes
+    rng = np.random.default_rng(8)
+    prompts = [[int(t) for t in rng.integers(3, 129000, n)] for n in (3, 20)]
+    want = plain.generate(prompts, max_new_tokens=10, ignore_eos=True)
+    by_prompt = {tuple(p): w for p, w in zip(prompts, want, strict=True)}
+    calls = []
+
+    def known(request_id: int, tokens: list[int], k: int) -> list[int]:
+        calls.append(request_id)
+        for p, w in by_prompt.items():
+            if tuple(tokens[: len(p)]) == p:
+                at = len(tokens) - len(p)
+                return w[at : at + k]
+        raise AssertionError("a request of unknown prompt")
+
+    spec = {"method": "dspark", "num_speculative_tokens": 3}
+    rt = Runtime(tiny_v41_dir, kv_memory="64M", page_size=4, speculative_config=spec, draft_source=known)
+    try:
+        assert rt.generate(prompts, max_new_tokens=10, ignore_eos=True) == want
+        s = rt.stats()
+    finally:
+        rt.close()
+    assert calls and s["spec_decode_accepted_tokens"] == s["spec_decode_draft_tokens"] > 0
+    with pytest.raises(Dsv41rtError, match="draft_source: give num_speculative_tokens > 0"):
+        Runtime(tiny_v41_dir, speculative_config={"method": "dspark"}, draft_source=known)
+
+
 def test_load_errors_name_the_problem(tiny_v41_dir: str, tmp_path) -> None:
     from dsv41rt.checkpoint.generator import make_checkpoint
     from dsv41rt.config.presets import preset_config_json

@@ -104,6 +104,14 @@ struct RuntimeOptions {
   /// No drafts in an engine step that runs more than this many requests (vLLM's
   /// speculative-config key disable_by_batch_size); 0 = never.
   int64_t speculative_disable_by_batch_size = 0;
+  /// Benchmarking / testing hook (not a serving option): with num_speculative_tokens > 0 the
+  /// drafts of request `id` (its ids as this Runtime numbers them) come from here instead of the
+  /// DSpark drafter, which is then not loaded: up to `k` tokens after `tokens` (the prompt, then
+  /// the generated ones; the last not yet fed). Called on the engine's thread, once per
+  /// speculating request and step. E.g. the known continuation with a wrong token at a chosen
+  /// index: the fixed acceptance lengths of bench/spec_decode_engine_bench.py.
+  std::function<std::vector<int32_t>(int64_t id, const std::vector<int32_t>& tokens, int64_t k)>
+      draft_source;
   /// true: an engine thread runs steps whenever there is work; false: the caller runs them with
   /// step() (scripting, deterministic tests).
   bool engine_thread = true;

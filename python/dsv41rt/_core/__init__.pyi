@@ -2,7 +2,7 @@
 dsv41rt C++ core: the engine and executors, checkpoints, dtype codecs, CPU ops, comm.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 import enum
 from typing import Annotated
 
@@ -382,6 +382,12 @@ class RuntimeOptions:
 
     @speculative_disable_by_batch_size.setter
     def speculative_disable_by_batch_size(self, arg: int, /) -> None: ...
+
+    @property
+    def draft_source(self) -> Callable[[int, list[int], int], list[int]]: ...
+
+    @draft_source.setter
+    def draft_source(self, arg: Callable[[int, Sequence[int], int], Sequence[int]], /) -> None: ...
 
     @property
     def engine_thread(self) -> bool: ...
