@@ -1,0 +1,178 @@
+// The DeepSeek-V4 per-request state in the paged pool (issue 25, step 2): every CSA and HCA layer
+// is a source of its own (no sharing), HCA layers keep no index keys, and each compressor's flat
+// state (kernels/v4_compressor.h) sits in the request slot at the StateLayout's offsets, so that
+// chunks fed through the slot emit prefill's entries bitwise while leaving every other byte of the
+// slot alone.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "kernels/v4_compressor.h"
+#include "runtime/model/cache_bytes.h"
+#include "runtime/model/layer_plan.h"
+#include "runtime/model/model_config.h"
+#include "runtime/model/state_layout.h"
+
+namespace dsv41rt {
+namespace {
+
+using kernels::V4CompressorWeights;
+using model::CacheFormats;
+using model::StateLayout;
+
+// tiny-v4's schedule (python/dsv41rt/config/presets.py): SWA, SWA, CSA, HCA, CSA, HCA, MTP.
+const char* kTinyV4 = R"({
+  "model_type": "deepseek_v4", "vocab_size": 1000, "hidden_size": 64,
+  "moe_intermediate_size": 32, "num_hidden_layers": 6, "num_attention_heads": 4, "head_dim": 64,
+  "qk_rope_head_dim": 16, "q_lora_rank": 32, "o_lora_rank": 32, "o_groups": 2,
+  "n_routed_experts": 8, "num_experts_per_tok": 2, "routed_scaling_factor": 1.5,
+  "sliding_window": 8, "compress_ratios": [0, 0, 4, 128, 4, 128, 0],
+  "index_n_heads": 16, "index_head_dim": 32, "index_topk": 8, "num_hash_layers": 3,
+  "num_nextn_predict_layers": 1, "hc_mult": 2,
+  "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+                   "beta_fast": 32, "beta_slow": 1}
+})";
+
+ModelPlan tiny_v4_plan() { return build_model_plan(parse_model_config_json(kTinyV4, "tiny-v4")); }
+
+constexpr int64_t kF32 = 4, kH = 64, kD = 64, kDI = 32, kWindow = 8;
+// Flat states (kernels/v4_compressor.h): 2·m·W (+ 2·m·D with overlap) floats.
+constexpr int64_t kCsaMain = (2 * 4 * 2 * kD + 2 * 4 * kD) * kF32;       // 6144 B
+constexpr int64_t kCsaIndexer = (2 * 4 * 2 * kDI + 2 * 4 * kDI) * kF32;  // 3072 B
+constexpr int64_t kHcaMain = 2 * 128 * kD * kF32;                        // 65536 B
+
+TEST(V4StateLayout, EveryCompressedLayerIsASourceOfItsOwn) {
+  const ModelPlan plan = tiny_v4_plan();
+  const StateLayout layout(plan, CacheFormats::of(false), 128);
+  const int64_t kv = kD * kF32, key = kDI * kF32;  // FP32 rows (cache_quant off)
+  EXPECT_EQ(layout.window_row_bytes(), kv);
+  EXPECT_EQ(layout.kv_row_bytes(), kv);
+  EXPECT_EQ(layout.key_row_bytes(), key);
+  // Page: layer 2 (CSA) 32 entries + 32 keys, layer 3 (HCA) 1 entry, layer 4, layer 5.
+  const int64_t csa_page = 32 * (kv + key), hca_page = kv;
+  EXPECT_EQ(layout.entries_per_page(2), 32);
+  EXPECT_EQ(layout.entries_per_page(3), 1);
+  EXPECT_EQ(layout.entry_offset(2, false), 0);
+  EXPECT_EQ(layout.entry_offset(2, true), 32 * kv);
+  EXPECT_EQ(layout.entry_offset(3, false), csa_page);
+  EXPECT_EQ(layout.entry_offset(4, false), csa_page + hca_page);
+  EXPECT_EQ(layout.entry_offset(4, true), csa_page + hca_page + 32 * kv);
+  EXPECT_EQ(layout.entry_offset(5, false), 2 * csa_page + hca_page);
+  EXPECT_EQ(layout.geometry().page_bytes, 2 * (csa_page + hca_page));
+  EXPECT_THROW(layout.entry_offset(3, true), Error);   // HCA: no index keys
+  EXPECT_THROW(layout.entry_offset(1, false), Error);  // SWA: no entries
+  // Slot: six window rings, then the states in layer order (CSA: main, then indexer).
+  const int64_t rings = 6 * kWindow * kv;
+  EXPECT_EQ(layout.pending_offset(2), rings);
+  EXPECT_EQ(layout.indexer_pending_offset(2), rings + kCsaMain);
+  EXPECT_EQ(layout.pending_offset(3), rings + kCsaMain + kCsaIndexer);
+  EXPECT_EQ(layout.pending_offset(4), rings + kCsaMain + kCsaIndexer + kHcaMain);
+  EXPECT_EQ(layout.indexer_pending_offset(4), rings + 2 * kCsaMain + kCsaIndexer + kHcaMain);
+  EXPECT_EQ(layout.pending_offset(5), rings + 2 * (kCsaMain + kCsaIndexer) + kHcaMain);
+  EXPECT_EQ(layout.geometry().slot_bytes, rings + 2 * (kCsaMain + kCsaIndexer + kHcaMain));
+  EXPECT_THROW(layout.indexer_pending_offset(3), Error);  // HCA: no indexer
+  // The accounting `inspect` prints is the same as the layout's.
+  EXPECT_EQ(model::cache_bytes(plan).compressor_state_per_request,
+            2 * (kCsaMain + kCsaIndexer + kHcaMain));
+  // Quantised caches: V4's own 584-byte rows (spec §5.4), not V4.1's.
+  EXPECT_EQ(model::cache_row_bytes(plan.config, CacheFormats::of(true)).window,
+            48 + 8 + 2 * 16);  // nope FP8 + one UE8M0 scale per 64 padded to 8 + rope BF16
+}
+
+TEST(V4StateLayout, PagesMustHoldWholeHcaGroups) {
+  const ModelPlan plan = tiny_v4_plan();
+  try {
+    StateLayout(plan, CacheFormats::of(false), 64);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a multiple of compression ratio 128 (layer 3)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+struct RandomCompressor {
+  std::vector<float> wkv, wgate, ape, norm;
+  V4CompressorWeights w;
+  RandomCompressor(int64_t D, int64_t ratio, bool overlap, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    w.H = kH, w.D = D, w.ratio = ratio, w.overlap = overlap;
+    for (auto* v : {&wkv, &wgate}) {
+      v->resize(w.width() * kH);
+      for (float& e : *v) e = 0.25f * n01(rng);
+    }
+    ape.resize(ratio * w.width());
+    for (float& e : ape) e = n01(rng);
+    norm.resize(D);
+    for (float& e : norm) e = 1.0f + 0.1f * n01(rng);
+    w.wkv = wkv.data(), w.wgate = wgate.data(), w.ape = ape.data(), w.norm_weight = norm.data();
+  }
+};
+
+TEST(V4StateLayout, CompressorsInTheSlotEmitPrefillEntriesBitwise) {
+  const ModelPlan plan = tiny_v4_plan();
+  const StateLayout layout(plan, CacheFormats::of(false), 128);
+  // Every compressor of the model, each at its slot offset.
+  struct Placed {
+    RandomCompressor c;
+    int64_t offset;
+  };
+  std::vector<Placed> all;
+  for (const LayerPlan& l : plan.layers) {
+    if (l.role == LayerRole::kCsa) {
+      all.push_back({RandomCompressor(kD, 4, true, 10 + l.index), layout.pending_offset(l.index)});
+      all.push_back(
+          {RandomCompressor(kDI, 4, true, 20 + l.index), layout.indexer_pending_offset(l.index)});
+    } else if (l.role == LayerRole::kHca) {
+      all.push_back(
+          {RandomCompressor(kD, 128, false, 30 + l.index), layout.pending_offset(l.index)});
+    }
+  }
+  ASSERT_EQ(all.size(), 6u);
+  const int64_t T = 300;  // two HCA groups and a partial one
+  std::vector<float> x(T * kH);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  for (float& e : x) e = n01(rng);
+  // The slot starts as canary bytes: the compressors read only rows they wrote, and must not
+  // touch the window rings nor each other's states.
+  const int64_t slot_bytes = layout.geometry().slot_bytes;
+  std::vector<float> slot_storage(slot_bytes / kF32 + 1);
+  uint8_t* slot = reinterpret_cast<uint8_t*>(slot_storage.data());
+  std::memset(slot, 0xA5, slot_bytes);
+  std::vector<std::vector<float>> got(all.size());
+  int64_t length = 0;  // the request length: the states' token count
+  while (length < T) {
+    const int64_t n = std::min<int64_t>(T - length, 1 + rng() % 11);
+    for (size_t i = 0; i < all.size(); ++i) {
+      const V4CompressorWeights& w = all[i].c.w;
+      const kernels::V4CompressorRows rows =
+          kernels::v4_compressor_rows(w, reinterpret_cast<float*>(slot + all[i].offset));
+      std::vector<float> entries(((length % w.ratio + n) / w.ratio) * w.D);
+      const int64_t k = kernels::cpu::v4_compress_append_rows(
+          w, rows, length, x.data() + length * kH, n, entries.data());
+      ASSERT_EQ(k * w.D, int64_t(entries.size()));
+      got[i].insert(got[i].end(), entries.begin(), entries.end());
+    }
+    length += n;
+  }
+  for (size_t i = 0; i < all.size(); ++i) {
+    const V4CompressorWeights& w = all[i].c.w;
+    std::vector<float> want((T / w.ratio) * w.D);
+    kernels::cpu::v4_compress_prefill(w, x.data(), T, want.data());
+    ASSERT_EQ(got[i].size(), want.size()) << "compressor " << i;
+    EXPECT_EQ(std::memcmp(got[i].data(), want.data(), want.size() * sizeof(float)), 0)
+        << "compressor " << i;
+  }
+  // The window rings (slot bytes before the first state) are untouched.
+  const int64_t rings = layout.pending_offset(2);
+  for (int64_t b = 0; b < rings; ++b) ASSERT_EQ(slot[b], 0xA5) << "byte " << b;
+}
+
+}  // namespace
+}  // namespace dsv41rt
