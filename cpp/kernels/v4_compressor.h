@@ -103,6 +103,24 @@ DSV41RT_API int64_t v4_compress_append_rows(const kernels::V4CompressorWeights& 
                                             const kernels::V4CompressorRows& rows, int64_t tokens,
                                             const float* x, int64_t n, float* entries);
 
+/// The same after the projections: a, s [n, W] are the n new rows' x · wkv^T and x · wgate^T
+/// (the caller's `linear`, whose rows do not depend on the batch, so this is bitwise
+/// v4_compress_append_rows); the APE is added here. w.wkv / w.wgate are not read.
+DSV41RT_API int64_t v4_compress_projected(const kernels::V4CompressorWeights& w,
+                                          const kernels::V4CompressorRows& rows, int64_t tokens,
+                                          const float* a, const float* s, int64_t n,
+                                          float* entries);
+
+/// Batched over the requests of a forward, each state in its request slot (the Backend op
+/// `v4_compress`): item b (items of them) continues the flat state at slots[b] + state_offset
+/// bytes, which has seen length[b] tokens, with the projected rows row0[b] .. row0[b] + n[b] - 1
+/// of a / s [*, W]; its floor((length[b] % ratio + n[b]) / ratio) new entries go to rows
+/// entry0[b] .. of entries [*, D]. Items are independent (disjoint slots and rows).
+DSV41RT_API void v4_compress_paged(const kernels::V4CompressorWeights& w, const float* a,
+                                   const float* s, uint8_t* const* slots, int64_t state_offset,
+                                   int64_t items, const int64_t* length, const int64_t* row0,
+                                   const int64_t* n, const int64_t* entry0, float* entries);
+
 /// The same on a V4CompressorState, whose token count it advances. The state must come from
 /// V4CompressorState(w).
 DSV41RT_API int64_t v4_compress_append(const kernels::V4CompressorWeights& w,

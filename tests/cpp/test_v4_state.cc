@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/linear.h"
 #include "kernels/v4_compressor.h"
+#include "runtime/model/backend.h"
 #include "runtime/model/cache_bytes.h"
 #include "runtime/model/layer_plan.h"
 #include "runtime/model/model_config.h"
@@ -172,6 +174,86 @@ TEST(V4StateLayout, CompressorsInTheSlotEmitPrefillEntriesBitwise) {
   // The window rings (slot bytes before the first state) are untouched.
   const int64_t rings = layout.pending_offset(2);
   for (int64_t b = 0; b < rings; ++b) ASSERT_EQ(slot[b], 0xA5) << "byte " << b;
+}
+
+// The Backend op over a batch: three requests in their slots, prompts fed in chunks of different
+// sizes per forward, one forward's rows concatenated as the model runner lays them out. Each
+// request's entries equal its prompt's prefill bitwise.
+TEST(V4StateLayout, BackendCompressorOverABatchOfSlotsEqualsPrefillBitwise) {
+  std::unique_ptr<model::Backend> be = model::make_cpu_backend();
+  ASSERT_TRUE(be->has_v4_ops());
+  for (const auto& [ratio, overlap] : {std::pair<int64_t, bool>{4, true}, {128, false}}) {
+    const RandomCompressor c(kD, ratio, overlap, 40 + uint32_t(ratio));
+    const V4CompressorWeights& w = c.w;
+    const int64_t W = w.width(), items = 3;
+    const std::vector<int64_t> T = {1, 37, 300};
+    std::vector<std::vector<float>> x(items), got(items);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    for (int64_t b = 0; b < items; ++b) {
+      x[b].resize(T[b] * kH);
+      for (float& e : x[b]) e = n01(rng);
+    }
+    const int64_t state_bytes = kernels::v4_compressor_state_floats(w) * kF32, offset = 16;
+    std::vector<std::vector<float>> slot_storage(items);
+    std::vector<uint8_t*> slots(items);
+    for (int64_t b = 0; b < items; ++b) {
+      slot_storage[b].assign((offset + state_bytes) / kF32, -1.0f);
+      slots[b] = reinterpret_cast<uint8_t*>(slot_storage[b].data());
+    }
+    std::vector<int64_t> length(items, 0);
+    while (length != T) {
+      std::vector<int64_t> n(items), row0(items), entry0(items);
+      int64_t rows = 0, entries = 0;
+      for (int64_t b = 0; b < items; ++b) {
+        n[b] = std::min<int64_t>(T[b] - length[b], rng() % 40);
+        row0[b] = rows, entry0[b] = entries;
+        rows += n[b];
+        entries += (length[b] % ratio + n[b]) / ratio;
+      }
+      std::vector<float> batch(std::max<int64_t>(rows, 1) * kH);
+      for (int64_t b = 0; b < items; ++b) {
+        std::copy_n(x[b].begin() + length[b] * kH, n[b] * kH, batch.begin() + row0[b] * kH);
+      }
+      std::vector<float> a(rows * W + 1), sc(rows * W + 1), out(entries * kD + 1);
+      kernels::cpu::linear(batch.data(), w.wkv, rows, kH, W, a.data());
+      kernels::cpu::linear(batch.data(), w.wgate, rows, kH, W, sc.data());
+      be->v4_compress(w, a.data(), sc.data(), slots.data(), offset, items, length.data(),
+                      row0.data(), n.data(), entry0.data(), out.data(), be->stream(0));
+      for (int64_t b = 0; b < items; ++b) {
+        const int64_t k = (length[b] % ratio + n[b]) / ratio;
+        got[b].insert(got[b].end(), out.begin() + entry0[b] * kD,
+                      out.begin() + (entry0[b] + k) * kD);
+        length[b] += n[b];
+      }
+    }
+    for (int64_t b = 0; b < items; ++b) {
+      std::vector<float> want((T[b] / ratio) * kD);
+      kernels::cpu::v4_compress_prefill(w, x[b].data(), T[b], want.data());
+      ASSERT_EQ(got[b].size(), want.size()) << "ratio " << ratio << " item " << b;
+      EXPECT_EQ(std::memcmp(got[b].data(), want.data(), want.size() * sizeof(float)), 0)
+          << "ratio " << ratio << " item " << b;
+      // The bytes before the state offset are untouched.
+      EXPECT_EQ(slot_storage[b][0], -1.0f);
+      EXPECT_EQ(slot_storage[b][offset / kF32 - 1], -1.0f);
+    }
+  }
+}
+
+TEST(V4StateLayout, BackendCompressorRefusesAMissingSlot) {
+  std::unique_ptr<model::Backend> be = model::make_cpu_backend();
+  const RandomCompressor c(kD, 4, true, 1);
+  std::vector<float> a(2 * 2 * kD), s(2 * 2 * kD);
+  uint8_t* slots[1] = {nullptr};
+  const int64_t length = 0, row0 = 0, n = 2, entry0 = 0;
+  try {
+    be->v4_compress(c.w, a.data(), s.data(), slots, 0, 1, &length, &row0, &n, &entry0, nullptr,
+                    be->stream(0));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("v4_compress: item 0 has no slot"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

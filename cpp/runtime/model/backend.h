@@ -26,6 +26,7 @@
 #include "kernels/indexer_cached.h"
 #include "kernels/paged.h"
 #include "kernels/sampling.h"
+#include "kernels/v4_compressor.h"
 #include "runtime/model/backend_weights.h"
 #include "runtime/model/device_array.h"
 #include "runtime/model/layer_plan.h"
@@ -210,6 +211,17 @@ class DSV41RT_API Backend {
                              int64_t pending_offset, int64_t ratio, int64_t D, int64_t n,
                              const int32_t* item, const int64_t* src_row, const int64_t* dst_row,
                              Stream s) = 0;
+  /// DeepSeek-V4 compressors over the request slots' flat states (kernels/v4_compressor.h,
+  /// v4_compress_paged: the projected rows a, s continue each item's state and emit the entries
+  /// of the groups they complete). `w` holds backend pointers; wkv / wgate are not read. Only the
+  /// CPU backend has it so far: the default throws kUnsupported naming the op, and
+  /// has_v4_ops() lets the executor refuse V4 checkpoints at load instead.
+  virtual void v4_compress(const kernels::V4CompressorWeights& w, const float* a, const float* s,
+                           uint8_t* const* slots, int64_t state_offset, int64_t items,
+                           const int64_t* length, const int64_t* row0, const int64_t* n,
+                           const int64_t* entry0, float* entries, Stream stream);
+  /// Whether this backend implements the V4-only ops (v4_compress).
+  virtual bool has_v4_ops() const { return false; }
   virtual void attention_indices(int64_t S, int64_t W, int64_t KI, const int32_t* row_item,
                                  const int64_t* positions, const int64_t* window_first,
                                  const int64_t* length, const int64_t* old_offset,

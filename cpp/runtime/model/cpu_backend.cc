@@ -321,6 +321,13 @@ class CpuBackend final : public Backend {
                      Stream) override {
     k::store_pending(values, scores, slots, pending_offset, ratio, D, n, item, src_row, dst_row);
   }
+  void v4_compress(const kernels::V4CompressorWeights& w, const float* a, const float* s,
+                   uint8_t* const* slots, int64_t state_offset, int64_t items,
+                   const int64_t* length, const int64_t* row0, const int64_t* n,
+                   const int64_t* entry0, float* entries, Stream) override {
+    k::v4_compress_paged(w, a, s, slots, state_offset, items, length, row0, n, entry0, entries);
+  }
+  bool has_v4_ops() const override { return true; }
   void attention_indices(int64_t S, int64_t W, int64_t KI, const int32_t* row_item,
                          const int64_t* positions, const int64_t* window_first,
                          const int64_t* length, const int64_t* old_offset, const int64_t* row0,
@@ -465,6 +472,14 @@ std::unique_ptr<BackendGraph> Backend::capture(Stream, const std::function<void(
 }
 void Backend::replay(BackendGraph&, Stream) {
   DSV41RT_THROW_CODE(kUnsupported, "the ", device(), " backend has no graphs");
+}
+void Backend::v4_compress(const kernels::V4CompressorWeights&, const float*, const float*,
+                          uint8_t* const*, int64_t, int64_t, const int64_t*, const int64_t*,
+                          const int64_t*, const int64_t*, float*, Stream) {
+  DSV41RT_THROW_CODE(kUnsupported,
+                     "v4_compress (the DeepSeek-V4 compressor) is not implemented "
+                     "by the ",
+                     device(), " backend");
 }
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
