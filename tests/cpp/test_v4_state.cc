@@ -15,6 +15,8 @@
 #include "kernels/v4_compressor.h"
 #include "runtime/model/backend.h"
 #include "runtime/model/cache_bytes.h"
+#include "runtime/model/engram_tables.h"
+#include "runtime/model/forward_plan.h"
 #include "runtime/model/layer_plan.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/state_layout.h"
@@ -253,6 +255,90 @@ TEST(V4StateLayout, BackendCompressorRefusesAMissingSlot) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("v4_compress: item 0 has no slot"), std::string::npos)
         << e.what();
+  }
+}
+
+// The forward plan of a V4 batch drives the op: every CSA / HCA ratio has compressor groups, each
+// item's new entries start at its group0, RoPE positions are m·entry; two forwards of two requests
+// (their states in their own slots) give each request's prefill entries bitwise.
+TEST(V4StateLayout, ForwardPlanMetadataDrivesTheCompressorOp) {
+  const ModelPlan plan = tiny_v4_plan();
+  const StateLayout layout(plan, CacheFormats::of(false), 128);
+  std::unique_ptr<model::Backend> be = model::make_cpu_backend();
+  const RandomCompressor csa(kD, 4, true, 3), hca(kD, 128, false, 4);
+  const int64_t csa_at = layout.pending_offset(2), hca_at = layout.pending_offset(3);
+  ASSERT_EQ(plan.layers[2].role, LayerRole::kCsa);
+  ASSERT_EQ(plan.layers[3].role, LayerRole::kHca);
+  const std::vector<std::vector<int64_t>> chunks = {{11, 130}, {5, 131}};  // per forward, per item
+  const int64_t T[2] = {16, 261};
+  std::mt19937 rng(9);
+  std::vector<int32_t> tokens[2];
+  std::vector<float> x[2];
+  for (int b = 0; b < 2; ++b) {
+    tokens[b].resize(T[b]);
+    for (int32_t& t : tokens[b]) t = int32_t(rng() % 1000);
+    x[b].resize(T[b] * kH);
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    for (float& e : x[b]) e = n01(rng);
+  }
+  std::vector<std::vector<float>> slot_storage(
+      2, std::vector<float>(layout.geometry().slot_bytes / 4));
+  const std::vector<int32_t> pages = {0, 1, 2};
+  std::vector<float> got_csa[2], got_hca[2];
+  int64_t length[2] = {0, 0};
+  for (size_t fwd = 0; fwd < chunks.size(); ++fwd) {
+    std::vector<model::BatchItem> batch(2);
+    for (int b = 0; b < 2; ++b) {
+      batch[b].request.slot = reinterpret_cast<uint8_t*>(slot_storage[b].data());
+      batch[b].request.pages = pages.data();
+      batch[b].request.n_pages = 3;
+      batch[b].request.length = length[b];
+      batch[b].tokens = tokens[b].data() + length[b];
+      batch[b].n = chunks[fwd][b];
+    }
+    const model::ForwardPlan f =
+        model::plan_forward(plan, layout, batch, model::EngramTables{}, {nullptr, nullptr});
+    ASSERT_EQ(f.ratios.size(), 2u);
+    EXPECT_EQ(f.new_rows, chunks[fwd]);
+    std::vector<float> rows(f.rows * kH);
+    for (int b = 0; b < 2; ++b) {
+      std::copy_n(x[b].begin() + length[b] * kH, chunks[fwd][b] * kH,
+                  rows.begin() + f.row0[b] * kH);
+    }
+    for (const model::RatioPlan& rp : f.ratios) {
+      ASSERT_TRUE(rp.compressor) << rp.ratio;
+      const RandomCompressor& c = rp.ratio == 4 ? csa : hca;
+      const int64_t W = c.w.width(), G = int64_t(rp.group_item.size());
+      for (int64_t g = 0; g < G; ++g) {
+        ASSERT_EQ(rp.group_position[g], rp.group_entry[g] * rp.ratio);  // RoPE at m·j
+      }
+      if (fwd == 0 && rp.ratio == 4) EXPECT_EQ(rp.group0, std::vector<int64_t>({0, 2}));
+      if (fwd == 0 && rp.ratio == 128) EXPECT_EQ(rp.group0, std::vector<int64_t>({0, 0}));
+      std::vector<float> a(f.rows * W), s(f.rows * W), entries(std::max<int64_t>(G, 1) * kD);
+      kernels::cpu::linear(rows.data(), c.w.wkv, f.rows, kH, W, a.data());
+      kernels::cpu::linear(rows.data(), c.w.wgate, f.rows, kH, W, s.data());
+      std::vector<uint8_t*> slots;
+      for (uint64_t p : f.slots) slots.push_back(reinterpret_cast<uint8_t*>(p));
+      be->v4_compress(c.w, a.data(), s.data(), slots.data(), rp.ratio == 4 ? csa_at : hca_at,
+                      f.items, f.length.data(), f.row0.data(), f.new_rows.data(), rp.group0.data(),
+                      entries.data(), be->stream(0));
+      for (int64_t g = 0; g < G; ++g) {
+        std::vector<float>& dst = (rp.ratio == 4 ? got_csa : got_hca)[rp.group_item[g]];
+        ASSERT_EQ(int64_t(dst.size()), rp.group_entry[g] * kD) << "entries in order";
+        dst.insert(dst.end(), entries.begin() + g * kD, entries.begin() + (g + 1) * kD);
+      }
+    }
+    for (int b = 0; b < 2; ++b) length[b] += chunks[fwd][b];
+  }
+  for (int b = 0; b < 2; ++b) {
+    for (const RandomCompressor* c : {&csa, &hca}) {
+      std::vector<float> want((T[b] / c->w.ratio) * kD);
+      kernels::cpu::v4_compress_prefill(c->w, x[b].data(), T[b], want.data());
+      const std::vector<float>& got = c == &csa ? got_csa[b] : got_hca[b];
+      ASSERT_EQ(got.size(), want.size()) << "item " << b << " ratio " << c->w.ratio;
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+          << "item " << b << " ratio " << c->w.ratio;
+    }
   }
 }
 
