@@ -149,6 +149,11 @@ class DSV41RT_API Backend {
                       float* pre, float* post, float* comb, Scratch scratch, Stream s) = 0;
   virtual void hc_collapse(const float* X, const float* w, int64_t S, int64_t n, int64_t H,
                            float* u, Stream s) = 0;
+  /// V4's hyper-head collapse weights (kernels/mhc.h hc_head_pre). A V4-only op: the default
+  /// throws kUnsupported naming it (see has_v4_ops()).
+  virtual void hc_head_pre(const float* X, const float* fn, const float* base, const float* scale,
+                           int64_t S, int64_t n, int64_t H, float rms_eps, float hc_eps, float* pre,
+                           Stream s);
   virtual void hc_expand(const float* X, const float* y, const float* post, const float* comb,
                          int64_t S, int64_t n, int64_t H, float* out, Stream s) = 0;
   virtual void embed_rows(const float* table_f32, const uint16_t* table_bf16, const int32_t* tokens,
@@ -220,7 +225,7 @@ class DSV41RT_API Backend {
                            uint8_t* const* slots, int64_t state_offset, int64_t items,
                            const int64_t* length, const int64_t* row0, const int64_t* n,
                            const int64_t* entry0, float* entries, Stream stream);
-  /// Whether this backend implements the V4-only ops (v4_compress).
+  /// Whether this backend implements the V4-only ops (v4_compress, hc_head_pre).
   virtual bool has_v4_ops() const { return false; }
   virtual void attention_indices(int64_t S, int64_t W, int64_t KI, const int32_t* row_item,
                                  const int64_t* positions, const int64_t* window_first,

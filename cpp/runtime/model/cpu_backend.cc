@@ -228,6 +228,11 @@ class CpuBackend final : public Backend {
                    Stream) override {
     k::hc_collapse(X, w, S, n, H, u);
   }
+  void hc_head_pre(const float* X, const float* fn, const float* base, const float* scale,
+                   int64_t S, int64_t n, int64_t H, float rms_eps, float hc_eps, float* pre,
+                   Stream) override {
+    k::hc_head_pre(X, fn, base, scale, S, n, H, rms_eps, hc_eps, pre);
+  }
   void hc_expand(const float* X, const float* y, const float* post, const float* comb, int64_t S,
                  int64_t n, int64_t H, float* out, Stream) override {
     k::hc_expand(X, y, post, comb, S, n, H, out);
@@ -472,6 +477,12 @@ std::unique_ptr<BackendGraph> Backend::capture(Stream, const std::function<void(
 }
 void Backend::replay(BackendGraph&, Stream) {
   DSV41RT_THROW_CODE(kUnsupported, "the ", device(), " backend has no graphs");
+}
+void Backend::hc_head_pre(const float*, const float*, const float*, const float*, int64_t, int64_t,
+                          int64_t, float, float, float*, Stream) {
+  DSV41RT_THROW_CODE(kUnsupported,
+                     "hc_head_pre (the DeepSeek-V4 hyper-head) is not implemented by the ",
+                     device(), " backend");
 }
 void Backend::v4_compress(const kernels::V4CompressorWeights&, const float*, const float*,
                           uint8_t* const*, int64_t, int64_t, const int64_t*, const int64_t*,
