@@ -167,6 +167,12 @@ class DSV41RT_API Backend {
   virtual void moe_route(const float* x, const float* gate, const float* bias, int64_t S, int64_t H,
                          int64_t E, int64_t k, float scale, bool normalize, int32_t* idx,
                          float* weight, Stream s) = 0;
+  /// V4 hash routing (kernels/moe.h moe_route_hash, normalised): experts tid2eid[tokens[t]]
+  /// (tid2eid [vocab, k]), weights from the gate. A V4-only op: the default throws kUnsupported
+  /// naming it (see has_v4_ops()).
+  virtual void moe_route_hash(const float* x, const float* gate, const int32_t* tid2eid,
+                              const int32_t* tokens, int64_t S, int64_t H, int64_t E, int64_t k,
+                              int64_t vocab, float scale, int32_t* idx, float* weight, Stream s);
   /// y [S, H] = routed experts (w1/w3 [E, I, H], w2 [E, H, I]) + shared expert (may be empty).
   virtual void moe_experts(const float* x, const int32_t* idx, const float* weight, int64_t S,
                            int64_t H, int64_t k, int64_t E, int64_t I, const LayerWeights& w,
@@ -225,7 +231,7 @@ class DSV41RT_API Backend {
                            uint8_t* const* slots, int64_t state_offset, int64_t items,
                            const int64_t* length, const int64_t* row0, const int64_t* n,
                            const int64_t* entry0, float* entries, Stream stream);
-  /// Whether this backend implements the V4-only ops (v4_compress, hc_head_pre).
+  /// Whether this backend implements the V4-only ops (v4_compress, hc_head_pre, moe_route_hash).
   virtual bool has_v4_ops() const { return false; }
   virtual void attention_indices(int64_t S, int64_t W, int64_t KI, const int32_t* row_item,
                                  const int64_t* positions, const int64_t* window_first,

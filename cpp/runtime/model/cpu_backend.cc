@@ -261,6 +261,13 @@ class CpuBackend final : public Backend {
                  Stream) override {
     k::moe_route(x, gate, bias, S, H, E, kk, scale, idx, weight, normalize);
   }
+  void moe_route_hash(const float* x, const float* gate, const int32_t* tid2eid,
+                      const int32_t* tokens, int64_t S, int64_t H, int64_t E, int64_t kk,
+                      int64_t vocab, float scale, int32_t* idx, float* weight, Stream) override {
+    DSV41RT_CHECK(tokens || S == 0, "moe_route_hash: null tokens");
+    const std::vector<int64_t> ids(tokens, tokens + std::max<int64_t>(S, 0));  // the op's int64
+    k::moe_route_hash(x, gate, tid2eid, ids.data(), S, H, E, kk, vocab, scale, idx, weight);
+  }
   void moe_experts(const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H,
                    int64_t kk, int64_t E, int64_t I, const LayerWeights& w, float limit, float* y,
                    Scratch, Stream) override {
@@ -482,6 +489,13 @@ void Backend::hc_head_pre(const float*, const float*, const float*, const float*
                           int64_t, float, float, float*, Stream) {
   DSV41RT_THROW_CODE(kUnsupported,
                      "hc_head_pre (the DeepSeek-V4 hyper-head) is not implemented by the ",
+                     device(), " backend");
+}
+void Backend::moe_route_hash(const float*, const float*, const int32_t*, const int32_t*, int64_t,
+                             int64_t, int64_t, int64_t, int64_t, float, int32_t*, float*, Stream) {
+  DSV41RT_THROW_CODE(kUnsupported,
+                     "moe_route_hash (DeepSeek-V4 hash routing) is not implemented "
+                     "by the ",
                      device(), " backend");
 }
 void Backend::v4_compress(const kernels::V4CompressorWeights&, const float*, const float*,
