@@ -17,7 +17,9 @@
 #include "core/safetensors.h"
 #include "core/status.h"
 #include "dsv41rt/runtime.hpp"
+#include "runtime/model/backend.h"
 #include "runtime/model/checkpoint_validation.h"
+#include "runtime/model/model_executor.h"
 #include "runtime/model/weights.h"
 
 namespace dsv41rt {
@@ -99,6 +101,57 @@ TEST(V4Weights, EveryRoleLoadsItsOwnTensors) {
     } else {
       EXPECT_TRUE(m.tid2eid.empty()) << l;
       EXPECT_EQ(m.bias.shape, Shape({c.n_routed_experts})) << l;
+    }
+  }
+}
+
+// The CPU backend's view of the V4 weights: each role's tensors where the runner will read them,
+// holding the loaded values.
+TEST(V4Weights, TheCpuBackendMapsEveryV4Tensor) {
+  REQUIRE_CHECKPOINT();
+  const OpenedCheckpoint ck = open_checkpoint(checkpoint());
+  model::ModelWeights host = model::load_weights(ck.tensors, ck.plan);
+  const model::ModelWeights copy = model::load_weights(ck.tensors, ck.plan);
+  std::unique_ptr<model::Backend> be = model::make_cpu_backend();
+  ASSERT_TRUE(be->has_v4_ops());
+  const model::BackendWeights w = be->load_weights(ck.plan, host, model::rope_inv_freqs(ck.plan));
+  auto same = [](const float* got, const model::Tensor& want) {
+    return got && std::memcmp(got, want.data.data(), want.data.size() * sizeof(float)) == 0;
+  };
+  EXPECT_TRUE(same(w.hc_head_fn, copy.hc_head_fn));
+  EXPECT_TRUE(same(w.hc_head_base, copy.hc_head_base));
+  EXPECT_TRUE(same(w.hc_head_scale, copy.hc_head_scale));
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const model::LayerWeights& L = w.layers[l];
+    const model::AttentionWeights& a = copy.layers[l].attn;
+    const LayerRole role = ck.plan.layers[l].role;
+    SCOPED_TRACE("layer " + std::to_string(l));
+    if (role == LayerRole::kSwa) {
+      EXPECT_EQ(L.comp_wkv.data, nullptr);
+      EXPECT_EQ(L.comp_ape, nullptr);
+    } else {
+      EXPECT_TRUE(same(static_cast<const float*>(L.comp_wkv.data), a.comp_wkv));
+      EXPECT_TRUE(same(static_cast<const float*>(L.comp_wgate.data), a.comp_wgate));
+      EXPECT_TRUE(same(L.comp_ape, a.comp_ape));
+      EXPECT_TRUE(same(L.comp_norm, a.comp_norm));
+    }
+    if (role == LayerRole::kCsa) {
+      EXPECT_TRUE(same(static_cast<const float*>(L.idx_comp_wkv.data), a.idx_comp_wkv));
+      EXPECT_TRUE(same(static_cast<const float*>(L.idx_comp_wgate.data), a.idx_comp_wgate));
+      EXPECT_TRUE(same(L.idx_comp_ape, a.idx_comp_ape));
+      EXPECT_TRUE(same(L.idx_comp_norm, a.idx_comp_norm));
+    } else {
+      EXPECT_EQ(L.idx_comp_wkv.data, nullptr);
+      EXPECT_EQ(L.idx_comp_ape, nullptr);
+    }
+    const std::vector<int32_t>& table = copy.layers[l].moe.tid2eid;
+    if (ck.plan.layers[l].hash_routed) {
+      ASSERT_NE(L.tid2eid, nullptr);
+      EXPECT_EQ(std::vector<int32_t>(L.tid2eid, L.tid2eid + table.size()), table);
+      EXPECT_EQ(L.bias, nullptr);
+    } else {
+      EXPECT_EQ(L.tid2eid, nullptr);
+      EXPECT_NE(L.bias, nullptr);
     }
   }
 }

@@ -43,6 +43,8 @@ class CpuWeightView {
     out_.embed = w.embed.ptr();
     out_.head = matrix(w.head);
     out_.norm = w.norm.ptr();
+    out_.hc_head_fn = floats(w.hc_head_fn), out_.hc_head_base = floats(w.hc_head_base);
+    out_.hc_head_scale = floats(w.hc_head_scale);
     for (size_t li = 0; li < plan.layers.size(); ++li) {
       out_.layers.push_back(layer(w.layers[li], li));
     }
@@ -58,6 +60,11 @@ class CpuWeightView {
     std::vector<std::vector<float>> stacks;
   };
 
+  // A vector / table read as FP32 values (null when absent), counted in the weight bytes.
+  const float* floats(const Tensor& t) {
+    out_.bytes += t.numel() * int64_t(sizeof(float)) * !t.empty();
+    return t.ptr();
+  }
   Matrix matrix(const Tensor& t) {
     if (t.empty()) return {};
     out_.bytes += t.numel() * int64_t(sizeof(float));
@@ -113,9 +120,14 @@ class CpuWeightView {
     L.idx_wk = matrix(a.idx_wk);
     L.q_norm = a.q_norm.ptr(), L.kv_norm = a.kv_norm.ptr(), L.attn_sink = a.attn_sink.ptr();
     L.comp_norm = a.comp_norm.ptr(), L.idx_k_norm = a.idx_k_norm.ptr();
+    L.comp_ape = floats(a.comp_ape);  // V4
+    L.idx_comp_wkv = matrix(a.idx_comp_wkv), L.idx_comp_wgate = matrix(a.idx_comp_wgate);
+    L.idx_comp_ape = floats(a.idx_comp_ape), L.idx_comp_norm = floats(a.idx_comp_norm);
     L.inv_freq = keep_->inv_freq[rope].data();
     MoeWeights& m = b.moe;
     L.gate = m.gate.ptr(), L.bias = m.bias.ptr();
+    L.tid2eid = m.tid2eid.empty() ? nullptr : m.tid2eid.data();
+    out_.bytes += int64_t(m.tid2eid.size() * sizeof(int32_t));
     // One precision decision for all six expert matrices (as the GPU, whose MoE op takes one
     // weight format).
     bool exact = bf16_exact(m.shared_w1) && bf16_exact(m.shared_w3) && bf16_exact(m.shared_w2);
