@@ -231,7 +231,8 @@ class DSV41RT_API Backend {
                            uint8_t* const* slots, int64_t state_offset, int64_t items,
                            const int64_t* length, const int64_t* row0, const int64_t* n,
                            const int64_t* entry0, float* entries, Stream stream);
-  /// Whether this backend implements the V4-only ops (v4_compress, hc_head_pre, moe_route_hash).
+  /// Whether this backend implements the V4-only ops (v4_compress, hc_head_pre, moe_route_hash,
+  /// visible_entries).
   virtual bool has_v4_ops() const { return false; }
   virtual void attention_indices(int64_t S, int64_t W, int64_t KI, const int32_t* row_item,
                                  const int64_t* positions, const int64_t* window_first,
@@ -251,6 +252,10 @@ class DSV41RT_API Backend {
   virtual void apply_candidate_mask(float* scores, const uint8_t* mask, int64_t n, Stream s) = 0;
   virtual void topk_select(const float* scores, int64_t S, int64_t T, int64_t k, int32_t* idx,
                            Stream s) = 0;
+  /// V4 HCA: every visible entry as a selection list (kernels/indexer.h visible_entries). A
+  /// V4-only op: the default throws kUnsupported naming it (see has_v4_ops()).
+  virtual void visible_entries(const int64_t* n_visible, int64_t S, int64_t k, int32_t* idx,
+                               Stream s);
   /// Sparse attention with sink over [kv_a (T_a rows) | kv_b (T_b rows)] (kernels/attention.h).
   /// keys_bf16: the caller promises every key element is a BF16 value (the quantised caches'
   /// rows), which lets a backend run the products on BF16 tensor cores without rounding them.

@@ -376,6 +376,10 @@ class CpuBackend final : public Backend {
                    Stream) override {
     k::topk_select(scores, S, T, kk, idx);
   }
+  void visible_entries(const int64_t* n_visible, int64_t S, int64_t kk, int32_t* idx,
+                       Stream) override {
+    k::visible_entries(n_visible, S, kk, idx);
+  }
   void sparse_attention(const float* q, const float* kv_a, int64_t T_a, const float* kv_b,
                         int64_t T_b, const int32_t* idx, const float* sink, int64_t S,
                         int64_t n_heads, int64_t D, int64_t K, float scale, bool /*keys_bf16*/,
@@ -507,6 +511,12 @@ void Backend::moe_route_hash(const float*, const float*, const int32_t*, const i
                              int64_t, int64_t, int64_t, int64_t, float, int32_t*, float*, Stream) {
   DSV41RT_THROW_CODE(kUnsupported,
                      "moe_route_hash (DeepSeek-V4 hash routing) is not implemented "
+                     "by the ",
+                     device(), " backend");
+}
+void Backend::visible_entries(const int64_t*, int64_t, int64_t, int32_t*, Stream) {
+  DSV41RT_THROW_CODE(kUnsupported,
+                     "visible_entries (DeepSeek-V4 HCA selection) is not implemented "
                      "by the ",
                      device(), " backend");
 }
