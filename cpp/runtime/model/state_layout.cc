@@ -69,10 +69,6 @@ int64_t StateLayout::pending_offset(int source_layer) const {
   return s.pending_offset;
 }
 
-}  // namespace dsv41rt::model
-
-namespace dsv41rt::model {
-
 int64_t StateLayout::indexer_pending_offset(int source_layer) const {
   const Source& s = source(source_layer);
   DSV41RT_CHECK_CODE(kInternal,
