@@ -12,6 +12,7 @@
 
 #include "core/status.h"
 #include "kernels/linear.h"
+#include "kernels/rope.h"
 #include "kernels/v4_compressor.h"
 #include "runtime/model/backend.h"
 #include "runtime/model/cache_bytes.h"
@@ -20,6 +21,7 @@
 #include "runtime/model/layer_plan.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/state_layout.h"
+#include "runtime/model/v4_compressor_stage.h"
 
 namespace dsv41rt {
 namespace {
@@ -338,6 +340,97 @@ TEST(V4StateLayout, ForwardPlanMetadataDrivesTheCompressorOp) {
       ASSERT_EQ(got.size(), want.size()) << "item " << b << " ratio " << c->w.ratio;
       EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
           << "item " << b << " ratio " << c->w.ratio;
+    }
+  }
+}
+
+// The runner's compressor stage over the paged state: two forwards of two requests (chunked
+// prefill and a decode-sized step), entries RoPE'd at m·j and stored in the source's page rows;
+// every stored entry equals one-shot prefill's entry rotated at m·j, bitwise, for CSA and HCA.
+TEST(V4StateLayout, CompressorStageStoresRotatedPrefillEntriesInThePages) {
+  const ModelPlan plan = tiny_v4_plan();
+  const StateLayout layout(plan, CacheFormats::of(false), 128);
+  std::unique_ptr<model::Backend> be = model::make_cpu_backend();
+  const int64_t R = plan.config.qk_rope_head_dim;
+  const std::vector<float> inv_freq = kernels::cpu::rope_inv_freq(R, 160000.0, nullptr);
+  const std::vector<std::vector<int64_t>> chunks = {{37, 200}, {1, 58}};
+  const int64_t T[2] = {38, 258}, n_pages = 3;
+  std::mt19937 rng(21);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  std::vector<float> x[2];
+  std::vector<int32_t> tokens[2];
+  for (int b = 0; b < 2; ++b) {
+    x[b].resize(T[b] * kH);
+    for (float& e : x[b]) e = n01(rng);
+    tokens[b].assign(T[b], 7);
+  }
+  const model::PoolGeometry geo = layout.geometry();
+  std::vector<std::vector<float>> slot_storage(2, std::vector<float>(geo.slot_bytes / 4));
+  std::vector<float> pool_storage(2 * n_pages * geo.page_bytes / 4, -7.0f);
+  uint8_t* pool = reinterpret_cast<uint8_t*>(pool_storage.data());
+  const std::vector<int32_t> pages[2] = {{0, 1, 2}, {5, 3, 4}};  // item 1's pages out of order
+  for (const int layer : {2, 3}) {                               // CSA (ratio 4), HCA (ratio 128)
+    const int64_t m = plan.layers[layer].ratio;
+    const RandomCompressor c(kD, m, m == 4, 50 + layer);
+    const model::Matrix wkv{c.w.wkv, model::WeightFormat::kF32, false};
+    const model::Matrix wgate{c.w.wgate, model::WeightFormat::kF32, false};
+    int64_t length[2] = {0, 0};
+    for (const std::vector<int64_t>& chunk : chunks) {
+      std::vector<model::BatchItem> batch(2);
+      for (int b = 0; b < 2; ++b) {
+        batch[b].request = {reinterpret_cast<uint8_t*>(slot_storage[b].data()), pages[b].data(),
+                            n_pages, length[b]};
+        batch[b].tokens = tokens[b].data() + length[b];
+        batch[b].n = chunk[b];
+      }
+      const model::ForwardPlan f =
+          model::plan_forward(plan, layout, batch, model::EngramTables{}, {nullptr, nullptr});
+      const model::RatioPlan& rp = f.ratios[m == 4 ? 0 : 1];
+      ASSERT_EQ(rp.ratio, m);
+      std::vector<float> rows(f.rows * kH);
+      for (int b = 0; b < 2; ++b) {
+        std::copy_n(x[b].begin() + length[b] * kH, chunk[b] * kH, rows.begin() + f.row0[b] * kH);
+      }
+      std::vector<uint8_t*> slots;
+      for (uint64_t p : f.slots) slots.push_back(reinterpret_cast<uint8_t*>(p));
+      model::V4CompressorBatch in;
+      in.x = rows.data(), in.rows = f.rows, in.items = f.items;
+      in.groups = int64_t(rp.group_item.size());
+      in.slots = slots.data(), in.length = f.length.data(), in.row0 = f.row0.data();
+      in.new_rows = f.new_rows.data(), in.group0 = rp.group0.data();
+      in.group_item = rp.group_item.data(), in.group_entry = rp.group_entry.data();
+      in.group_position = rp.group_position.data();
+      model::V4CompressorTarget out;
+      out.state_offset = layout.pending_offset(layer);
+      out.pages = {pool,
+                   geo.page_bytes,
+                   f.page_table.data(),
+                   f.max_pages,
+                   layout.entries_per_page(layer),
+                   layout.entry_offset(layer, false),
+                   layout.kv_row_bytes()};
+      std::vector<float> a(f.rows * c.w.width()), s(f.rows * c.w.width());
+      std::vector<float> entries(std::max<int64_t>(in.groups, 1) * kD);
+      model::v4_compressor_stage(*be, c.w, wkv, wgate, in, out, R, inv_freq.data(), a.data(),
+                                 s.data(), entries.data(), be->stream(0));
+      for (int b = 0; b < 2; ++b) length[b] += chunk[b];
+    }
+    for (int b = 0; b < 2; ++b) {
+      const int64_t n = T[b] / m;
+      std::vector<float> want(std::max<int64_t>(n, 1) * kD);
+      kernels::cpu::v4_compress_prefill(c.w, x[b].data(), T[b], want.data());
+      std::vector<int64_t> pos(n);
+      for (int64_t j = 0; j < n; ++j) pos[j] = j * m;
+      if (n > 0)
+        kernels::cpu::apply_rope(want.data(), n, 1, kD, R, pos.data(), inv_freq.data(), false);
+      const int64_t per_page = layout.entries_per_page(layer);
+      for (int64_t j = 0; j < n; ++j) {
+        const uint8_t* row = pool + pages[b][j / per_page] * geo.page_bytes +
+                             layout.entry_offset(layer, false) +
+                             (j % per_page) * layout.kv_row_bytes();
+        EXPECT_EQ(std::memcmp(row, want.data() + j * kD, kD * sizeof(float)), 0)
+            << "layer " << layer << " item " << b << " entry " << j;
+      }
     }
   }
 }
