@@ -88,6 +88,9 @@ run_gtests() {
   export DSV41RT_TEST_CHECKPOINT=/tmp/tiny-v41-seed0
   [ -f $DSV41RT_TEST_CHECKPOINT/engram_tables.st ] ||
     python3 -m dsv41rt make-checkpoint --preset tiny-v41 --seed 0 --out $DSV41RT_TEST_CHECKPOINT >/dev/null
+  export DSV41RT_TEST_V4_CHECKPOINT=/tmp/tiny-v4-seed0  # test_v4_weights
+  [ -f $DSV41RT_TEST_V4_CHECKPOINT/dsv41rt_generated.json ] ||
+    python3 -m dsv41rt make-checkpoint --preset tiny-v4 --seed 0 --out $DSV41RT_TEST_V4_CHECKPOINT >/dev/null
   local fails=0 t name
   for t in "$1"/test_*; do
     [ -x "$t" ] || continue

@@ -11,6 +11,10 @@ bash scripts/setup.sh
 export DSV41RT_TEST_CHECKPOINT=${DSV41RT_TEST_CHECKPOINT:-$PWD/build/tiny-v41-seed0}
 [ -f "$DSV41RT_TEST_CHECKPOINT/engram_tables.st" ] ||
   dsv41rt make-checkpoint --preset tiny-v41 --seed 0 --out "$DSV41RT_TEST_CHECKPOINT" >/dev/null
+# A tiny DeepSeek-V4 checkpoint for the V4 weight tests (tests/cpp/test_v4_weights.cc).
+export DSV41RT_TEST_V4_CHECKPOINT=${DSV41RT_TEST_V4_CHECKPOINT:-$PWD/build/tiny-v4-seed0}
+[ -f "$DSV41RT_TEST_V4_CHECKPOINT/dsv41rt_generated.json" ] ||
+  dsv41rt make-checkpoint --preset tiny-v4 --seed 0 --out "$DSV41RT_TEST_V4_CHECKPOINT" >/dev/null
 
 # ctest with the skip policy of the Python suites: only the CUDA instances of the backend op
 # tests may skip (no GPU here); any other skipped test fails the run.

@@ -42,4 +42,10 @@ DSV41RT_API void apply_candidate_mask(float* scores, const uint8_t* mask, int64_
 DSV41RT_API void topk_select(const float* scores, int64_t S, int64_t T, int64_t k,
                              int32_t* indices);
 
+/// V4 HCA layers attend every visible compressed entry (no indexer; spec §2.6.3): the selection
+/// list in topk_select's form, indices[s, j] = j for j < min(n_visible[s], k), then −1 to width k
+/// (k = the most entries any query sees). Throws Error on k < 0, a null pointer, or a negative
+/// n_visible (naming the row).
+DSV41RT_API void visible_entries(const int64_t* n_visible, int64_t S, int64_t k, int32_t* indices);
+
 }  // namespace dsv41rt::kernels::cpu

@@ -16,6 +16,12 @@
 //     C = C / (column sums over i + hc_eps)
 //     T − 1 times:  C = C / (row sums over o + hc_eps);  C = C / (column sums + hc_eps)
 //
+// hc_head_pre (V4's hyper-head, transformers `DeepseekV4HyperHead`, spec §2.2): the final
+//   collapse weights from fn [n, n·H], base [n], scale [1]: exactly hc_mix's pre with W = n,
+//   pre = sigmoid(base + (linear(f, fn) · r) · scale) + hc_eps; the model then collapses with
+//   hc_collapse and applies the final norm. (transformers normalises f before the projection;
+//   the order differs in rounding only.)
+//
 // hc_collapse: X [S, n, H], w [S, n] -> u [S, H]:  u = Σ_i w_i · X_i  (FP32, i ascending).
 // hc_expand:   X [S, n, H], y [S, H], post [S, n], comb [S, n, n] -> out [S, n, H]:
 //   out_o = post_o · y + Σ_i comb[i, o] · X_i   (comb used transposed; i ascending).
@@ -32,6 +38,11 @@ namespace dsv41rt::kernels::cpu {
 DSV41RT_API void hc_mix(const float* X, const float* fn, const float* base, const float* scale,
                         int64_t S, int64_t n, int64_t H, float rms_eps, float hc_eps, int iters,
                         float* pre, float* post, float* comb);
+
+/// The hyper-head's collapse weights pre [S, n] (see above). Throws like hc_mix.
+DSV41RT_API void hc_head_pre(const float* X, const float* fn, const float* base, const float* scale,
+                             int64_t S, int64_t n, int64_t H, float rms_eps, float hc_eps,
+                             float* pre);
 
 /// Sinkhorn normalisation of `count` n×n logit matrices in place (the comb part of hc_mix).
 DSV41RT_API void hc_sinkhorn(float* logits, int64_t count, int64_t n, float hc_eps, int iters);

@@ -54,21 +54,36 @@ struct V4CompressorWeights {
 ///     folded into the entry already emitted). Before the first complete group there is none and
 ///     the A slots are masked, exactly as prefill's j = 0.
 /// Rows are stored post-projection rather than as x: x is H wide (4096-7168) and re-projecting it
-/// would only repeat the same dot products. Per request: m·2W (+ 2·m·D) floats, i.e. CSA
-/// 4·2·1024 + 2·4·512 = 12288, HCA 128·2·512 = 131072 floats. The flat vectors mirror the rows the
-/// executor will page ("compressor pending rows", kernels/paged.h).
+/// would only repeat the same dot products.
+///
+/// The state is flat FP32 at a fixed place (a request's slot in the paged pool, state_layout.h),
+/// in this order: pending_a [ratio, W], pending_s [ratio, W], then with overlap prev_a [ratio, D],
+/// prev_s [ratio, D]. Which rows are valid follows from `tokens` (the positions fed so far, i.e.
+/// the request length): pending rows 0 .. tokens % ratio - 1, the prev rows iff tokens >= ratio.
+/// Nothing else is stored, so the executor needs no per-compressor counters. Per request:
+/// 2·m·W (+ 2·m·D) floats, i.e. V4-Flash CSA 2·4·1024 + 2·4·512 = 12288, its indexer
+/// compressor 3072, HCA 2·128·512 = 131072 floats.
+struct V4CompressorRows {
+  float* pending_a = nullptr;
+  float* pending_s = nullptr;
+  float* prev_a = nullptr;  // null without overlap
+  float* prev_s = nullptr;
+};
+
+/// Floats of one compressor's flat state (the order above).
+DSV41RT_API int64_t v4_compressor_state_floats(const V4CompressorWeights& w);
+/// The rows of a flat state of v4_compressor_state_floats(w) floats at `base`.
+DSV41RT_API V4CompressorRows v4_compressor_rows(const V4CompressorWeights& w, float* base);
+
+/// The flat state in its own memory with its token count (tests, single-sequence use).
 struct DSV41RT_API V4CompressorState {
   V4CompressorState() = default;
   explicit V4CompressorState(const V4CompressorWeights& w);
 
   int64_t ratio = 0, W = 0, D = 0;
   bool overlap = false;
-  int64_t tokens = 0;            // tokens fed so far (absolute position of the next one)
-  std::vector<float> pending_a;  // [ratio, W]: rows 0 .. tokens % ratio - 1 are valid
-  std::vector<float> pending_s;  // [ratio, W], scores with ape[t mod ratio] added
-  bool has_prev = false;         // overlap: prev_a / prev_s hold a complete group
-  std::vector<float> prev_a;     // overlap: [ratio, D] A-halves of the last complete group
-  std::vector<float> prev_s;     // overlap: [ratio, D]
+  int64_t tokens = 0;       // tokens fed so far (absolute position of the next one)
+  std::vector<float> flat;  // v4_compressor_state_floats(w), zeroed
 };
 
 }  // namespace dsv41rt::kernels
@@ -80,9 +95,34 @@ namespace dsv41rt::kernels::cpu {
 DSV41RT_API void v4_compress_prefill(const kernels::V4CompressorWeights& w, const float* x,
                                      int64_t T, float* entries);
 
-/// Decode / chunked form: feeds x [n, H] (the next n positions) to `state` and writes the entries
-/// of the groups they complete to `entries` ([floor((state.tokens % ratio + n) / ratio), D]);
-/// returns how many were written. The state must come from V4CompressorState(w).
+/// Decode / chunked form on a flat state (V4CompressorRows; `tokens` = positions fed before x):
+/// feeds x [n, H] (the next n positions) and writes the entries of the groups they complete to
+/// `entries` ([floor((tokens % ratio + n) / ratio), D]); returns how many were written. The caller
+/// advances its token count by n (the executor: the request length).
+DSV41RT_API int64_t v4_compress_append_rows(const kernels::V4CompressorWeights& w,
+                                            const kernels::V4CompressorRows& rows, int64_t tokens,
+                                            const float* x, int64_t n, float* entries);
+
+/// The same after the projections: a, s [n, W] are the n new rows' x · wkv^T and x · wgate^T
+/// (the caller's `linear`, whose rows do not depend on the batch, so this is bitwise
+/// v4_compress_append_rows); the APE is added here. w.wkv / w.wgate are not read.
+DSV41RT_API int64_t v4_compress_projected(const kernels::V4CompressorWeights& w,
+                                          const kernels::V4CompressorRows& rows, int64_t tokens,
+                                          const float* a, const float* s, int64_t n,
+                                          float* entries);
+
+/// Batched over the requests of a forward, each state in its request slot (the Backend op
+/// `v4_compress`): item b (items of them) continues the flat state at slots[b] + state_offset
+/// bytes, which has seen length[b] tokens, with the projected rows row0[b] .. row0[b] + n[b] - 1
+/// of a / s [*, W]; its floor((length[b] % ratio + n[b]) / ratio) new entries go to rows
+/// entry0[b] .. of entries [*, D]. Items are independent (disjoint slots and rows).
+DSV41RT_API void v4_compress_paged(const kernels::V4CompressorWeights& w, const float* a,
+                                   const float* s, uint8_t* const* slots, int64_t state_offset,
+                                   int64_t items, const int64_t* length, const int64_t* row0,
+                                   const int64_t* n, const int64_t* entry0, float* entries);
+
+/// The same on a V4CompressorState, whose token count it advances. The state must come from
+/// V4CompressorState(w).
 DSV41RT_API int64_t v4_compress_append(const kernels::V4CompressorWeights& w,
                                        kernels::V4CompressorState& state, const float* x, int64_t n,
                                        float* entries);

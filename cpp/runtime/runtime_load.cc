@@ -92,6 +92,11 @@ LoadedModel load_model(const RuntimeOptions& o) {
   OpenedCheckpoint opened = open_checkpoint(o.checkpoint, /*validate=*/true);
   ModelPlan plan = std::move(opened.plan);
   std::shared_ptr<Checkpoint> ck = std::move(opened.tensors);
+  // Before any weight is read: V4's weights load (model::load_weights) and its state has a layout,
+  // but the executor's forward is V4.1's only (issue 25, docs/design/v4.md).
+  DSV41RT_CHECK_CODE(kUnsupported, plan.config.is_v41(), plan.config.source,
+                     ": the DeepSeek-V4 forward is not built yet (dsv41rt serves DeepSeek-V4.1 "
+                     "checkpoints; V4 checkpoints parse and validate)");
   model::EngramTables tables = o.engram_tables.empty()
                                    ? model::load_engram_tables(o.checkpoint, plan.config)
                                    : model::load_engram_tables_file(o.engram_tables, plan.config);

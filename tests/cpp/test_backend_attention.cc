@@ -256,6 +256,36 @@ TEST_P(BackendAttention, TopKSelect) {
   }
 }
 
+// V4 HCA: every visible entry, in topk_select's form (ascending, −1 padding to width k; none for
+// a query that sees none). A backend without V4 ops refuses it by name.
+TEST_P(BackendAttention, VisibleEntriesListEveryVisibleEntry) {
+  Backend& be = backend();
+  const std::vector<int64_t> n_visible = {0, 1, 3, 5};
+  const int64_t S = 4, k = 4;
+  Buffer<int64_t> dn = upload(be, n_visible);
+  Buffer<int32_t> idx = poisoned<int32_t>(be, S * k);
+  if (!be.has_v4_ops()) {
+    try {
+      be.visible_entries(dn.get(), S, k, idx.get(), be.stream(0));
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), StatusCode::kUnsupported);
+      EXPECT_NE(std::string(e.what()).find("visible_entries"), std::string::npos) << e.what();
+    }
+    return;
+  }
+  be.visible_entries(dn.get(), S, k, idx.get(), be.stream(0));
+  EXPECT_EQ(idx.download(),
+            std::vector<int32_t>({-1, -1, -1, -1, 0, -1, -1, -1, 0, 1, 2, -1, 0, 1, 2, 3}));
+  Buffer<int64_t> bad = upload(be, std::vector<int64_t>{2, -1, 0, 0});
+  try {
+    be.visible_entries(bad.get(), S, k, idx.get(), be.stream(0));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("row 1 sees -1 entries"), std::string::npos) << e.what();
+  }
+}
+
 TEST_P(BackendAttention, SparseAttentionOverTwoKeyArrays) {
   struct Case {
     int64_t S, H, D, Ta, Tb, K;

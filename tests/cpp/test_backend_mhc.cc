@@ -186,6 +186,41 @@ TEST_P(BackendMhc, MixerRowsDoNotDependOnTheBatch) {
   }
 }
 
+// V4's hyper-head (hc_head_pre): the mixer's pre for a head of n rows, bitwise the pre of hc_mix
+// given those rows (kernels/mhc.h). A V4-only op: a backend without V4 ops refuses it by name.
+TEST_P(BackendMhc, HyperHeadIsTheMixersPre) {
+  Backend& b = backend();
+  const int64_t S = 13, n = 4, H = 64, W = (2 + n) * n, K = n * H;
+  const std::vector<float> X = normal(S * K), head_fn = normal(n * K, 0.02),
+                           head_base = normal(n, 0.5), head_scale = uniform(1, 0.5, 2.0);
+  std::vector<float> fn(W * K, 0.0f), base(W, 0.0f), scale = {head_scale[0], 1.0f, 1.0f};
+  std::copy(head_fn.begin(), head_fn.end(), fn.begin());
+  std::copy(head_base.begin(), head_base.end(), base.begin());
+  Buffer<float> dX = upload(b, X), dhfn = upload(b, head_fn), dhbase = upload(b, head_base),
+                dhscale = upload(b, head_scale);
+  Buffer<float> pre = poisoned<float>(b, S * n);
+  if (!b.has_v4_ops()) {
+    try {
+      b.hc_head_pre(dX.get(), dhfn.get(), dhbase.get(), dhscale.get(), S, n, H, 1e-6f, 1e-6f,
+                    pre.get(), b.stream(0));
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), StatusCode::kUnsupported);
+      EXPECT_NE(std::string(e.what()).find("hc_head_pre"), std::string::npos) << e.what();
+    }
+    return;
+  }
+  b.hc_head_pre(dX.get(), dhfn.get(), dhbase.get(), dhscale.get(), S, n, H, 1e-6f, 1e-6f, pre.get(),
+                b.stream(0));
+  Buffer<float> dfn = upload(b, fn), dbase = upload(b, base), dscale = upload(b, scale);
+  Buffer<float> mpre = poisoned<float>(b, S * n), post = poisoned<float>(b, S * n),
+                comb = poisoned<float>(b, S * n * n);
+  ScratchArena scratch(b);
+  b.hc_mix(dX.get(), dfn.get(), dbase.get(), dscale.get(), S, n, H, 1e-6f, 1e-6f, 1, mpre.get(),
+           post.get(), comb.get(), scratch.get(), b.stream(0));
+  EXPECT_TRUE(bitwise_equal(pre.download(), mpre.download()));
+}
+
 TEST_P(BackendMhc, RejectsBadSizes) {
   Backend& be = backend();
   Buffer<float> f = upload(be, normal(64));

@@ -18,6 +18,7 @@
 
 #include "backend_test_util.h"
 #include "core/status.h"
+#include "kernels/moe.h"
 
 namespace dsv41rt::testing {
 namespace {
@@ -281,6 +282,54 @@ TEST_P(BackendMoe, ExpertsOnEveryWeightPath) {
         }
       }
     }
+  }
+}
+
+// V4 hash routing: the CPU backend's op is the kernel reference (int32 token ids from the plan),
+// bitwise; a bad token id is an error naming it; a backend without V4 ops refuses it by name.
+TEST_P(BackendMoe, HashRouteIsTheReference) {
+  Backend& be = backend();
+  const int64_t S = 9, H = 16, E = 8, k = 2, V = 50;
+  const std::vector<float> x = normal(S * H), gate = normal(E * H, 0.3);
+  std::vector<int32_t> table(V * k), tokens(S);
+  for (int64_t v = 0; v < V; ++v)
+    table[v * k] = int32_t(v % E), table[v * k + 1] = int32_t((v + 3) % E);
+  for (int64_t t = 0; t < S; ++t) tokens[t] = int32_t(randint(0, V - 1));
+  Buffer<float> dx = upload(be, x), dgate = upload(be, gate), w = poisoned<float>(be, S * k);
+  Buffer<int32_t> dtable = upload(be, table), dtokens = upload(be, tokens),
+                  idx = poisoned<int32_t>(be, S * k);
+  const Stream s = be.stream(0);
+  auto route = [&](const int32_t* toks) {
+    be.moe_route_hash(dx.get(), dgate.get(), dtable.get(), toks, S, H, E, k, V, 1.5f, idx.get(),
+                      w.get(), s);
+  };
+  if (!be.has_v4_ops()) {
+    try {
+      route(dtokens.get());
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), StatusCode::kUnsupported);
+      EXPECT_NE(std::string(e.what()).find("moe_route_hash"), std::string::npos) << e.what();
+    }
+    return;
+  }
+  route(dtokens.get());
+  std::vector<int32_t> want_idx(S * k);
+  std::vector<float> want_w(S * k);
+  const std::vector<int64_t> ids(tokens.begin(), tokens.end());
+  kernels::cpu::moe_route_hash(x.data(), gate.data(), table.data(), ids.data(), S, H, E, k, V, 1.5f,
+                               want_idx.data(), want_w.data());
+  EXPECT_EQ(idx.download(), want_idx);
+  EXPECT_TRUE(bitwise_equal(w.download(), want_w));
+  for (int64_t t = 0; t < S; ++t) EXPECT_EQ(want_idx[t * k], table[tokens[t] * k]) << t;
+  tokens[4] = int32_t(V);  // outside the vocabulary
+  Buffer<int32_t> bad = upload(be, tokens);
+  try {
+    route(bad.get());
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token id 50 at 4 outside [0, 50)"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -22,6 +22,7 @@
 
 #include "core/status.h"
 #include "kernels/hadamard.h"
+#include "kernels/mhc.h"
 #include "kernels/moe.h"
 #include "kernels/v4_compressor.h"
 
@@ -207,6 +208,117 @@ void expect_hash_matches(const std::string& p) {
 TEST(V4Golden, HashRouterMatchesTransformers) { expect_hash_matches("hash"); }
 
 TEST(V4Golden, HashRouterSingleExpertStillNormalises) { expect_hash_matches("hash1"); }
+
+// ---- mHC as V4 has it (transformers DeepseekV4HyperHead / DeepseekV4HyperConnection) ----
+
+// Worst-case bound of pre-like outputs that differ only in rounding: transformers normalises the
+// flattened streams f first and projects (f_j · r rounded, then a K-term dot product), we project
+// and scale by r (kernels/mhc.h). Both are within γ_{K+2}·r·Σ_j|f_j w_ij| of the exact z, r itself
+// within γ_K (its K-term mean of squares in another order); sigmoid' <= 1/4, and a few ulp for
+// the adds. Returns the bound of |Δ(sigmoid(z_i))| per [s, i] (times `gain`: 2 for post).
+std::vector<double> sigmoid_bound(const std::vector<float>& X, const std::vector<float>& fn,
+                                  const std::vector<float>& base, double scale, int64_t S,
+                                  int64_t rows, int64_t K, double eps, double gain) {
+  const double u = std::ldexp(1.0, -24), gK = (K + 2) * u / (1 - (K + 2) * u);
+  std::vector<double> out(S * rows);
+  for (int64_t s = 0; s < S; ++s) {
+    double sq = 0;
+    for (int64_t j = 0; j < K; ++j) sq += double(X[s * K + j]) * X[s * K + j];
+    const double r = 1 / std::sqrt(sq / K + eps);
+    for (int64_t i = 0; i < rows; ++i) {
+      double a = 0, z = 0;
+      for (int64_t j = 0; j < K; ++j) {
+        a += std::fabs(double(X[s * K + j]) * fn[i * K + j]);
+        z += double(X[s * K + j]) * fn[i * K + j];
+      }
+      const double dz = std::fabs(scale) * r * a * (2 * gK + gK) +
+                        (std::fabs(base[i]) + std::fabs(scale * r * z)) * 4 * u;
+      out[s * rows + i] = gain * (dz / 4 + 2 * u);
+    }
+  }
+  return out;
+}
+
+// |Δu| of a collapse u = Σ_i w_i X_i given |Δw_i| <= dw[i]: Σ_i dw_i |X_i| + 2γ_n Σ_i |w_i X_i|.
+void expect_collapse_within(const std::vector<float>& got, const std::vector<float>& want,
+                            const std::vector<float>& X, const std::vector<float>& w,
+                            const std::vector<double>& dw, int64_t S, int64_t n, int64_t H,
+                            const char* what) {
+  const double u = std::ldexp(1.0, -24), gn = 2 * n * u;
+  double worst = 0;  // measured error as a fraction of its bound
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t h = 0; h < H; ++h) {
+      double bound = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double x = std::fabs(X[(s * n + i) * H + h]);
+        bound += dw[s * n + i] * x + gn * std::fabs(w[s * n + i]) * x;
+      }
+      const double err = std::fabs(double(got[s * H + h]) - want[s * H + h]);
+      ASSERT_LE(err, bound) << what << " s=" << s << " h=" << h;
+      worst = std::max(worst, err / bound);
+    }
+  std::printf("[ %s ] worst error %.3g of its bound\n", what, worst);
+}
+
+TEST(V4Golden, HyperHeadMatchesTransformers) {
+  const Golden& g = Golden::get();
+  ASSERT_TRUE(g.ok()) << g.error();
+  const GoldenTensor& xt = g.tensor("hchead_x");
+  const int64_t S = xt.dim(0), n = xt.dim(1), H = xt.dim(2);
+  const std::vector<float> X = g.f32("hchead_x"), fn = g.f32("hchead_fn"),
+                           base = g.f32("hchead_base"), scale = g.f32("hchead_scale");
+  const float eps = float(g.scalar("eps")), hc_eps = float(g.scalar("hc_eps"));
+  std::vector<float> pre(S * n), u(S * H);
+  kernels::cpu::hc_head_pre(X.data(), fn.data(), base.data(), scale.data(), S, n, H, eps, hc_eps,
+                            pre.data());
+  kernels::cpu::hc_collapse(X.data(), pre.data(), S, n, H, u.data());
+  const std::vector<double> dpre = sigmoid_bound(X, fn, base, scale[0], S, n, n * H, eps, 1);
+  expect_collapse_within(u, g.f32("hchead_out"), X, pre, dpre, S, n, H, "hyper-head");
+  // The contract's "exactly hc_mix's pre": hc_mix with the head's rows as its pre rows (the other
+  // rows zero) gives the same pre bitwise, hc_eps included (the bound above is too wide to see
+  // an eps).
+  const int64_t K = n * H, W = (2 + n) * n;
+  std::vector<float> fn_mix(W * K, 0.0f), base_mix(W, 0.0f), scale_mix = {scale[0], 1.0f, 1.0f};
+  std::copy(fn.begin(), fn.end(), fn_mix.begin());
+  std::copy(base.begin(), base.end(), base_mix.begin());
+  std::vector<float> mix_pre(S * n), post(S * n), comb(S * n * n);
+  kernels::cpu::hc_mix(X.data(), fn_mix.data(), base_mix.data(), scale_mix.data(), S, n, H, eps,
+                       hc_eps, 1, mix_pre.data(), post.data(), comb.data());
+  EXPECT_EQ(std::memcmp(mix_pre.data(), pre.data(), pre.size() * sizeof(float)), 0);
+}
+
+// V4's per-sublayer mHC is V4.1's mixer (hc_mix: same pre / post / comb formulas) with the
+// collapse by the pre of the same streams: the V4 forward reuses hc_mix and hc_collapse.
+TEST(V4Golden, HyperConnectionIsTheV41MixerCollapsingItsOwnStreams) {
+  const Golden& g = Golden::get();
+  ASSERT_TRUE(g.ok()) << g.error();
+  const GoldenTensor& xt = g.tensor("hcconn_x");
+  const int64_t S = xt.dim(0), n = xt.dim(1), H = xt.dim(2);
+  const std::vector<float> X = g.f32("hcconn_x"), fn = g.f32("hcconn_fn"),
+                           base = g.f32("hcconn_base"), scale = g.f32("hcconn_scale");
+  const float eps = float(g.scalar("eps")), hc_eps = float(g.scalar("hc_eps"));
+  std::vector<float> pre(S * n), post(S * n), comb(S * n * n), u(S * H);
+  kernels::cpu::hc_mix(X.data(), fn.data(), base.data(), scale.data(), S, n, H, eps, hc_eps,
+                       int(g.scalar("hc_iters")), pre.data(), post.data(), comb.data());
+  kernels::cpu::hc_collapse(X.data(), pre.data(), S, n, H, u.data());
+  const int64_t K = n * H;
+  const std::vector<float> fn_pre(fn.begin(), fn.begin() + n * K),
+      fn_post(fn.begin() + n * K, fn.begin() + 2 * n * K);
+  const std::vector<float> base_pre(base.begin(), base.begin() + n),
+      base_post(base.begin() + n, base.begin() + 2 * n);
+  const std::vector<double> dpre = sigmoid_bound(X, fn_pre, base_pre, scale[0], S, n, K, eps, 1);
+  const std::vector<double> dpost = sigmoid_bound(X, fn_post, base_post, scale[1], S, n, K, eps, 2);
+  const std::vector<float> want_post = g.f32("hcconn_post");
+  for (int64_t i = 0; i < S * n; ++i) {
+    EXPECT_LE(std::fabs(double(post[i]) - want_post[i]), dpost[i]) << "post " << i;
+  }
+  expect_collapse_within(u, g.f32("hcconn_collapsed"), X, pre, dpre, S, n, H, "mHC collapse");
+  // comb: 20 Sinkhorn iterations of the same logits; no closed-form bound is derived here, so
+  // the measured error is printed and held to the scale-relative bound of the other golden cases.
+  const double err = rel_err(comb, g.f32("hcconn_comb"));
+  std::printf("[ mHC comb ] rel err vs transformers %.3g (bound %.0e)\n", err, kRel);
+  EXPECT_LE(err, kRel);
+}
 
 TEST(V4Golden, HashRouterBadIdsAreNamed) {
   const Golden& g = Golden::get();

@@ -16,6 +16,9 @@ Cases (small dims, same code paths as the released widths):
   `DeepseekV4HCACache`: its decode path, with the overlap state carried between calls).
 - hca: `DeepseekV4HCACompressor` (ratio 128) on 300 tokens (2 entries, 44 trailing), same capture.
 - hash / hash1: `DeepseekV4HashRouter` (tid2eid lookup, sqrtsoftplus weights) on 20 tokens, k = 4 and k = 1.
+- hchead: `DeepseekV4HyperHead` (the final collapse of the hc_mult streams) on 6 tokens.
+- hcconn: `DeepseekV4HyperConnection` (one sublayer's mHC: post, comb and the streams collapsed
+  by the pre of the same streams) on 6 tokens: V4.1's hc_mix / hc_collapse are checked against it.
 """
 
 from __future__ import annotations
@@ -177,6 +180,43 @@ def write_hash(w: _Writer, gen: torch.Generator, prefix: str, k: int) -> None:
     w.tensor(f"{prefix}_weight", weights)
 
 
+def _streams(cfg: object, gen: torch.Generator, S: int) -> torch.Tensor:
+    return torch.randn(1, S, cfg.hc_mult, cfg.hidden_size, generator=gen)
+
+
+def write_hc(w: _Writer, gen: torch.Generator) -> None:
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import (
+        DeepseekV4HyperConnection,
+        DeepseekV4HyperHead,
+    )
+
+    cfg = _config()
+    w.scalar("hc_eps", cfg.hc_eps)
+    w.scalar("hc_iters", cfg.hc_sinkhorn_iters)
+    head = DeepseekV4HyperHead(cfg).eval()
+    _randomize(head, gen)
+    x = _streams(cfg, gen, 6)
+    with torch.no_grad():
+        out = head(x)
+    w.tensor("hchead_x", x[0])
+    w.tensor("hchead_fn", head.hc_fn)
+    w.tensor("hchead_base", head.hc_base)
+    w.tensor("hchead_scale", head.hc_scale)
+    w.tensor("hchead_out", out[0])
+    conn = DeepseekV4HyperConnection(cfg).eval()
+    _randomize(conn, gen)
+    x = _streams(cfg, gen, 6)
+    with torch.no_grad():
+        post, comb, collapsed = conn(x)
+    w.tensor("hcconn_x", x[0])
+    w.tensor("hcconn_fn", conn.fn)
+    w.tensor("hcconn_base", conn.base)
+    w.tensor("hcconn_scale", conn.scale)
+    w.tensor("hcconn_post", post[0])
+    w.tensor("hcconn_comb", comb[0])
+    w.tensor("hcconn_collapsed", collapsed[0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -192,6 +232,7 @@ def main() -> None:
     w.scalar("hash_scale", SCALE)
     write_hash(w, gen, "hash", 4)
     write_hash(w, gen, "hash1", 1)  # k = 1: transformers still normalises (weight = scale)
+    write_hc(w, gen)
     w.close()
 
 

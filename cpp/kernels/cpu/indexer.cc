@@ -81,6 +81,18 @@ void apply_candidate_mask(float* scores, const uint8_t* mask, int64_t S, int64_t
   }
 }
 
+void visible_entries(const int64_t* n_visible, int64_t S, int64_t k, int32_t* indices) {
+  DSV41RT_CHECK(k >= 0 && S >= 0, "visible_entries: bad sizes S=", S, " k=", k);
+  if (S == 0 || k == 0) return;
+  DSV41RT_CHECK(n_visible && indices, "visible_entries: null pointer");
+  for (int64_t s = 0; s < S; ++s) {
+    DSV41RT_CHECK(n_visible[s] >= 0, "visible_entries: row ", s, " sees ", n_visible[s],
+                  " entries");
+    const int64_t n = std::min(n_visible[s], k);
+    for (int64_t j = 0; j < k; ++j) indices[s * k + j] = j < n ? int32_t(j) : -1;
+  }
+}
+
 void topk_select(const float* scores, int64_t S, int64_t T, int64_t k, int32_t* indices) {
   DSV41RT_CHECK(k >= 0 && T >= 0, "topk_select: bad sizes");
   std::vector<int32_t> order(T);

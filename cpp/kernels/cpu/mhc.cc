@@ -95,6 +95,24 @@ void hc_mix(const float* X, const float* fn, const float* base, const float* sca
   hc_sinkhorn(comb, S, n, hc_eps, iters);
 }
 
+void hc_head_pre(const float* X, const float* fn, const float* base, const float* scale, int64_t S,
+                 int64_t n, int64_t H, float rms_eps, float hc_eps, float* pre) {
+  DSV41RT_CHECK(X && fn && base && scale && pre, "hc_head_pre: null pointer");
+  DSV41RT_CHECK(S >= 0 && n > 0 && H > 0, "hc_head_pre: bad shape S=", S, " n=", n, " H=", H);
+  DSV41RT_CHECK(rms_eps >= 0 && hc_eps >= 0, "hc_head_pre: negative eps");
+  if (S == 0) return;
+  const int64_t K = n * H;
+  std::vector<float> mix(S * n);
+  linear(X, fn, S, K, n, mix.data());  // (f · fn^T), before the RMS scale, as hc_mix
+  for (int64_t s = 0; s < S; ++s) {
+    const float r = rms_inv(X + s * K, K, rms_eps);
+    for (int64_t i = 0; i < n; ++i) {
+      const float prod = (mix[s * n + i] * r) * scale[0];
+      pre[s * n + i] = 1.0f / (1.0f + std::exp(-(base[i] + prod))) + hc_eps;
+    }
+  }
+}
+
 void hc_collapse(const float* X, const float* w, int64_t S, int64_t n, int64_t H, float* u) {
   DSV41RT_CHECK(X && w && u, "hc_collapse: null pointer");
   DSV41RT_CHECK(S >= 0 && n > 0 && H > 0, "hc_collapse: bad shape S=", S, " n=", n, " H=", H);

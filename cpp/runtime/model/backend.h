@@ -26,6 +26,7 @@
 #include "kernels/indexer_cached.h"
 #include "kernels/paged.h"
 #include "kernels/sampling.h"
+#include "kernels/v4_compressor.h"
 #include "runtime/model/backend_weights.h"
 #include "runtime/model/device_array.h"
 #include "runtime/model/layer_plan.h"
@@ -148,6 +149,11 @@ class DSV41RT_API Backend {
                       float* pre, float* post, float* comb, Scratch scratch, Stream s) = 0;
   virtual void hc_collapse(const float* X, const float* w, int64_t S, int64_t n, int64_t H,
                            float* u, Stream s) = 0;
+  /// V4's hyper-head collapse weights (kernels/mhc.h hc_head_pre). A V4-only op: the default
+  /// throws kUnsupported naming it (see has_v4_ops()).
+  virtual void hc_head_pre(const float* X, const float* fn, const float* base, const float* scale,
+                           int64_t S, int64_t n, int64_t H, float rms_eps, float hc_eps, float* pre,
+                           Stream s);
   virtual void hc_expand(const float* X, const float* y, const float* post, const float* comb,
                          int64_t S, int64_t n, int64_t H, float* out, Stream s) = 0;
   virtual void embed_rows(const float* table_f32, const uint16_t* table_bf16, const int32_t* tokens,
@@ -161,6 +167,12 @@ class DSV41RT_API Backend {
   virtual void moe_route(const float* x, const float* gate, const float* bias, int64_t S, int64_t H,
                          int64_t E, int64_t k, float scale, bool normalize, int32_t* idx,
                          float* weight, Stream s) = 0;
+  /// V4 hash routing (kernels/moe.h moe_route_hash, normalised): experts tid2eid[tokens[t]]
+  /// (tid2eid [vocab, k]), weights from the gate. A V4-only op: the default throws kUnsupported
+  /// naming it (see has_v4_ops()).
+  virtual void moe_route_hash(const float* x, const float* gate, const int32_t* tid2eid,
+                              const int32_t* tokens, int64_t S, int64_t H, int64_t E, int64_t k,
+                              int64_t vocab, float scale, int32_t* idx, float* weight, Stream s);
   /// y [S, H] = routed experts (w1/w3 [E, I, H], w2 [E, H, I]) + shared expert (may be empty).
   virtual void moe_experts(const float* x, const int32_t* idx, const float* weight, int64_t S,
                            int64_t H, int64_t k, int64_t E, int64_t I, const LayerWeights& w,
@@ -210,6 +222,18 @@ class DSV41RT_API Backend {
                              int64_t pending_offset, int64_t ratio, int64_t D, int64_t n,
                              const int32_t* item, const int64_t* src_row, const int64_t* dst_row,
                              Stream s) = 0;
+  /// DeepSeek-V4 compressors over the request slots' flat states (kernels/v4_compressor.h,
+  /// v4_compress_paged: the projected rows a, s continue each item's state and emit the entries
+  /// of the groups they complete). `w` holds backend pointers; wkv / wgate are not read. Only the
+  /// CPU backend has it so far: the default throws kUnsupported naming the op, and
+  /// has_v4_ops() lets the executor refuse V4 checkpoints at load instead.
+  virtual void v4_compress(const kernels::V4CompressorWeights& w, const float* a, const float* s,
+                           uint8_t* const* slots, int64_t state_offset, int64_t items,
+                           const int64_t* length, const int64_t* row0, const int64_t* n,
+                           const int64_t* entry0, float* entries, Stream stream);
+  /// Whether this backend implements the V4-only ops (v4_compress, hc_head_pre, moe_route_hash,
+  /// visible_entries).
+  virtual bool has_v4_ops() const { return false; }
   virtual void attention_indices(int64_t S, int64_t W, int64_t KI, const int32_t* row_item,
                                  const int64_t* positions, const int64_t* window_first,
                                  const int64_t* length, const int64_t* old_offset,
@@ -228,6 +252,10 @@ class DSV41RT_API Backend {
   virtual void apply_candidate_mask(float* scores, const uint8_t* mask, int64_t n, Stream s) = 0;
   virtual void topk_select(const float* scores, int64_t S, int64_t T, int64_t k, int32_t* idx,
                            Stream s) = 0;
+  /// V4 HCA: every visible entry as a selection list (kernels/indexer.h visible_entries). A
+  /// V4-only op: the default throws kUnsupported naming it (see has_v4_ops()).
+  virtual void visible_entries(const int64_t* n_visible, int64_t S, int64_t k, int32_t* idx,
+                               Stream s);
   /// Sparse attention with sink over [kv_a (T_a rows) | kv_b (T_b rows)] (kernels/attention.h).
   /// keys_bf16: the caller promises every key element is a BF16 value (the quantised caches'
   /// rows), which lets a backend run the products on BF16 tensor cores without rounding them.

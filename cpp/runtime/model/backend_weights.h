@@ -19,7 +19,7 @@ using WeightFormat = kernels::WeightFormat;
 /// A weight matrix (or a stack of them, e.g. [E, I, H] experts, one 2-D view of E * I rows) on
 /// the backend.
 struct Matrix {
-  const void *data = nullptr;
+  const void* data = nullptr;
   WeightFormat format = WeightFormat::kF32;
   /// The values are exactly representable in BF16 (the checkpoint stores them FP8 / FP4 / BF16):
   /// precision "bf16" puts such matrices on tensor cores (the CPU emulates it by rounding the
@@ -28,7 +28,7 @@ struct Matrix {
   /// The checkpoint stores it FP8 / FP4 (an "FP8 or FP4 GEMM" of spec section 5.2): precision
   /// "fp8" quantises its input activations to FP8 in 1 x 32 blocks (implies bf16_exact).
   bool fp8_input = false;
-  const uint8_t *scale = nullptr;          ///< kFp8Block / kMxfp4 scale codes
+  const uint8_t* scale = nullptr;          ///< kFp8Block / kMxfp4 scale codes
   int32_t block_rows = 0, block_cols = 0;  ///< kFp8Block scale blocks
   /// Rows and columns of the whole stored 2-D matrix; required for kFp8Block / kMxfp4 (0 for
   /// kF32 / kBF16 means "as the op's shape").
@@ -60,11 +60,17 @@ struct LayerWeights {
   Matrix wq_a, wq_b, wkv, wo_a, wo_b, comp_wkv, comp_wgate, idx_wq_b, idx_weights_proj, idx_wk;
   const float *q_norm = nullptr, *kv_norm = nullptr, *attn_sink = nullptr, *comp_norm = nullptr,
               *idx_k_norm = nullptr;
-  const float *inv_freq = nullptr;  ///< RoPE inverse frequencies of this layer
+  const float* inv_freq = nullptr;  ///< RoPE inverse frequencies of this layer
+  // V4 CSA / HCA: the compressor's APE [ratio, width] (comp_wkv / comp_wgate / comp_norm above);
+  // CSA: its indexer's own compressor (kernels/v4_compressor.h).
+  const float* comp_ape = nullptr;
+  Matrix idx_comp_wkv, idx_comp_wgate;
+  const float *idx_comp_ape = nullptr, *idx_comp_norm = nullptr;
   // MoE: routed experts stacked [E, I, H] / [E, H, I]; all six matrices share one format. Under
   // expert parallelism the stacks hold this rank's experts [expert_begin, + expert_count) only
   // (expert_count 0: all E).
   const float *gate = nullptr, *bias = nullptr;
+  const int32_t* tid2eid = nullptr;  ///< V4 hash-routed layers: [vocab, k] expert ids
   Matrix w1, w3, w2, shared_w1, shared_w3, shared_w2;
   int64_t expert_begin = 0, expert_count = 0;
   // Engram: FP8 E4M3 table [rows, head_dim] with UE8M0 scales [rows, head_dim / 32]; the kv
@@ -78,7 +84,7 @@ struct LayerWeights {
 /// Whether every expert matrix of a layer (routed and shared) is BF16-exact: the MoE op runs on
 /// tensor cores under precision "bf16" only then (one decision for the whole op, on every
 /// backend, so the CPU emulation rounds the same activations the GPU does).
-inline bool moe_bf16_exact(const LayerWeights &w) {
+inline bool moe_bf16_exact(const LayerWeights& w) {
   const bool shared =
       !w.shared_w1 || (w.shared_w1.bf16_exact && w.shared_w3.bf16_exact && w.shared_w2.bf16_exact);
   return w.w1.bf16_exact && w.w3.bf16_exact && w.w2.bf16_exact && shared;
@@ -86,7 +92,7 @@ inline bool moe_bf16_exact(const LayerWeights &w) {
 
 /// Whether every expert matrix of a layer is stored FP8 / FP4: precision "fp8" then quantises the
 /// MoE's activations (x and the hidden units) to FP8 (one decision for the whole op).
-inline bool moe_fp8_inputs(const LayerWeights &w) {
+inline bool moe_fp8_inputs(const LayerWeights& w) {
   const bool shared =
       !w.shared_w1 || (w.shared_w1.fp8_input && w.shared_w3.fp8_input && w.shared_w2.fp8_input);
   return w.w1.fp8_input && w.w3.fp8_input && w.w2.fp8_input && shared;
@@ -102,10 +108,12 @@ struct DraftHeadWeights {
 };
 
 struct BackendWeights {
-  const float *embed = nullptr;          ///< [V, H] FP32, or
-  const uint16_t *embed_bf16 = nullptr;  ///< [V, H] BF16 as stored
+  const float* embed = nullptr;          ///< [V, H] FP32, or
+  const uint16_t* embed_bf16 = nullptr;  ///< [V, H] BF16 as stored
   Matrix head;
-  const float *norm = nullptr;
+  const float* norm = nullptr;
+  /// V4: the hyper-head (kernels/mhc.h hc_head_pre): fn [n, n·H], base [n], scale [1].
+  const float *hc_head_fn = nullptr, *hc_head_base = nullptr, *hc_head_scale = nullptr;
   std::vector<LayerWeights> layers;
   /// DSpark stages (empty unless the weights were loaded with their drafts; a backend that does
   /// not map them leaves this empty) and their heads.

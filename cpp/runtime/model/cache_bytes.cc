@@ -1,5 +1,7 @@
 #include "runtime/model/cache_bytes.h"
 
+#include "kernels/v4_compressor.h"
+
 namespace dsv41rt::model {
 namespace {
 
@@ -12,6 +14,16 @@ int64_t v4_row_bytes(int64_t head_dim, int64_t rope_dim) {
   return nope + (scales + 7) / 8 * 8 + 2 * rope_dim;
 }
 
+// One V4 compressor's flat FP32 state (kernels/v4_compressor.h: pending rows, A-halves).
+int64_t v4_state_bytes(int64_t D, int64_t ratio, bool overlap) {
+  kernels::V4CompressorWeights w;
+  w.H = 1;
+  w.D = D;
+  w.ratio = ratio;
+  w.overlap = overlap;
+  return kernels::v4_compressor_state_floats(w) * kF32;
+}
+
 }  // namespace
 
 CacheFormats CacheFormats::of(bool cache_quant) {
@@ -22,6 +34,11 @@ CacheFormats CacheFormats::of(bool cache_quant) {
 CacheRowBytes cache_row_bytes(const ModelConfig& c, const CacheFormats& f) {
   const int64_t index_key = kernels::row_bytes(f.key, c.index_head_dim);
   if (!c.is_v41()) {
+    // With cache_quant off (FP32 caches) V4 keeps FP32 rows like V4.1; else its 584-byte rows.
+    if (f.window == kernels::RowFormat::kF32) {
+      const int64_t row = kernels::row_bytes(kernels::RowFormat::kF32, c.head_dim);
+      return {row, row, index_key};
+    }
     const int64_t row = v4_row_bytes(c.head_dim, c.qk_rope_head_dim);
     return {row, row, index_key};
   }
@@ -30,13 +47,25 @@ CacheRowBytes cache_row_bytes(const ModelConfig& c, const CacheFormats& f) {
 }
 
 int64_t pending_compressor_bytes(const ModelConfig& c, const LayerPlan& layer) {
-  const int64_t d = c.head_dim, di = c.index_head_dim, m = layer.ratio;
+  const int64_t d = c.head_dim, m = layer.ratio;
   switch (layer.role) {
     case LayerRole::kFull:
-    case LayerRole::kHca:
       return (m - 1) * 2 * d * kF32;
-    case LayerRole::kCsa:  // previous group's A halves + the partial group, main + indexer
-      return 2 * m * 2 * (2 * d + 2 * di) * kF32;
+    case LayerRole::kHca:
+      return v4_state_bytes(d, m, false);
+    case LayerRole::kCsa:  // the main compressor's state, then its indexer compressor's
+      return v4_compressor_state_bytes(c, layer, false) + v4_compressor_state_bytes(c, layer, true);
+    default:
+      return 0;
+  }
+}
+
+int64_t v4_compressor_state_bytes(const ModelConfig& c, const LayerPlan& layer, bool indexer) {
+  switch (layer.role) {
+    case LayerRole::kHca:
+      return indexer ? 0 : v4_state_bytes(c.head_dim, layer.ratio, false);
+    case LayerRole::kCsa:
+      return v4_state_bytes(indexer ? c.index_head_dim : c.head_dim, layer.ratio, true);
     default:
       return 0;
   }

@@ -35,14 +35,20 @@ struct CacheRowBytes {
   int64_t window = 0, compressed_kv = 0, index_key = 0;
 };
 
-/// V4 has one quantised layout of its own (not run by the executor), so `formats` applies to
-/// V4.1 only.
+/// V4 has one quantised layout of its own (584-byte window / compressed rows, not run by the
+/// executor yet): `formats` all FP32 (cache_quant off) gives V4 FP32 rows, anything else V4's.
 DSV41RT_API CacheRowBytes cache_row_bytes(const ModelConfig& c, const CacheFormats& formats = {});
 
 /// The compressor state `layer` keeps per request between compression groups (FP32): a V4.1
-/// ratio-m source holds at most m-1 pending tokens (value and gate rows, head_dim each); 0 for
-/// layers that own no compressor.
+/// ratio-m source holds at most m-1 pending tokens (value and gate rows, head_dim each); a V4
+/// layer the flat states of kernels/v4_compressor.h (HCA: its compressor; CSA: its compressor,
+/// then its indexer's compressor); 0 for layers that own no compressor.
 DSV41RT_API int64_t pending_compressor_bytes(const ModelConfig& c, const LayerPlan& layer);
+
+/// One of a V4 layer's compressors' state: the main one (indexer = false) or the CSA indexer's
+/// (0 for HCA and for every other role).
+DSV41RT_API int64_t v4_compressor_state_bytes(const ModelConfig& c, const LayerPlan& layer,
+                                              bool indexer);
 
 struct DSV41RT_API CacheBytes {
   int64_t window_row = 0;          ///< one window-KV row (one position, one layer)

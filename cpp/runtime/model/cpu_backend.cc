@@ -43,6 +43,8 @@ class CpuWeightView {
     out_.embed = w.embed.ptr();
     out_.head = matrix(w.head);
     out_.norm = w.norm.ptr();
+    out_.hc_head_fn = floats(w.hc_head_fn), out_.hc_head_base = floats(w.hc_head_base);
+    out_.hc_head_scale = floats(w.hc_head_scale);
     for (size_t li = 0; li < plan.layers.size(); ++li) {
       out_.layers.push_back(layer(w.layers[li], li));
     }
@@ -58,6 +60,11 @@ class CpuWeightView {
     std::vector<std::vector<float>> stacks;
   };
 
+  // A vector / table read as FP32 values (null when absent), counted in the weight bytes.
+  const float* floats(const Tensor& t) {
+    out_.bytes += t.numel() * int64_t(sizeof(float)) * !t.empty();
+    return t.ptr();
+  }
   Matrix matrix(const Tensor& t) {
     if (t.empty()) return {};
     out_.bytes += t.numel() * int64_t(sizeof(float));
@@ -113,9 +120,14 @@ class CpuWeightView {
     L.idx_wk = matrix(a.idx_wk);
     L.q_norm = a.q_norm.ptr(), L.kv_norm = a.kv_norm.ptr(), L.attn_sink = a.attn_sink.ptr();
     L.comp_norm = a.comp_norm.ptr(), L.idx_k_norm = a.idx_k_norm.ptr();
+    L.comp_ape = floats(a.comp_ape);  // V4
+    L.idx_comp_wkv = matrix(a.idx_comp_wkv), L.idx_comp_wgate = matrix(a.idx_comp_wgate);
+    L.idx_comp_ape = floats(a.idx_comp_ape), L.idx_comp_norm = floats(a.idx_comp_norm);
     L.inv_freq = keep_->inv_freq[rope].data();
     MoeWeights& m = b.moe;
     L.gate = m.gate.ptr(), L.bias = m.bias.ptr();
+    L.tid2eid = m.tid2eid.empty() ? nullptr : m.tid2eid.data();
+    out_.bytes += int64_t(m.tid2eid.size() * sizeof(int32_t));
     // One precision decision for all six expert matrices (as the GPU, whose MoE op takes one
     // weight format).
     bool exact = bf16_exact(m.shared_w1) && bf16_exact(m.shared_w3) && bf16_exact(m.shared_w2);
@@ -228,6 +240,11 @@ class CpuBackend final : public Backend {
                    Stream) override {
     k::hc_collapse(X, w, S, n, H, u);
   }
+  void hc_head_pre(const float* X, const float* fn, const float* base, const float* scale,
+                   int64_t S, int64_t n, int64_t H, float rms_eps, float hc_eps, float* pre,
+                   Stream) override {
+    k::hc_head_pre(X, fn, base, scale, S, n, H, rms_eps, hc_eps, pre);
+  }
   void hc_expand(const float* X, const float* y, const float* post, const float* comb, int64_t S,
                  int64_t n, int64_t H, float* out, Stream) override {
     k::hc_expand(X, y, post, comb, S, n, H, out);
@@ -255,6 +272,13 @@ class CpuBackend final : public Backend {
                  int64_t E, int64_t kk, float scale, bool normalize, int32_t* idx, float* weight,
                  Stream) override {
     k::moe_route(x, gate, bias, S, H, E, kk, scale, idx, weight, normalize);
+  }
+  void moe_route_hash(const float* x, const float* gate, const int32_t* tid2eid,
+                      const int32_t* tokens, int64_t S, int64_t H, int64_t E, int64_t kk,
+                      int64_t vocab, float scale, int32_t* idx, float* weight, Stream) override {
+    DSV41RT_CHECK(tokens || S == 0, "moe_route_hash: null tokens");
+    const std::vector<int64_t> ids(tokens, tokens + std::max<int64_t>(S, 0));  // the op's int64
+    k::moe_route_hash(x, gate, tid2eid, ids.data(), S, H, E, kk, vocab, scale, idx, weight);
   }
   void moe_experts(const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H,
                    int64_t kk, int64_t E, int64_t I, const LayerWeights& w, float limit, float* y,
@@ -321,6 +345,13 @@ class CpuBackend final : public Backend {
                      Stream) override {
     k::store_pending(values, scores, slots, pending_offset, ratio, D, n, item, src_row, dst_row);
   }
+  void v4_compress(const kernels::V4CompressorWeights& w, const float* a, const float* s,
+                   uint8_t* const* slots, int64_t state_offset, int64_t items,
+                   const int64_t* length, const int64_t* row0, const int64_t* n,
+                   const int64_t* entry0, float* entries, Stream) override {
+    k::v4_compress_paged(w, a, s, slots, state_offset, items, length, row0, n, entry0, entries);
+  }
+  bool has_v4_ops() const override { return true; }
   void attention_indices(int64_t S, int64_t W, int64_t KI, const int32_t* row_item,
                          const int64_t* positions, const int64_t* window_first,
                          const int64_t* length, const int64_t* old_offset, const int64_t* row0,
@@ -344,6 +375,10 @@ class CpuBackend final : public Backend {
   void topk_select(const float* scores, int64_t S, int64_t T, int64_t kk, int32_t* idx,
                    Stream) override {
     k::topk_select(scores, S, T, kk, idx);
+  }
+  void visible_entries(const int64_t* n_visible, int64_t S, int64_t kk, int32_t* idx,
+                       Stream) override {
+    k::visible_entries(n_visible, S, kk, idx);
   }
   void sparse_attention(const float* q, const float* kv_a, int64_t T_a, const float* kv_b,
                         int64_t T_b, const int32_t* idx, const float* sink, int64_t S,
@@ -465,6 +500,33 @@ std::unique_ptr<BackendGraph> Backend::capture(Stream, const std::function<void(
 }
 void Backend::replay(BackendGraph&, Stream) {
   DSV41RT_THROW_CODE(kUnsupported, "the ", device(), " backend has no graphs");
+}
+void Backend::hc_head_pre(const float*, const float*, const float*, const float*, int64_t, int64_t,
+                          int64_t, float, float, float*, Stream) {
+  DSV41RT_THROW_CODE(kUnsupported,
+                     "hc_head_pre (the DeepSeek-V4 hyper-head) is not implemented by the ",
+                     device(), " backend");
+}
+void Backend::moe_route_hash(const float*, const float*, const int32_t*, const int32_t*, int64_t,
+                             int64_t, int64_t, int64_t, int64_t, float, int32_t*, float*, Stream) {
+  DSV41RT_THROW_CODE(kUnsupported,
+                     "moe_route_hash (DeepSeek-V4 hash routing) is not implemented "
+                     "by the ",
+                     device(), " backend");
+}
+void Backend::visible_entries(const int64_t*, int64_t, int64_t, int32_t*, Stream) {
+  DSV41RT_THROW_CODE(kUnsupported,
+                     "visible_entries (DeepSeek-V4 HCA selection) is not implemented "
+                     "by the ",
+                     device(), " backend");
+}
+void Backend::v4_compress(const kernels::V4CompressorWeights&, const float*, const float*,
+                          uint8_t* const*, int64_t, int64_t, const int64_t*, const int64_t*,
+                          const int64_t*, const int64_t*, float*, Stream) {
+  DSV41RT_THROW_CODE(kUnsupported,
+                     "v4_compress (the DeepSeek-V4 compressor) is not implemented "
+                     "by the ",
+                     device(), " backend");
 }
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }

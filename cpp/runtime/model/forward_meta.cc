@@ -18,20 +18,21 @@ ForwardMeta MetaUploader::upload(Backend& be, const ForwardPlan& f, int64_t hc, 
   const size_t tokens = add(f.tokens), row_item = add(f.row_item), positions = add(f.positions),
                store = add(f.store_window), slots = add(f.slots), length = add(f.length),
                wfirst = add(f.window_first), old_count = add(f.old_count),
-               old_offset = add(f.old_offset), row0 = add(f.row0), pages = add(f.page_table),
-               head = add(f.head_rows);
+               old_offset = add(f.old_offset), row0 = add(f.row0), new_rows = add(f.new_rows),
+               pages = add(f.page_table), head = add(f.head_rows);
   std::vector<float> onehot(size_t(f.rows * hc), 0.0f);
   for (int64_t t = 0; t < f.rows; ++t) onehot[size_t(t * hc)] = 1.0f;
   const size_t pre0 = add(onehot);
   struct RatioOffsets {
-    size_t count, comp_offset, n_visible, key_offset, gi, gp, gf, ge, gpos, li, ls, ld;
+    size_t count, comp_offset, n_visible, key_offset, gi, gp, gf, ge, gpos, li, ls, ld, g0;
   };
   std::map<int, RatioOffsets> ro;
   for (const RatioPlan& r : f.ratios) {
     ro[r.ratio] = {add(r.count),       add(r.comp_offset), add(r.n_visible),
                    add(r.key_offset),  add(r.group_item),  add(r.group_pending),
                    add(r.group_first), add(r.group_entry), add(r.group_position),
-                   add(r.left_item),   add(r.left_src),    add(r.left_dst)};
+                   add(r.left_item),   add(r.left_src),    add(r.left_dst),
+                   add(r.group0)};
   }
   std::vector<size_t> engram;
   for (const auto& rows : f.engram_rows) engram.push_back(add(rows));
@@ -75,6 +76,7 @@ ForwardMeta MetaUploader::upload(Backend& be, const ForwardPlan& f, int64_t hc, 
   m.old_count = at<int64_t>(old_count);
   m.old_offset = at<int64_t>(old_offset);
   m.row0 = at<int64_t>(row0);
+  m.new_rows = at<int64_t>(new_rows);
   m.page_table = at<int32_t>(pages);
   m.head_rows = at<int64_t>(head);
   m.pre0 = at<float>(pre0);
@@ -82,7 +84,8 @@ ForwardMeta MetaUploader::upload(Backend& be, const ForwardPlan& f, int64_t hc, 
     m.ratio[r] = {at<int64_t>(o.count),      at<int64_t>(o.comp_offset), at<int64_t>(o.n_visible),
                   at<int64_t>(o.key_offset), at<int32_t>(o.gi),          at<int32_t>(o.li),
                   at<int64_t>(o.gp),         at<int64_t>(o.gf),          at<int64_t>(o.ge),
-                  at<int64_t>(o.gpos),       at<int64_t>(o.ls),          at<int64_t>(o.ld)};
+                  at<int64_t>(o.gpos),       at<int64_t>(o.ls),          at<int64_t>(o.ld),
+                  at<int64_t>(o.g0)};
   }
   for (size_t off : engram) m.engram_rows.push_back(at<int64_t>(off));
   m.sample_logit_row = at<int64_t>(s_row);

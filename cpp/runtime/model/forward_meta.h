@@ -19,6 +19,7 @@ struct ForwardMeta {
   const int32_t *tokens = nullptr, *row_item = nullptr, *page_table = nullptr;
   const int64_t *positions = nullptr, *length = nullptr, *window_first = nullptr;
   const int64_t *old_count = nullptr, *old_offset = nullptr, *row0 = nullptr;
+  const int64_t* new_rows = nullptr;
   const int64_t* head_rows = nullptr;
   const float* pre0 = nullptr;  ///< [rows, hc] one-hot(0): block 0 reads stream 0 (the embedding)
   const uint8_t* store_window = nullptr;
@@ -27,6 +28,7 @@ struct ForwardMeta {
     const int64_t *count, *comp_offset, *n_visible, *key_offset;
     const int32_t *group_item, *left_item;
     const int64_t *group_pending, *group_first, *group_entry, *group_position, *left_src, *left_dst;
+    const int64_t* group0;
   };
   std::map<int, Ratio> ratio;
   std::vector<const int64_t*> engram_rows;

@@ -139,6 +139,7 @@ ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout,
     f.slots.push_back(reinterpret_cast<uint64_t>(b.request.slot));
     f.length.push_back(P);
     f.row0.push_back(f.rows);
+    f.new_rows.push_back(b.n);
     const int64_t w0 = std::max<int64_t>(0, P - W + 1);
     f.window_first.push_back(w0);
     f.old_count.push_back(P - w0);
@@ -183,7 +184,7 @@ ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout,
       it = f.ratios.end() - 1;
       it->ratio = layer.ratio;
     }
-    it->compressor = it->compressor || layer.role == LayerRole::kFull;
+    it->compressor = it->compressor || layer.owns_compressor();
   }
   for (RatioPlan& rp : f.ratios) {
     const int64_t m = rp.ratio;
@@ -197,7 +198,10 @@ ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout,
         rp.n_visible.push_back((P + t + 1) / m);
         rp.key_offset.push_back(rp.comp_offset.back());
       }
-      if (rp.compressor) plan_groups(rp, int32_t(i), P, n, f.row0[i]);
+      if (rp.compressor) {
+        rp.group0.push_back(int64_t(rp.group_item.size()));
+        plan_groups(rp, int32_t(i), P, n, f.row0[i]);
+      }
     }
   }
 
@@ -305,6 +309,7 @@ ForwardPlan pad_decode_plan(const ForwardPlan& f, const ModelConfig& c, const St
   pad_to<int64_t>(p.length, B, 0);
   pad_to<int64_t>(p.window_first, B, 0);
   pad_to<int64_t>(p.old_count, B, 0);
+  pad_to<int64_t>(p.new_rows, B, 0);
   p.row0.resize(B);
   p.old_offset.resize(B);
   for (int64_t b = 0; b < B; ++b) {
@@ -336,6 +341,8 @@ ForwardPlan pad_decode_plan(const ForwardPlan& f, const ModelConfig& c, const St
       pad_to<int64_t>(r.group_first, B, 0);
       pad_to<int64_t>(r.group_entry, B, 0);
       pad_to<int64_t>(r.group_position, B, 0);
+      // Padding items have no rows: they write nothing from wherever they start.
+      pad_to<int64_t>(r.group0, B, int64_t(f.ratio(r.ratio).group_item.size()));
       if (r.ratio > 1) {
         pad_to<int32_t>(r.left_item, B, -1);
         pad_to<int64_t>(r.left_src, B, 0);

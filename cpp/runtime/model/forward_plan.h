@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/export.h"
 #include "kernels/sampling.h"
 #include "runtime/model/executor.h"
 
@@ -24,7 +25,7 @@ namespace dsv41rt::model {
 
 struct RatioPlan {
   int ratio = 0;
-  bool compressor = false;  ///< a Full layer of this ratio produces entries
+  bool compressor = false;  ///< a layer of this ratio owns a compressor (V4.1 Full, V4 CSA/HCA)
   int64_t max_count = 0;    ///< launch size: max entries of one item (capacity when padded)
   int64_t comp_rows = 0;    ///< workspace rows (sum of counts, or items * capacity)
   std::vector<int64_t> count, comp_offset;     // [items] entries (P + n) / ratio; first row
@@ -32,6 +33,9 @@ struct RatioPlan {
   // Complete compression groups of this forward: item, pending rows used, first new row, entry.
   std::vector<int32_t> group_item;
   std::vector<int64_t> group_pending, group_first, group_entry, group_position;
+  // [items] the item's first group in the lists above: where the V4 compressor op
+  // (Backend::v4_compress) writes the item's new entries.
+  std::vector<int64_t> group0;
   // New rows that stay pending (ratio >= 2): item, batch row, pending row.
   std::vector<int32_t> left_item;
   std::vector<int64_t> left_src, left_dst;
@@ -65,7 +69,8 @@ struct ForwardPlan {
   std::vector<uint8_t> store_window;      // [rows] position enters the ring
   std::vector<uint64_t> slots;            // [items] slot addresses (device memory)
   std::vector<int64_t> length, window_first, old_count, old_offset, row0;  // [items]
-  std::vector<int32_t> page_table;                                         // [items, max_pages]
+  std::vector<int64_t> new_rows;    ///< [items] rows of this forward (n; 0 for padding)
+  std::vector<int32_t> page_table;  // [items, max_pages]
   std::vector<RatioPlan> ratios;
   std::vector<std::vector<int64_t>> engram_rows;  // per Engram layer [rows, (max_ngram-1)·heads]
   std::vector<int64_t> head_rows;                 // rows through the head, item order
@@ -94,9 +99,10 @@ QueryRows query_rows(const ForwardPlan& f, int rank, int size);
 /// Plans `batch` (validated: tokens in the vocabulary, slots and pages present). `histories[i]`
 /// holds item i's last history_len() token ids, oldest first (only the last min(length, hist)
 /// are read). Throws Error naming the item on bad input, before anything runs.
-ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout,
-                         const std::vector<BatchItem>& batch, const EngramTables& engram,
-                         const std::vector<const int32_t*>& histories);
+DSV41RT_API ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout,
+                                     const std::vector<BatchItem>& batch,
+                                     const EngramTables& engram,
+                                     const std::vector<const int32_t*>& histories);
 
 /// Fixed launch shape of a captured decode graph: `items` requests of one token each, every
 /// request shorter than `context` positions; whether logits are computed (head) and tokens drawn.

@@ -18,17 +18,20 @@ StateLayout::StateLayout(const ModelPlan& plan, CacheFormats formats, int64_t pa
   int64_t slot = window_layer_bytes_ * int64_t(plan.layers.size());
   int64_t page = 0;
   for (const LayerPlan& layer : plan.layers) {
-    if (layer.role != LayerRole::kFull) continue;
+    // V4.1 Full layers and every V4 compressed layer (CSA, HCA: no sharing) own their entries.
+    if (!layer.owns_compressor()) continue;
     DSV41RT_CHECK(page_tokens % layer.ratio == 0, "page_tokens ", page_tokens,
                   " is not a multiple of compression ratio ", layer.ratio, " (layer ", layer.index,
                   "): a page boundary would split a compression group");
     Source s;
     s.layer = layer.index;
     s.ratio = layer.ratio;
+    s.keys = layer.owns_indexer();  // V4 HCA layers keep no index keys
     s.page_offset = page;
-    page += (page_tokens / layer.ratio) * (kv_row_bytes_ + key_row_bytes_);
+    page += (page_tokens / layer.ratio) * (kv_row_bytes_ + (s.keys ? key_row_bytes_ : 0));
     if (layer.ratio > 1) {
       s.pending_offset = slot;
+      s.indexer_pending_offset = slot + v4_compressor_state_bytes(c, layer, false);
       slot += pending_compressor_bytes(c, layer);
     }
     sources_.push_back(s);
@@ -51,6 +54,7 @@ const StateLayout::Source& StateLayout::source(int layer) const {
 
 int64_t StateLayout::entry_offset(int source_layer, bool key) const {
   const Source& s = source(source_layer);
+  DSV41RT_CHECK_CODE(kInternal, !key || s.keys, "layer ", source_layer, " keeps no index keys");
   return s.page_offset + (key ? (page_tokens_ / s.ratio) * kv_row_bytes_ : 0);
 }
 
@@ -63,6 +67,14 @@ int64_t StateLayout::pending_offset(int source_layer) const {
   DSV41RT_CHECK_CODE(kInternal, s.pending_offset >= 0, "layer ", source_layer,
                      " (ratio 1) has no pending compressor rows");
   return s.pending_offset;
+}
+
+int64_t StateLayout::indexer_pending_offset(int source_layer) const {
+  const Source& s = source(source_layer);
+  DSV41RT_CHECK_CODE(kInternal,
+                     s.keys && s.pending_offset >= 0 && s.indexer_pending_offset > s.pending_offset,
+                     "layer ", source_layer, " has no indexer compressor state");
+  return s.indexer_pending_offset;
 }
 
 }  // namespace dsv41rt::model

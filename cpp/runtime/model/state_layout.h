@@ -3,10 +3,12 @@
 //   request slot (fixed size, one per running request):
 //     [window rings: layer-major, sliding_window rows of the window format each]
 //     [pending compressor tokens of each ratio>=2 KV source: (ratio-1) value rows, (ratio-1) gate
-//      rows, FP32 head_dim each (pending_compressor_bytes, cache_bytes.h)]
+//      rows, FP32 head_dim each (pending_compressor_bytes, cache_bytes.h); a V4 layer: the flat
+//      state of kernels/v4_compressor.h, and a CSA layer's indexer compressor's state after it]
 //   token page (page_tokens consecutive positions of one request):
 //     for each KV source in layer order: page_tokens/ratio compressed-KV rows, then as many
-//     index-key rows (packed NVFP4 / MXFP4, or FP32 with cache_quant off).
+//     index-key rows (packed NVFP4 / MXFP4, or FP32 with cache_quant off); a V4 HCA layer keeps
+//     no index keys. V4 has no sharing: every CSA and HCA layer is a source.
 // The Engram history (the last max_ngram - 1 token ids) is planning input only (the host hashes
 // the n-grams), so the executor keeps it in host memory beside the slot.
 //
@@ -53,6 +55,9 @@ class DSV41RT_API StateLayout {
   int64_t entries_per_page(int source_layer) const;
   /// Where `source_layer`'s pending compressor rows start in a slot (ratio >= 2).
   int64_t pending_offset(int source_layer) const;
+  /// V4 CSA: where `source_layer`'s indexer compressor state starts in a slot (after the main
+  /// compressor's, pending_offset).
+  int64_t indexer_pending_offset(int source_layer) const;
   /// Where `layer`'s window ring starts in a slot.
   int64_t window_offset(int layer) const { return layer * window_layer_bytes_; }
   int64_t sliding_window() const { return sliding_window_; }
@@ -60,8 +65,10 @@ class DSV41RT_API StateLayout {
  private:
   struct Source {
     int layer = -1, ratio = 0;
-    int64_t page_offset = 0;      // where this source's rows start in a page
-    int64_t pending_offset = -1;  // in the slot (ratio >= 2)
+    int64_t page_offset = 0;              // where this source's rows start in a page
+    bool keys = true;                     // keeps index-key rows (not V4 HCA)
+    int64_t pending_offset = -1;          // in the slot (ratio >= 2)
+    int64_t indexer_pending_offset = -1;  // V4 CSA: the indexer compressor's state
   };
   const Source& source(int layer) const;
 

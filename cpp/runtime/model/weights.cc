@@ -1,5 +1,7 @@
 #include "runtime/model/weights.h"
 
+#include <cstring>
+
 #include "core/dtype.h"
 #include "core/status.h"
 #include "kernels/quant.h"
@@ -90,17 +92,60 @@ void load_attention(const Loader& L, const LayerPlan& layer, const std::string& 
     w.idx_wk = L.load(p + "attn.indexer.wk.weight");
     w.idx_k_norm = L.load(p + "attn.indexer.k_norm.weight");
   }
-  if (layer.role == LayerRole::kFull || layer.role == LayerRole::kReindex) {
+  if (layer.role == LayerRole::kCsa || layer.role == LayerRole::kHca) {  // V4
+    const std::string q = p + "attn.compressor.";
+    w.comp_wkv = L.load(q + "wkv.weight");
+    w.comp_wgate = L.load(q + "wgate.weight");
+    w.comp_ape = L.load(q + "ape");
+    w.comp_norm = L.load(q + "norm.weight");
+  }
+  if (layer.role == LayerRole::kCsa) {
+    const std::string q = p + "attn.indexer.compressor.";
+    w.idx_comp_wkv = L.load(q + "wkv.weight");
+    w.idx_comp_wgate = L.load(q + "wgate.weight");
+    w.idx_comp_ape = L.load(q + "ape");
+    w.idx_comp_norm = L.load(q + "norm.weight");
+  }
+  if (layer.owns_indexer()) {
     w.idx_wq_b = L.load(p + "attn.indexer.wq_b.weight");
     w.idx_weights_proj = L.load(p + "attn.indexer.weights_proj.weight");
   }
 }
 
-void load_moe(const Loader& L, const LayerPlan& layer, const std::string& p, MoeWeights& w) {
+// V4 hash routing's table [vocab, k] (I64 or I32 as stored), every entry an expert id: a bad
+// entry would index outside the expert stack at run time, so it is refused here, by position.
+std::vector<int32_t> load_tid2eid(const Checkpoint& ck, const Loader& L, const std::string& name,
+                                  int64_t experts) {
+  L.checked(name);
+  const TensorInfo& info = ck.info(name);
+  int64_t n = 1;
+  for (int64_t d : info.shape) n *= d;
+  const uint8_t* data = ck.tensor_data(name);
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t v = 0;
+    if (info.dtype == DType::kI64) {
+      std::memcpy(&v, data + i * 8, 8);
+    } else {
+      int32_t v32 = 0;
+      std::memcpy(&v32, data + i * 4, 4);
+      v = v32;
+    }
+    DSV41RT_CHECK(v >= 0 && v < experts, ck.path(), ": ", name, " element ", i, " (token ",
+                  i / info.shape.back(), ") is expert ", v, ", outside [0, ", experts, ")");
+    out[size_t(i)] = int32_t(v);
+  }
+  return out;
+}
+
+void load_moe(const Checkpoint& ck, const Loader& L, const LayerPlan& layer, const std::string& p,
+              MoeWeights& w) {
   w.gate = L.load(p + "ffn.gate.weight");
-  DSV41RT_CHECK_CODE(kUnsupported, !layer.hash_routed, "layer ", layer.index,
-                     ": hash-routed MoE (V4) is not supported yet");
-  w.bias = L.load(p + "ffn.gate.bias");
+  if (layer.hash_routed) {
+    w.tid2eid = load_tid2eid(ck, L, p + "ffn.gate.tid2eid", layer.n_experts);
+  } else {
+    w.bias = L.load(p + "ffn.gate.bias");
+  }
   for (int e = 0; e < layer.n_experts; ++e) {
     const std::string q = p + "ffn.experts." + std::to_string(e) + ".";
     w.w1.push_back(L.load(q + "w1.weight"));
@@ -142,7 +187,7 @@ BlockWeights load_block(const Checkpoint& ck, const Loader& L, const LayerPlan& 
   b.hc_ffn_base = L.load(p + "hc_ffn_base");
   b.hc_ffn_scale = L.load(p + "hc_ffn_scale");
   load_attention(L, layer, p, b.attn);
-  load_moe(L, layer, p, b.moe);
+  load_moe(ck, L, layer, p, b.moe);
   if (layer.engram) b.engram = load_engram(ck, L, p);
   return b;
 }
@@ -189,8 +234,6 @@ ModelWeights load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPla
                           bool host_values, const std::function<void(int64_t, int64_t)>& progress,
                           bool drafts) {
   const ModelConfig& c = plan.config;
-  DSV41RT_CHECK_CODE(kUnsupported, c.arch == Arch::kV41, c.source,
-                     ": dsv41rt runs DeepSeek-V4.1 checkpoints only (V4 is not supported yet)");
   const TensorSpec spec = build_tensor_spec(plan);
   Loader L(*checkpoint, spec, host_values);
   ModelWeights w;
@@ -203,6 +246,11 @@ ModelWeights load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPla
   }
   w.head = L.load("head.weight");
   w.norm = L.load("norm.weight");
+  if (!c.is_v41()) {
+    w.hc_head_fn = L.load("hc_head_fn");
+    w.hc_head_base = L.load("hc_head_base");
+    w.hc_head_scale = L.load("hc_head_scale");
+  }
   for (const LayerPlan& layer : plan.layers) {
     w.layers.push_back(load_block(*checkpoint, L, layer));
     if (progress) progress(int64_t(w.layers.size()), int64_t(plan.layers.size()));

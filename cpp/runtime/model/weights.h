@@ -58,6 +58,9 @@ struct AttentionWeights {
   Tensor comp_wkv, comp_wgate, comp_norm;  // Full (V4.1): compressor
   Tensor idx_wq_b, idx_weights_proj;       // Full + Reindex: indexer queries
   Tensor idx_wk, idx_k_norm;               // Full: index keys
+  // V4 CSA / HCA: the compressor's APE [ratio, width] (wkv, wgate, norm above); CSA: its indexer's
+  // own compressor (kernels/v4_compressor.h; wkv / wgate [2 index_head_dim, H]).
+  Tensor comp_ape, idx_comp_wkv, idx_comp_wgate, idx_comp_ape, idx_comp_norm;
 };
 
 struct MoeWeights {
@@ -97,6 +100,7 @@ struct ModelWeights {
   const uint16_t* embed_bf16 = nullptr;    // [vocab, hidden] when stored BF16 (decoded on gather)
   Tensor embed;                            // otherwise dequantised here
   Tensor head, norm;
+  Tensor hc_head_fn, hc_head_base, hc_head_scale;  // V4: the final mHC collapse (hyper-head)
   std::vector<BlockWeights> layers;
   /// Loaded only when asked (load_weights' `drafts`): plain serving keeps their memory.
   std::optional<DraftWeights> drafts;
