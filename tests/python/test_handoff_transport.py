@@ -52,7 +52,7 @@ def test_a_corrupted_or_short_transfer_is_refused(pair) -> None:
     blob = np.random.default_rng(1).bytes(10_000)
     m = lender.lend("c", blob)
     # Bytes that differ from what the manifest's CRC-32 describes (corrupted in flight or at rest).
-    lender._lent["c"].buf[5000] ^= 0xFF
+    lender._lent["c"].region.mem[5000] ^= 0xFF
     with pytest.raises(TransferError, match="CRC-32"):
         asyncio.run(reader.read(m, "c", timeout=30))
     # A manifest promising more bytes than the lent region holds: the read is refused.
@@ -178,3 +178,65 @@ def test_a_killed_lender_is_a_clear_error_not_a_hang(pair) -> None:
     with pytest.raises(TransferError, match=f"from agent {m.agent}"):
         asyncio.run(reader.read(m, "k", timeout=5))
     assert time.monotonic() - start < 10
+
+
+def test_handoff_memory_resolves_per_server_device() -> None:
+    """auto = device memory on a CUDA server (its device id), host memory on a CPU one; device
+    memory on a CPU server is refused by name, in the config and in resolve_memory."""
+    from dsv41rt.errors import Dsv41rtError
+    from dsv41rt.serve.config import build_config
+    from dsv41rt.serve.handoff_transport import resolve_memory
+
+    assert resolve_memory("auto", "cpu") is None
+    assert resolve_memory("auto", "cuda") == 0
+    assert resolve_memory("auto", "cuda:3") == 3
+    assert resolve_memory("host", "cuda:1") is None
+    assert resolve_memory("device", "cuda:1") == 1
+    with pytest.raises(Dsv41rtError, match="handoff-memory: device needs a CUDA server"):
+        resolve_memory("device", "cpu")
+    assert build_config(None, {"handoff_memory": "host"}).handoff_memory == "host"
+    with pytest.raises(Dsv41rtError, match="handoff-memory: must be one of auto, host, device, got 'vram'"):
+        build_config(None, {"handoff_memory": "vram"})
+    with pytest.raises(Dsv41rtError, match=r"handoff-memory: device needs a CUDA server \(device: cpu\)"):
+        build_config(None, {"handoff_memory": "device"})
+
+
+@pytest.mark.cuda
+def test_device_memory_blobs_round_trip_between_processes() -> None:
+    """Device memory on both sides (NIXL VRAM; UCX's CUDA IPC between two processes on one GPU):
+    a lender in another process, blobs of several sizes read here bitwise and freed once read."""
+    lender = subprocess.Popen(
+        [sys.executable, "-c", _DEVICE_LENDER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        reader = NixlPeer("decode", device=0)
+        assert reader.memory == "VRAM"
+        rng = np.random.default_rng(2626)
+        for i, n in enumerate([1, 4097, 3 << 20]):
+            blob = rng.bytes(n)
+            assert lender.stdin is not None and lender.stdout is not None
+            lender.stdin.write(json.dumps({"id": f"d{i}", "hex": blob.hex()}) + "\n")
+            lender.stdin.flush()
+            m = NixlManifest.from_json(json.loads(lender.stdout.readline()))
+            assert m.size == n
+            assert asyncio.run(reader.read(m, f"d{i}", timeout=30)) == blob, f"blob of {n} bytes"
+    finally:
+        if lender.stdin is not None:
+            lender.stdin.close()
+        assert lender.wait(timeout=60) == 0
+
+
+_DEVICE_LENDER = """
+import json, sys
+from dsv41rt.serve.handoff_transport import NixlPeer
+peer = NixlPeer("prefill", device=0)
+assert peer.memory == "VRAM"
+for line in sys.stdin:
+    req = json.loads(line)
+    m = peer.lend(req["id"], bytes.fromhex(req["hex"]))
+    print(json.dumps(m.to_json()), flush=True)
+    peer.reap(read_timeout=60)
+"""

@@ -99,9 +99,11 @@ def run_serve(args: argparse.Namespace) -> int:
             f"the server needs its packages ({err.name} is missing): pip install 'dsv41rt[serve]'"
         ) from None
     if cfg.disaggregation_mode != "none" and cfg.handoff_transport == "nixl":
-        from ..serve.handoff_transport import import_nixl
+        from ..serve.handoff_transport import import_nixl, import_torch_cuda, resolve_memory
 
         import_nixl()  # refuses now, naming the package and the extra, rather than after the model loads
+        if resolve_memory(cfg.handoff_memory, cfg.runtime.device) is not None:
+            import_torch_cuda()
     from ..serve.tiny_model import NAME, ensure_tiny_model
 
     if cfg.model is not None and not os.path.isdir(cfg.model):

@@ -29,7 +29,7 @@ from .disaggregation import HANDOFF_ROUTE, Handoff, HandoffMiddleware, HandoffSt
 from .disaggregation import current as handoff_role
 from .engine_loop import EngineLoop, Tracked
 from .guard import Guard, error_response
-from .handoff_transport import TRANSPORT_HEADER, NixlPeer
+from .handoff_transport import TRANSPORT_HEADER, NixlPeer, resolve_memory
 from .messages_api import MessagesApi, anthropic_errors
 from .openapi_schema import ServedApi, install_openapi
 from .protocol import CHAT_USAGE, ApiError, ChatProtocol, Tokenizers, include_usage, reasoning_logprobs_in_content
@@ -55,7 +55,8 @@ class ServerState:
         # states; decode: reads them), and the prefill role's finished prefills.
         mode = getattr(cfg, "disaggregation_mode", "none")  # test doubles of the config: none
         uses_nixl = mode != "none" and getattr(cfg, "handoff_transport", "http") == "nixl"
-        self.nixl = NixlPeer(mode) if uses_nixl else None
+        memory = getattr(cfg, "handoff_memory", "host")
+        self.nixl = NixlPeer(mode, resolve_memory(memory, cfg.runtime.device)) if uses_nixl else None
         self.handoffs = HandoffStore(nixl=self.nixl if mode == "prefill" else None)
 
 

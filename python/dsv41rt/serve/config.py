@@ -21,6 +21,7 @@ from ..options import OPTIONS, RuntimeOptions, options_from, parse_bool, parse_i
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 DISAGGREGATION_MODES = ("none", "prefill", "decode")
 HANDOFF_TRANSPORTS = ("nixl", "http")  # serve/handoff_transport.py
+HANDOFF_MEMORIES = ("auto", "host", "device")  # serve/handoff_transport.py MEMORIES
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,9 @@ class ServeConfig:
     # How the state moves between the pair (both must agree): NIXL reads (the `disagg` extra), or
     # the bytes in the HTTP answer.
     handoff_transport: str = "nixl"
+    # Where NIXL-moved states lie on this server: host memory, or device memory of its GPU (CUDA
+    # IPC / RDMA); auto = device on a CUDA server. The two servers of a pair may differ.
+    handoff_memory: str = "auto"
     tiny_model_dir: str = field(default="", metadata={"help": "where the built-in model is generated"})
 
     def model_names(self, default: str) -> tuple[str, ...]:
@@ -121,6 +125,16 @@ def _validate(cfg: ServeConfig) -> ServeConfig:
         cfg.handoff_transport in HANDOFF_TRANSPORTS,
         "handoff-transport",
         f"must be one of {', '.join(HANDOFF_TRANSPORTS)}, got {cfg.handoff_transport!r}",
+    )
+    need(
+        cfg.handoff_memory in HANDOFF_MEMORIES,
+        "handoff-memory",
+        f"must be one of {', '.join(HANDOFF_MEMORIES)}, got {cfg.handoff_memory!r}",
+    )
+    need(
+        cfg.handoff_memory != "device" or cfg.runtime.device.startswith("cuda"),
+        "handoff-memory",
+        f"device needs a CUDA server (device: {cfg.runtime.device})",
     )
     need(cfg.log_level in LOG_LEVELS, "log-level", f"must be one of {', '.join(LOG_LEVELS)}, got {cfg.log_level!r}")
     return cfg  # the model directory is checked when the server starts (configs travel between machines)

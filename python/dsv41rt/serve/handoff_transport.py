@@ -2,11 +2,13 @@
 (`handoff-transport`; docs/design/disaggregation.md):
 
   - "http": the prefill server's GET HANDOFF_ROUTE/{id} answer carries the bytes;
-  - "nixl": the prefill server keeps each blob in NIXL-registered host memory (`NixlPeer.lend`)
-    and its GET answer carries a `NixlManifest` instead (agent name and metadata, serialized
-    descriptors, size, CRC-32); the decode server READs the bytes with NIXL (UCX: shared memory or
-    TCP on the CPU) into memory it registered (`NixlPeer.read`), checks size and CRC-32, and the
-    READ's notification (the handoff id) tells the prefill server it may free the blob.
+  - "nixl": the prefill server keeps each blob in NIXL-registered memory (`NixlPeer.lend`) and its
+    GET answer carries a `NixlManifest` instead (agent name and metadata, serialized descriptors,
+    size, CRC-32); the decode server READs the bytes with NIXL into memory it registered
+    (`NixlPeer.read`), checks size and CRC-32, and the READ's notification (the handoff id) tells
+    the prefill server it may free the blob. `handoff-memory` says which memory: host memory
+    (UCX over shared memory or TCP) or, on CUDA servers, device memory (UCX's CUDA IPC between
+    processes on one GPU or host, RDMA across hosts).
 
 The checked bytes go to the unchanged import path (Runtime.add_handoff_request), whose C++ side
 checks the blob's own header and FNV-1a checksum again.
@@ -29,6 +31,9 @@ import numpy as np
 from ..errors import Dsv41rtError
 
 TRANSPORTS = ("nixl", "http")
+#: Where lent and read blobs lie: "host" (DRAM), "device" (VRAM of the server's GPU), "auto" =
+#: device on a CUDA server, host otherwise.
+MEMORIES = ("auto", "host", "device")
 #: The decode server's transport, sent with its GET so that a mismatched pair is a clear error.
 TRANSPORT_HEADER = "x-dsv41rt-handoff-transport"
 NIXL_PACKAGE = "nixl-cu13"
@@ -89,9 +94,62 @@ class NixlManifest:
         return m
 
 
+class _Region:
+    """One blob's memory for NIXL: host (numpy) or device (a torch CUDA tensor). Keeps the memory
+    alive while registered; `kind` and `dev` are NIXL's memory type and device id."""
+
+    def __init__(self, nbytes: int, device: int | None, data: bytes | None = None) -> None:
+        self.nbytes, self.dev = nbytes, device if device is not None else 0
+        self.kind = "DRAM" if device is None else "VRAM"
+        if device is None:
+            host = np.frombuffer(data, dtype=np.uint8).copy() if data is not None else np.empty(nbytes, np.uint8)
+            self.mem: Any = host
+            self.addr = int(self.mem.ctypes.data)
+        else:
+            torch = import_torch_cuda()
+            self.mem = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
+            if data is not None:
+                self.mem.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+                torch.cuda.synchronize(device)  # the bytes are in place before any peer reads them
+            self.addr = int(self.mem.data_ptr())
+
+    def reg_desc(self) -> list[tuple[int, int, int, str]]:
+        return [(self.addr, self.nbytes, self.dev, "")]
+
+    def xfer_desc(self) -> list[tuple[int, int, int]]:
+        return [(self.addr, self.nbytes, self.dev)]
+
+    def tobytes(self) -> bytes:
+        if self.kind == "DRAM":
+            return self.mem.tobytes()
+        return bytes(self.mem.cpu().numpy().tobytes())
+
+
+def import_torch_cuda() -> Any:
+    """torch with a usable CUDA device, or a Dsv41rtError saying what handoff-memory: device needs."""
+    try:
+        import torch
+    except ImportError:
+        raise Dsv41rtError("handoff-memory: device needs torch with CUDA (or set handoff-memory: host)") from None
+    if not torch.cuda.is_available():
+        raise Dsv41rtError("handoff-memory: device needs a CUDA device visible to torch (or set handoff-memory: host)")
+    return torch
+
+
+def resolve_memory(memory: str, runtime_device: str) -> int | None:
+    """NIXL's device id for `handoff-memory` on a server running on `runtime_device` ("cpu",
+    "cuda", "cuda:N"), or None for host memory. Dsv41rtError for device memory on a CPU server."""
+    on_cuda = runtime_device.startswith("cuda")
+    if memory == "host" or (memory == "auto" and not on_cuda):
+        return None
+    if not on_cuda:
+        raise Dsv41rtError(f"handoff-memory: device needs a CUDA server (device: {runtime_device})")
+    return int(runtime_device.split(":", 1)[1]) if ":" in runtime_device else 0
+
+
 @dataclass(frozen=True)
 class _Lent:
-    buf: np.ndarray  # keeps the registered memory alive
+    region: _Region  # keeps the registered memory alive
     reg: Any  # the nixlRegDList, for deregister_memory
     manifest: NixlManifest
     since: float
@@ -132,8 +190,14 @@ class NixlPeer:
     decode server. Every agent call holds one lock: the engine's output thread lends, the event
     loop takes, reads and reaps, and the agent is created without thread synchronisation."""
 
-    def __init__(self, role: str) -> None:
+    def __init__(self, role: str, device: int | None = None) -> None:
+        """`device`: the CUDA device whose memory holds lent and read blobs (NIXL VRAM), or None
+        for host memory (`resolve_memory`)."""
         nixl = import_nixl()
+        if device is not None:
+            import_torch_cuda()
+        self.device = device
+        self.memory = "DRAM" if device is None else "VRAM"
         name = f"dsv41rt-{role}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._lock = threading.Lock()
         self._agent = nixl.nixl_agent(name, nixl.nixl_agent_config(backends=["UCX"]))
@@ -143,23 +207,22 @@ class NixlPeer:
         self._lent: dict[str, _Lent] = {}
         self._taken: dict[str, float] = {}  # handoff id -> when its manifest was handed out
         self._remotes: set[str] = set()
-        self._stuck: list[tuple[np.ndarray, Any]] = []
+        self._stuck: list[tuple[_Region, Any]] = []
 
     # -- prefill side ---------------------------------------------------------------------------
     def lend(self, handoff_id: str, state: bytes) -> NixlManifest:
         """Copies `state` into memory registered with NIXL until `release` (or the reader's
         notification, seen by `reap`)."""
-        buf = np.frombuffer(state, dtype=np.uint8).copy()
-        addr = buf.ctypes.data
+        region = _Region(len(state), self.device, state)
         with self._lock:
-            reg = self._agent.register_memory([(addr, buf.nbytes, 0, "")], "DRAM")
-            descs = self._agent.get_serialized_descs(self._agent.get_xfer_descs([(addr, buf.nbytes, 0)], "DRAM"))
+            reg = self._agent.register_memory(region.reg_desc(), region.kind)
+            descs = self._agent.get_serialized_descs(self._agent.get_xfer_descs(region.xfer_desc(), region.kind))
             # Partial metadata of this registration (the agent's full metadata is only as new as
             # its last registration); a reader loads it with each blob.
             metadata = self._agent.get_partial_agent_metadata(reg, True)
-            m = NixlManifest(self.name, metadata, descs, buf.nbytes, zlib.crc32(state))
+            m = NixlManifest(self.name, metadata, descs, region.nbytes, zlib.crc32(state))
             old = self._lent.pop(handoff_id, None)
-            self._lent[handoff_id] = _Lent(buf, reg, m, time.monotonic())
+            self._lent[handoff_id] = _Lent(region, reg, m, time.monotonic())
             if old is not None:
                 self._agent.deregister_memory(old.reg)
         return m
@@ -209,20 +272,19 @@ class NixlPeer:
         CRC-32 differ from the manifest's. The READ's notification (the handoff id) tells the
         prefill server it may free the blob."""
         what = f"NIXL read of {m.size} bytes from agent {m.agent}"
-        buf = np.empty(m.size, dtype=np.uint8)
-        addr = buf.ctypes.data
+        buf = _Region(m.size, self.device)
         with self._lock:
             try:
                 self._agent.add_remote_agent(m.metadata)  # connects once; adds this blob's registration
                 self._remotes.add(m.agent)
                 remote = self._agent.deserialize_descs(m.descs)
-                reg = self._agent.register_memory([(addr, buf.nbytes, 0, "")], "DRAM")
+                reg = self._agent.register_memory(buf.reg_desc(), buf.kind)
             except Exception as err:  # nixlBind raises its own types: bad metadata or descriptors
                 raise TransferError(f"{what}: {type(err).__name__}: {err}") from None
         handle = None
         try:
             with self._lock:
-                local = self._agent.get_xfer_descs([(addr, buf.nbytes, 0)], "DRAM")
+                local = self._agent.get_xfer_descs(buf.xfer_desc(), buf.kind)
                 handle = self._agent.initialize_xfer("READ", local, remote, m.agent, handoff_id.encode())
                 if self._agent.transfer(handle) == "ERR":
                     raise TransferError(f"{what} failed to start")
@@ -251,10 +313,11 @@ class NixlPeer:
                     self._agent.deregister_memory(reg)
                 else:
                     self._stuck.append((buf, reg))  # kept alive, never freed under a running transfer
-        crc = zlib.crc32(buf.data)
+        data = buf.tobytes()
+        crc = zlib.crc32(data)
         if crc != m.crc32:
             raise TransferError(f"{what}: CRC-32 {crc:#010x}, the manifest says {m.crc32:#010x}")
-        return buf.tobytes()
+        return data
 
     def _forget(self, agent: str) -> None:
         """After a failure: drop the peer's metadata so that the next read connects afresh."""
