@@ -25,6 +25,9 @@
 #   specb    DSpark speculation in the engine at batches SPECB_BATCHES (default 1,16,64) on bench-40
 #            (bench/spec_decode_engine_bench.py: tok/s per request, plain / fixed acceptance lengths /
 #            the real drafter fixed and self-tuned; SPEC_PRECISION, SPEC_PROMPT, SPECB_TOKENS)
+#   disagg   prefill/decode disaggregation on one GPU vs one server on bench-40 (bench/disagg_bench.py:
+#            TTFT, TPOT, handoff time and bytes per DISAGG_PROMPT-token request; DISAGG_PRECISION,
+#            DISAGG_MEMORY device|host; needs the serve extras and nixl_cu13 carried as wheels in .whl)
 #   kbench   the kernel microbenchmarks carried in .devcarry/bench (bench/kernels/*_bench.cu)
 #   cp2      (2 GPUs) CP 2 over NCCL vs CP 1 on the tiny presets, threads and one process per GPU
 #   bf16diag GPU precision bf16 vs the CPU emulation of it, per position (errors saved for analysis)
@@ -194,6 +197,13 @@ for step in ${STEPS:-tests}; do
         --checkpoint /tmp/bench-40 --precision "${SPEC_PRECISION:-fp8}" --prompt "${SPEC_PROMPT:-1024}" \
         --new-tokens "${SPECB_TOKENS:-48}" --batches "${SPECB_BATCHES:-1,16,64}" --repeats 2 \
         --out "$OUT/spec_decode_engine.json" 2>&1 | tail -40
+      ;;
+    disagg)
+      echo "== disaggregation on one GPU (bench-40, ${DISAGG_PROMPT:-8192}-token prompts) vs one server"
+      [ -d /tmp/bench-40 ] || python3 -m dsv41rt make-checkpoint --preset bench-40 --seed 0 --out /tmp/bench-40 --workers 16 | tail -1
+      DSV41RT_COMMIT=$commit timeout "${DISAGG_TIMEOUT:-500}" python3 -u bench/disagg_bench.py --checkpoint /tmp/bench-40 \
+        --precision "${DISAGG_PRECISION:-fp8}" --prompt "${DISAGG_PROMPT:-8192}" --memory "${DISAGG_MEMORY:-device}" \
+        --requests "${DISAGG_REQUESTS:-3}" --out "$OUT/disagg_bench.json" 2>&1 | grep -v "requests:" | tail -20
       ;;
     kbench)
       echo "== kernel microbenchmarks (carried in .devcarry/bench, built on the CPU machine)"
