@@ -118,6 +118,10 @@ class ModelRunner {
   void compressor(const LayerPlan& layer, const LayerWeights& w, const ForwardPlan& f,
                   const float* x, Stream s);
   void indexer(const LayerPlan& layer, const LayerWeights& w, const ForwardPlan& f, Stream s);
+  // model_runner_v4.cc
+  void v4_compressors(const LayerPlan& layer, const LayerWeights& w, const ForwardPlan& f,
+                      const float* x, Stream s);
+  void hca_select(const LayerPlan& layer, const ForwardPlan& f, Stream s);
   kernels::PagedRows paged(int source_layer, bool key, const ForwardPlan& f) const;
   // Context parallelism: local rows [nq, dim] -> plan rows [rows, dim] (one all-gather).
   void gather_rows(const float* local, int64_t dim, int64_t rows, float* out, Stream s);
