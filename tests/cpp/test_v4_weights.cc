@@ -20,6 +20,7 @@
 #include "runtime/model/backend.h"
 #include "runtime/model/checkpoint_validation.h"
 #include "runtime/model/model_executor.h"
+#include "runtime/model/v4_support.h"
 #include "runtime/model/weights.h"
 
 namespace dsv41rt {
@@ -241,6 +242,23 @@ TEST(V4Weights, TheRuntimeRefusesWhatV4CannotRunYetByName) {
     }
   }
   Runtime rt(runnable());  // the default page size (64) becomes 128 for V4
+}
+
+// A backend without the V4 ops (the CUDA backend so far) is refused by name at the executor's
+// construction; the CPU backend has them.
+TEST(V4Weights, ABackendWithoutTheV4OpsIsRefusedByName) {
+  REQUIRE_CHECKPOINT();
+  const OpenedCheckpoint ck = open_checkpoint(checkpoint());
+  EXPECT_NO_THROW(model::check_v4_backend(ck.plan, "cpu", model::make_cpu_backend()->has_v4_ops()));
+  try {
+    model::check_v4_backend(ck.plan, "cuda:0", false);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), StatusCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("the cuda:0 backend has no DeepSeek-V4 ops"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -71,7 +71,8 @@ ModelExecutor::ModelExecutor(ModelPlan plan, ModelWeights weights, EngramTables 
       backend_(std::move(backend)),
       bf16_gemm_(options_.precision == "bf16" || options_.precision == "fp8"),
       fp8_act_(options_.precision == "fp8") {
-  check_v4_executor(plan_, options_, backend_.get());
+  check_v4_options(plan_, options_);
+  check_v4_backend(plan_, options_.device, backend_->has_v4_ops());
   backend_->activate();
   check_engram_tables(plan_.config, engram_);
   backend_->keep_engram_in_host_memory(options_.engram_host_memory);

@@ -1,17 +1,20 @@
 #include "runtime/model/v4_support.h"
 
 #include "core/status.h"
-#include "runtime/model/backend.h"
 
 namespace dsv41rt::model {
 
-void check_v4_executor(const ModelPlan& plan, const ExecutorOptions& o, const Backend* backend) {
+void check_v4_backend(const ModelPlan& plan, const std::string& device, bool has_v4_ops) {
+  DSV41RT_CHECK_CODE(kUnsupported, plan.config.is_v41() || has_v4_ops, plan.config.source, ": the ",
+                     device,
+                     " backend has no DeepSeek-V4 ops (v4_compress, moe_route_hash, hc_head_pre, "
+                     "visible_entries); DeepSeek-V4 runs on the CPU backend only so far");
+}
+
+void check_v4_options(const ModelPlan& plan, const ExecutorOptions& o) {
   const ModelConfig& c = plan.config;
   if (c.is_v41()) return;
   const std::string& src = c.source;
-  DSV41RT_CHECK_CODE(kUnsupported, !backend || backend->has_v4_ops(), src, ": the ", o.device,
-                     " backend has no DeepSeek-V4 ops (v4_compress, moe_route_hash, hc_head_pre, "
-                     "visible_entries); DeepSeek-V4 runs on the CPU backend only so far");
   DSV41RT_CHECK_CODE(kInvalidArgument, o.page_tokens % kV4PageMultiple == 0, src, ": page_size ",
                      o.page_tokens, " is not a multiple of ", kV4PageMultiple,
                      " (DeepSeek-V4's HCA compresses groups of 128 positions; use 128)");

@@ -5,20 +5,23 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
+#include "core/export.h"
 #include "runtime/model/executor.h"
 #include "runtime/model/layer_plan.h"
 
 namespace dsv41rt::model {
 
-class Backend;
-
 /// HCA's ratio: a V4 page must hold whole groups of it.
 constexpr int64_t kV4PageMultiple = 128;
 
 /// Throws kUnsupported / kInvalidArgument naming the first option a V4 plan cannot run with
-/// (nothing for a V4.1 plan). `backend` may be null (checked later, when the executor has one).
-void check_v4_executor(const ModelPlan& plan, const ExecutorOptions& options,
-                       const Backend* backend);
+/// (nothing for a V4.1 plan).
+DSV41RT_API void check_v4_options(const ModelPlan& plan, const ExecutorOptions& options);
+/// Throws kUnsupported naming the device when a V4 plan meets a backend without the V4 ops
+/// (Backend::has_v4_ops(); the CUDA backend so far). Nothing for a V4.1 plan.
+DSV41RT_API void check_v4_backend(const ModelPlan& plan, const std::string& device,
+                                  bool has_v4_ops);
 
 }  // namespace dsv41rt::model

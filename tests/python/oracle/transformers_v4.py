@@ -158,3 +158,29 @@ def reference(model: Any, ids: list[int]) -> dict[str, Any]:
         finally:
             emb.weight.data = w0
     return {"logits": full, "noise": noise}
+
+
+def decisions(model: Any, ids: list[int]) -> dict[str, Any]:
+    """transformers' discrete decisions for `ids`: sorted indexer top-k ("topk_L<l>", -1 = none) of
+    every CSA layer and sorted routed experts ("experts_L<l>") of every layer, as numpy arrays."""
+    import torch
+
+    got: dict[str, Any] = {}
+
+    def keep(key: str, idx: Any) -> None:
+        got[key] = torch.sort(idx.reshape(len(ids), -1).to(torch.int32), dim=-1).values.numpy()
+
+    hooks = []
+    for i, layer in enumerate(model.model.layers):
+        compressor = layer.self_attn.compressor
+        if compressor is not None and hasattr(compressor, "indexer"):
+            topk_hook = lambda m, a, o, i=i: keep(f"topk_L{i}", o[0])  # noqa: E731
+            hooks.append(compressor.indexer.register_forward_hook(topk_hook))
+        expert_hook = lambda m, a, o, i=i: keep(f"experts_L{i}", o[2])  # noqa: E731
+        hooks.append(layer.mlp.gate.register_forward_hook(expert_hook))
+    try:
+        logits(model, ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    return got
