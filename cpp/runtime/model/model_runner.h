@@ -11,6 +11,11 @@
 // workspace); inverse RoPE; grouped wo_a, wo_b. Window rows are read first and written last, so
 // a chunk of any size works.
 //
+// DeepSeek-V4 (docs/design/v4.md) runs through the same sequence by role: q_b_norm after wq_b,
+// CSA / HCA compressors (model_runner_v4.cc), the CSA indexer over its own keys, HCA attending
+// every visible entry, hash-routed MoE layers, each sublayer's mHC collapse by its own pre and the
+// hyper-head's final collapse.
+//
 // Streams: the main stream plus three side streams (window-KV store, compressor, indexer),
 // forked once the layer's shared inputs are ready and joined before attention. Under context
 // parallelism (begin() with a communicator) this rank computes the query rows g % size == rank
