@@ -1,5 +1,6 @@
 #include "core/dtype.h"
 
+#include <cstring>
 #include <limits>
 
 #include "core/status.h"
@@ -74,6 +75,16 @@ int64_t bytes_for(DType dtype, int64_t numel) {
   return numel * size;
 }
 
+namespace {
+
+uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+}  // namespace
+
 void decode_to_f32(DType dtype, const void* src, int64_t n, float* dst) {
   DSV41RT_CHECK(n >= 0, "negative element count ", n);
   if (n == 0) return;
@@ -82,14 +93,16 @@ void decode_to_f32(DType dtype, const void* src, int64_t n, float* dst) {
     case DType::kF32:
       std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
       return;
+    // A tensor's data may sit at any byte offset of its file (a 1-byte UE8M0 scale before it), so
+    // the 16-bit values are read with memcpy: an unaligned uint16_t load is UB.
     case DType::kBF16: {
-      const auto* s = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+      const auto* s = static_cast<const uint8_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(load_u16(s + 2 * i));
       return;
     }
     case DType::kF16: {
-      const auto* s = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+      const auto* s = static_cast<const uint8_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(load_u16(s + 2 * i));
       return;
     }
     case DType::kFP8E4M3: {

@@ -9,6 +9,7 @@
 #include "runtime/model/engram_tables.h"
 #include "runtime/model/layer_plan.h"
 #include "runtime/model/model_config.h"
+#include "runtime/model/v4_support.h"
 #include "runtime/model/weights.h"
 
 namespace dsv41rt {
@@ -57,6 +58,26 @@ const char* backend_name(CpBackend b) {
   return "?";
 }
 
+// DeepSeek-V4: the runtime-level features whose state copies do not know V4's slot yet
+// (speculation's rollback, the prefix cache) are refused by name; the executor checks the rest
+// (model/v4_support.h).
+void check_v4_runtime(const RuntimeOptions& o, const ModelPlan& plan) {
+  const std::string& src = plan.config.source;
+  DSV41RT_CHECK_CODE(kUnsupported,
+                     o.num_speculative_tokens == 0 && !o.load_drafter && !o.draft_source, src,
+                     ": speculative decoding (rollback) is not built for DeepSeek-V4");
+  DSV41RT_CHECK_CODE(kUnsupported, !o.pool.enable_prefix_caching, src,
+                     ": the prefix cache is not built for DeepSeek-V4 (set enable_prefix_caching "
+                     "false)");
+}
+
+// V4 pages hold whole HCA groups: the default page size (64) becomes 128 for a V4 checkpoint;
+// another size that is not a multiple of 128 is an error (model/v4_support.h).
+int64_t page_tokens(const RuntimeOptions& o, const ModelPlan& plan) {
+  const bool default_size = o.pool.page_size == PoolOptions{}.page_size;
+  return !plan.config.is_v41() && default_size ? model::kV4PageMultiple : o.pool.page_size;
+}
+
 model::ExecutorOptions executor_options(const RuntimeOptions& o) {
   model::ExecutorOptions e;
   e.cache_quant = o.numerics.kv_cache_dtype == KvCacheDtype::kAuto;
@@ -92,11 +113,8 @@ LoadedModel load_model(const RuntimeOptions& o) {
   OpenedCheckpoint opened = open_checkpoint(o.checkpoint, /*validate=*/true);
   ModelPlan plan = std::move(opened.plan);
   std::shared_ptr<Checkpoint> ck = std::move(opened.tensors);
-  // Before any weight is read: V4's weights load (model::load_weights) and its state has a layout,
-  // but the executor's forward is V4.1's only (issue 25, docs/design/v4.md).
-  DSV41RT_CHECK_CODE(kUnsupported, plan.config.is_v41(), plan.config.source,
-                     ": the DeepSeek-V4 forward is not built yet (dsv41rt serves DeepSeek-V4.1 "
-                     "checkpoints; V4 checkpoints parse and validate)");
+  // Before any weight is read: what V4 cannot run with yet (docs/design/v4.md).
+  if (!plan.config.is_v41()) check_v4_runtime(o, plan);
   model::EngramTables tables = o.engram_tables.empty()
                                    ? model::load_engram_tables(o.checkpoint, plan.config)
                                    : model::load_engram_tables_file(o.engram_tables, plan.config);
@@ -141,8 +159,10 @@ LoadedModel load_model(const RuntimeOptions& o) {
   // A worker rank (rank > 0 of a group of processes) replays rank 0's calls: the host tier lives in
   // rank 0's engine, whose state copies reach the worker through the group's channel.
   m.engine.host_cache_bytes = o.parallel.rank > 0 ? 0 : o.pool.host_cache_memory;
-  m.executor = model::make_executor(std::move(plan), std::move(weights), std::move(tables),
-                                    executor_options(o));
+  model::ExecutorOptions e = executor_options(o);
+  e.page_tokens = page_tokens(o, plan);
+  m.executor =
+      model::make_executor(std::move(plan), std::move(weights), std::move(tables), std::move(e));
   return m;
 }
 

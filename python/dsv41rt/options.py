@@ -195,7 +195,7 @@ _ROWS = (
         "kv_cache_dtype",
         _choice(KV_CACHE_DTYPES),
         "kv_cache_dtype",
-        "auto: the release's cache formats; float32: FP32 caches (debugging)",
+        "auto: the release's cache formats; float32: FP32 caches (debugging; DeepSeek-V4 needs it so far)",
     ),
     Option("kv_memory", parse_size, "kv_memory", "bytes for request slots, KV pages and workspaces"),
     Option("max_num_seqs", parse_int, "max_num_seqs", "requests running at once"),
@@ -206,7 +206,12 @@ _ROWS = (
         "tokens per engine step (prefill chunks + decodes)",
     ),
     Option("max_model_len", parse_size, "max_model_len", "prompt + output tokens per request; 0 = what the pool holds"),
-    Option("page_size", parse_int, "page_size", "positions per KV page (a multiple of every compression ratio)"),
+    Option(
+        "page_size",
+        parse_int,
+        "page_size",
+        "positions per KV page (a multiple of every compression ratio; DeepSeek-V4: of 128, the default becomes 128)",
+    ),
     Option(
         "max_prefill_tokens_while_decoding",
         parse_int,
@@ -217,7 +222,8 @@ _ROWS = (
         "enable_prefix_caching",
         parse_bool,
         "enable_prefix_caching",
-        "reuse the state of prompt prefixes earlier requests computed (exact; docs/design/prefix-cache.md)",
+        "reuse the state of prompt prefixes earlier requests computed (exact; docs/design/prefix-cache.md; "
+        "DeepSeek-V4: not built, set false)",
     ),
     Option(
         "host_cache_memory",

@@ -14,6 +14,7 @@
 #include "runtime/model/cp_remote.h"
 #include "runtime/model/executor.h"
 #include "runtime/model/model_executor.h"
+#include "runtime/model/v4_support.h"
 
 namespace dsv41rt::model {
 
@@ -169,6 +170,7 @@ std::shared_ptr<Executor> make_executor(ModelPlan plan, ModelWeights weights, En
                      "expert_parallel_size ", options.ep_size, " must be in [1, 64]");
   DSV41RT_CHECK_CODE(kInvalidArgument, options.tp_size >= 1 && options.tp_size <= 64,
                      "tensor_parallel_size ", options.tp_size, " must be in [1, 64]");
+  check_v4_options(plan, options);  // before any rank or group is built
   if ((options.ep_size > 1 || options.tp_size > 1) && !options.group_comm) {
     return options.cp_rank >= 0 ? make_parallel_rank(std::move(plan), weights, engram, options)
                                 : make_parallel_group(std::move(plan), weights, engram, options);

@@ -4,6 +4,7 @@
 
 #include "core/status.h"
 #include "kernels/rope.h"
+#include "runtime/model/v4_support.h"
 
 namespace dsv41rt::model {
 
@@ -70,8 +71,8 @@ ModelExecutor::ModelExecutor(ModelPlan plan, ModelWeights weights, EngramTables 
       backend_(std::move(backend)),
       bf16_gemm_(options_.precision == "bf16" || options_.precision == "fp8"),
       fp8_act_(options_.precision == "fp8") {
-  DSV41RT_CHECK_CODE(kUnsupported, plan_.config.is_v41(), plan_.config.source,
-                     ": the DeepSeek-V4 forward is not built yet (issue 25)");
+  check_v4_options(plan_, options_);
+  check_v4_backend(plan_, options_.device, backend_->has_v4_ops());
   backend_->activate();
   check_engram_tables(plan_.config, engram_);
   backend_->keep_engram_in_host_memory(options_.engram_host_memory);

@@ -11,6 +11,9 @@ namespace dsv41rt::model {
 
 std::shared_ptr<void> ModelExecutor::begin_undo(const ForwardPlan& f,
                                                 std::vector<BatchItem>& batch) {
+  // V4's slots hold its compressors' state, which the undo records do not copy yet.
+  DSV41RT_CHECK_CODE(kUnsupported, plan_.config.is_v41(), plan_.config.source,
+                     ": rollback (speculative decoding) is not built for DeepSeek-V4");
   const std::vector<PendingSource> sources = pending_sources(plan_, *layout_);
   const int64_t D = plan_.config.head_dim;
   int64_t floats = 0;

@@ -53,6 +53,7 @@ void ModelRunner::embed_and_layers(const ForwardPlan& f) {
   const int64_t H = c.hidden_size, hc = c.hc_mult, N = meta_.nq;
   const int64_t NA = comm_ ? qv_.max_local : N;
   const float eps = float(c.rms_norm_eps), hc_eps = float(c.hc_eps);
+  const bool v4 = !c.is_v41();
   const Stream s = main();
   float* X = buf(X_, N * hc * H);
   float* X1 = buf(X1_, N * hc * H);
@@ -94,7 +95,9 @@ void ModelRunner::embed_and_layers(const ForwardPlan& f) {
     if (rows_here) {
       be_.hc_mix(X, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale, N, hc, H, eps, hc_eps,
                  c.hc_sinkhorn_iters, a_pre, a_post, a_comb, scratch(mix_scratch_), s);
-      be_.hc_collapse(X, pre, N, hc, H, u, s);
+      // V4 collapses each sublayer's streams with the pre of their own mix; V4.1 with the pre
+      // the previous sublayer's mix computed (single-pass mHC).
+      be_.hc_collapse(X, v4 ? a_pre : pre, N, hc, H, u, s);
       be_.rms_norm(u, w.attn_norm, N, H, eps, xn, s);
     }
     attention(layer, w, f);
@@ -102,11 +105,15 @@ void ModelRunner::embed_and_layers(const ForwardPlan& f) {
       be_.hc_expand(X, yv_.get(), a_post, a_comb, N, hc, H, X1, s);
       be_.hc_mix(X1, w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale, N, hc, H, eps, hc_eps,
                  c.hc_sinkhorn_iters, f_pre, f_post, f_comb, scratch(mix_scratch_), s);
-      be_.hc_collapse(X1, a_pre, N, hc, H, u, s);
+      be_.hc_collapse(X1, v4 ? f_pre : a_pre, N, hc, H, u, s);
       be_.rms_norm(u, w.ffn_norm, N, H, eps, xn, s);
       ffn(layer, w, X1, X, f_post, f_comb);
     }
     std::swap(pre, f_pre);
+  }
+  if (rows_here && v4) {  // the hyper-head's own collapse weights
+    be_.hc_head_pre(X, w_.hc_head_fn, w_.hc_head_base, w_.hc_head_scale, N, hc, H, eps, hc_eps, pre,
+                    s);
   }
   if (rows_here) be_.hc_collapse(X, pre, N, hc, H, u, s);
   const float* u_all = u;
@@ -126,8 +133,13 @@ void ModelRunner::ffn(const LayerPlan& layer, const LayerWeights& w, float* X1, 
   const Stream s = main();
   int32_t* midx = buf(moe_idx_, N * k);
   float* mw = buf(moe_w_, N * k);
-  be_.moe_route(xn_.get(), w.gate, w.bias, N, H, E, k, float(c.routed_scaling_factor),
-                c.norm_topk_prob, midx, mw, s);
+  if (layer.hash_routed) {  // V4's first layers: experts by token id (tid2eid)
+    be_.moe_route_hash(xn_.get(), w.gate, w.tid2eid, meta_.q_tokens, N, H, E, k, c.vocab_size,
+                       float(c.routed_scaling_factor), midx, mw, s);
+  } else {
+    be_.moe_route(xn_.get(), w.gate, w.bias, N, H, E, k, float(c.routed_scaling_factor),
+                  c.norm_topk_prob, midx, mw, s);
+  }
   const int64_t I = c.moe_intermediate_size;
   const float limit = float(c.swiglu_limit);
   if (expert_comm && expert_comm->size() > 1 &&

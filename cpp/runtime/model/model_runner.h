@@ -11,6 +11,11 @@
 // workspace); inverse RoPE; grouped wo_a, wo_b. Window rows are read first and written last, so
 // a chunk of any size works.
 //
+// DeepSeek-V4 (docs/design/v4.md) runs through the same sequence by role: q_b_norm after wq_b,
+// CSA / HCA compressors (model_runner_v4.cc), the CSA indexer over its own keys, HCA attending
+// every visible entry, hash-routed MoE layers, each sublayer's mHC collapse by its own pre and the
+// hyper-head's final collapse.
+//
 // Streams: the main stream plus three side streams (window-KV store, compressor, indexer),
 // forked once the layer's shared inputs are ready and joined before attention. Under context
 // parallelism (begin() with a communicator) this rank computes the query rows g % size == rank
@@ -118,6 +123,10 @@ class ModelRunner {
   void compressor(const LayerPlan& layer, const LayerWeights& w, const ForwardPlan& f,
                   const float* x, Stream s);
   void indexer(const LayerPlan& layer, const LayerWeights& w, const ForwardPlan& f, Stream s);
+  // model_runner_v4.cc
+  void v4_compressors(const LayerPlan& layer, const LayerWeights& w, const ForwardPlan& f,
+                      const float* x, Stream s);
+  void hca_select(const LayerPlan& layer, const ForwardPlan& f, Stream s);
   kernels::PagedRows paged(int source_layer, bool key, const ForwardPlan& f) const;
   // Context parallelism: local rows [nq, dim] -> plan rows [rows, dim] (one all-gather).
   void gather_rows(const float* local, int64_t dim, int64_t rows, float* out, Stream s);

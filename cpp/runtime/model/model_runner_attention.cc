@@ -84,7 +84,7 @@ void ModelRunner::indexer(const LayerPlan& layer, const LayerWeights& w, const F
   be_.linear(xn_.get(), w.idx_weights_proj, N, H, HI, wts, false, s);
   const float wscale = float(std::pow(double(DI), -0.5) * std::pow(double(HI), -0.5));
   be_.scale(wts, N * HI, wscale, s);
-  if (layer.role == LayerRole::kFull) be_.wait(s, kComp);  // this layer's new keys
+  if (layer.owns_compressor()) be_.wait(s, kComp);  // this layer's new keys
   float* scores = buf(scores_, N * T);
   int32_t* topk = buf(topk_, N * KI);
   // The keys as stored where the backend reads them so (the same bits), else unpacked to FP32
@@ -131,8 +131,11 @@ void ModelRunner::attention(const LayerPlan& layer, const LayerWeights& w, const
   const int64_t R = c.qk_rope_head_dim, W = c.sliding_window, N = f.rows, NQ = meta_.nq;
   const float eps = float(c.rms_norm_eps);
   const Stream s = main();
-  const bool full = layer.role == LayerRole::kFull;
-  const bool selects = full || layer.role == LayerRole::kReindex;
+  // Full, CSA and HCA layers compress; Full, Reindex and CSA run an indexer; HCA selects every
+  // visible entry of its own (hca_select).
+  const bool full = layer.owns_compressor();
+  const bool v4 = !c.is_v41();
+  const bool selects = layer.owns_indexer();
   float* qr = buf(qr_, NQ * c.q_lora_rank);
   float* q = buf(q_, NQ * nh * D);
   auto q_low_rank = [&](Stream qs) {
@@ -141,11 +144,17 @@ void ModelRunner::attention(const LayerPlan& layer, const LayerWeights& w, const
   };
   auto q_heads = [&](Stream qs) {
     be_.linear(qr, w.wq_b, NQ, c.q_lora_rank, nh * D, q, false, qs);
+    // V4: every head's query RMS-normalised without a weight (transformers' q_b_norm).
+    if (v4) be_.rms_norm(q, nullptr, NQ * nh, D, eps, q, qs);
     be_.apply_rope(q, NQ, nh, D, R, meta_.q_positions, w.inv_freq, false, qs);
   };
   auto compress = [&](const float* xs) {
     be_.link(kFork, s, side(1));
-    compressor(layer, w, f, xs, side(1));
+    if (v4) {
+      v4_compressors(layer, w, f, xs, side(1));
+    } else {
+      compressor(layer, w, f, xs, side(1));
+    }
     be_.record(kComp, side(1));
   };
 
@@ -233,14 +242,19 @@ void ModelRunner::attention(const LayerPlan& layer, const LayerWeights& w, const
   }
   if ((selects || comm_) && side(2) != s) be_.wait(s, kIdx);
   if (!in_place) be_.link(kStore, side(0), s);
-  const int64_t KI = layer.ratio > 0 ? c.index_topk : 0;
+  if (layer.role == LayerRole::kHca) hca_select(layer, f, s);
+  // HCA attends every visible entry: its selection is as wide as the ratio's longest item.
+  const int64_t KI = layer.role == LayerRole::kHca ? f.ratio(layer.ratio).max_count
+                     : layer.ratio > 0             ? c.index_topk
+                                                   : 0;
   if (NQ == 0) {  // a CP rank without query rows: the state writes were its part
     if (in_place) store_window_rows(s);
     return;
   }
   if (KI > 0) {
-    DSV41RT_CHECK(topk_source_ == layer.topk_source, "layer ", layer.index,
-                  " expects the top-k of layer ", layer.topk_source, ", found ", topk_source_);
+    const int source = layer.role == LayerRole::kHca ? layer.index : layer.topk_source;
+    DSV41RT_CHECK(topk_source_ == source, "layer ", layer.index, " expects the top-k of layer ",
+                  source, ", found ", topk_source_);
   }
   // Attention of the query rows over the keys of every row.
   int32_t* idx = buf(idx_, NQ * (W + KI));

@@ -1,0 +1,35 @@
+#include "runtime/model/v4_support.h"
+
+#include "core/status.h"
+
+namespace dsv41rt::model {
+
+void check_v4_backend(const ModelPlan& plan, const std::string& device, bool has_v4_ops) {
+  DSV41RT_CHECK_CODE(kUnsupported, plan.config.is_v41() || has_v4_ops, plan.config.source, ": the ",
+                     device,
+                     " backend has no DeepSeek-V4 ops (v4_compress, moe_route_hash, hc_head_pre, "
+                     "visible_entries); DeepSeek-V4 runs on the CPU backend only so far");
+}
+
+void check_v4_options(const ModelPlan& plan, const ExecutorOptions& o) {
+  const ModelConfig& c = plan.config;
+  if (c.is_v41()) return;
+  const std::string& src = c.source;
+  DSV41RT_CHECK_CODE(kInvalidArgument, o.page_tokens % kV4PageMultiple == 0, src, ": page_size ",
+                     o.page_tokens, " is not a multiple of ", kV4PageMultiple,
+                     " (DeepSeek-V4's HCA compresses groups of 128 positions; use 128)");
+  DSV41RT_CHECK_CODE(kUnsupported, !o.cache_quant, src,
+                     ": DeepSeek-V4's quantised cache rows (584-byte rows, FP4 index keys) are not "
+                     "built; use kv_cache_dtype float32");
+  DSV41RT_CHECK_CODE(kUnsupported, o.precision == "fp32", src, ": precision ", o.precision,
+                     " is not built for DeepSeek-V4 (fp32 only)");
+  DSV41RT_CHECK_CODE(kUnsupported, o.cp_size == 1, src,
+                     ": context parallelism is not built for DeepSeek-V4 (its compressor state in "
+                     "the request slot is not copied between ranks yet)");
+  DSV41RT_CHECK_CODE(kUnsupported, o.tp_size == 1, src,
+                     ": tensor parallelism is not built for DeepSeek-V4");
+  DSV41RT_CHECK_CODE(kUnsupported, o.ep_size == 1, src,
+                     ": expert parallelism is not built for DeepSeek-V4");
+}
+
+}  // namespace dsv41rt::model

@@ -1,0 +1,27 @@
+// What a DeepSeek-V4 checkpoint can run with today (issue 25, docs/design/v4.md): the forward on a
+// backend with the V4 ops (the CPU), FP32 caches and GEMMs, pages of a multiple of 128 positions,
+// one rank. Features whose state copies do not know V4's slot yet (rollback for speculation,
+// the prefix cache, context / tensor / expert parallelism) are refused by name at load.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/export.h"
+#include "runtime/model/executor.h"
+#include "runtime/model/layer_plan.h"
+
+namespace dsv41rt::model {
+
+/// HCA's ratio: a V4 page must hold whole groups of it.
+constexpr int64_t kV4PageMultiple = 128;
+
+/// Throws kUnsupported / kInvalidArgument naming the first option a V4 plan cannot run with
+/// (nothing for a V4.1 plan).
+DSV41RT_API void check_v4_options(const ModelPlan& plan, const ExecutorOptions& options);
+/// Throws kUnsupported naming the device when a V4 plan meets a backend without the V4 ops
+/// (Backend::has_v4_ops(); the CUDA backend so far). Nothing for a V4.1 plan.
+DSV41RT_API void check_v4_backend(const ModelPlan& plan, const std::string& device,
+                                  bool has_v4_ops);
+
+}  // namespace dsv41rt::model

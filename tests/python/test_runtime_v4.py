@@ -1,0 +1,86 @@
+"""The DeepSeek-V4 forward through the runtime's other paths on the CPU (docs/design/v4.md): batched
+decode, fork / export-import of a handle, the engine, and the refusal of rollback.
+
+The CPU's rows do not depend on the batch and the V4 compressors' state lives in the request slot,
+which fork and export copy whole, so each of these is bitwise the single-handle path. transformers
+agreement itself is tests/python/test_oracle_v4.py's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from test_oracle_v41 import prompt_of
+
+
+@pytest.fixture(scope="module")
+def rt(tmp_path_factory: pytest.TempPathFactory) -> Any:  # dsv41rt.runtime.Runtime
+    from dsv41rt.checkpoint.generator import make_checkpoint
+    from dsv41rt.config.presets import preset_config_json
+    from dsv41rt.runtime import Runtime
+
+    ck = str(tmp_path_factory.mktemp("tiny-v4-seed1"))
+    make_checkpoint(preset_config_json("tiny-v4"), ck, 1)
+    return Runtime(ck, kv_cache_dtype="float32", enable_prefix_caching=False)
+
+
+def _decode_alone(rt: Any, prompt: list[int], tokens: list[int]) -> np.ndarray:
+    h = rt.new_handle()
+    rt.forward_tokens(h, prompt)
+    rows = [rt.forward_tokens(h, [t])[0] for t in tokens]
+    rt.release_handle(h)
+    return np.stack(rows)
+
+
+def test_batched_decode_equals_each_handle_alone(rt: Any) -> None:
+    """Three requests (125 tokens, crossing the HCA group at 128 while decoding; 30; 1) decoded in
+    one batch per step give each request's own logits bitwise."""
+    prompts = [prompt_of(125), prompt_of(30), prompt_of(1)]
+    tokens = [7, 8, 9, 10, 11, 12]
+    alone = [_decode_alone(rt, p, tokens) for p in prompts]
+    handles = [rt.new_handle() for _ in prompts]
+    for h, p in zip(handles, prompts, strict=True):
+        rt.forward_tokens(h, p)
+    batched = np.stack([rt.decode_handles(handles, [t] * len(handles)) for t in tokens], axis=1)
+    for h in handles:
+        rt.release_handle(h)
+    for i, a in enumerate(alone):
+        assert np.array_equal(batched[i], a), f"request {i}: differs by {np.abs(batched[i] - a).max()}"
+
+
+def test_fork_and_import_continue_exactly(rt: Any) -> None:
+    """The slot (window rings and every compressor's state) and the pages travel whole."""
+    h = rt.new_handle()
+    rt.forward_tokens(h, prompt_of(127))
+    forked = rt.fork_handle(h)
+    imported = rt.import_handle(rt.export_handle(h))
+    want = rt.forward_tokens(h, [5, 6])  # completes the HCA group at 128
+    for other in (forked, imported):
+        assert np.array_equal(rt.forward_tokens(other, [5, 6]), want)
+        rt.release_handle(other)
+    rt.release_handle(h)
+
+
+def test_engine_generates_the_greedy_tokens_of_the_handles(rt: Any) -> None:
+    prompts = [prompt_of(37), prompt_of(130)]
+    got = rt.generate(prompts, max_new_tokens=5, ignore_eos=True)
+    for p, tokens in zip(prompts, got, strict=True):
+        h = rt.new_handle()
+        want = []
+        logits = rt.forward_tokens(h, p)
+        for _ in range(5):
+            want.append(int(np.argmax(logits[-1])))
+            logits = rt.forward_tokens(h, [want[-1]])
+        rt.release_handle(h)
+        assert tokens == want
+
+
+def test_rollback_is_refused_by_name(rt: Any) -> None:
+    from dsv41rt.errors import Dsv41rtError
+
+    h = rt.new_handle()
+    with pytest.raises(Dsv41rtError, match="rollback .speculative decoding. is not built for DeepSeek-V4"):
+        rt.forward_tokens(h, prompt_of(5), undoable=True)
+    rt.release_handle(h)
