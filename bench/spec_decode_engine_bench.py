@@ -12,7 +12,12 @@ drafting each request's known greedy continuation (a plain run first) with a wro
 a of each block, a = floor(L - 1) or ceil(L - 1) with mean L - 1 (fixed seed), through the
 Runtime's draft_source hook. "plain" runs the same Runtime with empty drafts (the plain decode
 path). The real DSpark drafter runs in a second Runtime, with k fixed and self-tuned. Every
-speculative run must give the plain run's tokens (checked). Times: host wall clock of the decode
+speculative run is compared with the plain run's tokens: on the CPU they are equal by design; on
+CUDA a verify forward has k + 1 rows per request where plain decode has one, the backend picks its
+GEMM kernels by the forward's rows, and a rounding difference can flip a greedy choice of the
+random-weight model: the row then says how many requests differ and the earliest position, and
+the measured mean accepted length (1 + accepted / drafts, from the metrics) shows how far the
+fixed acceptance drifted after it. Times: host wall clock of the decode
 phase (from the step after which every request has its first token to the end; the prompts'
 prefill never counts), the median over --repeats after one untimed run; tokens per second per
 request = the phase's tokens / (batch x time).
@@ -93,6 +98,16 @@ class Drafts:
         return block
 
 
+def differences(tokens: list[list[int]], reference: list[list[int]]) -> tuple[int, int]:
+    """(requests whose tokens differ from the reference, the earliest differing position or -1)."""
+    firsts = [
+        next((i for i, (a, b) in enumerate(zip(t, r, strict=False)) if a != b), min(len(t), len(r)))
+        for t, r in zip(tokens, reference, strict=True)
+        if t != r
+    ]
+    return len(firsts), min(firsts, default=-1)
+
+
 def run_batch(rt, prompts: list[list[int]], new_tokens: int) -> tuple[list[list[int]], float, int]:
     """Submits every prompt, steps to the end: (tokens per request, decode-phase seconds, decode
     tokens)."""
@@ -132,10 +147,20 @@ def main() -> int:
             result = (tokens, phase_tokens)
         return statistics.median(times), result
 
-    def record(label: str, batch: int, seconds: float, phase_tokens: int, stats: dict[str, int]) -> None:
+    def record(
+        label: str, batch: int, seconds: float, phase_tokens: int, stats: dict[str, int], diverged: tuple[int, int]
+    ) -> None:
         per_request = phase_tokens / batch / seconds if seconds > 0 else float("nan")
-        rows.append({"mode": label, "batch": batch, "tok_s_per_request": per_request, "phase_s": seconds, **stats})
-        print(f"B {batch:3d} {label:>14}: {per_request:8.1f} tok/s per request ({seconds * 1e3:.1f} ms phase)")
+        drafts_n = stats.get("spec_decode_drafts", 0)
+        mean_len = 1 + stats.get("spec_decode_accepted_tokens", 0) / drafts_n if drafts_n else float("nan")
+        row = {"mode": label, "batch": batch, "tok_s_per_request": per_request, "phase_s": seconds, **stats}
+        row.update(mean_accepted_length=mean_len, requests_differing=diverged[0], first_difference=diverged[1])
+        rows.append(row)
+        note = f"; {diverged[0]} requests differ from plain from token {diverged[1]}" if diverged[0] else ""
+        print(
+            f"B {batch:3d} {label:>14}: {per_request:8.1f} tok/s per request ({seconds * 1e3:.1f} ms phase"
+            f"{f', measured L {mean_len:.2f}' if drafts_n else ''}{note})"
+        )
 
     spec = {"method": "dspark", "num_speculative_tokens": args.k}
     from dsv41rt.config import load_config
@@ -153,7 +178,7 @@ def main() -> int:
         drafts.mode = None
         seconds, (reference, phase_tokens) = timed(rt, prompts)
         references[batch] = reference
-        record("plain", batch, seconds, phase_tokens, {})
+        record("plain", batch, seconds, phase_tokens, {}, (0, -1))
         for text in args.acceptance.split(","):
             length = float(text)
 
@@ -162,11 +187,9 @@ def main() -> int:
 
             before = rt.stats()
             seconds, (tokens, phase_tokens) = timed(rt, prompts, arm)
-            if tokens != reference:
-                raise SystemExit(f"B {batch} L={text}: speculative tokens differ from plain greedy")
             after = rt.stats()
             d = {k: after[k] - before.get(k, 0) for k in after if k.startswith("spec_decode_") and "pos" not in k}
-            record(f"L={text}", batch, seconds, phase_tokens, d)
+            record(f"L={text}", batch, seconds, phase_tokens, d, differences(tokens, reference))
     rt.close()
     if not args.no_real:
         for label, cfg in (("real k fixed", spec), ("real self-tuned", {"method": "dspark"})):
@@ -174,11 +197,9 @@ def main() -> int:
             for batch in batches:
                 before = real.stats()
                 seconds, (tokens, phase_tokens) = timed(real, prompts_of[batch])
-                if tokens != references[batch]:
-                    raise SystemExit(f"B {batch} {label}: speculative tokens differ from plain greedy")
                 after = real.stats()
                 d = {k: after[k] - before.get(k, 0) for k in after if k.startswith("spec_decode_") and "pos" not in k}
-                record(label, batch, seconds, phase_tokens, d)
+                record(label, batch, seconds, phase_tokens, d, differences(tokens, references[batch]))
             real.close()
     if args.out:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout

@@ -220,7 +220,10 @@ def test_device_memory_blobs_round_trip_between_processes() -> None:
             assert lender.stdin is not None and lender.stdout is not None
             lender.stdin.write(json.dumps({"id": f"d{i}", "hex": blob.hex()}) + "\n")
             lender.stdin.flush()
-            m = NixlManifest.from_json(json.loads(lender.stdout.readline()))
+            line = lender.stdout.readline()
+            while line and not line.startswith("manifest "):  # NIXL and UCX log to stdout too
+                line = lender.stdout.readline()
+            m = NixlManifest.from_json(json.loads(line.removeprefix("manifest ")))
             assert m.size == n
             assert asyncio.run(reader.read(m, f"d{i}", timeout=30)) == blob, f"blob of {n} bytes"
     finally:
@@ -237,6 +240,6 @@ assert peer.memory == "VRAM"
 for line in sys.stdin:
     req = json.loads(line)
     m = peer.lend(req["id"], bytes.fromhex(req["hex"]))
-    print(json.dumps(m.to_json()), flush=True)
+    print("manifest " + json.dumps(m.to_json()), flush=True)
     peer.reap(read_timeout=60)
 """
