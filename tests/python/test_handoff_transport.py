@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -212,8 +213,13 @@ def test_device_memory_blobs_round_trip_between_processes() -> None:
         text=True,
     )
     try:
+        from dsv41rt.serve.handoff_transport import CUDA_IPC_GET_ENV
+
+        preset = os.environ.get(CUDA_IPC_GET_ENV)
         reader = NixlPeer("decode", device=0)
         assert reader.memory == "VRAM"
+        # GET over CUDA IPC without NVLink (UCX turns it off there by default), unless set already.
+        assert os.environ[CUDA_IPC_GET_ENV] == (preset or "y")
         rng = np.random.default_rng(2626)
         for i, n in enumerate([1, 4097, 3 << 20]):
             blob = rng.bytes(n)

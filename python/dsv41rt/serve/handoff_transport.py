@@ -37,6 +37,8 @@ MEMORIES = ("auto", "host", "device")
 #: The decode server's transport, sent with its GET so that a mismatched pair is a clear error.
 TRANSPORT_HEADER = "x-dsv41rt-handoff-transport"
 NIXL_PACKAGE = "nixl-cu13"
+#: UCX's switch for GET over CUDA IPC (`auto`: only with NVLink); read when the agent's UCX starts.
+CUDA_IPC_GET_ENV = "UCX_CUDA_IPC_ENABLE_GET_ZCOPY"
 
 
 def import_nixl() -> Any:
@@ -196,6 +198,10 @@ class NixlPeer:
         nixl = import_nixl()
         if device is not None:
             import_torch_cuda()
+            # UCX's CUDA IPC transport turns GET (the decode side's READ) off where it sees no
+            # NVLink ("auto"), e.g. two servers on one GPU, and such READs fell back to TCP over
+            # loopback (measured on an H100, session 31). A user's own setting wins.
+            os.environ.setdefault(CUDA_IPC_GET_ENV, "y")
         self.device = device
         self.memory = "DRAM" if device is None else "VRAM"
         name = f"dsv41rt-{role}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
