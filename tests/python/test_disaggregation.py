@@ -46,6 +46,22 @@ def _tokens_and_logprobs(body: dict) -> tuple:
     return c["text"], lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], c["finish_reason"]
 
 
+def assert_routed_equals_direct(
+    router: LiveServer, decode: LiveServer, lengths, seed: int, max_tokens: int, logprobs: int
+) -> None:
+    """Greedy completions of random prompts of `lengths` tokens through the router equal the decode
+    server's own answers bitwise (text, tokens, logprobs, top logprobs, finish reason)."""
+    rng = np.random.default_rng(seed)
+    for n in lengths:
+        prompt = [int(t) for t in rng.integers(3, 1000, n)]
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": logprobs}
+        body["ignore_eos"] = True
+        direct = httpx.post(decode.url + "/v1/completions", json=body, timeout=120)
+        routed = httpx.post(router.url + "/v1/completions", json=body, timeout=120)
+        assert direct.status_code == 200 and routed.status_code == 200, (direct.text, routed.text)
+        assert _tokens_and_logprobs(routed.json()) == _tokens_and_logprobs(direct.json()), f"prompt of {n}"
+
+
 def metric(server: LiveServer, name: str) -> float:
     for line in httpx.get(server.url + "/metrics", timeout=10).text.splitlines():
         if line.startswith(f"dsv41rt:{name}{{"):
@@ -91,15 +107,7 @@ def test_the_http_transport_and_a_mismatched_pair(cluster, tiny_dir) -> None:
     decode = LiveServer("--disaggregation-mode", "decode", *flags, model_dir=tiny_dir)
     router, mismatched = Router([prefill.url], [decode.url]), Router([prefill.url], [nixl_decode.url])
     try:
-        rng = np.random.default_rng(2626)
-        for n in (1, 129):
-            prompt = [int(t) for t in rng.integers(3, 1000, n)]
-            body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0, "logprobs": 2}
-            body["ignore_eos"] = True
-            direct = httpx.post(decode.url + "/v1/completions", json=body, timeout=120)
-            routed = httpx.post(router.url + "/v1/completions", json=body, timeout=120)
-            assert direct.status_code == 200 and routed.status_code == 200, (direct.text, routed.text)
-            assert _tokens_and_logprobs(routed.json()) == _tokens_and_logprobs(direct.json()), f"prompt of {n}"
+        assert_routed_equals_direct(router, decode, (1, 129), seed=2626, max_tokens=4, logprobs=2)
         text = httpx.get(decode.url + "/metrics", timeout=10).text
         assert 'handoff_transfer_seconds_count{model_name="dsv41rt-tiny-v41",transport="http"} 2.0' in text
         r = httpx.post(mismatched.url + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 4})

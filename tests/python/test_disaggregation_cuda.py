@@ -9,10 +9,9 @@ import re
 import time
 
 import httpx
-import numpy as np
 import pytest
 from serve_harness import LiveServer
-from test_disaggregation import LENGTHS, MODEL, Router, _tokens_and_logprobs, metric
+from test_disaggregation import LENGTHS, MODEL, Router, assert_routed_equals_direct, metric
 
 pytestmark = pytest.mark.cuda
 
@@ -30,15 +29,7 @@ def test_two_servers_on_one_gpu_hand_off_in_device_memory(tiny_dir, monkeypatch)
     decode = LiveServer("--disaggregation-mode", "decode", *flags, model_dir=tiny_dir)
     router = Router([prefill.url], [decode.url])
     try:
-        rng = np.random.default_rng(26)
-        for n in LENGTHS:
-            prompt = [int(t) for t in rng.integers(3, 1000, n)]
-            body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 3}
-            body["ignore_eos"] = True
-            direct = httpx.post(decode.url + "/v1/completions", json=body, timeout=120)
-            routed = httpx.post(router.url + "/v1/completions", json=body, timeout=120)
-            assert direct.status_code == 200 and routed.status_code == 200, (direct.text, routed.text)
-            assert _tokens_and_logprobs(routed.json()) == _tokens_and_logprobs(direct.json()), f"prompt of {n}"
+        assert_routed_equals_direct(router, decode, LENGTHS, seed=26, max_tokens=8, logprobs=3)
         text = httpx.get(decode.url + "/metrics", timeout=10).text
         assert f'handoff_transfer_seconds_count{{model_name="{MODEL}",transport="nixl"}} {float(len(LENGTHS))}' in text
         seconds = metric(decode, "handoff_transfer_seconds_sum")

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import require_oracle_packages
-from test_oracle_v41 import bound_violations, prompt_of, tolerance
+from test_oracle_v41 import bound_violations, check_greedy, prompt_of
 
 pytestmark = pytest.mark.oracle
 
@@ -89,14 +89,7 @@ def test_prompt_logits_match_transformers(results: dict, n: int) -> None:
 @pytest.mark.parametrize("n", LENGTHS)
 def test_greedy_decode_matches_transformers(results: dict, n: int) -> None:
     ref, ours, greedy = results[n]
-    rows = np.arange(n - 1, n + GEN - 1)  # the positions whose logits chose greedy[0..GEN)
-    why = bound_violations(ours, ref, rows)
-    assert why is None, why
-    tol = tolerance(ref)[rows]
-    for i, r in enumerate(rows):
-        logits = ref["logits"][r]
-        margin = float(logits.max() - logits[greedy[i]])
-        assert margin <= tol[i], f"step {i}: transformers prefers {int(logits.argmax())} over {greedy[i]} by {margin}"
+    check_greedy(ref, ours, greedy, n, GEN, "transformers")
 
 
 def test_decode_and_chunks_through_the_caches_equal_one_shot_prefill(

@@ -151,14 +151,20 @@ def test_prompt_logits_match_reference(results, n: int) -> None:
 @pytest.mark.parametrize("n", LENGTHS)
 def test_greedy_decode_matches_reference(results, n: int) -> None:
     ref, ours, greedy = results[n]
-    rows = np.arange(n - 1, n + GEN - 1)  # the positions whose logits chose greedy[0..GEN)
+    check_greedy(ref, ours, greedy, n, GEN, "reference")
+
+
+def check_greedy(ref: dict, ours: np.ndarray, greedy: list[int], n: int, gen: int, who: str) -> None:
+    """Our logits at the positions that chose greedy[0..gen) after an n-token prompt are within the
+    rule, and each chosen token is within the tolerance of the reference's best."""
+    rows = np.arange(n - 1, n + gen - 1)
     why = bound_violations(ours, ref, rows)
     assert why is None, why
     tol = tolerance(ref)[rows]
     for i, r in enumerate(rows):
         logits = ref["logits"][r]
         margin = float(logits.max() - logits[greedy[i]])
-        assert margin <= tol[i], f"step {i}: reference prefers {int(logits.argmax())} over {greedy[i]} by {margin}"
+        assert margin <= tol[i], f"step {i}: {who} prefers {int(logits.argmax())} over {greedy[i]} by {margin}"
 
 
 def test_decisions_match_reference_without_cache_quantisation(tmp_path) -> None:
