@@ -8,7 +8,7 @@
 // key is exact, so Q·K and P·V are the FP32 reference's sums of exact products, added in another
 // order (the tensor core's FP32 accumulation): summation order is the only difference.
 //
-// Layout: a block serves 16 heads of one query (one m16 tile) and one of kSlices slices of its
+// Layout: a block serves 16 heads of one query (one m16 tile) and one of kSplits slices of its
 // key list; the slices of a query are a cluster that combines their partial softmax sums through
 // distributed shared memory, in rank order (fixed: a row never depends on the batch). Keys are
 // staged 64 at a time, converted to BF16 (exact) in swizzled shared memory. Q·K: warp w owns the
@@ -20,7 +20,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/attention_keys.cuh"
@@ -37,7 +36,7 @@ constexpr int kWarps = 8;
 constexpr int kBlockThreads = 32 * kWarps;
 constexpr int kTileHeads = 16;  // the mma's M
 constexpr int kChunk = 64;      // keys staged at a time
-constexpr int kSplits = 4;      // key-list slices of a query (the cluster), by default
+constexpr int kSplits = 4;      // key-list slices of a query (the cluster)
 constexpr int kMaxD = 512;
 constexpr int kMaxQSteps = kMaxD / 16 / kWarps;  // K steps of 16 per warp in Q·K
 constexpr int kMaxPvTiles = kMaxD / kWarps / 8;  // n tiles of 8 per warp in P·V
@@ -46,18 +45,14 @@ constexpr int kPartStride = kChunk + 4;          // floats per partial-logit row
 struct TcShape {
   int64_t H, D, K;
   float scale;
-  // Slice r of kSlices takes whole 64-key chunks [r C / kSlices, (r + 1) C / kSlices) of the C
-  // chunks (no partly filled chunk but the list's last) instead of ceil(K / kSlices) keys.
-  bool chunk_slices;
 };
 
 // kBlocksPerSm 1 (few queries: the fastest block, no spills) or 2 (many queries: ~500 bytes of
 // register spills per thread, but twice the warps to hide latency; bench-40 decode at 64 queries:
 // 21.5 -> 15.0 ms per step, at 1 query 2.8 -> 3.1 ms). The two instantiations differ in register
 // allocation only, so they give the same bits.
-// kSlices: the cluster's size (launched with its cluster dimension, cudaLaunchKernelEx).
-template <class Keys, int kBlocksPerSm, int kSlices>
-__global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm)
+template <class Keys, int kBlocksPerSm>
+__global__ void __cluster_dims__(1, kSplits, 1) __launch_bounds__(kBlockThreads, kBlocksPerSm)
     sparse_attention_tc_kernel(const float* __restrict__ q, Keys keys,
                                const int32_t* __restrict__ indices, const float* __restrict__ sink,
                                TcShape sh, float* __restrict__ out) {
@@ -71,7 +66,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm)
   float* o_sh = reinterpret_cast<float*>(smem_raw);  // [16][D] after the key loop (aliases keys)
   __shared__ int32_t rows_sh[kChunk];
   __shared__ float m_sh[kTileHeads], l_sh[kTileHeads], alpha_sh[kTileHeads];
-  __shared__ float f_sh[kTileHeads / kSlices][kSlices], inv_sh[kTileHeads / kSlices];
+  __shared__ float f_sh[kTileHeads / kSplits][kSplits], inv_sh[kTileHeads / kSplits];
 
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
@@ -79,18 +74,9 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm)
   const int64_t s = blockIdx.x / tiles, h0 = (blockIdx.x % tiles) * kTileHeads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;  // mma fragment row group / thread in group
-  int64_t k0, k1;
-  if (sh.chunk_slices) {
-    const int64_t chunks = (sh.K + kChunk - 1) / kChunk;
-    k0 = rank * chunks / kSlices * kChunk;
-    k1 = (rank + 1) * chunks / kSlices * kChunk;
-    k0 = k0 < sh.K ? k0 : sh.K;
-    k1 = k1 < sh.K ? k1 : sh.K;
-  } else {
-    const int64_t per = (sh.K + kSlices - 1) / kSlices;
-    k0 = rank * per < sh.K ? rank * per : sh.K;
-    k1 = k0 + per < sh.K ? k0 + per : sh.K;
-  }
+  const int64_t per = (sh.K + kSplits - 1) / kSplits;
+  const int64_t k0 = rank * per < sh.K ? rank * per : sh.K;
+  const int64_t k1 = k0 + per < sh.K ? k0 + per : sh.K;
   const int qsteps = D / 16;
 
   // This warp's query fragments (K steps warp + 8 i), three BF16 parts each; heads past H are 0.
@@ -240,7 +226,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm)
   }
 
   // Partial outputs to shared memory (over the staged keys), then the cluster combine: rank r
-  // finishes kTileHeads / kSlices heads of the tile. m = max(sink, m_0 .. m_last);
+  // finishes kTileHeads / kSplits heads of the tile. m = max(sink, m_0 .. m_last);
   // out = Σ_r o_r e^{m_r-m} / (e^{sink-m} + Σ_r l_r e^{m_r-m}), ranks in order.
 #pragma unroll
   for (int nt = 0; nt < kMaxPvTiles; ++nt) {
@@ -250,21 +236,21 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm)
     *reinterpret_cast<float2*>(o_sh + (g + 8) * D + col) = make_float2(acc[nt][2], acc[nt][3]);
   }
   cluster.sync();
-  constexpr int kHeadsPerRank = kTileHeads / kSlices;
+  constexpr int kHeadsPerRank = kTileHeads / kSplits;
   if (tid < kHeadsPerRank) {
     const int hl = rank * kHeadsPerRank + tid;
     const int64_t h = h0 + hl;
     if (h < sh.H) {
-      float ms[kSlices];
+      float ms[kSplits];
       float m = sink[h];
 #pragma unroll
-      for (int r = 0; r < kSlices; ++r) {
+      for (int r = 0; r < kSplits; ++r) {
         ms[r] = *cluster.map_shared_rank(&m_sh[hl], r);
         m = fmaxf(m, ms[r]);
       }
       float total = m == -INFINITY ? 1.0f : expf(sink[h] - m);
 #pragma unroll
-      for (int r = 0; r < kSlices; ++r) {
+      for (int r = 0; r < kSplits; ++r) {
         const float f = ms[r] == -INFINITY ? 0.0f : expf(ms[r] - m);
         f_sh[tid][r] = f;
         total += *cluster.map_shared_rank(&l_sh[hl], r) * f;
@@ -279,7 +265,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlocksPerSm)
     if (h >= sh.H) continue;
     float o = 0.0f;
 #pragma unroll
-    for (int r = 0; r < kSlices; ++r)
+    for (int r = 0; r < kSplits; ++r)
       o += cluster.map_shared_rank(o_sh, r)[hl * D + d] * f_sh[hh][r];
     out[(s * sh.H + h) * D + d] = o * inv_sh[hh];
   }
@@ -306,46 +292,6 @@ static_assert(kBlockThreads == attn::kStageThreads, "the key staging assumes the
 // From 16 queries (256 blocks of 64 heads, two waves at one block per SM) two blocks share an SM.
 constexpr int64_t kTwoBlocksFromQueries = 16;
 
-// Key slices per query: kSplits, or (an A/B experiment on the decode attention's parallelism at
-// few queries, docs/design/gpu-decode.md) DSV41RT_ATTENTION_KEY_SLICES = 8 or 16 with chunk-aligned
-// slices. Read once per process; a row's bits depend on it, never on the batch.
-int key_slices() {
-  static const int slices = [] {
-    const char* env = std::getenv("DSV41RT_ATTENTION_KEY_SLICES");
-    if (env == nullptr) return kSplits;
-    const int v = std::atoi(env);
-    return v == 8 || v == 16 ? v : kSplits;
-  }();
-  return slices;
-}
-
-template <class Keys, int kBlocksPerSm, int kSlices>
-cudaError_t launch_tc_sliced(const float* q, const Keys& keys, const int32_t* indices,
-                             const float* sink, const TcShape& sh, int64_t S, int64_t tiles,
-                             float* out, cudaStream_t stream) {
-  auto* kernel = sparse_attention_tc_kernel<Keys, kBlocksPerSm, kSlices>;
-  const size_t smem = tc_smem_bytes(sh.D);
-  cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem));
-  if (attr == cudaSuccess && kSlices > 8)  // clusters past 8 blocks are "non-portable"
-    attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  if (attr != cudaSuccess) return attr;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(S * tiles), kSlices);
-  config.blockDim = dim3(kBlockThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute cluster[1];
-  cluster[0].id = cudaLaunchAttributeClusterDimension;
-  cluster[0].val.clusterDim.x = 1;
-  cluster[0].val.clusterDim.y = kSlices;
-  cluster[0].val.clusterDim.z = 1;
-  config.attrs = cluster;
-  config.numAttrs = 1;
-  const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, q, keys, indices, sink, sh, out);
-  return launched != cudaSuccess ? launched : launch_status();
-}
-
 template <class Keys>
 cudaError_t launch_tc(const float* q, const Keys& keys, const int32_t* indices, const float* sink,
                       int64_t S, int64_t n_heads, int64_t D, int64_t K, float scale, float* out,
@@ -353,22 +299,16 @@ cudaError_t launch_tc(const float* q, const Keys& keys, const int32_t* indices, 
   if (S == 0) return cudaSuccess;
   const int64_t tiles = (n_heads + kTileHeads - 1) / kTileHeads;
   if (S > 0x7fffffff / tiles) return cudaErrorInvalidValue;
-  const int slices = key_slices();
-  const TcShape sh{n_heads, D, K, scale, slices != kSplits};
-  const bool two = S >= kTwoBlocksFromQueries;
-  switch (slices) {
-    case 8:
-      return two ? launch_tc_sliced<Keys, 2, 8>(q, keys, indices, sink, sh, S, tiles, out, stream)
-                 : launch_tc_sliced<Keys, 1, 8>(q, keys, indices, sink, sh, S, tiles, out, stream);
-    case 16:
-      return two ? launch_tc_sliced<Keys, 2, 16>(q, keys, indices, sink, sh, S, tiles, out, stream)
-                 : launch_tc_sliced<Keys, 1, 16>(q, keys, indices, sink, sh, S, tiles, out, stream);
-    default:
-      return two ? launch_tc_sliced<Keys, 2, kSplits>(q, keys, indices, sink, sh, S, tiles, out,
-                                                      stream)
-                 : launch_tc_sliced<Keys, 1, kSplits>(q, keys, indices, sink, sh, S, tiles, out,
-                                                      stream);
-  }
+  const TcShape sh{n_heads, D, K, scale};
+  const size_t smem = tc_smem_bytes(D);
+  auto* kernel = S >= kTwoBlocksFromQueries ? sparse_attention_tc_kernel<Keys, 2>
+                                            : sparse_attention_tc_kernel<Keys, 1>;
+  const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(smem));
+  if (attr != cudaSuccess) return attr;
+  const dim3 grid(static_cast<unsigned>(S * tiles), kSplits);
+  kernel<<<grid, kBlockThreads, smem, stream>>>(q, keys, indices, sink, sh, out);
+  return launch_status();
 }
 
 }  // namespace
