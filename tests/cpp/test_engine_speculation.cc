@@ -8,7 +8,9 @@
 // mid-generation, prefix caching with hits; the pool invariants after every step and no page or
 // slot left at the end. Sampling requests speculate by rejection sampling: whole outputs beside
 // bitwise greedy ones, and the distribution of 300 of them against plain sampling (chi-square).
-// Bad configs by message.
+// Forced acceptance (benchmarks, not lossless): exactly the forced drafts in the outputs and the
+// counters, the target's token after them, clamped counts, stops inside a forced block, the pool
+// as plain decoding leaves it (accept_forced itself on made-up rows). Bad configs by message.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -449,6 +451,244 @@ TEST_F(EngineSpeculation, SamplingKeepsTheDistribution) {
   const double df = double(cells.size()) - 1, z = 3.09;
   const double crit = df * std::pow(1 - 2 / (9 * df) + z * std::sqrt(2 / (9 * df)), 3);
   EXPECT_LT(x2, crit) << cells.size() << " cells";
+}
+
+// Forced acceptance (SpeculationConfig::forced_acceptance, benchmarks; not lossless): drafts the
+// test can find in the outputs, recorded by (request, its token count when drafted).
+using Seen = std::map<std::pair<int64_t, size_t>, std::vector<int32_t>>;
+
+struct Forced {
+  Result got;
+  Seen seen;
+};
+
+// An engine whose verifies accept exactly `a` of their drafts (clamped to [0, drafts]); the
+// drafts are the plain run's continuation wrong at `wrong` (oracle), for requests 1..ps.size()
+// only: later ones decode plainly. Every verify's forced drafts are in the output where drafted.
+std::unique_ptr<Engine> forced_engine(int64_t k, int64_t a, int64_t wrong,
+                                      const std::vector<std::vector<int32_t>>& ps,
+                                      const Result& want, Seen& seen) {
+  DraftSource inner = oracle(want, ps, wrong);
+  EngineConfig c = config(k,
+                          [inner, &seen, &ps](int64_t id, const std::vector<int32_t>& t,
+                                              int64_t n) -> std::vector<int32_t> {
+                            if (id > int64_t(ps.size())) return {};
+                            return seen[{id, t.size()}] = inner(id, t, n);
+                          });
+  c.speculation.forced_acceptance = [a](int64_t, int64_t) { return a; };
+  return std::make_unique<Engine>(load(false), std::move(c));
+}
+
+void expect_forced_drafts(const Forced& f, const std::vector<std::vector<int32_t>>& ps, int64_t a) {
+  for (const auto& [key, d] : f.seen) {
+    const auto& [id, size] = key;
+    const std::vector<int32_t>& out = f.got.out.at(id).tokens;
+    const size_t g = size - ps[size_t(id - 1)].size();  // the first token this verify emits
+    for (size_t j = 0; j < std::min(size_t(std::max<int64_t>(a, 0)), d.size()); ++j) {
+      ASSERT_LT(g + j, out.size()) << "request " << id;
+      EXPECT_EQ(out[g + j], d[j]) << "request " << id << ", token " << g + j;
+    }
+  }
+}
+
+// a = 2 of k = 4, the drafts wrong at 1: every verify emits its 2 drafts (the wrong one too: the
+// target would have taken 1) and the target's token after them, so 15 tokens after the prompt's
+// take 5 verifies of 3; the counters say 2 per verify. The target's tokens are plain decoding's
+// of the forced prefix (prompts that end with it), and undo left the pool as plain decoding
+// would: the same prompts again in that engine, without drafts, give the plain tokens bitwise.
+TEST_F(EngineSpeculation, ForcedAcceptanceEmitsTheForcedDrafts) {
+  const auto ps = prompts();
+  const Result& want = baseline();
+  Forced f;
+  std::unique_ptr<Engine> e = forced_engine(4, 2, 1, ps, want, f.seen);
+  f.got = run(*e, ps, all_greedy(ps.size()));
+  expect_forced_drafts(f, ps, 2);
+  const SpecDecodeStats& s = f.got.stats.spec_decode;
+  const SpecDecodeStats counts = fixed_k_counts(ps.size(), 4, 2);
+  EXPECT_EQ(s.drafts, int64_t(ps.size()) * 5);
+  EXPECT_EQ(s.drafts, counts.drafts);
+  EXPECT_EQ(s.draft_tokens, counts.draft_tokens);
+  EXPECT_EQ(s.accepted_tokens, 2 * s.drafts);
+  EXPECT_EQ(s.accepted_per_pos, (std::vector<int64_t>{s.drafts, s.drafts, 0, 0}));
+  EXPECT_EQ(int64_t(f.seen.size()), s.drafts);
+  int64_t differ = 0;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const Outcome& o = f.got.out.at(int64_t(i) + 1);
+    EXPECT_EQ(f.got.sampling_steps.at(int64_t(i) + 1), 6) << "request " << i;
+    ASSERT_EQ(o.tokens.size(), size_t(kMaxNew));
+    EXPECT_EQ(o.reason, FinishReason::kLength);
+    for (float lp : o.logprobs) EXPECT_TRUE(std::isfinite(lp) && lp <= 0.0f);
+    differ += o.tokens != want.out.at(int64_t(i) + 1).tokens;
+  }
+  EXPECT_EQ(differ, int64_t(ps.size()));  // the wrong drafts are in every output
+  // The target's tokens (positions 0, 3, 6, ...) of the 8 short prompts: plain decoding's first
+  // token after the prompt and the output before it.
+  Engine plain(load(false), config(0));
+  std::map<int64_t, std::pair<size_t, int32_t>> asked;  // id -> (request, position)
+  for (size_t i = 0; i < 8; ++i) {
+    const std::vector<int32_t>& out = f.got.out.at(int64_t(i) + 1).tokens;
+    for (size_t p = 3; p < out.size(); p += 3) {
+      std::vector<int32_t> prompt = ps[i];
+      prompt.insert(prompt.end(), out.begin(), out.begin() + std::ptrdiff_t(p));
+      asked[plain.submit(prompt, greedy(1))] = {i, p};
+    }
+  }
+  for (const auto& [id, o] : ::dsv41rt::testing::drain(plain)) {
+    const auto [i, p] = asked.at(id);
+    const Outcome& g = f.got.out.at(int64_t(i) + 1);
+    ASSERT_EQ(o.tokens.size(), 1u);
+    EXPECT_EQ(o.tokens[0], g.tokens[p]) << "request " << i << ", token " << p;
+    EXPECT_EQ(o.logprobs[0], g.logprobs[p]) << "request " << i << ", token " << p;
+  }
+  // Follow-up requests (ids 17..32, no drafts) in the forced engine: plain decoding, bitwise.
+  for (const auto& p : ps) e->submit(p, greedy(kMaxNew));
+  std::map<int64_t, Outcome> again = ::dsv41rt::testing::drain(*e);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const Outcome& w = want.out.at(int64_t(i) + 1);
+    const Outcome& g = again.at(int64_t(ps.size() + i) + 1);
+    EXPECT_EQ(g.tokens, w.tokens) << "follow-up " << i;
+    EXPECT_EQ(g.logprobs, w.logprobs) << "follow-up " << i;
+  }
+  EXPECT_EQ(e->stats().spec_decode.drafts, s.drafts);
+  EXPECT_EQ(e->stats().pool.pages_used, 0);
+  EXPECT_EQ(e->stats().pool.slots_used, 0);
+}
+
+// The count is clamped to [0, drafts]: a >= k accepts every draft (the wrong ones too); a <= 0
+// accepts none, even of drafts the target would take, so the outputs are plain decoding's.
+TEST_F(EngineSpeculation, ForcedAcceptanceClampsItsCount) {
+  const auto ps = prompts();
+  const Result& want = baseline();
+  {
+    SCOPED_TRACE("a = 99 of k = 5, wrong at 2");
+    Forced f;
+    std::unique_ptr<Engine> e = forced_engine(5, 99, 2, ps, want, f.seen);
+    f.got = run(*e, ps, all_greedy(ps.size()));
+    expect_forced_drafts(f, ps, 99);
+    const SpecDecodeStats& s = f.got.stats.spec_decode;
+    const SpecDecodeStats counts = fixed_k_counts(ps.size(), 5, 99);
+    EXPECT_EQ(s.drafts, counts.drafts);
+    EXPECT_EQ(s.draft_tokens, counts.draft_tokens);
+    EXPECT_EQ(s.accepted_tokens, s.draft_tokens);
+    for (const auto& [id, o] : f.got.out) EXPECT_EQ(o.tokens.size(), size_t(kMaxNew)) << id;
+  }
+  for (int64_t a : {0, -3}) {
+    SCOPED_TRACE("a = " + std::to_string(a) + " of k = 5, right drafts");
+    Forced f;
+    std::unique_ptr<Engine> e = forced_engine(5, a, 99, ps, want, f.seen);
+    f.got = run(*e, ps, all_greedy(ps.size()));
+    expect_same(f.got, want);
+    const SpecDecodeStats& s = f.got.stats.spec_decode;
+    EXPECT_EQ(s.drafts, fixed_k_counts(ps.size(), 5, 0).drafts);
+    EXPECT_EQ(s.accepted_tokens, 0);
+    for (const auto& [id, n] : f.got.sampling_steps) EXPECT_EQ(n, kMaxNew) << id;
+  }
+}
+
+// A stop token inside a forced block ends the output there: request i stops at the wrong draft
+// of its first verify (drafted after its first token, wrong at 1, a = 4 of 5), so it emits the
+// right draft, the wrong one and nothing after; the counters count the 2 drafts emitted. With
+// max_new_tokens 3, the drafts are cut to the one that fits (the engine drafts no further).
+TEST_F(EngineSpeculation, ForcedAcceptanceStopsInsideTheBlock) {
+  const auto ps = prompts();
+  const Result& want = baseline();
+  std::vector<GenerationParams> params;
+  std::vector<std::vector<int32_t>> expected;
+  int64_t accepted = 0;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const std::vector<int32_t>& w = want.out.at(int64_t(i) + 1).tokens;
+    const int32_t stop = (w[2] + 1) % 1000;  // oracle's wrong token at index 1 of the block [1, 6)
+    params.push_back(greedy(kMaxNew, {stop}));
+    std::vector<int32_t> e{w[0], w[1], stop};
+    const size_t end = size_t(std::find(e.begin(), e.end(), stop) - e.begin()) + 1;
+    e.resize(end);
+    accepted += int64_t(end) - 1;
+    expected.push_back(e);
+  }
+  Forced f;
+  std::unique_ptr<Engine> e = forced_engine(5, 4, 1, ps, want, f.seen);
+  f.got = run(*e, ps, params);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const Outcome& o = f.got.out.at(int64_t(i) + 1);
+    EXPECT_EQ(o.tokens, expected[i]) << "request " << i;
+    EXPECT_EQ(o.reason, FinishReason::kStop) << "request " << i;
+  }
+  EXPECT_EQ(f.got.stats.spec_decode.accepted_tokens, accepted);
+  Forced g;
+  std::unique_ptr<Engine> e3 = forced_engine(5, 4, 99, ps, want, g.seen);
+  g.got = run(*e3, ps, all_greedy(ps.size(), 3));
+  EXPECT_EQ(g.got.stats.spec_decode.drafts, int64_t(ps.size()));
+  EXPECT_EQ(g.got.stats.spec_decode.draft_tokens, int64_t(ps.size()));
+  EXPECT_EQ(g.got.stats.spec_decode.accepted_tokens, int64_t(ps.size()));
+  for (const auto& [id, o] : g.got.out) {
+    const std::vector<int32_t>& w = want.out.at(id).tokens;
+    EXPECT_EQ(o.tokens, std::vector<int32_t>(w.begin(), w.begin() + 3)) << id;
+    EXPECT_EQ(o.reason, FinishReason::kLength) << id;
+  }
+}
+
+// accept_forced on made-up rows (no checkpoint): the target's token is 5 in every row, the drafts
+// 1..4. The forced drafts carry their rows' raw logprobs and top logprobs; the token after them
+// is the sampler's draw (greedy, or sampling with penalties over the forced history); a stop or
+// the last allowed token ends the block.
+TEST(AcceptForced, ForcedDraftsThenTheSamplersToken) {
+  const int64_t V = 8, k = 4;
+  Verify v;
+  v.fed = {7, 1, 2, 3, 4};
+  for (int64_t j = 0; j <= k; ++j) {
+    for (int64_t t = 0; t < V; ++t) v.logits.push_back(t == 5 ? 2.0f : 0.1f * float(t + j));
+  }
+  SchedRequest r;
+  r.tokens = {6, 6, 7};  // a prompt of 2, one token generated
+  r.prompt_len = 2;
+  r.max_new_tokens = 10;
+  kernels::SamplingParams greedy_params;
+  greedy_params.temperature = 0.0f;
+  greedy_params.top_logprobs = 2;
+  const auto none = [](int32_t) { return false; };
+  const auto tokens = [](const std::vector<kernels::SampledToken>& out) {
+    std::vector<int32_t> t;
+    for (const auto& s : out) t.push_back(s.token);
+    return t;
+  };
+  EXPECT_EQ(tokens(accept_forced(v, V, greedy_params, r, none, 0)), (std::vector<int32_t>{5}));
+  EXPECT_EQ(tokens(accept_forced(v, V, greedy_params, r, none, 4)),
+            (std::vector<int32_t>{1, 2, 3, 4, 5}));
+  const std::vector<kernels::SampledToken> two = accept_forced(v, V, greedy_params, r, none, 2);
+  ASSERT_EQ(tokens(two), (std::vector<int32_t>{1, 2, 5}));
+  for (int64_t j = 0; j < 3; ++j) {
+    const float* row = v.logits.data() + j * V;
+    double sum = 0;
+    for (int64_t t = 0; t < V; ++t) sum += std::exp(double(row[t]) - 2.0);
+    const double lse = 2.0 + std::log(sum);
+    EXPECT_FLOAT_EQ(two[size_t(j)].logprob, float(double(row[two[size_t(j)].token]) - lse));
+    EXPECT_EQ(two[size_t(j)].top_ids, (std::vector<int32_t>{5, 7}));
+    EXPECT_FLOAT_EQ(two[size_t(j)].top_logprobs[0], float(2.0 - lse));
+  }
+  // A stop draft, the last allowed token: the block ends there.
+  EXPECT_EQ(tokens(accept_forced(
+                v, V, greedy_params, r, [](int32_t t) { return t == 2; }, 3)),
+            (std::vector<int32_t>{1, 2}));
+  SchedRequest last = r;
+  last.max_new_tokens = 3;
+  EXPECT_EQ(tokens(accept_forced(v, V, greedy_params, last, none, 3)),
+            (std::vector<int32_t>{1, 2}));
+  // Sampling, penalties: the token after the drafts is the sampler's at step 3 over [7, 1, 2].
+  kernels::SamplingParams sp;
+  sp.temperature = 1.5f;
+  sp.seed = 11;
+  sp.frequency_penalty = 1.0f;
+  sp.repetition_penalty = 1.2f;
+  const std::vector<int32_t> history{7, 1, 2};
+  const kernels::SampledToken want = kernels::cpu::sample_token(
+      v.logits.data() + 2 * V, V, sp, r.tokens.data(), 2, history.data(), 3, 3);
+  const std::vector<kernels::SampledToken> sampled = accept_forced(v, V, sp, r, none, 2);
+  ASSERT_EQ(sampled.size(), 3u);
+  EXPECT_EQ(sampled[0].token, 1);
+  EXPECT_EQ(sampled[1].token, 2);
+  EXPECT_EQ(sampled[2].token, want.token);
+  EXPECT_EQ(sampled[2].logprob, want.logprob);
+  EXPECT_THROW(accept_forced(v, V, greedy_params, r, none, 5), Error);
 }
 
 TEST_F(EngineSpeculation, BadConfigsAreNamed) {

@@ -174,7 +174,8 @@ class Engine::Impl {
   }
 
   // The output of a request's new tokens; all but the last are already its tokens (accepted
-  // drafts, which accept_greedy / accept_sampled end before any stop or the last allowed token).
+  // drafts, which accept_greedy / accept_sampled / accept_forced end before any stop or the last
+  // allowed token).
   RequestOutput emit(int64_t id, const std::vector<kernels::SampledToken>& tokens) {
     Meta& m = meta_.at(id);
     RequestOutput out;
@@ -266,12 +267,24 @@ class Engine::Impl {
     const auto stops = [&meta](int32_t t) { return meta.stops.count(t) != 0; };
     const int64_t V = exec_->plan().config.vocab_size;
     const kernels::SamplingParams& sp = meta.params.sampling;
-    std::vector<kernels::SampledToken> out = double(sp.temperature) < 1e-5
-                                                 ? accept_greedy(v, V, sp, r, stops)
-                                                 : accept_sampled(v, V, sp, r, stops);
-    const int64_t m = int64_t(out.size()), k = int64_t(v.fed.size()) - 1;
-    const bool last_matches = m - 1 < k && out.back().token == v.fed[size_t(m)];
-    spec_.count(ch.request_id, k, m - 1 + (last_matches ? 1 : 0), v.confidence);
+    const int64_t k = int64_t(v.fed.size()) - 1;
+    std::vector<kernels::SampledToken> out;
+    int64_t accepted = 0;
+    if (spec_.forced()) {
+      // Benchmarks (forced_acceptance): the forced drafts, then the target's token; a stop inside
+      // ends the block, and only the drafts emitted count. A bonus token that happens to equal
+      // the next draft does not count: the measured acceptance is the forced one.
+      const int64_t a = spec_.forced_count(ch.request_id, k);
+      out = accept_forced(v, V, sp, r, stops, a);
+      accepted = std::min<int64_t>(a, int64_t(out.size()));
+    } else {
+      out = double(sp.temperature) < 1e-5 ? accept_greedy(v, V, sp, r, stops)
+                                          : accept_sampled(v, V, sp, r, stops);
+      const int64_t n = int64_t(out.size());
+      accepted = n - 1 + (n - 1 < k && out.back().token == v.fed[size_t(n)] ? 1 : 0);
+    }
+    const int64_t m = int64_t(out.size());
+    spec_.count(ch.request_id, k, accepted, v.confidence);
     const int64_t length = ch.start + k + 1;
     if (ch.start + m < length) {
       const model::RequestView view{exec_->pool().slot_data(r.slot), r.pages.data(),

@@ -103,6 +103,21 @@ void Speculator::keep_features(int64_t id, int64_t start, const std::vector<floa
   }
 }
 
+namespace {
+
+// The raw logprob of `token` in `row`, with the sampler's arithmetic (kernels/cpu/sampling.cc).
+float raw_logprob(const float* row, int64_t V, int32_t token) {
+  const double mx = *std::max_element(row, row + V);
+  double sum = 0;
+  for (int64_t t = 0; t < V; ++t) sum += std::exp(double(row[t]) - mx);
+  return float(double(row[token]) - (mx + std::log(sum)));
+}
+
+// The accept test's and the residual draw's uniforms: (seed, step) on streams of their own.
+constexpr uint64_t kAcceptStream = 0x5EC0DE0000000001ull, kResidualStream = 0x5EC0DE0000000002ull;
+
+}  // namespace
+
 std::vector<kernels::SampledToken> accept_greedy(const Verify& v, int64_t vocab,
                                                  const kernels::SamplingParams& params,
                                                  const SchedRequest& r,
@@ -122,20 +137,34 @@ std::vector<kernels::SampledToken> accept_greedy(const Verify& v, int64_t vocab,
   return out;
 }
 
-namespace {
-
-// The raw logprob of `token` in `row`, with the sampler's arithmetic (kernels/cpu/sampling.cc).
-float raw_logprob(const float* row, int64_t V, int32_t token) {
-  const double mx = *std::max_element(row, row + V);
-  double sum = 0;
-  for (int64_t t = 0; t < V; ++t) sum += std::exp(double(row[t]) - mx);
-  return float(double(row[token]) - (mx + std::log(sum)));
+std::vector<kernels::SampledToken> accept_forced(const Verify& v, int64_t vocab,
+                                                 const kernels::SamplingParams& params,
+                                                 const SchedRequest& r,
+                                                 const std::function<bool(int32_t)>& stops,
+                                                 int64_t accepted) {
+  const int64_t k = int64_t(v.fed.size()) - 1;
+  DSV41RT_CHECK(accepted >= 0 && accepted <= k, "accept_forced: ", accepted,
+                " drafts to accept of ", k);
+  std::vector<int32_t> history(r.tokens.begin() + r.prompt_len, r.tokens.end());
+  const int64_t generated = r.generated();
+  std::vector<kernels::SampledToken> out;
+  for (int64_t j = 0; j <= accepted; ++j) {
+    const float* row = v.logits.data() + j * vocab;
+    // The sampler's draw: the token of the last row, the top logprobs of every row.
+    kernels::SampledToken s = kernels::cpu::sample_token(
+        row, vocab, params, r.tokens.data(), r.prompt_len, history.data(), int64_t(history.size()),
+        uint64_t(generated + j));
+    if (j < accepted && s.token != v.fed[size_t(j + 1)]) {  // a forced draft the target rejects
+      s.token = v.fed[size_t(j + 1)];
+      s.logprob = raw_logprob(row, vocab, s.token);
+    }
+    out.push_back(std::move(s));
+    const int32_t t = out.back().token;
+    history.push_back(t);
+    if (stops(t) || generated + j + 1 >= r.max_new_tokens) break;
+  }
+  return out;
 }
-
-// The accept test's and the residual draw's uniforms: (seed, step) on streams of their own.
-constexpr uint64_t kAcceptStream = 0x5EC0DE0000000001ull, kResidualStream = 0x5EC0DE0000000002ull;
-
-}  // namespace
 
 std::vector<kernels::SampledToken> accept_sampled(const Verify& v, int64_t vocab,
                                                   const kernels::SamplingParams& params,

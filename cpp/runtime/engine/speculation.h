@@ -12,10 +12,15 @@
 // same distribution as plain sampling but other draws. A stop token or max_new_tokens inside an
 // accepted block ends the output there.
 //
+// Benchmarks only (accept_forced, SpeculationConfig::forced_acceptance): the engine accepts a
+// count of drafts a hook chooses, whatever the target says, so that a synthetic acceptance length
+// holds however the verify forward's numerics differ from plain decode's. Not lossless.
+//
 // This class holds what the drafting needs between steps (each request's last target features,
 // for the DSpark drafter) and the counters; the engine step (engine.cc) does the batching.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -35,6 +40,9 @@ namespace dsv41rt::engine {
 using DraftSource =
     std::function<std::vector<int32_t>(int64_t id, const std::vector<int32_t>& tokens, int64_t k)>;
 
+/// How many of the `drafted` drafts of request `id`'s verify to accept (clamped to [0, drafted]).
+using ForcedAcceptance = std::function<int64_t(int64_t id, int64_t drafted)>;
+
 struct SpeculationConfig {
   /// Draft tokens verified per step and request (vLLM's num_speculative_tokens); 0 = off. At most
   /// sliding_window - 1 (a verify forward must be undoable in part) and, with the DSpark
@@ -50,6 +58,14 @@ struct SpeculationConfig {
   /// known greedy continuation, to force acceptance on random weights). Unset: the executor's
   /// drafter, which the executor must have (load_drafter).
   DraftSource draft_source;
+  /// Benchmarking hook, NOT lossless (SGLang's SGLANG_SIMULATE_ACC_LEN): every verify accepts
+  /// exactly clamp(forced_acceptance(id, k), 0, k) of its k drafts whatever the target says
+  /// (accept_forced), greedy and sampling requests alike; the counters record that count (fewer
+  /// only where a stop token or max_new_tokens ends the output inside the block). With drafts
+  /// that are the known continuation, the outputs stay that continuation wherever the target
+  /// would have disagreed. Called once per verify, on the engine's thread. Unset: the lossless
+  /// acceptance (accept_greedy / accept_sampled).
+  ForcedAcceptance forced_acceptance;
 };
 
 /// vLLM's spec-decode counters.
@@ -94,6 +110,16 @@ DSV41RT_API std::vector<kernels::SampledToken> accept_sampled(
     const Verify& v, int64_t vocab, const kernels::SamplingParams& params, const SchedRequest& r,
     const std::function<bool(int32_t)>& stops);
 
+/// Benchmarks only, NOT lossless (SpeculationConfig::forced_acceptance): the first `accepted`
+/// drafts (0 <= accepted <= k) are emitted as they are, whatever the target says, each with the
+/// raw logprob and top logprobs of its row (the sampler's arithmetic); then row `accepted`'s token
+/// is drawn as accept_greedy draws it (the request's params, greedy or sampling; history: its
+/// generated tokens, then the emitted ones; step: their count). A stop token or the request's last
+/// allowed token (max_new_tokens) ends the output there, as in accept_greedy.
+DSV41RT_API std::vector<kernels::SampledToken> accept_forced(
+    const Verify& v, int64_t vocab, const kernels::SamplingParams& params, const SchedRequest& r,
+    const std::function<bool(int32_t)>& stops, int64_t accepted);
+
 class Speculator {
  public:
   /// Throws Error naming the problem: k < 0, k past the window or the drafter's block, no drafter
@@ -107,6 +133,12 @@ class Speculator {
   /// Whether the forwards of eligible requests capture the drafter's target features.
   bool needs_features() const { return k() > 0 && !config_.draft_source; }
 
+  /// Whether verifies accept a forced count of drafts (forced_acceptance, benchmarks).
+  bool forced() const { return bool(config_.forced_acceptance); }
+  /// The forced count of request `id`'s verify of `drafted` drafts, in [0, drafted].
+  int64_t forced_count(int64_t id, int64_t drafted) const {
+    return std::clamp<int64_t>(config_.forced_acceptance(id, drafted), 0, drafted);
+  }
   /// Whether a step of `requests` requests drafts at all (disable_by_batch_size).
   bool drafts_in_step(int64_t requests) const {
     return k() > 0 &&
