@@ -157,6 +157,9 @@ void register_options(nb::module_& m) {
       // A Python callable (id, tokens, k) -> drafts; nanobind takes the GIL to call it from the
       // engine (Runtime.step releases it).
       .def_rw("draft_source", &RuntimeOptions::draft_source)
+      // A Python callable (id, drafted) -> accepted count (benchmarks; not lossless), called the
+      // same way.
+      .def_rw("forced_acceptance", &RuntimeOptions::forced_acceptance)
       .def_rw("engine_thread", &RuntimeOptions::engine_thread);
   nb::class_<DraftBlock>(m, "DraftBlock")
       .def_ro("tokens", &DraftBlock::tokens)

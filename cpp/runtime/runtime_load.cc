@@ -125,6 +125,10 @@ LoadedModel load_model(const RuntimeOptions& o) {
   DSV41RT_CHECK(!o.draft_source || o.num_speculative_tokens > 0,
                 "draft_source: give num_speculative_tokens > 0 (the drafts' count per step), got ",
                 o.num_speculative_tokens);
+  DSV41RT_CHECK(!o.forced_acceptance || o.num_speculative_tokens > 0,
+                "forced_acceptance: give num_speculative_tokens > 0 (the drafts' count per step), "
+                "got ",
+                o.num_speculative_tokens);
   const char* asker = o.load_drafter ? "load_drafter" : "speculative-config (method dspark)";
   if (drafter) {
     DSV41RT_CHECK_CODE(kInvalidArgument, plan.config.dspark && !plan.draft_layers.empty(), asker,
@@ -151,6 +155,7 @@ LoadedModel load_model(const RuntimeOptions& o) {
   m.engine.speculation.self_tuning = o.num_speculative_tokens < 0;
   m.engine.speculation.disable_by_batch_size = o.speculative_disable_by_batch_size;
   m.engine.speculation.draft_source = o.draft_source;
+  m.engine.speculation.forced_acceptance = o.forced_acceptance;
   m.engine.max_num_seqs = o.pool.max_num_seqs;
   m.engine.max_num_batched_tokens = o.pool.max_num_batched_tokens;
   m.engine.max_model_len = o.pool.max_model_len;

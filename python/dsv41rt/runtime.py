@@ -165,6 +165,7 @@ class Runtime:
         group_id: bytes = b"",
         worker_threads: bool = False,
         draft_source: Callable[[int, list[int], int], Sequence[int]] | None = None,
+        forced_acceptance: Callable[[int, int], int] | None = None,
         **fields: Any,
     ) -> None:
         """Load `checkpoint` (its config and every tensor validated once, by the C++ core).
@@ -175,7 +176,11 @@ class Runtime:
         and the group's `group_id` (NCCL unique id or rank 0's host:port); worker_threads runs the
         one-process-per-rank protocol with the ranks as threads (tests). `draft_source` (benchmarks,
         tests; needs speculative_config with num_speculative_tokens): drafts(request_id, tokens, k)
-        replaces the DSpark drafter (C++ RuntimeOptions::draft_source).
+        replaces the DSpark drafter (C++ RuntimeOptions::draft_source). `forced_acceptance`
+        (benchmarks only, NOT lossless; needs num_speculative_tokens): accepted(request_id, drafted)
+        makes every verify accept exactly that many of its drafts (clamped to [0, drafted]) whatever
+        the model says, then emit the model's own token; the stats count those, so the measured
+        acceptance length is the forced one (C++ RuntimeOptions::forced_acceptance).
         """
         if device is not None:
             fields["device"] = device
@@ -202,6 +207,8 @@ class Runtime:
         )
         if draft_source is not None:
             core.draft_source = lambda i, t, k: [int(x) for x in draft_source(int(i), list(t), int(k))]
+        if forced_acceptance is not None:
+            core.forced_acceptance = lambda i, k: int(forced_acceptance(int(i), int(k)))
         bar = _load_progress(checkpoint) if progress else None
         try:
             self._rt = _core.Runtime(core, bar)

@@ -1,8 +1,9 @@
 """Speculative decoding in the engine from Python (issue 24): `speculative-config` as a runtime
 option (YAML key, `--speculative-config` flag, `Runtime(..., speculative_config=...)`), the
 engine's greedy outputs with DSpark drafts equal those without, its counters reach `stats()` and
-the server's /metrics under vLLM's names, and bad configs are errors naming what is wrong. The
-bitwise engine checks (logprobs, oracle drafts, preemption) are tests/cpp/test_engine_speculation.cc."""
+the server's /metrics under vLLM's names, the benchmarks' hooks (draft_source, forced_acceptance)
+work, and bad configs are errors naming what is wrong. The bitwise engine checks (logprobs, oracle
+drafts, forced acceptance, preemption) are tests/cpp/test_engine_speculation.cc."""
 
 from __future__ import annotations
 
@@ -127,6 +128,21 @@ def test_self_tuned_engine_equals_plain_and_skips_a_drafter_that_misses(runtimes
         assert (s["spec_decode_drafts"] > 0) == (most_drafts > 0), spec
 
 
+def _continuation(prompts: list[list[int]], want: list[list[int]], calls: list[int]):
+    """A draft_source: the known continuation of each request (told apart by its prompt)."""
+    by_prompt = {tuple(p): w for p, w in zip(prompts, want, strict=True)}
+
+    def known(request_id: int, tokens: list[int], k: int) -> list[int]:
+        calls.append(request_id)
+        for p, w in by_prompt.items():
+            if tuple(tokens[: len(p)]) == p:
+                at = len(tokens) - len(p)
+                return w[at : at + k]
+        raise AssertionError("a request of unknown prompt")
+
+    return known
+
+
 def test_draft_source_hook_replaces_the_drafter(runtimes, tiny_v41_dir: str) -> None:
     """Runtime(draft_source=...) (benchmarks: fixed acceptance lengths): the known continuation
     as drafts is all accepted and the outputs are plain decoding's; the hook needs a count."""
@@ -136,16 +152,8 @@ def test_draft_source_hook_replaces_the_drafter(runtimes, tiny_v41_dir: str) -> 
     rng = np.random.default_rng(8)
     prompts = [[int(t) for t in rng.integers(3, 129000, n)] for n in (3, 20)]
     want = plain.generate(prompts, max_new_tokens=10, ignore_eos=True)
-    by_prompt = {tuple(p): w for p, w in zip(prompts, want, strict=True)}
-    calls = []
-
-    def known(request_id: int, tokens: list[int], k: int) -> list[int]:
-        calls.append(request_id)
-        for p, w in by_prompt.items():
-            if tuple(tokens[: len(p)]) == p:
-                at = len(tokens) - len(p)
-                return w[at : at + k]
-        raise AssertionError("a request of unknown prompt")
+    calls: list[int] = []
+    known = _continuation(prompts, want, calls)
 
     spec = {"method": "dspark", "num_speculative_tokens": 3}
     rt = Runtime(tiny_v41_dir, kv_memory="64M", page_size=4, speculative_config=spec, draft_source=known)
@@ -157,6 +165,47 @@ def test_draft_source_hook_replaces_the_drafter(runtimes, tiny_v41_dir: str) -> 
     assert calls and s["spec_decode_accepted_tokens"] == s["spec_decode_draft_tokens"] > 0
     with pytest.raises(Dsv41rtError, match="draft_source: give num_speculative_tokens > 0"):
         Runtime(tiny_v41_dir, speculative_config={"method": "dspark"}, draft_source=known)
+
+
+def test_forced_acceptance_hook(runtimes, tiny_v41_dir: str) -> None:
+    """Runtime(forced_acceptance=...) (benchmarks only, not lossless): every verify accepts the
+    count the hook gives, clamped to its drafts (here a schedule with 0 and past k), whatever the
+    target says. With the known continuation as drafts the tokens stay plain decoding's, and the
+    stats count exactly the forced drafts; the hook needs a count."""
+    from dsv41rt.runtime import Runtime
+
+    plain, _ = runtimes
+    rng = np.random.default_rng(9)
+    prompts = [[int(t) for t in rng.integers(3, 129000, n)] for n in (3, 20, 7)]
+    want = plain.generate(prompts, max_new_tokens=12, ignore_eos=True)
+    schedule, forced = [2, 0, 5, 1], []
+
+    def accepted(request_id: int, drafted: int) -> int:
+        a = schedule[len(forced) % len(schedule)]
+        forced.append(min(a, drafted))
+        return a
+
+    spec = {"method": "dspark", "num_speculative_tokens": 3}
+    known = _continuation(prompts, want, [])
+    rt = Runtime(
+        tiny_v41_dir,
+        kv_memory="64M",
+        page_size=4,
+        speculative_config=spec,
+        draft_source=known,
+        forced_acceptance=accepted,
+    )
+    try:
+        assert rt.generate(prompts, max_new_tokens=12, ignore_eos=True) == want
+        s = rt.stats()
+    finally:
+        rt.close()
+    assert 0 in forced and 3 in forced  # clamped from 5
+    assert s["spec_decode_drafts"] == len(forced)
+    assert s["spec_decode_accepted_tokens"] == sum(forced) > 0
+    assert s["spec_decode_accepted_tokens"] < s["spec_decode_draft_tokens"]
+    with pytest.raises(Dsv41rtError, match="forced_acceptance: give num_speculative_tokens > 0"):
+        Runtime(tiny_v41_dir, forced_acceptance=accepted)
 
 
 def test_load_errors_name_the_problem(tiny_v41_dir: str, tmp_path) -> None:

@@ -108,10 +108,19 @@ struct RuntimeOptions {
   /// drafts of request `id` (its ids as this Runtime numbers them) come from here instead of the
   /// DSpark drafter, which is then not loaded: up to `k` tokens after `tokens` (the prompt, then
   /// the generated ones; the last not yet fed). Called on the engine's thread, once per
-  /// speculating request and step. E.g. the known continuation with a wrong token at a chosen
-  /// index: the fixed acceptance lengths of bench/spec_decode_engine_bench.py.
+  /// speculating request and step. E.g. the known continuation, whose acceptance
+  /// forced_acceptance then fixes: bench/spec_decode_engine_bench.py.
   std::function<std::vector<int32_t>(int64_t id, const std::vector<int32_t>& tokens, int64_t k)>
       draft_source;
+  /// Benchmarking hook (not a serving option), NOT lossless: with num_speculative_tokens > 0,
+  /// every verify of request `id` accepts exactly clamp(forced_acceptance(id, drafted), 0,
+  /// drafted) of its `drafted` drafts whatever the model says, then emits the model's own token
+  /// after them (greedy and sampling requests alike; a stop token or max_new_tokens still ends
+  /// the output inside the block). The spec-decode counters record the forced counts, so the
+  /// measured acceptance is the forced one however the verify forward's numerics differ from plain
+  /// decode's (SGLang's SGLANG_SIMULATE_ACC_LEN). Called on the engine's thread, once per verify.
+  /// With draft_source giving the known continuation: bench/spec_decode_engine_bench.py.
+  std::function<int64_t(int64_t id, int64_t drafted)> forced_acceptance;
   /// true: an engine thread runs steps whenever there is work; false: the caller runs them with
   /// step() (scripting, deterministic tests).
   bool engine_thread = true;
