@@ -6,21 +6,28 @@ lengths and the real drafter (fixed k and self-tuned), with the step's real batc
       [--batches 1,16,64] [--prompt 1024] [--new-tokens 64] [--k 5]
       [--acceptance 1,2,3,3.51,4,5,6] [--out r.json]
 
-Random weights accept almost nothing, so, as public benchmarks do, a synthetic acceptance length L
-(mean tokens a verify yields: accepted drafts + the target's own token, 1 <= L <= k + 1) comes from
-drafting each request's known greedy continuation (a plain run first) with a wrong token at index
-a of each block, a = floor(L - 1) or ceil(L - 1) with mean L - 1 (fixed seed), through the
-Runtime's draft_source hook. "plain" runs the same Runtime with empty drafts (the plain decode
-path). The real DSpark drafter runs in a second Runtime, with k fixed and self-tuned. Every
-speculative run is compared with the plain run's tokens: on the CPU they are equal by design; on
-CUDA a verify forward has k + 1 rows per request where plain decode has one, the backend picks its
-GEMM kernels by the forward's rows, and a rounding difference can flip a greedy choice of the
-random-weight model: the row then says how many requests differ and the earliest position, and
-the measured mean accepted length (1 + accepted / drafts, from the metrics) shows how far the
-fixed acceptance drifted after it. Times: host wall clock of the decode
-phase (from the step after which every request has its first token to the end; the prompts'
-prefill never counts), the median over --repeats after one untimed run; tokens per second per
-request = the phase's tokens / (batch x time).
+Random weights accept almost nothing, so, as public benchmarks do (SGLang's
+SGLANG_SIMULATE_ACC_LEN), a synthetic acceptance length L (mean tokens a verify yields: accepted
+drafts + the target's own token, 1 <= L <= k + 1) is forced: the drafts are each request's known
+greedy continuation (a plain run first; the Runtime's draft_source hook, which makes them free),
+and the Runtime's forced_acceptance hook (benchmarks only, not lossless) makes each verify accept
+a = floor(L - 1) or ceil(L - 1) of them with mean L - 1 (fixed seed), whatever the target says,
+then emit the target's token. So the measured mean accepted length (1 + accepted / drafts, from
+the runtime's spec-decode counters) is the schedule's, however the verify forward's numerics
+differ from plain decode's: L up to the draws' spread over few verifies, less where the end of a
+request leaves fewer drafts than a (max_new_tokens); the row notes it if the counters ever differ
+from the counts the hook gave (forced_verifies, forced_accepted_tokens in --out). "plain"
+runs the same Runtime with empty drafts (the plain decode path). The real DSpark drafter runs in a
+second Runtime, with k fixed and self-tuned, and the lossless acceptance. Every speculative run is
+compared with the plain run's tokens: on the CPU they are equal by design; on CUDA a verify
+forward has k + 1 rows per request where plain decode has one, the backend picks its GEMM kernels
+by the forward's rows, and a rounding difference can flip a greedy choice of the random-weight
+model: the row then says how many requests differ and the earliest position (with forced
+acceptance only the target's own tokens can differ; the drafts after them are the plain run's
+again, so L still holds). Times: host wall clock of the decode phase (from the step after which
+every request has its first token to the end; the prompts' prefill never counts), the median over
+--repeats after one untimed run; tokens per second per request = the phase's tokens / (batch x
+time).
 """
 
 from __future__ import annotations
@@ -56,7 +63,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def offsets_for(length: float, k: int, n: int, seed: int) -> list[int]:
-    """Accepted drafts per verify (the wrong token's index in the block), mean length - 1."""
+    """Accepted drafts per verify, mean length - 1."""
     if not 1.0 <= length <= k + 1:
         raise SystemExit(f"acceptance length {length} outside [1, {k + 1}]")
     lo, frac = math.floor(length - 1), (length - 1) - math.floor(length - 1)
@@ -68,13 +75,16 @@ KEY = 32  # prompt tokens that name a request (random prompts: distinct)
 
 
 class Drafts:
-    """The draft_source of the synthetic runs: requests are recognised by their prompt's first KEY
-    tokens; mode None drafts nothing (plain decoding)."""
+    """The draft_source and forced_acceptance of the synthetic runs: requests are recognised by
+    their prompt's first KEY tokens; their drafts are the reference's next tokens, and a verify
+    accepts the next count of the request's offsets_for schedule (one per drafting, kept for the
+    verify that follows). Mode None drafts nothing (plain decoding)."""
 
-    def __init__(self, vocab: int) -> None:
-        self.vocab = vocab
+    def __init__(self) -> None:
         self.mode: tuple[dict[tuple[int, ...], int], list[int], list[list[int]], list[list[int]]] | None = None
         self.calls: list[int] = []
+        self.forced: dict[int, int] = {}  # request id -> accepted count of its latest drafts
+        self.verifies, self.accepted = 0, 0  # forced_acceptance's calls and counts (clamped), ever
 
     def set(self, prompts: list[list[int]], reference: list[list[int]], length: float, k: int) -> None:
         index_of = {tuple(p[:KEY]): i for i, p in enumerate(prompts)}
@@ -83,6 +93,7 @@ class Drafts:
         offsets = [offsets_for(length, k, len(r) + 1, seed=i) for i, r in enumerate(reference)]
         self.mode = (index_of, [len(p) for p in prompts], reference, offsets)
         self.calls = [0] * len(prompts)
+        self.forced = {}
 
     def __call__(self, request_id: int, tokens: list[int], k: int) -> list[int]:
         if self.mode is None:
@@ -90,12 +101,16 @@ class Drafts:
         index_of, prompt_lens, reference, offsets = self.mode
         i = index_of[tuple(tokens[:KEY])]
         at = len(tokens) - prompt_lens[i]  # generated; the next tokens are reference[i][at:]
-        block = list(reference[i][at : at + k])
-        a = offsets[i][self.calls[i] % len(offsets[i])]
+        self.forced[request_id] = offsets[i][self.calls[i] % len(offsets[i])]
         self.calls[i] += 1
-        if a < len(block):
-            block[a] = (block[a] + 1) % self.vocab  # the first wrong draft: a accepted before it
-        return block
+        return list(reference[i][at : at + k])
+
+    def accept(self, request_id: int, drafted: int) -> int:
+        """forced_acceptance: the count drawn when this request's drafts were made (the engine
+        clamps it to `drafted`)."""
+        self.verifies += 1
+        self.accepted += min(self.forced[request_id], drafted)
+        return self.forced[request_id]
 
 
 def differences(tokens: list[list[int]], reference: list[list[int]]) -> tuple[int, int]:
@@ -157,6 +172,9 @@ def main() -> int:
         row.update(mean_accepted_length=mean_len, requests_differing=diverged[0], first_difference=diverged[1])
         rows.append(row)
         note = f"; {diverged[0]} requests differ from plain from token {diverged[1]}" if diverged[0] else ""
+        forced = (stats.get("forced_verifies"), stats.get("forced_accepted_tokens"))
+        if forced[0] is not None and forced != (drafts_n, stats.get("spec_decode_accepted_tokens", 0)):
+            note += f"; the counters differ from the forced counts {forced}"  # a bug, not numerics
         print(
             f"B {batch:3d} {label:>14}: {per_request:8.1f} tok/s per request ({seconds * 1e3:.1f} ms phase"
             f"{f', measured L {mean_len:.2f}' if drafts_n else ''}{note})"
@@ -166,8 +184,15 @@ def main() -> int:
     from dsv41rt.config import load_config
 
     vocab = load_config(args.checkpoint).vocab_size
-    drafts = Drafts(vocab)
-    rt = Runtime(args.checkpoint, args.device, speculative_config=spec, draft_source=drafts, **common)
+    drafts = Drafts()
+    rt = Runtime(
+        args.checkpoint,
+        args.device,
+        speculative_config=spec,
+        draft_source=drafts,
+        forced_acceptance=drafts.accept,
+        **common,
+    )
     print(f"# {args.checkpoint} on {rt.device}, precision {args.precision}, prompt {args.prompt}, k {args.k}")
     references: dict[int, list[list[int]]] = {}
     prompts_of: dict[int, list[list[int]]] = {}
@@ -185,10 +210,12 @@ def main() -> int:
             def arm(length: float = length, prompts: list[list[int]] = prompts, reference=reference) -> None:
                 drafts.set(prompts, reference, length, args.k)  # each repeat from the first block
 
-            before = rt.stats()
+            before, forced_before = rt.stats(), (drafts.verifies, drafts.accepted)
             seconds, (tokens, phase_tokens) = timed(rt, prompts, arm)
             after = rt.stats()
             d = {k: after[k] - before.get(k, 0) for k in after if k.startswith("spec_decode_") and "pos" not in k}
+            d["forced_verifies"] = drafts.verifies - forced_before[0]
+            d["forced_accepted_tokens"] = drafts.accepted - forced_before[1]
             record(f"L={text}", batch, seconds, phase_tokens, d, differences(tokens, reference))
     rt.close()
     if not args.no_real:
