@@ -3,13 +3,20 @@
 Keys are the long flag names in kebab-case (snake_case is accepted too), as vLLM and SGLang spell
 them; precedence is flags > file > defaults. Unknown keys and bad values are errors that name the
 key (with a "did you mean" for near misses). Sizes take human units (`256M`, `8G`, `1M` tokens).
+
+A DeepSeek-V4 checkpoint (`model` a directory whose config.json says `model_type: deepseek_v4`)
+runs with some runtime options one way only so far (`V4_LIMITS`, docs/design/v4.md): an option the
+user left at its default becomes V4's value (prefix caching off, FP32 caches, pages of 128), one
+the user set to what V4 cannot do yet is an error naming the key, before the port or the model.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -141,7 +148,9 @@ def _validate(cfg: ServeConfig) -> ServeConfig:
 
 
 def build_config(file_values: dict[str, Any] | None, overrides: dict[str, Any]) -> ServeConfig:
-    """Defaults < file < overrides; every value converted and the result validated."""
+    """Defaults < file < overrides; every value converted and the result validated. With a
+    DeepSeek-V4 `model`, the runtime options it cannot run with yet are resolved or refused
+    (`resolve_for_v4`): the keys the file and the flags set are the ones the user asked for."""
     values: dict[str, Any] = {}
     for source in (file_values or {}, overrides):
         for raw, value in source.items():
@@ -152,8 +161,121 @@ def build_config(file_values: dict[str, Any] | None, overrides: dict[str, Any]) 
     env_key = os.environ.get("DSV41RT_API_KEY")
     if env_key and "api_key" not in values:
         values["api_key"] = (env_key,)
+    explicit = {k for k in values if k in OPTIONS}  # what the user set, file or flag
     runtime = options_from({k: values.pop(k) for k in list(values) if k in OPTIONS})
+    model = values.get("model")
+    if model is not None and model_type_of(model) == V4_MODEL_TYPE:
+        runtime = resolve_for_v4(runtime, explicit)
     return _validate(ServeConfig(runtime=runtime, **values))
+
+
+# ---- DeepSeek-V4 checkpoints ------------------------------------------------------------------
+
+V4_MODEL_TYPE = "deepseek_v4"
+
+
+def model_type_of(model: str) -> str | None:
+    """config.json's `model_type` of a checkpoint directory; None when there is none to read here
+    (configs travel between machines: the server's start checks the directory)."""
+    try:
+        with open(os.path.join(model, "config.json"), encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    kind = data.get("model_type") if isinstance(data, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+@dataclass(frozen=True)
+class V4Limit:
+    """A runtime option DeepSeek-V4 runs with one way only so far. The runtime's load refuses the
+    other values too (cpp/runtime/model/v4_support.cc, runtime_load.cc `check_v4_runtime`); the
+    server resolves or refuses them first, by their key, before it binds the port or loads."""
+
+    name: str  # the RuntimeOptions field
+    supported: Callable[[Any], bool]
+    value: Any  # what the option's default becomes for V4
+    why: str
+
+
+V4_LIMITS = (
+    V4Limit(
+        "enable_prefix_caching",
+        lambda v: v is False,
+        False,
+        "the prefix cache is not built for DeepSeek-V4 yet (its copies do not know V4's request slot)",
+    ),
+    V4Limit(
+        "host_cache_memory",
+        lambda v: v == 0,
+        0,
+        "the prefix cache's host tier needs the prefix cache, not built for DeepSeek-V4 yet",
+    ),
+    V4Limit(
+        "kv_cache_dtype",
+        lambda v: v == "float32",
+        "float32",
+        "DeepSeek-V4's quantised cache rows (584-byte rows, FP4 index keys) are not built yet",
+    ),
+    V4Limit("precision", lambda v: v == "fp32", "fp32", "DeepSeek-V4 runs in fp32 only so far"),
+    V4Limit(
+        "page_size",
+        lambda v: v % 128 == 0,
+        128,
+        "DeepSeek-V4's HCA compresses groups of 128 positions (pages hold a multiple of 128)",
+    ),
+    V4Limit("device", lambda v: v == "cpu", "cpu", "the CUDA backend has no DeepSeek-V4 ops yet (CPU only)"),
+    V4Limit(
+        "speculative_config",
+        lambda v: v is None,
+        None,
+        "speculative decoding (rollback) is not built for DeepSeek-V4 yet",
+    ),
+    V4Limit("load_drafter", lambda v: v is False, False, "DeepSeek-V4 has no drafter in this runtime yet"),
+    V4Limit("context_parallel_size", lambda v: v == 1, 1, "context parallelism is not built for DeepSeek-V4 yet"),
+    V4Limit("tensor_parallel_size", lambda v: v == 1, 1, "tensor parallelism is not built for DeepSeek-V4 yet"),
+    V4Limit("expert_parallel_size", lambda v: v == 1, 1, "expert parallelism is not built for DeepSeek-V4 yet"),
+)
+
+
+def _yaml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    to_json = getattr(value, "to_json", None)  # a SpeculativeConfig
+    return to_json() if callable(to_json) else str(value)
+
+
+def resolve_for_v4(runtime: RuntimeOptions, explicit: set[str]) -> RuntimeOptions:
+    """`runtime` for a DeepSeek-V4 checkpoint: each option of V4_LIMITS that `explicit` (the field
+    names the user set) does not name takes V4's value where its default is not what V4 runs with;
+    an explicit value V4 cannot run with is a Dsv41rtError naming the key, the value and why."""
+    changes: dict[str, Any] = {}
+    for limit in V4_LIMITS:
+        value = getattr(runtime, limit.name)
+        if limit.supported(value):
+            continue
+        key = OPTIONS[limit.name].key
+        if limit.name in explicit:
+            fix = "remove it" if limit.value is None else f"remove it or set {_yaml(limit.value)}"
+            raise Dsv41rtError(
+                f"{key}: {_yaml(value)} is not supported with a DeepSeek-V4 checkpoint: {limit.why}; {fix}"
+            )
+        changes[limit.name] = limit.value
+    return runtime.replace(**changes) if changes else runtime
+
+
+def v4_note(runtime: RuntimeOptions) -> str:
+    """One log line: the options a DeepSeek-V4 checkpoint runs with that are not the defaults."""
+    defaults = RuntimeOptions()
+    changed = [
+        f"{OPTIONS[lim.name].key} {_yaml(getattr(runtime, lim.name))} (default {_yaml(getattr(defaults, lim.name))})"
+        for lim in V4_LIMITS
+        if getattr(runtime, lim.name) != getattr(defaults, lim.name)
+    ]
+    what = ", ".join(changed) if changed else "the defaults"
+    return f"DeepSeek-V4 checkpoint: running with {what}: what V4 supports so far (docs/design/v4.md)"
 
 
 def load_file(path: str) -> dict[str, Any]:
