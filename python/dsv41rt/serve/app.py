@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -25,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import __version__
 from ..runtime import StepOutput
 from .completions import CompletionProtocol, CompletionStream
+from .config import V4_MODEL_TYPE, v4_note
 from .disaggregation import HANDOFF_ROUTE, Handoff, HandoffMiddleware, HandoffStore, PrefillTag
 from .disaggregation import current as handoff_role
 from .engine_loop import EngineLoop, Tracked
@@ -46,6 +48,8 @@ class ServerState:
     ) -> None:
         self.cfg, self.engine, self.tok, self.names, self.metrics = cfg, engine, tok, names, metrics
         self.chat = ChatProtocol(tok, names, cfg.thinking, vocab)
+        if self.chat.format.model_type == V4_MODEL_TYPE:  # serve/config.py resolved its options
+            logging.getLogger("dsv41rt.serve").info("%s", v4_note(cfg.runtime))
         self.completions = CompletionProtocol(tok, vocab, self.chat.check_model)
         self.vocab, self.context_limit = vocab, context_limit
         self.draining = False

@@ -13,7 +13,9 @@ module turns it into the engine's Grammar (cpp/runtime/engine/grammar.h, xgramma
   (one when parallel calls are off) + `</｜DSML｜ calls>`, each invoke's parameters in its schema's
   order (required ones always, the others optional), every value compact JSON of its property
   schema (`string="false"`, strings too), as xgrammar structural tags; the `｜DSML｜` marker is its
-  own token, as the encoding has it. Parameters outside `properties` cannot be produced.
+  own token, as the encoding has it. Parameters outside `properties` cannot be produced. A V4
+  checkpoint's block is V4's spelling (`<｜DSML｜tool_calls>`, `<｜DSML｜invoke ...>`: no space after
+  the marker; protocol.ChatFormat), the rest the same.
 
 In thinking mode (the prompt ends with `<think>`) the constraint applies to the answer, after
 `</think>`: the reasoning is free, and `</think>` is forced once half the output budget went to it,
@@ -26,7 +28,7 @@ import json
 from typing import Any
 
 from ..sampling import Grammar
-from .protocol import ApiError
+from .protocol import V41_FORMAT, ApiError, ChatFormat
 
 DSML = "｜DSML｜"
 
@@ -45,7 +47,7 @@ def _markup(before: str, after: str) -> list[dict[str, Any]]:
     return [_const(before), MARKER, _const(after)]
 
 
-def _parameter(name: str, schema: Any) -> dict[str, Any]:
+def _parameter(name: str, schema: Any, sp: str) -> dict[str, Any]:
     """One `<｜DSML｜ parameter name="NAME" string="false">VALUE</｜DSML｜ parameter>\\n`: the value
     as compact JSON of its property schema, strings too. The recipe parses it as it parses the raw
     form (`string="true"`) the model also writes for strings, but only JSON lets the grammar hold a
@@ -56,30 +58,31 @@ def _parameter(name: str, schema: Any) -> dict[str, Any]:
         "json_schema": schema if isinstance(schema, dict) else {},
         "max_whitespace_cnt": 1,
     }
-    elements = _markup("<", f' parameter name="{key}" string="false">')
-    return {"type": "sequence", "elements": [*elements, content, *_markup("</", " parameter>\n")]}
+    elements = _markup("<", f'{sp}parameter name="{key}" string="false">')
+    return {"type": "sequence", "elements": [*elements, content, *_markup("</", f"{sp}parameter>\n")]}
 
 
-def _invoke(fn: dict[str, Any]) -> dict[str, Any]:
+def _invoke(fn: dict[str, Any], sp: str) -> dict[str, Any]:
     """`<｜DSML｜ invoke name="NAME">\\n` + its parameters in the schema's order (the required ones
     always, the others optional) + `</｜DSML｜ invoke>\\n`."""
     params = fn.get("parameters") or {}
     props = params.get("properties") or {}
     required = set(params.get("required") or [])
-    elements = _markup("<", f' invoke name="{fn["name"]}">\n')
+    elements = _markup("<", f'{sp}invoke name="{fn["name"]}">\n')
     for name, schema in props.items():
-        p = _parameter(name, schema)
+        p = _parameter(name, schema, sp)
         elements.append(p if name in required else {"type": "optional", "content": p})
-    return {"type": "sequence", "elements": elements + _markup("</", " invoke>\n")}
+    return {"type": "sequence", "elements": elements + _markup("</", f"{sp}invoke>\n")}
 
 
-def dsml_calls_tag(tools: list[dict[str, Any]], parallel: bool) -> dict[str, Any]:
+def dsml_calls_tag(tools: list[dict[str, Any]], parallel: bool, fmt: ChatFormat = V41_FORMAT) -> dict[str, Any]:
     """xgrammar's structural tag for a DSML calls block calling one (or, parallel, more) of `tools`
-    ({"name", "parameters"} each)."""
-    invokes = [_invoke(tool) for tool in tools]
+    ({"name", "parameters"} each), spelled as the model of `fmt` writes it."""
+    sp, block = fmt.dsml_space, fmt.dsml_block
+    invokes = [_invoke(tool, sp) for tool in tools]
     one: dict[str, Any] = invokes[0] if len(invokes) == 1 else {"type": "or", "elements": invokes}
     calls = {"type": "plus", "content": one} if parallel else one
-    elements = [*_markup("\n\n<", " calls>\n"), calls, *_markup("</", " calls>")]
+    elements = [*_markup("\n\n<", f"{sp}{block}>\n"), calls, *_markup("</", f"{sp}{block}>")]
     return {"type": "structural_tag", "format": {"type": "sequence", "elements": elements}}
 
 
@@ -114,11 +117,13 @@ def output_grammar(
     parallel: bool,
     thinking_end: int | None,
     max_tokens: int,
+    fmt: ChatFormat = V41_FORMAT,
 ) -> Grammar | None:
     """The Grammar of the request `body` (None: unconstrained): a forced call among `forced` (from
     split_forced_choice), else the recipe's output constraint (JSON; the schema as the client sent
     it: the recipe's copy drops keywords such as maxLength and maxItems). `thinking_end`: the
-    `</think>` token when the prompt opens a reasoning block, else None."""
+    `</think>` token when the prompt opens a reasoning block, else None. `fmt`: the model's chat
+    format (how its DSML block is spelled)."""
     start_token, start_within = (thinking_end, max_tokens // 2) if thinking_end is not None else (-1, -1)
 
     def held(kind: str, text: str = "") -> Grammar:
@@ -127,7 +132,7 @@ def output_grammar(
     if forced is not None:
         if not forced:
             raise ApiError(400, "'tool_choice' forces a call but no tool can be called", "tool_choice")
-        return held("structural_tag", json.dumps(dsml_calls_tag(forced, parallel)))
+        return held("structural_tag", json.dumps(dsml_calls_tag(forced, parallel, fmt)))
     if constraint is None:
         return None
     if constraint.kind == "json":

@@ -647,7 +647,7 @@ def operations(api: ServedApi) -> dict[tuple[str, str], Operation]:
             ("400",),
         ),
         ("post", "/v1/chat/completions"): Operation(
-            "OpenAI chat completions (DeepSeek V4.1 prompt rendering, thinking / reasoning_effort).",
+            "OpenAI chat completions (DeepSeek V4.1 / V4 prompt rendering, thinking / reasoning_effort).",
             {"200": _json_or_stream(CHAT_RESPONSE, CHAT_CHUNK)},
             chat_request(api),
             gen_errors,

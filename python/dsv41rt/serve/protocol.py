@@ -1,8 +1,10 @@
 """Request parsing and response building for the OpenAI-compatible API.
 
-Chat completions go through DeepSeek's own `deepseek-recipe` (request conversion, V4.1 prompt
-encoding, thinking / reasoning-effort handling, streamed output parsing into `reasoning_content` and
+Chat completions go through DeepSeek's own `deepseek-recipe` (request conversion, prompt encoding,
+thinking / reasoning-effort handling, streamed output parsing into `reasoning_content` and
 `content`, stop strings, logprobs, usage), so prompts are rendered exactly as DeepSeek renders them.
+The encoding is the checkpoint's model's (`ChatFormat`, from config.json's `model_type`): V4.1's
+`DeepseekV41Encoding`, or V4's `DeepseekV4Encoding` for a `deepseek_v4` checkpoint.
 Text completions encode the prompt with the checkpoint's tokenizer and decode incrementally.
 """
 
@@ -12,15 +14,17 @@ import math
 import os
 import random
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import deepseek_recipe as dr
 
 from ..sampling import Grammar, SamplingParams
+from .config import V4_MODEL_TYPE, model_type_of
 
-# Tokens the V4.1 chat encoding needs as single added tokens (checked at start).
 EOS_TOKEN = "<｜end▁of▁sentence｜>"
+# Tokens the V4.1 chat encoding needs as single added tokens (checked at start).
 REQUIRED_SPECIAL_TOKENS = (
     "<｜begin▁of▁sentence｜>",
     EOS_TOKEN,
@@ -30,6 +34,52 @@ REQUIRED_SPECIAL_TOKENS = (
     "<think>",
     "</think>",
 )
+# V4's encoding has no system token (the system prompt follows the BOS as plain text; V4's
+# tokenizer has no `<｜System｜>`); the others are the same.
+V4_REQUIRED_SPECIAL_TOKENS = tuple(t for t in REQUIRED_SPECIAL_TOKENS if t != "<｜System｜>")
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """What the chat path takes from the checkpoint's model: deepseek-recipe's prompt encoding and
+    the model version its conversion targets, the tokens the encoding needs as single added tokens,
+    and how the DSML tool-call block is spelled (grammar.py writes it for a forced call; the
+    recipe's stream parser reads either spelling). `model_type`: config.json's."""
+
+    model_type: str
+    family: str  # for messages: "DeepSeek-V4.1"
+    version: dr.ModelVersion
+    encoding: Callable[[], Any]  # dr.DeepseekV41Encoding / dr.DeepseekV4Encoding
+    special_tokens: tuple[str, ...]
+    dsml_block: str  # the block's name: V4.1 `<｜DSML｜ calls>`, V4 `<｜DSML｜tool_calls>`
+    dsml_space: str  # between the marker and the element name: V4.1 " ", V4 ""
+
+
+V41_FORMAT = ChatFormat(
+    "deepseek_v41",
+    "DeepSeek-V4.1",
+    dr.ModelVersion.DeepseekV41Flash,
+    dr.DeepseekV41Encoding,
+    REQUIRED_SPECIAL_TOKENS,
+    "calls",
+    " ",
+)
+V4_FORMAT = ChatFormat(
+    V4_MODEL_TYPE,
+    "DeepSeek-V4",
+    dr.ModelVersion.DeepseekV4Pro,
+    dr.DeepseekV4Encoding,
+    V4_REQUIRED_SPECIAL_TOKENS,
+    "tool_calls",
+    "",
+)
+CHAT_FORMATS = {f.model_type: f for f in (V41_FORMAT, V4_FORMAT)}
+
+
+def chat_format(checkpoint: str) -> ChatFormat:
+    """The chat format of a checkpoint's model: V4's for `model_type: deepseek_v4`, else V4.1's
+    (a config the runtime cannot read, or a model type it does not know, is refused by its load)."""
+    return CHAT_FORMATS.get(model_type_of(checkpoint) or "", V41_FORMAT)
 
 
 class ApiError(Exception):
@@ -251,7 +301,8 @@ def recipe_request(request_type: type[RecipeRequestT], body: dict) -> RecipeRequ
 
 
 class Tokenizers:
-    """The checkpoint's tokenizer for the recipe (encoding, stream parsing) and for plain decoding."""
+    """The checkpoint's tokenizer for the recipe (encoding, stream parsing) and for plain decoding,
+    and the chat format of its model (`format`)."""
 
     def __init__(self, checkpoint: str) -> None:
         import tokenizers
@@ -259,13 +310,14 @@ class Tokenizers:
         path = os.path.join(checkpoint, "tokenizer.json")
         if not os.path.exists(path):
             raise FileNotFoundError(f"{checkpoint}: no tokenizer.json (the server needs the model's tokenizer)")
+        self.format = chat_format(checkpoint)
         self.recipe = dr.Tokenizer.from_file(path)
         self.hf = tokenizers.Tokenizer.from_file(path)
-        missing = [t for t in REQUIRED_SPECIAL_TOKENS if self.hf.token_to_id(t) is None]
+        missing = [t for t in self.format.special_tokens if self.hf.token_to_id(t) is None]
         if missing:
             raise ValueError(
-                f"{path}: the V4.1 chat encoding needs these tokens as single added tokens, missing: "
-                + ", ".join(missing)
+                f"{path}: the {self.format.family} chat encoding needs these tokens as single added tokens, "
+                "missing: " + ", ".join(missing)
             )
 
     def encode(self, text: str) -> list[int]:
@@ -278,11 +330,12 @@ class Tokenizers:
 class ChatProtocol:
     def __init__(self, tok: Tokenizers, names: tuple[str, ...], thinking: bool, vocab: int) -> None:
         self.tok, self.names, self.vocab = tok, names, vocab
+        self.format = tok.format
         opts = dr.ConversionOptions(default_thinking_mode=thinking)
         for name in names:
-            opts = opts.with_model_alias(name, dr.ModelVersion.DeepseekV41Flash)
+            opts = opts.with_model_alias(name, self.format.version)
         self.options = opts
-        self.encoding = dr.DeepseekV41Encoding().with_tokenizer(tok.recipe)
+        self.encoding = self.format.encoding().with_tokenizer(tok.recipe)
         self.thinking_end_id = tok.hf.token_to_id("</think>")  # ends the reasoning (checked at start)
         self.thinking_start_id = tok.hf.token_to_id("<think>")  # a prompt ending in it: thinking mode
         self.eos_id = tok.hf.token_to_id(EOS_TOKEN)
@@ -316,7 +369,7 @@ class ChatProtocol:
 
     def encode(self, request: RecipeRequest) -> tuple[dr.ConversationRequest, list[int]]:
         """The recipe's conversion of a protocol request (chat, Responses, Messages) and the prompt's
-        token ids in the V4.1 encoding; a 400 for what either rejects."""
+        token ids in the model's encoding (`ChatFormat`); a 400 for what either rejects."""
         try:
             conv = request.convert(self.options)
         except (dr.ConversionError, ValueError, TypeError, KeyError, OverflowError) as err:
@@ -370,7 +423,13 @@ class ChatProtocol:
         thinking = bool(prompt) and prompt[-1] == self.thinking_start_id
         parallel = body.get("parallel_tool_calls") is not False and not _parallel_off(body)
         grammar = output_grammar(
-            body, io.output_constraint, forced, parallel, self.thinking_end_id if thinking else None, max_tokens
+            body,
+            io.output_constraint,
+            forced,
+            parallel,
+            self.thinking_end_id if thinking else None,
+            max_tokens,
+            self.format,
         )
         return PreparedChat(
             conv,

@@ -3,8 +3,9 @@ model's DSML tool-call markup as OpenAI tool calls.
 
 Encoding and parsing are deepseek-recipe's, as for the rest of the chat path: its conversion renders
 `tools` and past assistant `tool_calls` / `role: "tool"` results in the V4.1 encoding (the
-`<｜DSML｜ calls>` block), and its stream processor (`parse_tool_calls`) turns the model's block back
-into `tool_calls` deltas and `finish_reason: "tool_calls"`, keeping the markup out of `content` and
+`<｜DSML｜ calls>` block; a V4 checkpoint's encoding: `<｜DSML｜tool_calls>`), and its stream
+processor (`parse_tool_calls`, either spelling) turns the model's block back into `tool_calls`
+deltas and `finish_reason: "tool_calls"`, keeping the markup out of `content` and
 `reasoning_content`. Its parser is incremental on the decoded text and holds back a possible
 markup prefix, so any split of the markup across chunks or multi-token steps gives the same calls
 (test_serve_tools.py feeds recorded outputs at every split point). This module adds what the
