@@ -479,6 +479,16 @@ std::unique_ptr<Engine> forced_engine(int64_t k, int64_t a, int64_t wrong,
   return std::make_unique<Engine>(load(false), std::move(c));
 }
 
+// Runs the prompts (all greedy) on forced_engine(k, a, wrong) into f; returns the engine for
+// follow-up requests (it reads f.seen and ps while it runs).
+std::unique_ptr<Engine> run_forced(Forced& f, int64_t k, int64_t a, int64_t wrong,
+                                   const std::vector<std::vector<int32_t>>& ps,
+                                   const Result& want) {
+  std::unique_ptr<Engine> e = forced_engine(k, a, wrong, ps, want, f.seen);
+  f.got = run(*e, ps, all_greedy(ps.size()));
+  return e;
+}
+
 void expect_forced_drafts(const Forced& f, const std::vector<std::vector<int32_t>>& ps, int64_t a) {
   for (const auto& [key, d] : f.seen) {
     const auto& [id, size] = key;
@@ -500,8 +510,7 @@ TEST_F(EngineSpeculation, ForcedAcceptanceEmitsTheForcedDrafts) {
   const auto ps = prompts();
   const Result& want = baseline();
   Forced f;
-  std::unique_ptr<Engine> e = forced_engine(4, 2, 1, ps, want, f.seen);
-  f.got = run(*e, ps, all_greedy(ps.size()));
+  std::unique_ptr<Engine> e = run_forced(f, 4, 2, 1, ps, want);
   expect_forced_drafts(f, ps, 2);
   const SpecDecodeStats& s = f.got.stats.spec_decode;
   const SpecDecodeStats counts = fixed_k_counts(ps.size(), 4, 2);
@@ -562,8 +571,7 @@ TEST_F(EngineSpeculation, ForcedAcceptanceClampsItsCount) {
   {
     SCOPED_TRACE("a = 99 of k = 5, wrong at 2");
     Forced f;
-    std::unique_ptr<Engine> e = forced_engine(5, 99, 2, ps, want, f.seen);
-    f.got = run(*e, ps, all_greedy(ps.size()));
+    run_forced(f, 5, 99, 2, ps, want);
     expect_forced_drafts(f, ps, 99);
     const SpecDecodeStats& s = f.got.stats.spec_decode;
     const SpecDecodeStats counts = fixed_k_counts(ps.size(), 5, 99);
@@ -575,8 +583,7 @@ TEST_F(EngineSpeculation, ForcedAcceptanceClampsItsCount) {
   for (int64_t a : {0, -3}) {
     SCOPED_TRACE("a = " + std::to_string(a) + " of k = 5, right drafts");
     Forced f;
-    std::unique_ptr<Engine> e = forced_engine(5, a, 99, ps, want, f.seen);
-    f.got = run(*e, ps, all_greedy(ps.size()));
+    run_forced(f, 5, a, 99, ps, want);
     expect_same(f.got, want);
     const SpecDecodeStats& s = f.got.stats.spec_decode;
     EXPECT_EQ(s.drafts, fixed_k_counts(ps.size(), 5, 0).drafts);
