@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -22,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import Dsv41rtError
+from ..errors import ConfigError, Dsv41rtError
 from ..options import OPTIONS, RuntimeOptions, options_from, parse_bool, parse_int, parse_size
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -175,15 +174,15 @@ V4_MODEL_TYPE = "deepseek_v4"
 
 
 def model_type_of(model: str) -> str | None:
-    """config.json's `model_type` of a checkpoint directory; None when there is none to read here
-    (configs travel between machines: the server's start checks the directory)."""
+    """The checkpoint directory's model type (`Arch` value: deepseek_v41 / deepseek_v4), read by
+    the one config parser; None when there is no valid config.json to read here (configs travel
+    between machines: the server's start checks the directory)."""
+    from ..config import load_config
+
     try:
-        with open(os.path.join(model, "config.json"), encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
+        return load_config(model).arch.value
+    except ConfigError:
         return None
-    kind = data.get("model_type") if isinstance(data, dict) else None
-    return kind if isinstance(kind, str) else None
 
 
 @dataclass(frozen=True)
