@@ -23,6 +23,10 @@
 #include "kernels/cuda/rms_norm.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/sampling.cuh"
+#include "kernels/cuda/v4_compressor.cuh"
+#include "kernels/cuda/v4_hash_route.cuh"
+#include "kernels/cuda/v4_hyper_head.cuh"
+#include "kernels/cuda/v4_visible_entries.cuh"
 #include "runtime/model/backend.h"
 #include "runtime/model/cuda_graph_edges.h"
 #include "runtime/model/cuda_resources.h"
@@ -276,6 +280,11 @@ class CudaBackend final : public Backend {
                    Stream s) override {
     DSV41RT_CU(kc::hc_collapse(X, w, S, n, H, u, cs(s)));
   }
+  void hc_head_pre(const float* X, const float* fn, const float* base, const float* scale,
+                   int64_t S, int64_t n, int64_t H, float rms_eps, float hc_eps, float* pre,
+                   Stream s) override {
+    DSV41RT_CU(kc::hc_head_pre(X, fn, base, scale, S, n, H, rms_eps, hc_eps, pre, cs(s)));
+  }
   void hc_expand(const float* X, const float* y, const float* post, const float* comb, int64_t S,
                  int64_t n, int64_t H, float* out, Stream s) override {
     DSV41RT_CU(kc::hc_expand(X, y, post, comb, S, n, H, out, cs(s)));
@@ -301,6 +310,14 @@ class CudaBackend final : public Backend {
                  int64_t E, int64_t k, float scale, bool normalize, int32_t* idx, float* weight,
                  Stream s) override {
     DSV41RT_CU(kc::moe_route(x, gate, bias, S, H, E, k, scale, normalize, idx, weight, cs(s)));
+  }
+  // Token ids are the plan's int32 device array, read as they are (the CPU widens them on the
+  // host); kernels/cuda/v4_hash_route.cuh says what an id the planner would refuse gives.
+  void moe_route_hash(const float* x, const float* gate, const int32_t* tid2eid,
+                      const int32_t* tokens, int64_t S, int64_t H, int64_t E, int64_t k,
+                      int64_t vocab, float scale, int32_t* idx, float* weight, Stream s) override {
+    DSV41RT_CU(
+        kc::moe_route_hash(x, gate, tid2eid, tokens, S, H, E, k, vocab, scale, idx, weight, cs(s)));
   }
   void moe_experts(const float* x, const int32_t* idx, const float* weight, int64_t S, int64_t H,
                    int64_t k, int64_t E, int64_t I, const LayerWeights& w, float limit, float* y,
@@ -359,6 +376,16 @@ class CudaBackend final : public Backend {
     DSV41RT_CU(kc::store_pending(values, scores, slots, pending_offset, ratio, D, n, item, src_row,
                                  dst_row, cs(s)));
   }
+  void v4_compress(const kernels::V4CompressorWeights& w, const float* a, const float* s,
+                   uint8_t* const* slots, int64_t state_offset, int64_t items,
+                   const int64_t* length, const int64_t* row0, const int64_t* n,
+                   const int64_t* entry0, float* entries, Stream stream) override {
+    DSV41RT_CU(kc::v4_compress_paged(w, a, s, slots, state_offset, items, length, row0, n, entry0,
+                                     entries, cs(stream)));
+  }
+  // The V4-only ops run as FP32 kernels (kernels/cuda/v4_*.cuh); V4 itself is limited to
+  // precision fp32 on every backend (v4_support.cc check_v4_options).
+  bool has_v4_ops() const override { return true; }
   void attention_indices(int64_t S, int64_t W, int64_t KI, const int32_t* row_item,
                          const int64_t* positions, const int64_t* window_first,
                          const int64_t* length, const int64_t* old_offset, const int64_t* row0,
@@ -391,6 +418,10 @@ class CudaBackend final : public Backend {
   void topk_select(const float* scores, int64_t S, int64_t T, int64_t k, int32_t* idx,
                    Stream s) override {
     DSV41RT_CU(kc::topk_select(scores, S, T, k, idx, cs(s)));
+  }
+  void visible_entries(const int64_t* n_visible, int64_t S, int64_t k, int32_t* idx,
+                       Stream s) override {
+    DSV41RT_CU(kc::visible_entries(n_visible, S, k, idx, cs(s)));
   }
   void sparse_attention(const float* q, const float* kv_a, int64_t T_a, const float* kv_b,
                         int64_t T_b, const int32_t* idx, const float* sink, int64_t S,
@@ -694,9 +725,10 @@ void CudaBackend::size_gemv_workspaces(const BackendWeights& w, const ModelConfi
   for (const LayerWeights& L : w.drafts) blocks.push_back(&L);
   for (const LayerWeights* block : blocks) {
     const LayerWeights& L = *block;
-    for (const Matrix* m : {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.comp_wkv, &L.comp_wgate,
-                            &L.idx_wq_b, &L.idx_weights_proj, &L.idx_wk, &L.shared_w1, &L.shared_w3,
-                            &L.shared_w2, &L.engram_wkv}) {
+    for (const Matrix* m :
+         {&L.wq_a, &L.wq_b, &L.wkv, &L.wo_a, &L.wo_b, &L.comp_wkv, &L.comp_wgate, &L.idx_wq_b,
+          &L.idx_weights_proj, &L.idx_wk, &L.idx_comp_wkv, &L.idx_comp_wgate, &L.shared_w1,
+          &L.shared_w3, &L.shared_w2, &L.engram_wkv}) {
       visit(*m);
     }
   }

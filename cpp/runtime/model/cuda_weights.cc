@@ -176,10 +176,18 @@ LayerWeights upload_layer(Uploader& up, const ModelConfig& c, const BlockWeights
   L.idx_weights_proj = up.matrix(a.idx_weights_proj);
   L.idx_wk = up.matrix(a.idx_wk);
   L.idx_k_norm = up.f32(a.idx_k_norm);
+  // V4: the compressor's APE (its wkv / wgate / norm above) and the CSA indexer's own compressor.
+  L.comp_ape = up.f32(a.comp_ape);
+  L.idx_comp_wkv = up.matrix(a.idx_comp_wkv);
+  L.idx_comp_wgate = up.matrix(a.idx_comp_wgate);
+  L.idx_comp_ape = up.f32(a.idx_comp_ape);
+  L.idx_comp_norm = up.f32(a.idx_comp_norm);
   L.inv_freq = up.f32(inv_freq);
   const MoeWeights& m = b.moe;
   L.gate = up.f32(m.gate);
   L.bias = up.f32(m.bias);
+  // V4 hash-routed layers: tid2eid [vocab, k] (every entry checked against E by the loader).
+  L.tid2eid = up.raw(m.tid2eid.data(), int64_t(m.tid2eid.size()));
   // Each matrix as released (routed experts MXFP4, the shared expert FP8 in V4.1).
   auto stack = [&](const std::vector<Tensor>& ts) {
     std::vector<const Tensor*> p;
@@ -222,6 +230,10 @@ BackendWeights upload_weights(const ModelPlan& plan, const ModelWeights& w,
   }
   d.head = up.matrix(w.head);
   d.norm = up.f32(w.norm);
+  // V4: the hyper-head (kernels/mhc.h hc_head_pre); empty for V4.1.
+  d.hc_head_fn = up.f32(w.hc_head_fn);
+  d.hc_head_base = up.f32(w.hc_head_base);
+  d.hc_head_scale = up.f32(w.hc_head_scale);
   for (size_t li = 0; li < plan.layers.size(); ++li) {
     d.layers.push_back(upload_layer(up, c, w.layers[li], inv_freq[li]));
   }

@@ -8,7 +8,7 @@ void check_v4_backend(const ModelPlan& plan, const std::string& device, bool has
   DSV41RT_CHECK_CODE(kUnsupported, plan.config.is_v41() || has_v4_ops, plan.config.source, ": the ",
                      device,
                      " backend has no DeepSeek-V4 ops (v4_compress, moe_route_hash, hc_head_pre, "
-                     "visible_entries); DeepSeek-V4 runs on the CPU backend only so far");
+                     "visible_entries); DeepSeek-V4 runs on the cpu and cuda backends (fp32)");
 }
 
 void check_v4_options(const ModelPlan& plan, const ExecutorOptions& o) {
