@@ -244,8 +244,8 @@ TEST(V4Weights, TheRuntimeRefusesWhatV4CannotRunYetByName) {
   Runtime rt(runnable());  // the default page size (64) becomes 128 for V4
 }
 
-// A backend without the V4 ops (the CUDA backend so far) is refused by name at the executor's
-// construction; the CPU backend has them.
+// A backend without the V4 ops is refused by name at the executor's construction (a stand-in flag:
+// the CPU and CUDA backends both have them now).
 TEST(V4Weights, ABackendWithoutTheV4OpsIsRefusedByName) {
   REQUIRE_CHECKPOINT();
   const OpenedCheckpoint ck = open_checkpoint(checkpoint());

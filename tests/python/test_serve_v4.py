@@ -119,7 +119,6 @@ def test_the_defaults_resolve_to_what_v4_runs_with_and_explicit_ones_are_kept_or
         "kv-cache-dtype": ("auto", "kv-cache-dtype: auto is not supported"),
         "precision": ("fp8", "precision: fp8 is not supported"),
         "page-size": (64, "page-size: 64 is not supported"),
-        "device": ("cuda", "device: cuda is not supported"),
         "speculative-config": ('{"method": "dspark"}', "speculative-config: "),
         "load-drafter": (True, "load-drafter: true is not supported"),
         "context-parallel-size": (2, "context-parallel-size: 2 is not supported"),
@@ -136,6 +135,8 @@ def test_the_defaults_resolve_to_what_v4_runs_with_and_explicit_ones_are_kept_or
     (v41 / "config.json").write_text(json.dumps({"model_type": "deepseek_v41"}))
     assert build_config({}, {"model": str(v41)}).runtime == RuntimeOptions()
     assert build_config({"precision": "fp8"}, {"model": str(v41)}).runtime.precision == "fp8"
+    # The CUDA backend has the V4 ops (fp32): device cuda is kept.
+    assert build_config({"device": "cuda"}, {"model": v4_dir}).runtime.device == "cuda"
 
 
 def test_an_explicit_option_v4_cannot_run_with_is_refused_at_start(v4_dir) -> None:

@@ -20,7 +20,7 @@ constexpr int64_t kV4PageMultiple = 128;
 /// (nothing for a V4.1 plan).
 DSV41RT_API void check_v4_options(const ModelPlan& plan, const ExecutorOptions& options);
 /// Throws kUnsupported naming the device when a V4 plan meets a backend without the V4 ops
-/// (Backend::has_v4_ops(); the CUDA backend so far). Nothing for a V4.1 plan.
+/// (Backend::has_v4_ops(); the CPU and CUDA backends both have them). Nothing for a V4.1 plan.
 DSV41RT_API void check_v4_backend(const ModelPlan& plan, const std::string& device,
                                   bool has_v4_ops);
 

@@ -223,7 +223,6 @@ V4_LIMITS = (
         128,
         "DeepSeek-V4's HCA compresses groups of 128 positions (pages hold a multiple of 128)",
     ),
-    V4Limit("device", lambda v: v == "cpu", "cpu", "the CUDA backend has no DeepSeek-V4 ops yet (CPU only)"),
     V4Limit(
         "speculative_config",
         lambda v: v is None,
