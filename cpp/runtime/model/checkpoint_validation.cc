@@ -1,6 +1,8 @@
 #include "runtime/model/checkpoint_validation.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -33,24 +35,39 @@ CheckpointMismatch::CheckpointMismatch(const char* file, int line, const std::st
                                        std::vector<std::string> problems)
     : Error(StatusCode::kInvalidArgument, file, line, message), problems_(std::move(problems)) {}
 
-std::vector<std::string> checkpoint_problems(const TensorSpec& spec, const Checkpoint& ck) {
+std::vector<std::string> checkpoint_problems(const TensorSpec& spec, const Checkpoint& ck,
+                                             const model::SyntheticManifest* synthetic) {
   std::vector<std::string> missing, unexpected, mismatched;
+  // A synthetic tensor loaded lazily is checked by its descriptor (dtype and shape).
+  auto listed = [&](const std::string& name) {
+    return synthetic ? synthetic->info(name) : std::nullopt;
+  };
   for (const PhysicalTensor& t : spec.physical) {
-    if (!ck.contains(t.name)) {
+    const std::optional<TensorInfo> generated = listed(t.name);
+    if (generated && ck.contains(t.name)) {
+      mismatched.push_back("tensor " + t.name + " is both stored in " + ck.info(t.name).file +
+                           " and listed in " + synthetic->path);
+      continue;
+    }
+    if (!ck.contains(t.name) && !generated) {
       if (!optional(t.name)) {
         missing.push_back("missing tensor " + t.name + " (expected " + safetensors_name(t.dtype) +
                           " " + shape_text(t.shape) + ")");
       }
       continue;
     }
-    append_tensor_problems(t, ck.info(t.name), mismatched);
+    append_tensor_problems(t, generated ? *generated : ck.info(t.name), mismatched);
   }
-  for (const std::string& name : ck.names()) {
+  auto unexpected_tensor = [&](const std::string& name, const TensorInfo& info) {
     if (spec.find_physical(name) == nullptr && !ignored(name)) {
-      const TensorInfo& info = ck.info(name);
       unexpected.push_back("unexpected tensor " + name + " (" + safetensors_name(info.dtype) + " " +
                            shape_text(info.shape) + ")");
     }
+  };
+  for (const std::string& name : ck.names()) unexpected_tensor(name, ck.info(name));
+  if (synthetic) {
+    for (const auto& [name, index] : synthetic->index) unexpected_tensor(name, *listed(name));
+    std::sort(unexpected.begin(), unexpected.end());
   }
   std::vector<std::string> out = std::move(missing);
   out.insert(out.end(), unexpected.begin(), unexpected.end());
@@ -58,8 +75,9 @@ std::vector<std::string> checkpoint_problems(const TensorSpec& spec, const Check
   return out;
 }
 
-void validate_checkpoint(const TensorSpec& spec, const Checkpoint& ck, const std::string& where) {
-  std::vector<std::string> problems = checkpoint_problems(spec, ck);
+void validate_checkpoint(const TensorSpec& spec, const Checkpoint& ck, const std::string& where,
+                         const model::SyntheticManifest* synthetic) {
+  std::vector<std::string> problems = checkpoint_problems(spec, ck, synthetic);
   if (problems.empty()) return;
   std::string msg = where + ": checkpoint does not match its config (" +
                     std::to_string(problems.size()) + " problems):";
@@ -72,18 +90,24 @@ void validate_checkpoint(const TensorSpec& spec, const Checkpoint& ck, const std
   throw CheckpointMismatch(__FILE__, __LINE__, msg, std::move(problems));
 }
 
-OpenedCheckpoint open_checkpoint(const std::string& dir, bool validate) {
+OpenedCheckpoint open_checkpoint(const std::string& dir, bool validate, SyntheticLoad synthetic) {
   std::error_code ec;
   DSV41RT_CHECK_CODE(kNotFound, std::filesystem::is_directory(dir, ec), dir,
                      ": not a checkpoint directory");
-  OpenedCheckpoint out{build_model_plan(load_model_config(dir)), {}, nullptr};
+  OpenedCheckpoint out{build_model_plan(load_model_config(dir)), {}, nullptr, nullptr};
   out.spec = build_tensor_spec(out.plan);
   auto tensors = std::make_shared<Checkpoint>(dir);
-  // Synthetic weights (a manifest beside the files): generated now, so validation and the loader
-  // see them as any other tensor.
-  model::add_synthetic_weights(*tensors, dir);
+  // Synthetic weights (a manifest beside the files). Eager: generated now, so validation and the
+  // loader see them as any other tensor. Lazy: validated by their descriptors, generated per rank
+  // by the backend (load_weights' `synthetic`).
+  std::shared_ptr<const model::SyntheticManifest> manifest = model::read_synthetic_manifest(dir);
+  if (manifest && synthetic == SyntheticLoad::kEager) {
+    model::add_synthetic_weights(*tensors, *manifest);
+    manifest.reset();
+  }
   out.tensors = std::move(tensors);
-  if (validate) validate_checkpoint(out.spec, *out.tensors, dir);
+  out.synthetic = std::move(manifest);
+  if (validate) validate_checkpoint(out.spec, *out.tensors, dir, out.synthetic.get());
   return out;
 }
 

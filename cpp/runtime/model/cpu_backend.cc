@@ -164,6 +164,8 @@ class CpuBackend final : public Backend {
 
   BackendWeights load_weights(const ModelPlan& plan, ModelWeights& weights,
                               const std::vector<std::vector<float>>& inv_freq) override {
+    // Lazy synthetic tensors: this rank's rows generated now, as the host values kept below.
+    materialize_host_values(weights);
     DSV41RT_CHECK_CODE(kInternal, !weights.head.data.empty(),
                        "the CPU backend needs weights loaded with host values");
     return CpuWeightView(plan, weights, inv_freq).take();

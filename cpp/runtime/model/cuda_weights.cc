@@ -1,8 +1,12 @@
 #include "runtime/model/cuda_weights.h"
 
 #include <cstring>
+#include <tuple>
+#include <utility>
 
+#include "kernels/cuda/synthetic_codes.cuh"
 #include "runtime/model/cuda_resources.h"
+#include "runtime/model/synthetic_weights.h"
 
 namespace dsv41rt::model {
 
@@ -47,18 +51,59 @@ class Uploader {
   template <typename T>
   const T* pinned(const T* host, int64_t n) {
     if (host == nullptr || n == 0) return nullptr;
-    void* p = nullptr;
     const size_t bytes = size_t(n) * sizeof(T);
+    auto [p, d] = pinned_alloc(bytes);
+    std::memcpy(p, host, bytes);
+    return static_cast<const T*>(d);
+  }
+  /// `bytes` of pinned host memory mapped into the device's address space: {host, device}.
+  std::pair<void*, void*> pinned_alloc(size_t bytes) {
+    void* p = nullptr;
     const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
     DSV41RT_CHECK_CODE(kOutOfRange, e == cudaSuccess, "cudaHostAlloc of ", bytes,
                        " bytes for the Engram tables failed: ", cudaGetErrorString(e));
     out_.owned.push_back(std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); }));
     out_.host_bytes += int64_t(bytes);
-    std::memcpy(p, host, bytes);
     void* d = nullptr;
     DSV41RT_CU(cudaHostGetDevicePointer(&d, p, 0));
-    return static_cast<const T*>(d);
+    return {p, d};
   }
+
+  /// A lazy synthetic source's rows generated on the device straight into `data` (the CUDA
+  /// generator, bitwise the CPU reference's bytes), its scales a fill of the tensor-wide
+  /// exponent. Asynchronous on the legacy default stream: upload_weights synchronises at its end.
+  void synthesize(const TensorSource& s, uint8_t* data, uint8_t* scale, int64_t scale_bytes) {
+    const SyntheticTensor& t = *s.synthetic;
+    DSV41RT_CU(kernels::cuda::synth_tensor_codes(t.kind, t.seed, t.name_crc, t.rows, t.cols,
+                                                 t.align(), s.synthetic_row,
+                                                 s.synthetic_row + s.rows, data, nullptr));
+    DSV41RT_CU(cudaMemset(scale, t.scale_byte(), size_t(scale_bytes)));
+    count_synthetic_bytes(s.rows * t.row_bytes());
+    generated = true;
+  }
+  /// A lazy synthetic Engram table generated whole: into pinned host memory with the CPU reference
+  /// (engram_host), else on the device. {codes, scales} as the device reads them.
+  std::pair<const uint8_t*, const uint8_t*> synthetic_table(
+      const std::shared_ptr<const SyntheticTensor>& table) {
+    const SyntheticTensor& t = *table;
+    const int64_t code_bytes = t.rows * t.row_bytes(), scale_bytes = t.scale_bytes(t.rows);
+    if (engram_host) {
+      auto [p, d] = pinned_alloc(size_t(code_bytes + scale_bytes));
+      uint8_t* host = static_cast<uint8_t*>(p);
+      generate_synthetic_rows(t, 0, t.rows, host);
+      std::memset(host + code_bytes, t.scale_byte(), size_t(scale_bytes));
+      const uint8_t* dev = static_cast<const uint8_t*>(d);
+      return {dev, dev + code_bytes};
+    }
+    uint8_t* data = alloc<uint8_t>(code_bytes);
+    uint8_t* scale = alloc<uint8_t>(scale_bytes);
+    TensorSource whole;
+    whole.synthetic = table;
+    whole.rows = t.rows;
+    synthesize(whole, data, scale, scale_bytes);
+    return {data, scale};
+  }
+  bool generated = false;  ///< a kernel generated weights (upload_weights then synchronises)
 
   template <typename T>
   T* alloc(int64_t n) {
@@ -109,6 +154,10 @@ class Uploader {
     uint8_t* scale = alloc<uint8_t>(one.scale_bytes * n);
     for (int64_t i = 0; i < n; ++i) {
       const TensorSource& s = ts[size_t(i)]->source;
+      if (s.lazy()) {  // synthetic: this rank's rows generated in place
+        synthesize(s, data + i * one.data_bytes, scale + i * one.scale_bytes, one.scale_bytes);
+        continue;
+      }
       DSV41RT_CU(cudaMemcpy(data + i * one.data_bytes, s.data, size_t(one.data_bytes),
                             cudaMemcpyHostToDevice));
       if (one.scale_bytes > 0) {
@@ -204,10 +253,14 @@ LayerWeights upload_layer(Uploader& up, const ModelConfig& c, const BlockWeights
   if (b.engram) {
     const EngramWeights& e = *b.engram;
     const int64_t hd = c.engram->head_dim;
-    L.engram_table =
-        up.engram_host ? up.pinned(e.table, e.rows * hd) : up.raw(e.table, e.rows * hd);
-    L.engram_scale = up.engram_host ? up.pinned(e.table_scale, e.rows * (hd / 32))
-                                    : up.raw(e.table_scale, e.rows * (hd / 32));
+    if (e.synthetic && !e.table) {
+      std::tie(L.engram_table, L.engram_scale) = up.synthetic_table(e.synthetic);
+    } else {
+      L.engram_table =
+          up.engram_host ? up.pinned(e.table, e.rows * hd) : up.raw(e.table, e.rows * hd);
+      L.engram_scale = up.engram_host ? up.pinned(e.table_scale, e.rows * (hd / 32))
+                                      : up.raw(e.table_scale, e.rows * (hd / 32));
+    }
     L.engram_rows = e.rows;
     L.engram_wkv = up.matrix(e.wkv);
     L.engram_q = up.f32(e.q_weight);
@@ -253,6 +306,8 @@ BackendWeights upload_weights(const ModelPlan& plan, const ModelWeights& w,
     h.markov_head = up.matrix(dw.markov_head);
     h.confidence = up.matrix(dw.confidence);
   }
+  // Synthetic weights were generated by kernels on the legacy default stream: done before use.
+  if (up.generated) DSV41RT_CU(cudaDeviceSynchronize());
   return d;
 }
 

@@ -5,6 +5,7 @@
 #include "core/dtype.h"
 #include "core/status.h"
 #include "kernels/quant.h"
+#include "runtime/model/synthetic_weights.h"
 #include "runtime/model/tensor_spec.h"
 
 namespace dsv41rt::model {
@@ -12,7 +13,22 @@ namespace {
 
 namespace k = kernels::cpu;
 
+void decode(const TensorSource& src, float* out);
+
+// A lazy synthetic source's rows: generated codes and the tensor-wide scale, then decoded.
+void decode_synthetic(const TensorSource& src, float* out) {
+  const SyntheticTensor& t = *src.synthetic;
+  const std::vector<uint8_t> codes = synthetic_codes(src);
+  const std::vector<uint8_t> scales(size_t(t.scale_bytes(src.rows)), t.scale_byte());
+  TensorSource stored = src;
+  stored.synthetic.reset();
+  stored.data = codes.data();
+  stored.scale = scales.data();
+  decode(stored, out);
+}
+
 void decode(const TensorSource& src, float* out) {
+  if (src.lazy()) return decode_synthetic(src, out);
   switch (src.dtype) {
     case DType::kFP8E4M3:
       k::dequant_fp8_blocks(src.data, src.scale, src.rows, src.cols, src.block_rows, src.block_cols,
@@ -30,17 +46,35 @@ void decode(const TensorSource& src, float* out) {
 // the stored form is checked against it the way checkpoint validation checks it.
 class Loader {
  public:
-  Loader(const Checkpoint& ck, const TensorSpec& spec, bool host_values)
-      : ck_(ck), spec_(spec), host_values_(host_values) {}
+  Loader(const Checkpoint& ck, const TensorSpec& spec, bool host_values,
+         std::shared_ptr<const SyntheticManifest> synthetic)
+      : ck_(ck), spec_(spec), host_values_(host_values), synthetic_(std::move(synthetic)) {}
+
+  /// The lazy synthetic tensor `name` (a weight the manifest lists), or null.
+  std::shared_ptr<const SyntheticTensor> synthetic(const std::string& name) const {
+    const SyntheticTensor* t = synthetic_ ? synthetic_->find(name) : nullptr;
+    return t ? SyntheticManifest::entry(synthetic_, *t) : nullptr;
+  }
+
+  /// The stored dtype and shape of `name`: the checkpoint's, or the manifest's for a lazy one.
+  TensorInfo info(const std::string& name) const {
+    std::optional<TensorInfo> listed = synthetic_ ? synthetic_->info(name) : std::nullopt;
+    const bool stored = ck_.contains(name);
+    DSV41RT_CHECK_CODE(kInvalidArgument, !(listed && stored), ck_.path(), ": tensor ", name,
+                       " is both stored in ", stored ? ck_.info(name).file : "", " and listed in ",
+                       synthetic_ ? synthetic_->path : "");
+    if (listed) return *listed;
+    DSV41RT_CHECK_CODE(kNotFound, stored, ck_.path(), ": missing tensor ", name);
+    return ck_.info(name);
+  }
 
   /// The stored form of `name` (and of its scales when quantised), checked against the spec.
   const PhysicalTensor& checked(const std::string& name) const {
     const PhysicalTensor* expected = spec_.find_physical(name);
     DSV41RT_CHECK_CODE(kInternal, expected != nullptr, "tensor ", name,
                        " is not in the tensor spec");
-    DSV41RT_CHECK_CODE(kNotFound, ck_.contains(name), ck_.path(), ": missing tensor ", name);
     std::vector<std::string> problems;
-    append_tensor_problems(*expected, ck_.info(name), problems);
+    append_tensor_problems(*expected, info(name), problems);
     DSV41RT_CHECK(problems.empty(), ck_.path(), ": ", problems.front());
     return *expected;
   }
@@ -53,16 +87,28 @@ class Loader {
     t.shape = logical.shape;
     const int64_t n = t.numel();
     TensorSource& src = t.source;
-    src.dtype = ck_.info(name).dtype;
-    src.data = ck_.tensor_data(name);
+    src.synthetic = synthetic(name);
+    src.dtype = info(name).dtype;
+    src.data = src.lazy() ? nullptr : ck_.tensor_data(name);
     src.rows = t.shape.empty() ? 1 : t.shape[0];
     src.cols = src.rows ? n / src.rows : 0;
     if (src.dtype == DType::kFP8E4M3 || src.dtype == DType::kI8) {
-      src.scale = ck_.tensor_data(checked(scale_name(name)).name);
+      const std::string& scale = checked(scale_name(name)).name;
+      DSV41RT_CHECK_CODE(kInvalidArgument, !src.lazy() || src.synthetic->scale == scale,
+                         synthetic_->path, " tensor ", name, ": its scale must be ", scale,
+                         ", the manifest lists ", src.lazy() ? src.synthetic->scale : "");
+      src.scale = src.lazy() ? nullptr : ck_.tensor_data(scale);
       src.block_rows = logical.block_rows;
       src.block_cols = logical.block_cols;
+      DSV41RT_CHECK_CODE(
+          kInvalidArgument,
+          !src.lazy() || (src.synthetic->rows == src.rows && src.synthetic->cols == src.cols &&
+                          (!src.synthetic->fp8() || (src.synthetic->block_rows == src.block_rows &&
+                                                     src.synthetic->block_cols == src.block_cols))),
+          synthetic_->path, " tensor ", name, ": its shape or block differs from the spec's");
     }
-    if (host_values_) {
+    // A lazy synthetic tensor keeps no host values here: the backend generates its rank's rows.
+    if (host_values_ && !src.lazy()) {
       t.data.resize(static_cast<size_t>(n));
       decode(src, t.data.data());
     }
@@ -73,6 +119,7 @@ class Loader {
   const Checkpoint& ck_;
   const TensorSpec& spec_;
   bool host_values_;
+  std::shared_ptr<const SyntheticManifest> synthetic_;
 };
 
 void load_attention(const Loader& L, const LayerPlan& layer, const std::string& p,
@@ -164,11 +211,19 @@ EngramWeights load_engram(const Checkpoint& ck, const Loader& L, const std::stri
   const std::string table = p + "engram.embed.weight";
   const PhysicalTensor& stored = L.checked(table);
   DSV41RT_CHECK_CODE(kUnsupported, stored.dtype == DType::kFP8E4M3, ck.path(), ": Engram table ",
-                     table, " is stored ", safetensors_name(ck.info(table).dtype),
+                     table, " is stored ", safetensors_name(L.info(table).dtype),
                      " (BF16 Engram tables are not supported yet)");
   w.rows = stored.shape[0];
-  w.table = ck.tensor_data(table);
-  w.table_scale = ck.tensor_data(L.checked(scale_name(table)).name);
+  const std::string& scale = L.checked(scale_name(table)).name;
+  w.synthetic = L.synthetic(table);
+  if (w.synthetic) {
+    // Kept whole by every rank, generated whole by the backend (or materialize_host_values).
+    DSV41RT_CHECK_CODE(kInvalidArgument, w.synthetic->scale == scale, table, ": its scale must be ",
+                       scale, ", the manifest lists ", w.synthetic->scale);
+  } else {
+    w.table = ck.tensor_data(table);
+    w.table_scale = ck.tensor_data(scale);
+  }
   w.wkv = L.load(p + "engram.wkv.weight");
   w.q_weight = L.load(p + "engram.q_weight");
   w.k_weight = L.load(p + "engram.k_weight");
@@ -224,7 +279,7 @@ bool fp8_input(const Tensor& t) {
 }
 
 std::vector<float> host_values(const Tensor& t) {
-  if (!t.data.empty() || t.source.data == nullptr) return t.data;
+  if (!t.data.empty() || (t.source.data == nullptr && !t.source.lazy())) return t.data;
   std::vector<float> out(size_t(t.numel()));
   decode(t.source, out.data());
   return out;
@@ -232,14 +287,14 @@ std::vector<float> host_values(const Tensor& t) {
 
 ModelWeights load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPlan& plan,
                           bool host_values, const std::function<void(int64_t, int64_t)>& progress,
-                          bool drafts) {
+                          bool drafts, std::shared_ptr<const SyntheticManifest> synthetic) {
   const ModelConfig& c = plan.config;
   const TensorSpec spec = build_tensor_spec(plan);
-  Loader L(*checkpoint, spec, host_values);
+  Loader L(*checkpoint, spec, host_values, std::move(synthetic));
   ModelWeights w;
   w.checkpoint = checkpoint;
   // A BF16 embedding stays in the mapped file (rows are decoded on gather).
-  if (checkpoint->info(L.checked("embed.weight").name).dtype == DType::kBF16) {
+  if (L.info(L.checked("embed.weight").name).dtype == DType::kBF16) {
     w.embed_bf16 = reinterpret_cast<const uint16_t*>(checkpoint->tensor_data("embed.weight"));
   } else {
     w.embed = L.load("embed.weight");
@@ -267,12 +322,19 @@ namespace {
 TensorSource source_rows(const TensorSource& s, const char* what, int64_t begin, int64_t n) {
   TensorSource out = s;
   out.rows = n;
-  if (!s.data) return out;
+  if (!s.data && !s.lazy()) return out;
+  DSV41RT_CHECK_CODE(
+      kInvalidArgument,
+      s.dtype != DType::kFP8E4M3 || (begin % s.block_rows == 0 && n % s.block_rows == 0),
+      "tensor_shard: ", what, " rows [", begin, ", ", begin + n, ") do not fall on its ",
+      s.block_rows, "-row scale blocks");
+  // A lazy synthetic source: the same rows of the generated tensor (generated where kept).
+  if (s.lazy()) {
+    out.synthetic_row = s.synthetic_row + begin;
+    return out;
+  }
   switch (s.dtype) {
     case DType::kFP8E4M3: {
-      DSV41RT_CHECK_CODE(kInvalidArgument, begin % s.block_rows == 0 && n % s.block_rows == 0,
-                         "tensor_shard: ", what, " rows [", begin, ", ", begin + n,
-                         ") do not fall on its ", s.block_rows, "-row scale blocks");
       out.data = s.data + begin * s.cols;
       out.scale = s.scale + (begin / s.block_rows) * ((s.cols + s.block_cols - 1) / s.block_cols);
       break;
@@ -359,6 +421,97 @@ ModelWeights expert_shard(const ModelWeights& all, const ModelPlan& plan, int ra
                                       b.attn, std::move(moe), b.engram});
   }
   return out;
+}
+
+}  // namespace dsv41rt::model
+
+namespace dsv41rt::model {
+
+std::vector<uint8_t> synthetic_codes(const TensorSource& s) {
+  DSV41RT_CHECK_CODE(kInternal, s.lazy(), "synthetic_codes: not a lazy synthetic source");
+  const SyntheticTensor& t = *s.synthetic;
+  std::vector<uint8_t> codes(size_t(s.rows * t.row_bytes()));
+  generate_synthetic_rows(t, s.synthetic_row, s.synthetic_row + s.rows, codes.data());
+  return codes;
+}
+
+namespace {
+
+template <typename F>
+void for_each_tensor(BlockWeights& b, const F& f) {
+  for (Tensor* t : {&b.attn_norm, &b.ffn_norm, &b.hc_attn_fn, &b.hc_attn_base, &b.hc_attn_scale,
+                    &b.hc_ffn_fn, &b.hc_ffn_base, &b.hc_ffn_scale}) {
+    f(*t);
+  }
+  AttentionWeights& a = b.attn;
+  for (Tensor* t : {&a.wq_a,
+                    &a.q_norm,
+                    &a.wq_b,
+                    &a.wkv,
+                    &a.kv_norm,
+                    &a.wo_a,
+                    &a.wo_b,
+                    &a.attn_sink,
+                    &a.comp_wkv,
+                    &a.comp_wgate,
+                    &a.comp_norm,
+                    &a.idx_wq_b,
+                    &a.idx_weights_proj,
+                    &a.idx_wk,
+                    &a.idx_k_norm,
+                    &a.comp_ape,
+                    &a.idx_comp_wkv,
+                    &a.idx_comp_wgate,
+                    &a.idx_comp_ape,
+                    &a.idx_comp_norm}) {
+    f(*t);
+  }
+  MoeWeights& m = b.moe;
+  for (Tensor* t : {&m.gate, &m.bias, &m.shared_w1, &m.shared_w2, &m.shared_w3}) f(*t);
+  for (std::vector<Tensor>* ts : {&m.w1, &m.w2, &m.w3}) {
+    for (Tensor& t : *ts) f(t);
+  }
+  if (b.engram) {
+    for (Tensor* t : {&b.engram->wkv, &b.engram->q_weight, &b.engram->k_weight}) f(*t);
+  }
+}
+
+}  // namespace
+
+int64_t materialize_host_values(ModelWeights& w) {
+  int64_t bytes = 0;
+  auto values = [&](Tensor& t) {
+    if (!t.data.empty() || !t.source.lazy()) return;
+    t.data = host_values(t);
+    bytes += t.source.rows * t.source.synthetic->row_bytes();
+  };
+  for (Tensor* t : {&w.embed, &w.head, &w.norm, &w.hc_head_fn, &w.hc_head_base, &w.hc_head_scale}) {
+    values(*t);
+  }
+  auto block = [&](BlockWeights& b) {
+    for_each_tensor(b, values);
+    if (b.engram && b.engram->synthetic && !b.engram->generated) {
+      EngramWeights& e = *b.engram;
+      const SyntheticTensor& t = *e.synthetic;
+      auto all = std::make_shared<std::vector<uint8_t>>(
+          size_t(t.rows * t.row_bytes() + t.scale_bytes(t.rows)), t.scale_byte());
+      generate_synthetic_rows(t, 0, t.rows, all->data());
+      bytes += t.rows * t.row_bytes();
+      e.table = all->data();
+      e.table_scale = all->data() + t.rows * t.row_bytes();
+      e.generated = std::move(all);
+    }
+  };
+  for (BlockWeights& b : w.layers) block(b);
+  if (w.drafts) {
+    for (BlockWeights& b : w.drafts->stages) block(b);
+    DraftWeights& d = *w.drafts;
+    for (Tensor* t :
+         {&d.main_proj, &d.main_norm, &d.norm, &d.markov_embed, &d.markov_head, &d.confidence}) {
+      values(*t);
+    }
+  }
+  return bytes;
 }
 
 }  // namespace dsv41rt::model

@@ -18,14 +18,23 @@
 
 namespace dsv41rt::model {
 
+struct SyntheticTensor;  // synthetic_weights.h
+struct SyntheticManifest;
+
 /// How a tensor is stored in the mapped checkpoint (validated at load): FP8 E4M3 with UE8M0
 /// block scales [ceil(rows/block_rows), ceil(cols/block_cols)], packed FP4 (I8) with UE8M0
 /// scales [rows, cols/32], or plain F32/BF16/F16. Pointers stay valid while the checkpoint lives.
+/// A synthetic tensor loaded lazily has no bytes (data and scale null): `synthetic` describes it
+/// and the source is its rows [synthetic_row, synthetic_row + rows), generated where a backend
+/// takes them (materialize_host_values; the CUDA upload).
 struct TensorSource {
   DType dtype = DType::kF32;
   const uint8_t* data = nullptr;
   const uint8_t* scale = nullptr;
   int64_t rows = 0, cols = 0, block_rows = 0, block_cols = 0;
+  std::shared_ptr<const SyntheticTensor> synthetic;
+  int64_t synthetic_row = 0;
+  bool lazy() const { return synthetic != nullptr; }
 };
 
 struct Tensor {
@@ -35,7 +44,7 @@ struct Tensor {
   /// Rows of the tensor this is a tensor-parallel share of (tensor_shard); 0: not a share.
   int64_t whole_rows = 0;
   const float* ptr() const { return data.empty() ? nullptr : data.data(); }
-  bool empty() const { return data.empty() && source.data == nullptr; }
+  bool empty() const { return data.empty() && source.data == nullptr && !source.lazy(); }
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
@@ -50,8 +59,12 @@ DSV41RT_API bool bf16_exact(const Tensor& t);
 /// Stored FP8 E4M3 or packed FP4: precision "fp8" quantises the input of its GEMM (spec 5.2).
 DSV41RT_API bool fp8_input(const Tensor& t);
 
-/// FP32 values of `t` (its data, or decoded from its source on the host).
+/// FP32 values of `t` (its data, or decoded from its source on the host; a lazy synthetic source
+/// generates its rows for this).
 DSV41RT_API std::vector<float> host_values(const Tensor& t);
+
+/// The stored codes of a lazy synthetic source's rows, generated on the host (CPU reference).
+DSV41RT_API std::vector<uint8_t> synthetic_codes(const TensorSource& s);
 
 struct AttentionWeights {
   Tensor wq_a, q_norm, wq_b, wkv, kv_norm, wo_a, wo_b, attn_sink;
@@ -75,6 +88,10 @@ struct EngramWeights {
   const uint8_t* table = nullptr;        // FP8 E4M3 [rows, head_dim] in the mapped checkpoint
   const uint8_t* table_scale = nullptr;  // UE8M0 [rows, head_dim / 32]
   int64_t rows = 0;
+  /// A synthetic table loaded lazily (table and table_scale null until generated: the backend
+  /// generates it whole where it keeps it, or materialize_host_values into `generated`).
+  std::shared_ptr<const SyntheticTensor> synthetic;
+  std::shared_ptr<const std::vector<uint8_t>> generated;  // codes, then scales
   Tensor wkv, q_weight, k_weight;
 };
 
@@ -114,9 +131,20 @@ struct ModelWeights {
 /// `progress(done, total)` (optional) is called after each block's tensors are loaded.
 /// `drafts`: also the DSpark drafter's tensors (ModelWeights::drafts); throws
 /// Error(kUnsupported) when the config has no DSpark stages.
-DSV41RT_API ModelWeights load_weights(
-    std::shared_ptr<Checkpoint> checkpoint, const ModelPlan& plan, bool host_values = true,
-    const std::function<void(int64_t done, int64_t total)>& progress = {}, bool drafts = false);
+/// `synthetic`: the manifest of a checkpoint opened lazily (open_checkpoint with
+/// SyntheticLoad::kLazy): its tensors are checked against the spec by their descriptors and kept
+/// lazy (TensorSource::synthetic, no host values even with host_values) until a backend takes
+/// them.
+DSV41RT_API ModelWeights
+load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPlan& plan, bool host_values = true,
+             const std::function<void(int64_t done, int64_t total)>& progress = {},
+             bool drafts = false, std::shared_ptr<const SyntheticManifest> synthetic = nullptr);
+
+/// Generates what `w` holds of lazy synthetic tensors on the host: each lazy tensor's rows as FP32
+/// host values (its source stays lazy, for bf16_exact / fp8_input), each lazy Engram table whole
+/// into EngramWeights::generated. Called by the CPU backend on a rank's shard, so a rank generates
+/// its share only. Returns the code bytes generated.
+DSV41RT_API int64_t materialize_host_values(ModelWeights& w);
 
 /// Expert parallelism: the weights rank `rank` of `size` holds, every layer's routed experts cut
 /// to its contiguous share [rank * E / size, (rank + 1) * E / size) (the rest freed; the
