@@ -110,7 +110,8 @@ LoadedModel load_model(const RuntimeOptions& o) {
   check_options(o);
   // Every tensor is checked against the config's spec here, so a mismatch lists all problems
   // at once (the loader below re-checks only the tensors it reads, as it reads them).
-  OpenedCheckpoint opened = open_checkpoint(o.checkpoint, /*validate=*/true);
+  // Synthetic tensors stay descriptors until a backend takes its rank's rows (parallelism.md).
+  OpenedCheckpoint opened = open_checkpoint(o.checkpoint, /*validate=*/true, SyntheticLoad::kLazy);
   ModelPlan plan = std::move(opened.plan);
   std::shared_ptr<Checkpoint> ck = std::move(opened.tensors);
   // Before any weight is read: what V4 cannot run with yet (docs/design/v4.md).
@@ -148,7 +149,7 @@ LoadedModel load_model(const RuntimeOptions& o) {
   }
   model::ModelWeights weights =
       model::load_weights(ck, plan, /*host_values=*/o.device.device == "cpu", o.progress,
-                          /*drafts=*/drafter);
+                          /*drafts=*/drafter, opened.synthetic);
   LoadedModel m;
   m.engine.speculation.num_speculative_tokens =
       o.num_speculative_tokens < 0 ? plan.config.dspark->block_size : o.num_speculative_tokens;

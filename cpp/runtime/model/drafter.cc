@@ -12,10 +12,11 @@ Drafter::Drafter(const std::string& checkpoint_dir, bool cache_quant, const std:
   const bool cpu = device == "cpu";
   DSV41RT_CHECK_CODE(kInvalidArgument, cpu || device == "cuda" || device.rfind("cuda:", 0) == 0,
                      "unknown device '", device, "' (expected 'cpu', 'cuda' or 'cuda:N')");
-  OpenedCheckpoint opened = open_checkpoint(checkpoint_dir, /*validate=*/true);
+  OpenedCheckpoint opened =
+      open_checkpoint(checkpoint_dir, /*validate=*/true, SyntheticLoad::kLazy);
   plan_ = std::move(opened.plan);
   ModelWeights weights = load_weights(std::move(opened.tensors), plan_, /*host_values=*/cpu, {},
-                                      /*drafts=*/true);
+                                      /*drafts=*/true, opened.synthetic);
   backend_ = cpu ? make_cpu_backend() : make_cuda_backend(device);
   weights_ = backend_->load_weights(plan_, weights, rope_inv_freqs(plan_));
   runner_ = std::make_unique<DraftRunner>(plan_, *backend_, weights_,
