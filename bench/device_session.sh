@@ -29,7 +29,8 @@
 #   disagg   prefill/decode disaggregation on one GPU vs one server on bench-40 (bench/disagg_bench.py:
 #            TTFT, TPOT, handoff time and bytes per DISAGG_PROMPT-token request; DISAGG_PRECISION,
 #            DISAGG_MEMORY device|host; needs the serve extras and nixl_cu13 carried as wheels in .whl)
-#   kbench   the kernel microbenchmarks carried in .devcarry/bench (bench/kernels/*_bench.cu)
+#   kbench   the kernel microbenchmarks carried in .devcarry/bench (bench/kernels/*_bench.cu), then
+#            those of this call's build named in KBENCH_BUILT (e.g. "moe_decode_bench"; needs gtestdev)
 #   cp2      (2 GPUs) CP 2 over NCCL vs CP 1 on the tiny presets, threads and one process per GPU
 #   bf16diag GPU precision bf16 vs the CPU emulation of it, per position (errors saved for analysis)
 #   serve    `dsv41rt serve` on bench-40 (precision bf16) + `dsv41rt bench`: concurrency 1, then 16 with each
@@ -213,6 +214,13 @@ for step in ${STEPS:-tests}; do
         [ -x "$b" ] || continue
         echo "-- $(basename "$b")"
         LD_LIBRARY_PATH=$PWD/.devcarry/gtest/lib timeout 300 "$b" ${KBENCH_ARGS:-} 2>&1 | tee "$OUT/$(basename "$b").md" | tail -60
+      done
+      # Benchmarks built with the tests in this call's wheel build (gtestdev), named in KBENCH_BUILT.
+      for name in ${KBENCH_BUILT:-}; do
+        b=/tmp/dsv41rt-build/bench/kernels/$name
+        [ -x "$b" ] || { echo "-- $name: not built (needs gtestdev in STEPS)"; continue; }
+        echo "-- $name (built here)"
+        timeout 300 "$b" ${KBENCH_ARGS:-} 2>&1 | tee "$OUT/$name.md" | tail -60
       done
       ;;
     cp2)
