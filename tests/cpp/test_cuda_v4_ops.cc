@@ -44,7 +44,7 @@ namespace {
 
 using kernels::V4CompressorWeights;
 
-class CudaV4Ops : public CudaKernelTest {
+class BackendCudaV4Ops : public CudaKernelTest {
  protected:
   void SetUp() override {
     CudaKernelTest::SetUp();
@@ -61,7 +61,7 @@ class CudaV4Ops : public CudaKernelTest {
 
 // ---- visible_entries -------------------------------------------------------------------------
 
-TEST_F(CudaV4Ops, VisibleEntriesAreTheReferenceBitwise) {
+TEST_F(BackendCudaV4Ops, VisibleEntriesAreTheReferenceBitwise) {
   for (const int64_t S : {int64_t(1), int64_t(37), int64_t(300)}) {
     for (const int64_t k : {int64_t(1), int64_t(7), int64_t(260)}) {
       std::vector<int64_t> nv(static_cast<size_t>(S));
@@ -77,7 +77,7 @@ TEST_F(CudaV4Ops, VisibleEntriesAreTheReferenceBitwise) {
   }
 }
 
-TEST_F(CudaV4Ops, VisibleEntriesOfNoRowsWriteNothing) {
+TEST_F(BackendCudaV4Ops, VisibleEntriesOfNoRowsWriteNothing) {
   Buffer<int64_t> dnv = upload(cuda(), std::vector<int64_t>{3});
   Buffer<int32_t> out = poisoned<int32_t>(cuda(), 4, kIndexPoison);
   cuda().visible_entries(dnv.get(), 0, 4, out.get(), stream());
@@ -87,7 +87,7 @@ TEST_F(CudaV4Ops, VisibleEntriesOfNoRowsWriteNothing) {
 
 // The CPU throws on a negative count (naming the row); the device cannot report it without a
 // host synchronisation, so such a row sees nothing (kernels/cuda/v4_visible_entries.cuh).
-TEST_F(CudaV4Ops, VisibleEntriesOfANegativeCountAreNone) {
+TEST_F(BackendCudaV4Ops, VisibleEntriesOfANegativeCountAreNone) {
   Buffer<int64_t> dnv = upload(cuda(), std::vector<int64_t>{2, -1});
   Buffer<int32_t> out = poisoned<int32_t>(cuda(), 6, kIndexPoison);
   cuda().visible_entries(dnv.get(), 2, 3, out.get(), stream());
@@ -100,7 +100,7 @@ struct HashCase {
   int64_t S, H, E, k, V;
 };
 
-TEST_F(CudaV4Ops, HashRouteIsTheReference) {
+TEST_F(BackendCudaV4Ops, HashRouteIsTheReference) {
   // H 61: a tail past the last chunk of 8; k 1: normalised too; k 40: slots beyond one pass of
   // the block's 32 lane groups; S 0 and 1 the edges.
   for (const HashCase c :
@@ -139,7 +139,7 @@ TEST_F(CudaV4Ops, HashRouteIsTheReference) {
 
 // An id the planner would refuse (the CPU reference throws) gives the token's slots idx -1 and
 // weight NaN on the device (kernels/cuda/v4_hash_route.cuh); the other tokens are unaffected.
-TEST_F(CudaV4Ops, HashRouteMarksAnUnroutableToken) {
+TEST_F(BackendCudaV4Ops, HashRouteMarksAnUnroutableToken) {
   const int64_t S = 3, H = 8, E = 4, k = 2, V = 5;
   std::vector<int32_t> table(V * k, 1);
   table[3 * k + 1] = int32_t(E);  // token 3's second expert is outside [0, E)
@@ -161,7 +161,7 @@ TEST_F(CudaV4Ops, HashRouteMarksAnUnroutableToken) {
 
 // ---- hc_head_pre -----------------------------------------------------------------------------
 
-TEST_F(CudaV4Ops, HyperHeadIsWithinTheStatedBoundOfTheReference) {
+TEST_F(BackendCudaV4Ops, HyperHeadIsWithinTheStatedBoundOfTheReference) {
   struct Case {
     int64_t S, n, H;
   };
@@ -204,7 +204,7 @@ TEST_F(CudaV4Ops, HyperHeadIsWithinTheStatedBoundOfTheReference) {
 
 // The contract's definition on this backend: hc_head_pre is the CUDA mixer's pre, bitwise, for the
 // head's n rows (the other mixer rows zero). S 70 spans several of the mixer's token tiles.
-TEST_F(CudaV4Ops, HyperHeadIsBitwiseTheCudaMixersPre) {
+TEST_F(BackendCudaV4Ops, HyperHeadIsBitwiseTheCudaMixersPre) {
   const int64_t S = 70, n = 4, H = 300, W = (2 + n) * n, K = n * H;
   const std::vector<float> X = normal(S * K), head_fn = normal(n * K, 0.02),
                            head_base = normal(n, 0.5), head_scale = uniform(1, 0.5, 2.0);
@@ -226,7 +226,7 @@ TEST_F(CudaV4Ops, HyperHeadIsBitwiseTheCudaMixersPre) {
   EXPECT_TRUE(bitwise_equal(pre.download(), mpre.download()));
 }
 
-TEST_F(CudaV4Ops, HyperHeadOfNoRowsWritesNothingAndBadSizesThrow) {
+TEST_F(BackendCudaV4Ops, HyperHeadOfNoRowsWritesNothingAndBadSizesThrow) {
   Buffer<float> f = upload(cuda(), normal(64));
   Buffer<float> pre = poisoned<float>(cuda(), 4);
   cuda().hc_head_pre(f.get(), f.get(), f.get(), f.get(), 0, 4, 16, 1e-6f, 1e-6f, pre.get(),
@@ -402,7 +402,7 @@ struct CompressorCase {
 // Scripted chunks (group boundaries: a prompt ending one position short of a group, exactly on
 // one, one past one; single-token decode steps across boundaries; chunks spanning several groups;
 // items idle in a step), then random ones, over three requests side by side.
-TEST_F(CudaV4Ops, CompressorEntriesAndStatesMatchTheReference) {
+TEST_F(BackendCudaV4Ops, CompressorEntriesAndStatesMatchTheReference) {
   for (const CompressorCase cc :
        {CompressorCase{16, 4, true}, CompressorCase{64, 4, true}, CompressorCase{32, 128, false}}) {
     const int64_t m = cc.ratio;
@@ -427,7 +427,7 @@ TEST_F(CudaV4Ops, CompressorEntriesAndStatesMatchTheReference) {
 }
 
 // A decode-graph-like step of only padding items (null slots, n = 0) writes nothing.
-TEST_F(CudaV4Ops, CompressorSkipsPaddingItems) {
+TEST_F(BackendCudaV4Ops, CompressorSkipsPaddingItems) {
   V4CompressorWeights w;
   w.H = 8, w.D = 16, w.ratio = 4, w.overlap = true;
   Buffer<float> ape = upload(cuda(), normal(4 * 32)), norm = upload(cuda(), normal(16));
@@ -444,7 +444,7 @@ TEST_F(CudaV4Ops, CompressorSkipsPaddingItems) {
 
 // The four ops captured into one graph and replayed give the eager results bitwise (no host
 // synchronisation, allocation or workspace growth inside them).
-TEST_F(CudaV4Ops, CapturedOpsReplayTheEagerResults) {
+TEST_F(BackendCudaV4Ops, CapturedOpsReplayTheEagerResults) {
   Backend& be = cuda();
   const int64_t S = 6, H = 40, n = 4, E = 8, k = 2, V = 30, D = 16, m = 4, W = 2 * D;
   Buffer<float> X = upload(be, normal(S * n * H)), fn = upload(be, normal(n * n * H, 0.02)),
