@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <random>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -436,6 +437,58 @@ TEST(V4StateLayout, CompressorStageStoresRotatedPrefillEntriesInThePages) {
       }
     }
   }
+}
+
+// HCA attends every visible entry through a selection list whose width is the attention kernel's
+// key count, and the CUDA kernel splits its keys over blocks by that count. A decode batch run
+// eagerly must hand it the width its bucket's graph was captured with, or graph and eager differ
+// in summation order (seen on an H100: 5e-6 at prompt 37 of test_v4_cuda). Prefill chunks get the
+// width of their longest item's context bucket too, which covers every entry they can see.
+const model::RatioPlan& ratio_of(const model::ForwardPlan& f, int ratio) {
+  for (const model::RatioPlan& rp : f.ratios) {
+    if (rp.ratio == ratio) return rp;
+  }
+  DSV41RT_THROW("no plan of ratio ", ratio);
+}
+
+TEST(V4StateLayout, HcaSelectionWidthOfAnEagerDecodeIsItsGraphBuckets) {
+  const ModelPlan plan = tiny_v4_plan();
+  const StateLayout layout(plan, CacheFormats::of(false), 128);
+  std::vector<std::vector<float>> slot_storage(
+      3, std::vector<float>(layout.geometry().slot_bytes / 4));
+  const std::vector<int32_t> pages = {0, 1, 2, 3, 4};
+  const std::vector<int32_t> tokens(600, 7);
+  auto plan_of = [&](const std::vector<int64_t>& lengths, const std::vector<int64_t>& n) {
+    std::vector<model::BatchItem> batch(lengths.size());
+    for (size_t b = 0; b < batch.size(); ++b) {
+      batch[b].request.slot = reinterpret_cast<uint8_t*>(slot_storage[b].data());
+      batch[b].request.pages = pages.data();
+      batch[b].request.n_pages = 5;
+      batch[b].request.length = lengths[b];
+      batch[b].tokens = tokens.data();
+      batch[b].n = n[b];
+    }
+    std::vector<const int32_t*> histories(batch.size(), nullptr);
+    return std::pair(batch, model::plan_forward(plan, layout, batch, model::EngramTables{},
+                                                histories));
+  };
+  for (const std::vector<int64_t>& lengths :
+       {std::vector<int64_t>{36}, {255, 40}, {300, 40, 511}}) {
+    const auto [batch, f] = plan_of(lengths, std::vector<int64_t>(lengths.size(), 1));
+    const model::DecodeBucket bucket = model::decode_bucket(plan.config, batch);
+    ASSERT_GT(bucket.items, 0);
+    const model::ForwardPlan padded = model::pad_decode_plan(f, plan.config, layout, bucket);
+    for (int ratio : {4, 128}) {
+      EXPECT_EQ(ratio_of(f, ratio).visible_width, ratio_of(padded, ratio).max_count)
+          << "ratio " << ratio << ", longest " << lengths.back();
+      EXPECT_EQ(ratio_of(padded, ratio).visible_width, ratio_of(padded, ratio).max_count);
+      EXPECT_GE(ratio_of(f, ratio).visible_width, ratio_of(f, ratio).max_count);
+    }
+  }
+  // A prefill chunk: its longest item's context bucket (600 positions -> 1024) over the ratio.
+  const auto [batch, f] = plan_of({0, 100}, {600, 5});
+  EXPECT_EQ(ratio_of(f, 128).visible_width, 1024 / 128);
+  EXPECT_GE(ratio_of(f, 128).visible_width, ratio_of(f, 128).max_count);
 }
 
 }  // namespace

@@ -186,8 +186,11 @@ ForwardPlan plan_forward(const ModelPlan& plan, const StateLayout& layout,
     }
     it->compressor = it->compressor || layer.owns_compressor();
   }
+  int64_t longest = 0;
+  for (int64_t i = 0; i < f.items; ++i) longest = std::max(longest, f.length[i] + batch[i].n);
   for (RatioPlan& rp : f.ratios) {
     const int64_t m = rp.ratio;
+    rp.visible_width = context_bucket(plan.config, longest) / m;
     for (int64_t i = 0; i < f.items; ++i) {
       const int64_t P = f.length[i], n = batch[i].n, T = (P + n) / m;
       rp.count.push_back(T);
@@ -277,6 +280,13 @@ void pad_to(std::vector<T>& v, size_t n, T value) {
 
 }  // namespace
 
+int64_t context_bucket(const ModelConfig& c, int64_t longest) {
+  const int64_t floor = std::max<int64_t>(256, 2 * c.sliding_window);
+  const int64_t context =
+      longest <= 8192 ? pow2_at_least(longest, floor) : (longest + 8191) / 8192 * 8192;
+  return std::max(context, floor);
+}
+
 DecodeBucket decode_bucket(const ModelConfig& c, const std::vector<BatchItem>& batch) {
   int64_t longest = 0;
   bool head = false, sample = false;
@@ -286,12 +296,7 @@ DecodeBucket decode_bucket(const ModelConfig& c, const std::vector<BatchItem>& b
     head = head || b.logits;
     sample = sample || b.sample;
   }
-  // Context buckets: powers of two up to 8192, then multiples of 8192 (padding costs indexer
-  // and top-k work over the bucket's entries: at most 2x below 8192, at most 25% above 32k).
-  const int64_t floor = std::max<int64_t>(256, 2 * c.sliding_window);
-  const int64_t context =
-      longest <= 8192 ? pow2_at_least(longest, floor) : (longest + 8191) / 8192 * 8192;
-  return {pow2_at_least(int64_t(batch.size()), 1), std::max(context, floor), head, sample};
+  return {pow2_at_least(int64_t(batch.size()), 1), context_bucket(c, longest), head, sample};
 }
 
 ForwardPlan pad_decode_plan(const ForwardPlan& f, const ModelConfig& c, const StateLayout& layout,
@@ -329,6 +334,7 @@ ForwardPlan pad_decode_plan(const ForwardPlan& f, const ModelConfig& c, const St
     const int64_t cap = bucket.context / r.ratio;
     pad_to<int64_t>(r.count, B, 0);
     r.max_count = cap;
+    r.visible_width = cap;
     r.comp_rows = B * cap;
     r.comp_offset.resize(B);
     for (int64_t b = 0; b < B; ++b) r.comp_offset[b] = b * cap;

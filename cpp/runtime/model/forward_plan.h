@@ -28,6 +28,10 @@ struct RatioPlan {
   bool compressor = false;  ///< a layer of this ratio owns a compressor (V4.1 Full, V4 CSA/HCA)
   int64_t max_count = 0;    ///< launch size: max entries of one item (capacity when padded)
   int64_t comp_rows = 0;    ///< workspace rows (sum of counts, or items * capacity)
+  /// HCA's selection width (every visible entry, -1 after them): context_bucket(longest) / ratio,
+  /// the padded decode plan's max_count, so that an eager forward and a decode graph hand the
+  /// attention kernel the same key count (its split of the keys over blocks follows the count).
+  int64_t visible_width = 0;
   std::vector<int64_t> count, comp_offset;     // [items] entries (P + n) / ratio; first row
   std::vector<int64_t> n_visible, key_offset;  // [rows] (t + 1) / ratio; comp_offset of the item
   // Complete compression groups of this forward: item, pending rows used, first new row, entry.
@@ -113,10 +117,15 @@ struct DecodeBucket {
   bool operator<(const DecodeBucket& o) const { return key() < o.key(); }
 };
 
+/// The context capacity of a request `longest` positions long: a power of two up to 8192 (at least
+/// 256 and 2 x sliding_window), a multiple of 8192 beyond (padding costs indexer and top-k work
+/// over the capacity's entries: at most 2x below 8192, at most 25% above 32k).
+DSV41RT_API int64_t context_bucket(const ModelConfig& c, int64_t longest);
+
 /// The bucket of a decode batch (every item n == 1): items rounded up to a power of two, context
 /// to a power of two up to 8192 (at least 256 and 2 x sliding_window) and to a multiple of 8192
 /// beyond; {0, 0} when not a decode batch.
-DecodeBucket decode_bucket(const ModelConfig& c, const std::vector<BatchItem>& batch);
+DSV41RT_API DecodeBucket decode_bucket(const ModelConfig& c, const std::vector<BatchItem>& batch);
 
 /// `f` (a decode plan) padded to the bucket's capacities, so that every launch size and metadata
 /// offset depends on the bucket alone: rows and items up to bucket.items (padding: item -1, token
@@ -124,7 +133,7 @@ DecodeBucket decode_bucket(const ModelConfig& c, const std::vector<BatchItem>& b
 /// item, page tables at ceil(context / page_tokens) columns, compressor groups and pending writes
 /// at one per item, logits for every row (when any were wanted), a token drawn for every row
 /// (when any item samples; padding rows draw greedily and are ignored).
-ForwardPlan pad_decode_plan(const ForwardPlan& f, const ModelConfig& c, const StateLayout& layout,
-                            DecodeBucket bucket);
+DSV41RT_API ForwardPlan pad_decode_plan(const ForwardPlan& f, const ModelConfig& c,
+                                        const StateLayout& layout, DecodeBucket bucket);
 
 }  // namespace dsv41rt::model

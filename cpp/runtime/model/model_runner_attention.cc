@@ -243,8 +243,9 @@ void ModelRunner::attention(const LayerPlan& layer, const LayerWeights& w, const
   if ((selects || comm_) && side(2) != s) be_.wait(s, kIdx);
   if (!in_place) be_.link(kStore, side(0), s);
   if (layer.role == LayerRole::kHca) hca_select(layer, f, s);
-  // HCA attends every visible entry: its selection is as wide as the ratio's longest item.
-  const int64_t KI = layer.role == LayerRole::kHca ? f.ratio(layer.ratio).max_count
+  // HCA attends every visible entry: its selection is as wide as the ratio's longest item's
+  // context bucket (RatioPlan::visible_width).
+  const int64_t KI = layer.role == LayerRole::kHca ? f.ratio(layer.ratio).visible_width
                      : layer.ratio > 0             ? c.index_topk
                                                    : 0;
   if (NQ == 0) {  // a CP rank without query rows: the state writes were its part

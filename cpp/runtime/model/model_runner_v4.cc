@@ -67,9 +67,10 @@ void ModelRunner::v4_compressors(const LayerPlan& layer, const LayerWeights& w,
   }
 }
 
-// HCA: every entry a query row may see, in topk_select's form (width: the ratio's max_count).
+// HCA: every entry a query row may see, in topk_select's form (width: the ratio's
+// visible_width, the same for a decode batch run eagerly or as its bucket's graph).
 void ModelRunner::hca_select(const LayerPlan& layer, const ForwardPlan& f, Stream s) {
-  const int64_t T = f.ratio(layer.ratio).max_count, NQ = meta_.nq;
+  const int64_t T = f.ratio(layer.ratio).visible_width, NQ = meta_.nq;
   int32_t* sel = buf(topk_, NQ * T);
   if (NQ > 0 && T > 0) be_.visible_entries(meta_.q_ratio.at(layer.ratio).n_visible, NQ, T, sel, s);
   topk_source_ = layer.index;
