@@ -94,6 +94,17 @@ def tiny_v41_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_v4_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny DeepSeek-V4 checkpoint (SWA, CSA ratio 4, HCA ratio 128, hash-routed layers), seed 1."""
+    from dsv41rt.checkpoint.generator import make_checkpoint
+    from dsv41rt.config.presets import preset_config_json
+
+    out = str(tmp_path_factory.mktemp("ck") / "tiny-v4-seed1")
+    make_checkpoint(preset_config_json("tiny-v4"), out, 1)
+    return out
+
+
+@pytest.fixture(scope="session")
 def released_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A tiny checkpoint with the released layer schedule (40 layers), seed 0."""
     from dsv41rt.checkpoint.generator import make_checkpoint

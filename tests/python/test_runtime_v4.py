@@ -16,14 +16,10 @@ from test_oracle_v41 import prompt_of
 
 
 @pytest.fixture(scope="module")
-def rt(tmp_path_factory: pytest.TempPathFactory) -> Any:  # dsv41rt.runtime.Runtime
-    from dsv41rt.checkpoint.generator import make_checkpoint
-    from dsv41rt.config.presets import preset_config_json
+def rt(tiny_v4_dir: str) -> Any:  # dsv41rt.runtime.Runtime
     from dsv41rt.runtime import Runtime
 
-    ck = str(tmp_path_factory.mktemp("tiny-v4-seed1"))
-    make_checkpoint(preset_config_json("tiny-v4"), ck, 1)
-    return Runtime(ck, kv_cache_dtype="float32", enable_prefix_caching=False)
+    return Runtime(tiny_v4_dir, kv_cache_dtype="float32", enable_prefix_caching=False)
 
 
 def _decode_alone(rt: Any, prompt: list[int], tokens: list[int]) -> np.ndarray:

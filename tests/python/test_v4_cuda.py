@@ -28,16 +28,6 @@ V4_OPTIONS = dict(kv_cache_dtype="float32", enable_prefix_caching=False)
 
 
 @pytest.fixture(scope="module")
-def tiny_v4_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from dsv41rt.checkpoint.generator import make_checkpoint
-    from dsv41rt.config.presets import preset_config_json
-
-    ck = str(tmp_path_factory.mktemp("tiny-v4-seed1"))
-    make_checkpoint(preset_config_json("tiny-v4"), ck, 1)
-    return ck
-
-
-@pytest.fixture(scope="module")
 def pair(tiny_v4_dir: str) -> tuple[Any, Any]:
     from dsv41rt.runtime import Runtime
 
