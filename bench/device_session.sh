@@ -25,7 +25,7 @@
 #   specb    DSpark speculation in the engine at batches SPECB_BATCHES (default 1,16,64) on bench-40
 #            (bench/spec_decode_engine_bench.py: tok/s per request, plain / fixed acceptance lengths /
 #            the real drafter fixed and self-tuned; SPEC_PRECISION, SPEC_PROMPT, SPECB_TOKENS, SPECB_REPEATS,
-#            SPECB_ACCEPTANCE)
+#            SPECB_ACCEPTANCE, set empty for plain and the real drafter only)
 #   disagg   prefill/decode disaggregation on one GPU vs one server on bench-40 (bench/disagg_bench.py:
 #            TTFT, TPOT, handoff time and bytes per DISAGG_PROMPT-token request; DISAGG_PRECISION,
 #            DISAGG_MEMORY device|host; needs the serve extras and nixl_cu13 carried as wheels in .whl)
@@ -198,7 +198,7 @@ for step in ${STEPS:-tests}; do
       DSV41RT_COMMIT=$commit timeout "${SPECB_TIMEOUT:-500}" python3 -u bench/spec_decode_engine_bench.py \
         --checkpoint /tmp/bench-40 --precision "${SPEC_PRECISION:-fp8}" --prompt "${SPEC_PROMPT:-1024}" \
         --new-tokens "${SPECB_TOKENS:-48}" --batches "${SPECB_BATCHES:-1,16,64}" --repeats "${SPECB_REPEATS:-2}" \
-        --acceptance "${SPECB_ACCEPTANCE:-1,2,3,3.51,4,5,6}" \
+        --acceptance "${SPECB_ACCEPTANCE-1,2,3,3.51,4,5,6}" \
         --out "$OUT/spec_decode_engine.json" 2>&1 | tail -40
       ;;
     disagg)

@@ -54,7 +54,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--prompt", type=int, default=1024, help="prompt tokens per request")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--k", type=int, default=5, help="draft tokens per verify step")
-    p.add_argument("--acceptance", default="1,2,3,3.51,4,5,6", help="synthetic acceptance lengths")
+    p.add_argument("--acceptance", default="1,2,3,3.51,4,5,6", help="synthetic acceptance lengths (empty: none)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--kv-memory", default="16G")
     p.add_argument("--no-real", action="store_true", help="skip the real drafter's runs")
@@ -204,7 +204,7 @@ def main() -> int:
         seconds, (reference, phase_tokens) = timed(rt, prompts)
         references[batch] = reference
         record("plain", batch, seconds, phase_tokens, {}, (0, -1))
-        for text in args.acceptance.split(","):
+        for text in filter(None, args.acceptance.split(",")):  # "": plain and the real drafter only
             length = float(text)
 
             def arm(length: float = length, prompts: list[list[int]] = prompts, reference=reference) -> None:
