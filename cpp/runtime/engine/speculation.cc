@@ -118,23 +118,44 @@ constexpr uint64_t kAcceptStream = 0x5EC0DE0000000001ull, kResidualStream = 0x5E
 
 }  // namespace
 
+namespace {
+
+// Rows 0, 1, ... of a verify block: each row's sampler draw, given the tokens emitted before it;
+// `adjust(j, draw)` may replace the draw, `more(j, token)` says whether row j + 1 follows. A stop
+// token or max_new_tokens ends the block in every mode.
+template <typename Adjust, typename More>
+std::vector<kernels::SampledToken> walk_rows(const Verify& v, int64_t vocab,
+                                             const kernels::SamplingParams& params,
+                                             const SchedRequest& r,
+                                             const std::function<bool(int32_t)>& stops,
+                                             Adjust adjust, More more) {
+  std::vector<int32_t> history(r.tokens.begin() + r.prompt_len, r.tokens.end());
+  const int64_t generated = r.generated();
+  std::vector<kernels::SampledToken> out;
+  for (int64_t j = 0;; ++j) {
+    kernels::SampledToken s = kernels::cpu::sample_token(
+        v.logits.data() + j * vocab, vocab, params, r.tokens.data(), r.prompt_len,
+        history.data(), int64_t(history.size()), uint64_t(generated + j));
+    adjust(j, s);
+    out.push_back(std::move(s));
+    const int32_t t = out.back().token;
+    history.push_back(t);
+    if (stops(t) || generated + j + 1 >= r.max_new_tokens || !more(j, t)) break;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<kernels::SampledToken> accept_greedy(const Verify& v, int64_t vocab,
                                                  const kernels::SamplingParams& params,
                                                  const SchedRequest& r,
                                                  const std::function<bool(int32_t)>& stops) {
-  std::vector<int32_t> history(r.tokens.begin() + r.prompt_len, r.tokens.end());
-  const int64_t generated = r.generated(), k = int64_t(v.fed.size()) - 1;
-  std::vector<kernels::SampledToken> out;
-  for (int64_t j = 0; j <= k; ++j) {
-    out.push_back(kernels::cpu::sample_token(v.logits.data() + j * vocab, vocab, params,
-                                             r.tokens.data(), r.prompt_len, history.data(),
-                                             int64_t(history.size()), uint64_t(generated + j)));
-    const int32_t t = out.back().token;
-    history.push_back(t);
-    if (stops(t) || generated + j + 1 >= r.max_new_tokens) break;
-    if (j == k || t != v.fed[size_t(j + 1)]) break;
-  }
-  return out;
+  const int64_t k = int64_t(v.fed.size()) - 1;
+  // The next row follows while this row's token is the draft fed after it.
+  return walk_rows(
+      v, vocab, params, r, stops, [](int64_t, kernels::SampledToken&) {},
+      [&](int64_t j, int32_t t) { return j < k && t == v.fed[size_t(j + 1)]; });
 }
 
 std::vector<kernels::SampledToken> accept_forced(const Verify& v, int64_t vocab,
@@ -145,25 +166,17 @@ std::vector<kernels::SampledToken> accept_forced(const Verify& v, int64_t vocab,
   const int64_t k = int64_t(v.fed.size()) - 1;
   DSV41RT_CHECK(accepted >= 0 && accepted <= k, "accept_forced: ", accepted,
                 " drafts to accept of ", k);
-  std::vector<int32_t> history(r.tokens.begin() + r.prompt_len, r.tokens.end());
-  const int64_t generated = r.generated();
-  std::vector<kernels::SampledToken> out;
-  for (int64_t j = 0; j <= accepted; ++j) {
-    const float* row = v.logits.data() + j * vocab;
-    // The sampler's draw: the token of the last row, the top logprobs of every row.
-    kernels::SampledToken s = kernels::cpu::sample_token(
-        row, vocab, params, r.tokens.data(), r.prompt_len, history.data(), int64_t(history.size()),
-        uint64_t(generated + j));
-    if (j < accepted && s.token != v.fed[size_t(j + 1)]) {  // a forced draft the target rejects
-      s.token = v.fed[size_t(j + 1)];
-      s.logprob = raw_logprob(row, vocab, s.token);
-    }
-    out.push_back(std::move(s));
-    const int32_t t = out.back().token;
-    history.push_back(t);
-    if (stops(t) || generated + j + 1 >= r.max_new_tokens) break;
-  }
-  return out;
+  // The sampler's draw gives the token of the last row and the top logprobs of every row; a
+  // forced draft the target rejects replaces the draw's token (with its raw logprob).
+  return walk_rows(
+      v, vocab, params, r, stops,
+      [&](int64_t j, kernels::SampledToken& s) {
+        if (j < accepted && s.token != v.fed[size_t(j + 1)]) {
+          s.token = v.fed[size_t(j + 1)];
+          s.logprob = raw_logprob(v.logits.data() + j * vocab, vocab, s.token);
+        }
+      },
+      [&](int64_t j, int32_t) { return j < accepted; });
 }
 
 std::vector<kernels::SampledToken> accept_sampled(const Verify& v, int64_t vocab,
