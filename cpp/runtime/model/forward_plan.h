@@ -123,8 +123,7 @@ struct DecodeBucket {
 DSV41RT_API int64_t context_bucket(const ModelConfig& c, int64_t longest);
 
 /// The bucket of a decode batch (every item n == 1): items rounded up to a power of two, context
-/// to a power of two up to 8192 (at least 256 and 2 x sliding_window) and to a multiple of 8192
-/// beyond; {0, 0} when not a decode batch.
+/// the context_bucket of its longest item; {0, 0} when not a decode batch.
 DSV41RT_API DecodeBucket decode_bucket(const ModelConfig& c, const std::vector<BatchItem>& batch);
 
 /// `f` (a decode plan) padded to the bucket's capacities, so that every launch size and metadata
