@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -128,7 +129,8 @@ std::vector<int32_t> reference_output(std::vector<int32_t> seq, int64_t max_new)
 }
 
 void run_stress(int64_t host_cache_bytes) {
-  const unsigned seed = std::random_device{}();
+  const char* fixed = std::getenv("DSV41RT_TEST_SEED");  // to replay a printed seed
+  const unsigned seed = fixed ? unsigned(std::strtoul(fixed, nullptr, 10)) : std::random_device{}();
   std::printf("Prefix cache stress seed: %u\n", seed);
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937 rng(seed);

@@ -420,10 +420,11 @@ TEST(Scheduler, PreemptsMostRecentlyAdmittedAndRequeuesAtFront) {
   s.check_invariants();
 }
 
-// The asker is the newest running request: it preempts the older one rather than itself (header:
-// "a request never preempts itself if another running request can be preempted instead"); the
-// victim's already-planned chunk is dropped from the plan.
-TEST(Scheduler, NewestAskerPreemptsAnotherNotItself) {
+// The asker is the newest running request: it preempts nobody (only newer requests are victims)
+// and gets no chunk; the older request decodes, and once it finishes the asker goes on with the
+// pages it kept. (Letting the newest preempt an older one let two long requests preempt each
+// other forever: the prefix-cache stress test livelocked at seed 3275109705.)
+TEST(Scheduler, NewestAskerWaitsForTheOlderInsteadOfPreemptingIt) {
   KvPool pool(model::PoolGeometry{4, 0, 0}, 4, 4);
   Scheduler s({.max_num_seqs = 4, .max_num_batched_tokens = 100}, pool);
   const int64_t a = s.submit(make_prompt(6, 1), 2);  // 2 pages
@@ -433,10 +434,21 @@ TEST(Scheduler, NewestAskerPreemptsAnotherNotItself) {
   s.append_token(a, 1);  // 7 tokens: still 2 pages
   s.append_token(b, 2);  // 9 tokens: its next decode needs page 3
   p = s.schedule();
-  EXPECT_EQ(p.preempted, std::vector<int64_t>{a});
+  EXPECT_TRUE(p.preempted.empty());
+  ASSERT_EQ(p.chunks.size(), 1u);
+  expect_chunk(p.chunks[0], a, 6, 1, true);
+  EXPECT_TRUE(s.request(b).running);
+  EXPECT_EQ(s.request(b).computed, 8);
+  EXPECT_EQ(s.request(b).pages.size(), 2u);
+  s.check_invariants();
+  s.complete(p);
+  s.append_token(a, 3);
+  s.finish(a, FinishReason::kLength);
+  p = s.schedule();  // A's pages are free: B decodes with the state it kept
+  EXPECT_TRUE(p.preempted.empty());
   ASSERT_EQ(p.chunks.size(), 1u);
   expect_chunk(p.chunks[0], b, 8, 1, true);
-  EXPECT_FALSE(s.request(a).running);
+  EXPECT_EQ(s.stats().preemptions, 0);
   s.check_invariants();
 }
 

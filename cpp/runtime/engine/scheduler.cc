@@ -3,10 +3,10 @@
 //   - max_num_seqs above the pool's slot count is not an error; admission also needs a free slot.
 //   - A request counts as decoding when exactly one known token is not yet computed (this includes
 //     the last token of a prompt or of a recompute); it gets its single token in phase 1.
-//   - Preemption victims are the most recently admitted running request other than the one asking
-//     for pages (the header's rule), even when that victim was admitted before the asker. A victim
-//     already planned earlier in the same step loses its chunk (the budget is refunded), so a
-//     request id is never both in plan.chunks and plan.preempted.
+//   - Preemption victims are the most recently admitted running request, and only when it was
+//     admitted after the one asking for pages (the header's rule). A victim already planned earlier
+//     in the same step loses its chunk (the budget is refunded), so a request id is never both in
+//     plan.chunks and plan.preempted.
 //   - A request preempted during a step is not re-admitted in that same step (it waits at the
 //     front of the queue, so admission stops for this step), which avoids thrashing.
 //   - complete() ignores chunks of requests that were finished or aborted after schedule().
@@ -108,21 +108,19 @@ int64_t Scheduler::submit_computed(std::vector<int32_t> tokens, int64_t prompt_l
   return id;
 }
 
-bool Scheduler::preempt_one(int64_t protect_id) {
-  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
-    if (*it == protect_id) continue;
-    const int64_t victim = *it;
-    SchedRequest& r = requests_.at(victim);
-    release(r);  // frees slot + pages, removes from running_
-    r.computed = 0;
-    r.admit_seq = -1;
-    r.running = false;
-    ++r.preemptions;
-    ++stats_.preemptions;
-    waiting_.push_front(victim);
-    return true;
-  }
-  return false;
+bool Scheduler::preempt_newer_than(int64_t asker_id) {
+  // running_ is in admission order and holds the asker: a newer request is after it.
+  if (running_.empty() || running_.back() == asker_id) return false;
+  const int64_t victim = running_.back();
+  SchedRequest& r = requests_.at(victim);
+  release(r);  // frees slot + pages, removes from running_
+  r.computed = 0;
+  r.admit_seq = -1;
+  r.running = false;
+  ++r.preemptions;
+  ++stats_.preemptions;
+  waiting_.push_front(victim);
+  return true;
 }
 
 void Scheduler::release(SchedRequest& r) {
@@ -155,12 +153,13 @@ StepPlan Scheduler::schedule() {
     return prefill_cap < 0 ? budget : std::min(budget, prefill_cap - prefill_used);
   };
 
-  // Gets pages for tokens [0, end) of running request `r`, preempting others as needed. A victim
-  // that already has a chunk in this plan loses it (and its budget comes back).
+  // Gets pages for tokens [0, end) of running request `r`, preempting newer requests as needed;
+  // false (no chunk for `r` this step) when none is left. A victim that already has a chunk in this
+  // plan loses it (and its budget comes back).
   auto secure_pages = [&](SchedRequest& r, int64_t end) {
     while (!pool_.ensure_pages(r.pages, end)) {
       if (cache_ && cache_->evict_page()) continue;  // cached pages go before running requests
-      if (!preempt_one(r.id)) return false;
+      if (!preempt_newer_than(r.id)) return false;
       const int64_t victim = waiting_.front();
       plan.preempted.push_back(victim);
       for (auto it = plan.chunks.begin(); it != plan.chunks.end();) {
