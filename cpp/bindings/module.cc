@@ -17,6 +17,7 @@ void register_model_config(nb::module_& m);
 void register_runtime(nb::module_& m);
 void register_comm(nb::module_& m);
 void register_draft(nb::module_& m);
+void register_grammar(nb::module_& m);
 }  // namespace dsv41rt::bindings
 
 NB_MODULE(_core, m) {
@@ -54,6 +55,7 @@ NB_MODULE(_core, m) {
   dsv41rt::bindings::register_runtime(m);
   dsv41rt::bindings::register_comm(m);
   dsv41rt::bindings::register_draft(m);
+  dsv41rt::bindings::register_grammar(m);
   m.def("cuda_device_count", &dsv41rt::cuda_device_count,
         "Number of usable CUDA devices (0 for CPU-only builds or without a driver).");
 }

@@ -47,16 +47,48 @@ def _markup(before: str, after: str) -> list[dict[str, Any]]:
     return [_const(before), MARKER, _const(after)]
 
 
+# The recipe ends a parameter's value at the first `</｜DSML｜` in its text, JSON string or not: a
+# value spelling it would be cut there (arguments that are not JSON; Messages then showed `input`
+# {}). JSON strings are therefore held away from it: xgrammar's `excludes` covers strings without
+# pattern, format or length bounds (keys and values of any nesting); it would drop length bounds,
+# so a bounded string instead gets a pattern of the same bounds over characters other than ｜
+# (U+FF5C). xgrammar keeps quotes, backslashes and control characters out of an ASCII pattern's
+# characters, so such a string holds no escapes, as xgrammar's own bounded strings never did.
+# Strings with the schema's own pattern or format keep their constraint alone (xgrammar cannot
+# intersect it).
+_CLOSE = "</" + DSML
+_BAR = DSML[0]
+
+
+def _held_off_close(schema: Any) -> Any:
+    """`schema` with each length-bounded string (no pattern, format, enum or const) as the pattern
+    of its bounds over characters other than ｜, at any nesting."""
+    if isinstance(schema, list):
+        return [_held_off_close(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (v if k in ("enum", "const", "default", "examples") else _held_off_close(v)) for k, v in schema.items()}
+    types = out.get("type")
+    is_string = types == "string" or (isinstance(types, list) and "string" in types)
+    bounded = "minLength" in out or "maxLength" in out
+    if is_string and bounded and not any(k in out for k in ("pattern", "format", "enum", "const")):
+        lo, hi = out.pop("minLength", 0), out.pop("maxLength", "")
+        out["pattern"] = f"^[^\\u{ord(_BAR):04X}]{{{lo},{hi}}}$"
+    return out
+
+
 def _parameter(name: str, schema: Any, sp: str) -> dict[str, Any]:
     """One `<｜DSML｜ parameter name="NAME" string="false">VALUE</｜DSML｜ parameter>\\n`: the value
     as compact JSON of its property schema, strings too. The recipe parses it as it parses the raw
     form (`string="true"`) the model also writes for strings, but only JSON lets the grammar hold a
-    string exactly (UTF-8, maxLength, pattern, any text including "</")."""
+    string exactly (UTF-8, maxLength, pattern, any text including "</"), and JSON strings never
+    spell the closing markup (above)."""
     key = json.dumps(name, ensure_ascii=False)[1:-1]
     content = {
         "type": "json_schema",
-        "json_schema": schema if isinstance(schema, dict) else {},
+        "json_schema": _held_off_close(schema if isinstance(schema, dict) else {}),
         "max_whitespace_cnt": 1,
+        "excludes": [_CLOSE],
     }
     elements = _markup("<", f'{sp}parameter name="{key}" string="false">')
     return {"type": "sequence", "elements": [*elements, content, *_markup("</", f"{sp}parameter>\n")]}
