@@ -223,12 +223,6 @@ TEST(V4Weights, TheRuntimeRefusesWhatV4CannotRunYetByName) {
        StatusCode::kUnsupported},
       {"precision bf16", [](RuntimeOptions& o) { o.numerics.precision = Precision::kBf16; },
        StatusCode::kUnsupported},
-      {"context parallelism", [](RuntimeOptions& o) { o.parallel.context_parallel_size = 2; },
-       StatusCode::kUnsupported},
-      {"tensor parallelism", [](RuntimeOptions& o) { o.parallel.tensor_parallel_size = 2; },
-       StatusCode::kUnsupported},
-      {"expert parallelism", [](RuntimeOptions& o) { o.parallel.expert_parallel_size = 2; },
-       StatusCode::kUnsupported},
   };
   for (const Case& c : cases) {
     RuntimeOptions o = runnable();

@@ -113,6 +113,8 @@ def test_the_defaults_resolve_to_what_v4_runs_with_and_explicit_ones_are_kept_or
     assert rt == RuntimeOptions(enable_prefix_caching=False, kv_cache_dtype="float32", page_size=128)
     kept = build_config({"page-size": 256, "enable_prefix_caching": False}, {"model": v4_dir}).runtime
     assert (kept.page_size, kept.enable_prefix_caching, kept.kv_cache_dtype) == (256, False, "float32")
+    parallel = build_config({"context-parallel-size": 2, "expert-parallel-size": 2}, {"model": v4_dir}).runtime
+    assert (parallel.context_parallel_size, parallel.expert_parallel_size) == (2, 2)  # V4 runs them
     refused = {
         "enable-prefix-caching": (True, "enable-prefix-caching: true is not supported with a DeepSeek-V4"),
         "host-cache-memory": ("64M", "host-cache-memory: 67108864 is not supported"),
@@ -121,9 +123,6 @@ def test_the_defaults_resolve_to_what_v4_runs_with_and_explicit_ones_are_kept_or
         "page-size": (64, "page-size: 64 is not supported"),
         "speculative-config": ('{"method": "dspark"}', "speculative-config: "),
         "load-drafter": (True, "load-drafter: true is not supported"),
-        "context-parallel-size": (2, "context-parallel-size: 2 is not supported"),
-        "tensor-parallel-size": (2, "tensor-parallel-size: 2 is not supported"),
-        "expert-parallel-size": (2, "expert-parallel-size: 2 is not supported"),
     }
     for key, (value, message) in refused.items():
         with pytest.raises(Dsv41rtError, match=message):

@@ -23,13 +23,6 @@ void check_v4_options(const ModelPlan& plan, const ExecutorOptions& o) {
                      "built; use kv_cache_dtype float32");
   DSV41RT_CHECK_CODE(kUnsupported, o.precision == "fp32", src, ": precision ", o.precision,
                      " is not built for DeepSeek-V4 (fp32 only)");
-  DSV41RT_CHECK_CODE(kUnsupported, o.cp_size == 1, src,
-                     ": context parallelism is not built for DeepSeek-V4 (its compressor state in "
-                     "the request slot is not copied between ranks yet)");
-  DSV41RT_CHECK_CODE(kUnsupported, o.tp_size == 1, src,
-                     ": tensor parallelism is not built for DeepSeek-V4");
-  DSV41RT_CHECK_CODE(kUnsupported, o.ep_size == 1, src,
-                     ": expert parallelism is not built for DeepSeek-V4");
 }
 
 }  // namespace dsv41rt::model

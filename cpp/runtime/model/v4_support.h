@@ -1,7 +1,9 @@
 // What a DeepSeek-V4 checkpoint can run with today (issue 25, docs/design/v4.md): the forward on a
-// backend with the V4 ops (the CPU), FP32 caches and GEMMs, pages of a multiple of 128 positions,
-// one rank. Features whose state copies do not know V4's slot yet (rollback for speculation,
-// the prefix cache, context / tensor / expert parallelism) are refused by name at load.
+// backend with the V4 ops (CPU, CUDA), FP32 caches and GEMMs, pages of a multiple of 128
+// positions; context, tensor and expert parallelism as V4.1 (every rank writes the whole state,
+// so V4's compressor state needs no copy between ranks; tensor shares must fall on V4's 128-row
+// FP8 scale blocks, which the loader checks by tensor). Rollback for speculation and the prefix
+// cache are refused by name at load (runtime_load.cc check_v4_runtime).
 #pragma once
 
 #include <cstdint>

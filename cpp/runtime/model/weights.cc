@@ -399,6 +399,8 @@ ModelWeights expert_shard(const ModelWeights& all, const ModelPlan& plan, int ra
   ModelWeights out;
   out.checkpoint = all.checkpoint;
   out.embed = all.embed, out.embed_bf16 = all.embed_bf16, out.head = all.head, out.norm = all.norm;
+  out.hc_head_fn = all.hc_head_fn, out.hc_head_base = all.hc_head_base;  // V4's hyper-head
+  out.hc_head_scale = all.hc_head_scale;
   out.layers.reserve(plan.layers.size());
   for (size_t li = 0; li < plan.layers.size(); ++li) {
     const BlockWeights& b = all.layers[li];

@@ -230,9 +230,6 @@ V4_LIMITS = (
         "speculative decoding (rollback) is not built for DeepSeek-V4 yet",
     ),
     V4Limit("load_drafter", lambda v: v is False, False, "DeepSeek-V4 has no drafter in this runtime yet"),
-    V4Limit("context_parallel_size", lambda v: v == 1, 1, "context parallelism is not built for DeepSeek-V4 yet"),
-    V4Limit("tensor_parallel_size", lambda v: v == 1, 1, "tensor parallelism is not built for DeepSeek-V4 yet"),
-    V4Limit("expert_parallel_size", lambda v: v == 1, 1, "expert parallelism is not built for DeepSeek-V4 yet"),
 )
 
 
