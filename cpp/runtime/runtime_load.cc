@@ -58,17 +58,14 @@ const char* backend_name(CpBackend b) {
   return "?";
 }
 
-// DeepSeek-V4: the runtime-level features whose state copies do not know V4's slot yet
-// (speculation's rollback, the prefix cache) are refused by name; the executor checks the rest
-// (model/v4_support.h).
+// DeepSeek-V4: speculation (its rollback does not know V4's slot yet, and V4 has no drafter here)
+// is refused by name; the executor checks the rest (model/v4_support.h). The prefix cache copies
+// whole slots and pages, V4's compressor state included (docs/design/v4.md step 6).
 void check_v4_runtime(const RuntimeOptions& o, const ModelPlan& plan) {
   const std::string& src = plan.config.source;
   DSV41RT_CHECK_CODE(kUnsupported,
                      o.num_speculative_tokens == 0 && !o.load_drafter && !o.draft_source, src,
                      ": speculative decoding (rollback) is not built for DeepSeek-V4");
-  DSV41RT_CHECK_CODE(kUnsupported, !o.pool.enable_prefix_caching, src,
-                     ": the prefix cache is not built for DeepSeek-V4 (set enable_prefix_caching "
-                     "false)");
 }
 
 // V4 pages hold whole HCA groups: the default page size (64) becomes 128 for a V4 checkpoint;

@@ -222,8 +222,7 @@ _ROWS = (
         "enable_prefix_caching",
         parse_bool,
         "enable_prefix_caching",
-        "reuse the state of prompt prefixes earlier requests computed (exact; docs/design/prefix-cache.md; "
-        "DeepSeek-V4: not built, set false)",
+        "reuse the state of prompt prefixes earlier requests computed (exact; docs/design/prefix-cache.md)",
     ),
     Option(
         "host_cache_memory",

@@ -212,8 +212,6 @@ TEST(V4Weights, TheRuntimeRefusesWhatV4CannotRunYetByName) {
     StatusCode code;
   };
   const Case cases[] = {
-      {"prefix cache", [](RuntimeOptions& o) { o.pool.enable_prefix_caching = true; },
-       StatusCode::kUnsupported},
       {"kv_cache_dtype float32",
        [](RuntimeOptions& o) { o.numerics.kv_cache_dtype = KvCacheDtype::kAuto; },
        StatusCode::kUnsupported},

@@ -31,7 +31,7 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 CHAT_TOKENS = 8
 COMPLETION_PROMPT = "Hello world"
 COMPLETION_TOKENS = 5
-V4_RESOLVED = "running with enable-prefix-caching false (default true), kv-cache-dtype float32 (default auto)"
+V4_RESOLVED = "running with kv-cache-dtype float32 (default auto)"
 
 
 @pytest.fixture(scope="module")
@@ -110,14 +110,12 @@ def test_the_defaults_resolve_to_what_v4_runs_with_and_explicit_ones_are_kept_or
     with are kept; explicit values it cannot run with yet are errors naming the key; a V4.1
     checkpoint keeps every default."""
     rt = build_config({}, {"model": v4_dir}).runtime
-    assert rt == RuntimeOptions(enable_prefix_caching=False, kv_cache_dtype="float32", page_size=128)
+    assert rt == RuntimeOptions(kv_cache_dtype="float32", page_size=128)  # the prefix cache stays on
     kept = build_config({"page-size": 256, "enable_prefix_caching": False}, {"model": v4_dir}).runtime
     assert (kept.page_size, kept.enable_prefix_caching, kept.kv_cache_dtype) == (256, False, "float32")
     parallel = build_config({"context-parallel-size": 2, "expert-parallel-size": 2}, {"model": v4_dir}).runtime
     assert (parallel.context_parallel_size, parallel.expert_parallel_size) == (2, 2)  # V4 runs them
     refused = {
-        "enable-prefix-caching": (True, "enable-prefix-caching: true is not supported with a DeepSeek-V4"),
-        "host-cache-memory": ("64M", "host-cache-memory: 67108864 is not supported"),
         "kv-cache-dtype": ("auto", "kv-cache-dtype: auto is not supported"),
         "precision": ("fp8", "precision: fp8 is not supported"),
         "page-size": (64, "page-size: 64 is not supported"),
@@ -139,15 +137,14 @@ def test_the_defaults_resolve_to_what_v4_runs_with_and_explicit_ones_are_kept_or
 
 
 def test_an_explicit_option_v4_cannot_run_with_is_refused_at_start(v4_dir) -> None:
-    """`enable-prefix-caching: true` asked for on a V4 checkpoint: exit 2 with one line naming the
-    key, before the port or the model (no traceback)."""
+    """`kv-cache-dtype: auto` asked for on a V4 checkpoint: exit 2 with one line naming the key,
+    before the port or the model (no traceback)."""
     cmd = [sys.executable, "-m", "dsv41rt", "serve", "--model", v4_dir, "--port", str(free_port())]
-    r = subprocess.run([*cmd, "--enable-prefix-caching", "true"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([*cmd, "--kv-cache-dtype", "auto"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert r.stderr.strip() == (
-        "dsv41rt serve: error: enable-prefix-caching: true is not supported with a DeepSeek-V4 checkpoint: the "
-        "prefix cache is not built for DeepSeek-V4 yet (its copies do not know V4's request slot); remove it or "
-        "set false"
+        "dsv41rt serve: error: kv-cache-dtype: auto is not supported with a DeepSeek-V4 checkpoint: DeepSeek-V4's "
+        "quantised cache rows (584-byte rows, FP4 index keys) are not built yet; remove it or set float32"
     ), r.stderr
     assert "Traceback" not in r.stdout + r.stderr
 

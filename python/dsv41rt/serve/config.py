@@ -199,18 +199,6 @@ class V4Limit:
 
 V4_LIMITS = (
     V4Limit(
-        "enable_prefix_caching",
-        lambda v: v is False,
-        False,
-        "the prefix cache is not built for DeepSeek-V4 yet (its copies do not know V4's request slot)",
-    ),
-    V4Limit(
-        "host_cache_memory",
-        lambda v: v == 0,
-        0,
-        "the prefix cache's host tier needs the prefix cache, not built for DeepSeek-V4 yet",
-    ),
-    V4Limit(
         "kv_cache_dtype",
         lambda v: v == "float32",
         "float32",
