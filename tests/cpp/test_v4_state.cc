@@ -7,8 +7,8 @@
 
 #include <cstring>
 #include <random>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -444,13 +444,6 @@ TEST(V4StateLayout, CompressorStageStoresRotatedPrefillEntriesInThePages) {
 // eagerly must hand it the width its bucket's graph was captured with, or graph and eager differ
 // in summation order (seen on an H100: 5e-6 at prompt 37 of test_v4_cuda). Prefill chunks get the
 // width of their longest item's context bucket too, which covers every entry they can see.
-const model::RatioPlan& ratio_of(const model::ForwardPlan& f, int ratio) {
-  for (const model::RatioPlan& rp : f.ratios) {
-    if (rp.ratio == ratio) return rp;
-  }
-  DSV41RT_THROW("no plan of ratio ", ratio);
-}
-
 TEST(V4StateLayout, HcaSelectionWidthOfAnEagerDecodeIsItsGraphBuckets) {
   const ModelPlan plan = tiny_v4_plan();
   const StateLayout layout(plan, CacheFormats::of(false), 128);
@@ -469,8 +462,8 @@ TEST(V4StateLayout, HcaSelectionWidthOfAnEagerDecodeIsItsGraphBuckets) {
       batch[b].n = n[b];
     }
     std::vector<const int32_t*> histories(batch.size(), nullptr);
-    return std::pair(batch, model::plan_forward(plan, layout, batch, model::EngramTables{},
-                                                histories));
+    return std::pair(batch,
+                     model::plan_forward(plan, layout, batch, model::EngramTables{}, histories));
   };
   for (const std::vector<int64_t>& lengths :
        {std::vector<int64_t>{36}, {255, 40}, {300, 40, 511}}) {
@@ -479,16 +472,16 @@ TEST(V4StateLayout, HcaSelectionWidthOfAnEagerDecodeIsItsGraphBuckets) {
     ASSERT_GT(bucket.items, 0);
     const model::ForwardPlan padded = model::pad_decode_plan(f, plan.config, layout, bucket);
     for (int ratio : {4, 128}) {
-      EXPECT_EQ(ratio_of(f, ratio).visible_width, ratio_of(padded, ratio).max_count)
+      EXPECT_EQ(f.ratio(ratio).visible_width, padded.ratio(ratio).max_count)
           << "ratio " << ratio << ", longest " << lengths.back();
-      EXPECT_EQ(ratio_of(padded, ratio).visible_width, ratio_of(padded, ratio).max_count);
-      EXPECT_GE(ratio_of(f, ratio).visible_width, ratio_of(f, ratio).max_count);
+      EXPECT_EQ(padded.ratio(ratio).visible_width, padded.ratio(ratio).max_count);
+      EXPECT_GE(f.ratio(ratio).visible_width, f.ratio(ratio).max_count);
     }
   }
   // A prefill chunk: its longest item's context bucket (600 positions -> 1024) over the ratio.
   const auto [batch, f] = plan_of({0, 100}, {600, 5});
-  EXPECT_EQ(ratio_of(f, 128).visible_width, 1024 / 128);
-  EXPECT_GE(ratio_of(f, 128).visible_width, ratio_of(f, 128).max_count);
+  EXPECT_EQ(f.ratio(128).visible_width, 1024 / 128);
+  EXPECT_GE(f.ratio(128).visible_width, f.ratio(128).max_count);
 }
 
 }  // namespace

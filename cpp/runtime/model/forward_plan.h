@@ -81,7 +81,7 @@ struct ForwardPlan {
   std::vector<int64_t> head_first;                // [items] first head row of each (-1: none)
   SamplePlan sample;
 
-  const RatioPlan& ratio(int r) const;
+  DSV41RT_API const RatioPlan& ratio(int r) const;
 };
 
 /// The query rows one context-parallel rank computes: rows g % size == rank of a plan, with the
