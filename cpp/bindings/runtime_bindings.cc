@@ -229,21 +229,22 @@ void register_results(nb::module_& m) {
   nb::class_<DequantStats>(m, "DequantStats") DSV41RT_RO(DequantStats, dequant_calls)
       DSV41RT_RO(DequantStats, reuse_hits) DSV41RT_RO(DequantStats, rows_dequantised)
           DSV41RT_RO(DequantStats, reallocations);
-  nb::class_<BackendStats>(m, "BackendStats") DSV41RT_RO(BackendStats, weight_bytes)
-      DSV41RT_RO(BackendStats, weight_host_bytes) DSV41RT_RO(BackendStats, d2h_bytes) DSV41RT_RO(
-          BackendStats, eager_forwards) DSV41RT_RO(BackendStats, graph_captures)
-          DSV41RT_RO(BackendStats, graph_replays) DSV41RT_RO(BackendStats, graph_updates)
-              DSV41RT_RO(BackendStats, programmatic_edges) DSV41RT_RO(BackendStats, graphs)
-                  DSV41RT_RO(BackendStats, last_forward_us) DSV41RT_RO(BackendStats, multistream)
-                      DSV41RT_RO(BackendStats, cuda_graphs) DSV41RT_RO(BackendStats, tensor_cores)
-                          DSV41RT_RO(BackendStats, cp_size) DSV41RT_RO(BackendStats, cp_forwards)
-                              DSV41RT_RO(BackendStats, cp_processes)
-                                  DSV41RT_RO(BackendStats, tp_size)
-                                      DSV41RT_RO(BackendStats, ep_size)
-                                          DSV41RT_RO(BackendStats, cp_layers_timed)
-                                              DSV41RT_RO(BackendStats, cp_q_projection_us)
-                                                  DSV41RT_RO(BackendStats, cp_all_gather_us)
-                                                      DSV41RT_RO(BackendStats, cp_overlap_us);
+  nb::class_<BackendStats>(m, "BackendStats") DSV41RT_RO(BackendStats, weight_bytes) DSV41RT_RO(
+      BackendStats, weight_host_bytes) DSV41RT_RO(BackendStats, weight_host_in_place_bytes)
+      DSV41RT_RO(BackendStats, d2h_bytes) DSV41RT_RO(BackendStats, eager_forwards)
+          DSV41RT_RO(BackendStats, graph_captures) DSV41RT_RO(BackendStats, graph_replays)
+              DSV41RT_RO(BackendStats, graph_updates) DSV41RT_RO(BackendStats, programmatic_edges)
+                  DSV41RT_RO(BackendStats, graphs) DSV41RT_RO(BackendStats, last_forward_us)
+                      DSV41RT_RO(BackendStats, multistream) DSV41RT_RO(BackendStats, cuda_graphs)
+                          DSV41RT_RO(BackendStats, tensor_cores) DSV41RT_RO(BackendStats, cp_size)
+                              DSV41RT_RO(BackendStats, cp_forwards)
+                                  DSV41RT_RO(BackendStats, cp_processes)
+                                      DSV41RT_RO(BackendStats, tp_size)
+                                          DSV41RT_RO(BackendStats, ep_size)
+                                              DSV41RT_RO(BackendStats, cp_layers_timed)
+                                                  DSV41RT_RO(BackendStats, cp_q_projection_us)
+                                                      DSV41RT_RO(BackendStats, cp_all_gather_us)
+                                                          DSV41RT_RO(BackendStats, cp_overlap_us);
   nb::class_<SpecDecodeStats>(m, "SpecDecodeStats") DSV41RT_RO(SpecDecodeStats, drafts)
       DSV41RT_RO(SpecDecodeStats, draft_tokens) DSV41RT_RO(SpecDecodeStats, accepted_tokens)
           DSV41RT_RO(SpecDecodeStats, accepted_per_pos);

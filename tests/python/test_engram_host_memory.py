@@ -1,7 +1,9 @@
 """Engram tables in pinned host memory (`engram_host_memory`, issue 20): the device's gathers read
 the same bytes over PCIe, so logits and greedy tokens are bitwise those of device-resident
 tables; the tables leave device memory (backend_stats weight_bytes) for pinned host memory
-(weight_host_bytes), the two adding up to the same total. The CPU backend has only host memory:
+(weight_host_bytes), the two adding up to the same total. The device reads the checkpoint file's own
+pages in place (registered once per process: weight_host_in_place_bytes; the page cache holds them
+once per host), so virtual ranks of one process share them. The CPU backend has only host memory:
 the option changes nothing there."""
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ def prompt_of(n: int) -> list[int]:
     return [0] + [int(t) for t in np.random.default_rng(8100 + n).integers(3, 129000, n - 1)]
 
 
-def run(path: str, device: str, host: bool):
+def run(path: str, device: str, host: bool, **group):
     from dsv41rt.runtime import Runtime
 
-    rt = Runtime(path, device, precision="fp8", kv_memory=256 << 20, max_num_seqs=4, engram_host_memory=host)
+    rt = Runtime(path, device, precision="fp8", kv_memory=256 << 20, max_num_seqs=4, engram_host_memory=host, **group)
     logits = [rt.score(prompt_of(n)) for n in PROMPTS]
     tokens = rt.generate([prompt_of(n) for n in PROMPTS], max_new_tokens=16, ignore_eos=True)
     stats = rt.backend_stats()
@@ -36,6 +38,19 @@ def test_host_tables_give_the_device_tables_bits(tiny_v41_dir: str) -> None:
     assert host_tokens == dev_tokens
     assert dev["weight_host_bytes"] == 0 and host["weight_host_bytes"] > 0
     assert host["weight_bytes"] + host["weight_host_bytes"] == dev["weight_bytes"]
+    # Read in place from the checkpoint's mapping, not copied (Linux, unified addressing).
+    assert host["weight_host_in_place_bytes"] == host["weight_host_bytes"], host
+
+
+@pytest.mark.cuda
+def test_virtual_ranks_share_the_registered_tables(tiny_v41_dir: str) -> None:
+    """Tensor-parallel virtual ranks of one process each read every Engram table: the pages are
+    registered once and both ranks read them in place; the tokens are the one-rank ones (TP is
+    bitwise on CUDA)."""
+    _, want_tokens, _ = run(tiny_v41_dir, "cuda", False)
+    logits, tokens, stats = run(tiny_v41_dir, "cuda", True, tensor_parallel_size=2)
+    assert tokens == want_tokens
+    assert stats["weight_host_in_place_bytes"] == stats["weight_host_bytes"] > 0, stats
 
 
 def test_the_cpu_backend_ignores_the_option(tiny_v41_dir: str) -> None:

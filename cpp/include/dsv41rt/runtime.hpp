@@ -205,7 +205,10 @@ struct SchedulerStats {
 struct BackendStats {
   int64_t weight_bytes = 0;       ///< device memory held by the weights
   int64_t weight_host_bytes = 0;  ///< pinned host memory the device reads (engram_host_memory)
-  int64_t d2h_bytes = 0;          ///< bytes copied from the device to the host by forwards
+  /// Of weight_host_bytes, the checkpoint file's own pages read in place (the page cache holds
+  /// them once per host) rather than a pinned copy per rank.
+  int64_t weight_host_in_place_bytes = 0;
+  int64_t d2h_bytes = 0;  ///< bytes copied from the device to the host by forwards
   int64_t eager_forwards = 0, graph_captures = 0, graph_replays = 0, graph_updates = 0;
   /// Kernel -> kernel edges of captured graphs made programmatic (Switch::kProgrammaticLaunch).
   int64_t programmatic_edges = 0;

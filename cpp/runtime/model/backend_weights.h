@@ -121,6 +121,9 @@ struct BackendWeights {
   DraftHeadWeights draft_heads;
   int64_t bytes = 0;       ///< backend memory held by the weights
   int64_t host_bytes = 0;  ///< pinned host memory the device reads (Engram tables, on request)
+  /// Of host_bytes, the checkpoint's own pages read in place (registered once per process,
+  /// host_registration.h) rather than a pinned copy.
+  int64_t host_in_place_bytes = 0;
   std::vector<std::shared_ptr<void>> owned;  ///< keeps the storage alive
 };
 

@@ -1,11 +1,14 @@
 #include "runtime/model/cuda_weights.h"
 
+#include <unistd.h>
+
 #include <cstring>
 #include <tuple>
 #include <utility>
 
 #include "kernels/cuda/synthetic_codes.cuh"
 #include "runtime/model/cuda_resources.h"
+#include "runtime/model/host_registration.h"
 #include "runtime/model/synthetic_weights.h"
 
 namespace dsv41rt::model {
@@ -40,12 +43,59 @@ WeightFormat released_format(DType d) {
   return WeightFormat::kMxfp4;
 }
 
+// Whether the current device reads host memory registered read-only by its host address
+// (Linux with unified addressing: cudaDevAttrCanUseHostPointerForRegisteredMem) and accepts
+// read-only registrations (a checkpoint is mapped PROT_READ).
+bool reads_registered_memory() {
+  int device = 0, host_pointer = 0, read_only = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  cudaDeviceGetAttribute(&host_pointer, cudaDevAttrCanUseHostPointerForRegisteredMem, device);
+  cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, device);
+  cudaGetLastError();  // an attribute the driver does not know is a "no", not a sticky error
+  return host_pointer == 1 && read_only == 1;
+}
+
+// The process's registrations of host memory for the devices (one registry: a page can be
+// registered once per process, whichever rank asks).
+HostRegistry& cuda_host_registry() {
+  static HostRegistry registry(
+      size_t(sysconf(_SC_PAGESIZE)),
+      [](void* base, size_t bytes) {
+        const unsigned flags =
+            cudaHostRegisterMapped | cudaHostRegisterPortable | cudaHostRegisterReadOnly;
+        if (cudaHostRegister(base, bytes, flags) == cudaSuccess) return true;
+        cudaGetLastError();  // not sticky: the caller falls back to a pinned copy
+        return false;
+      },
+      [](void* base) { cudaHostUnregister(base); });
+  return registry;
+}
+
 class Uploader {
  public:
   explicit Uploader(BackendWeights& out, bool engram_host = false)
       : engram_host(engram_host), out_(out) {}
   const bool engram_host;
 
+  /// host[0, n), a checkpoint's read-only mapping, for the device to read over PCIe: its own
+  /// pages registered (once per process, host_registration.h; the page cache holds them once per
+  /// host), or a pinned copy where the device cannot read registered memory by its host address
+  /// or the registration fails.
+  template <typename T>
+  const T* host_mapped(const T* host, int64_t n) {
+    if (host == nullptr || n == 0) return nullptr;
+    const size_t bytes = size_t(n) * sizeof(T);
+    if (reads_registered_memory()) {
+      std::vector<std::shared_ptr<void>> spans = cuda_host_registry().cover(host, bytes);
+      if (!spans.empty()) {
+        for (std::shared_ptr<void>& s : spans) out_.owned.push_back(std::move(s));
+        out_.host_bytes += int64_t(bytes);
+        out_.host_in_place_bytes += int64_t(bytes);
+        return host;  // the device reads registered memory by its host address
+      }
+    }
+    return pinned(host, n);
+  }
   /// A copy of host[0, n) in pinned host memory mapped into the device's address space: the
   /// device pointer the kernels read it by (over PCIe).
   template <typename T>
@@ -257,8 +307,8 @@ LayerWeights upload_layer(Uploader& up, const ModelConfig& c, const BlockWeights
       std::tie(L.engram_table, L.engram_scale) = up.synthetic_table(e.synthetic);
     } else {
       L.engram_table =
-          up.engram_host ? up.pinned(e.table, e.rows * hd) : up.raw(e.table, e.rows * hd);
-      L.engram_scale = up.engram_host ? up.pinned(e.table_scale, e.rows * (hd / 32))
+          up.engram_host ? up.host_mapped(e.table, e.rows * hd) : up.raw(e.table, e.rows * hd);
+      L.engram_scale = up.engram_host ? up.host_mapped(e.table_scale, e.rows * (hd / 32))
                                       : up.raw(e.table_scale, e.rows * (hd / 32));
     }
     L.engram_rows = e.rows;

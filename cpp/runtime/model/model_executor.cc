@@ -308,6 +308,7 @@ BackendStats ModelExecutor::backend_stats() const {
   BackendStats s;
   s.weight_bytes = weights_.bytes;
   s.weight_host_bytes = weights_.host_bytes;
+  s.weight_host_in_place_bytes = weights_.host_in_place_bytes;
   s.d2h_bytes = get("d2h_bytes");
   s.graph_updates = get("graph_updates");
   s.programmatic_edges = get("programmatic_edges");
