@@ -49,6 +49,13 @@ class DSV41RT_API Communicator {
   /// aborted a collective that did not complete); nothing otherwise. Called after a forward's
   /// results are synchronised, so that results a failed collective cut short are never used.
   virtual void check_healthy() const {}
+  /// Watches work enqueued on `stream` that holds this group's collectives without a call of
+  /// this communicator (a replayed CUDA graph that captured them): a device communicator's
+  /// watchdog then aborts the group if that work does not complete in time. No-op by default.
+  virtual void watch_launch(const char* what, void* stream) {
+    (void)what;
+    (void)stream;
+  }
 };
 
 }  // namespace dsv41rt::comm

@@ -64,6 +64,8 @@ class DSV41RT_API NcclComm final : public Communicator {
   void abort(const std::string& reason) override;
   /// Throws (kInternal) with the watchdog's reason once it has aborted the communicator.
   void check_healthy() const override;
+  /// A replayed graph's collectives: the watchdog watches `stream` past them.
+  void watch_launch(const char* what, void* stream) override { watch(what, stream); }
 
  private:
   size_t prepare(const char* op, const void* send, const void* recv, size_t count, DType dtype,

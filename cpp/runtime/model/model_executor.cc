@@ -144,9 +144,13 @@ void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicat
                      "for context parallelism");
   DSV41RT_CHECK_CODE(kInvalidArgument, !features || c.dspark,
                      "drafter features asked of a model without DSpark");
+  // A tensor/expert-parallel rank captures its group's collectives into its graphs only over a
+  // device communicator (NCCL: enqueued on the stream, capture safe); a host communicator
+  // (LocalComm virtual ranks on one GPU) stages through host memory and synchronises: eager.
+  const bool group_capturable = !options_.group_comm || options_.group_comm->device_buffers();
   const bool graphs = options_.cuda_graphs && backend_->supports_graphs() &&
                       !runner_->record_decisions && !comm && !masked && !undo && !features &&
-                      !options_.group_comm;
+                      group_capturable;
   const DecodeBucket bucket = graphs ? decode_bucket(c, batch) : DecodeBucket{};
   // Precision "bf16" / "fp8" runs every forward with BF16 / FP8 GEMM inputs; the backend picks
   // its kernels by the forward's rows (decode-sized forwards on the skinny decode kernels).
@@ -167,6 +171,8 @@ void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicat
                                       bucket.items <= kProgrammaticLaunchMaxItems);
     runner_->begin(padded);
     graphs_.run(bucket, padded, *runner_, *backend_, workspaces_);
+    // The replay holds the group's collectives: its watchdog watches the stream past them.
+    if (options_.group_comm) options_.group_comm->watch_launch("decode graph", s.handle);
     copy_results(padded, batch);
   } else {
     runner_->begin(f, comm);
