@@ -10,7 +10,9 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <new>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -155,6 +157,19 @@ void register_comm(nb::module_& m) {
       .def(
           "check_healthy", [](const PyNcclComm& s) { s.get().check_healthy(); },
           "Raises the watchdog's reason once it has aborted the communicator.")
+      .def(
+          "watch_launch",
+          [](PyNcclComm& s, const std::string& what, uintptr_t stream) {
+            // The watchdog keeps the name's pointer: one static name per call site in C++; here
+            // the few names a test uses, interned for the process.
+            static std::mutex mu;
+            static std::set<std::string> names;
+            std::lock_guard<std::mutex> lock(mu);
+            s.get().watch_launch(names.insert(what).first->c_str(), ptr(stream));
+          },
+          nb::arg("what"), nb::arg("stream"),
+          "Has the watchdog watch `stream` past work holding this group's collectives that no "
+          "call of it enqueued (a replayed CUDA graph that captured them).")
       .def_prop_ro("rank", [](const PyNcclComm& s) { return s.get().rank(); })
       .def_prop_ro("size", [](const PyNcclComm& s) { return s.get().size(); })
       .def(

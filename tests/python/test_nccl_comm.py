@@ -333,3 +333,50 @@ def test_the_watchdog_aborts_a_collective_stuck_past_its_timeout():
         c.all_reduce(x.data_ptr(), y.data_ptr(), 8, "f32", "sum", stream)
     torch.cuda.synchronize()  # the spinning kernel ends; the aborted collective does not hang
     c.close()
+
+
+@pytest.mark.cuda
+def test_the_watchdog_watches_a_replayed_graph_past_its_collectives():
+    """A CUDA graph that captured a collective is not tracked call by call (nothing is tracked
+    under capture); watch_launch after its replay has the watchdog watch the stream past it, so a
+    replay that cannot complete aborts the communicator as a stuck collective does (the decode
+    graphs of a tensor/expert-parallel rank over NCCL rely on it)."""
+    import time
+
+    pytest.importorskip("torch")
+    if not comm.built_with_nccl:
+        pytest.skip("built without NCCL")
+    c = comm.NcclComm.single(0, timeout_ms=300)
+    x = torch.arange(8, dtype=torch.float32, device="cuda")
+    y = torch.full_like(x, float("nan"))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up outside the capture (NCCL connects lazily)
+        c.all_reduce(x.data_ptr(), y.data_ptr(), 8, "f32", "sum", side.cuda_stream)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        c.all_reduce(x.data_ptr(), y.data_ptr(), 8, "f32", "sum", torch.cuda.current_stream().cuda_stream)
+    stream = torch.cuda.current_stream().cuda_stream
+    graph.replay()
+    c.watch_launch("graph replay", stream)
+    torch.cuda.synchronize()
+    time.sleep(0.5)
+    c.check_healthy()  # completed in time: no alarm
+    torch.cuda._sleep(int(3e9))  # ~1.5 s of spinning ahead of the replay
+    graph.replay()
+    c.watch_launch("graph replay", stream)
+    t0 = time.monotonic()
+    while True:
+        try:
+            c.check_healthy()
+        except _core.Error as e:
+            message = str(e)
+            break
+        assert time.monotonic() - t0 < 5, "the watchdog did not fire"
+        time.sleep(0.01)
+    print(f"watchdog fired after {(time.monotonic() - t0) * 1e3:.0f} ms: {message}")
+    assert "aborted by its watchdog: graph replay did not complete within 300 ms" in message
+    torch.cuda.synchronize()
+    del graph
+    c.close()
