@@ -292,6 +292,22 @@ def test_unique_id_group_and_close():
         c.barrier()
 
 
+def _wait_for_the_watchdog(c) -> tuple[str, float]:
+    """Polls check_healthy() until it raises (at most 5 s): (its message, seconds waited)."""
+    import time
+
+    t0 = time.monotonic()
+    while True:
+        try:
+            c.check_healthy()
+        except _core.Error as e:
+            fired = time.monotonic() - t0
+            print(f"watchdog fired after {fired * 1e3:.0f} ms: {e}")
+            return str(e), fired
+        assert time.monotonic() - t0 < 5, "the watchdog did not fire"
+        time.sleep(0.01)
+
+
 @pytest.mark.cuda
 def test_the_watchdog_aborts_a_collective_stuck_past_its_timeout():
     """A collective that cannot complete (on one GPU: queued behind ~1.5 s of GPU work, with a
@@ -316,17 +332,7 @@ def test_the_watchdog_aborts_a_collective_stuck_past_its_timeout():
     assert torch.equal(y, x)
     torch.cuda._sleep(int(3e9))  # ~1.5 s of spinning ahead of the next collective
     c.all_reduce(x.data_ptr(), y.data_ptr(), 8, "f32", "sum", stream)
-    t0 = time.monotonic()
-    while True:
-        try:
-            c.check_healthy()
-        except _core.Error as e:
-            message = str(e)
-            break
-        assert time.monotonic() - t0 < 5, "the watchdog did not fire"
-        time.sleep(0.01)
-    fired = time.monotonic() - t0
-    print(f"watchdog fired after {fired * 1e3:.0f} ms: {message}")
+    message, fired = _wait_for_the_watchdog(c)
     assert "aborted by its watchdog: all_reduce did not complete within 300 ms" in message
     assert fired < 1.0
     with pytest.raises(_core.Error, match="aborted by its watchdog"):
@@ -366,16 +372,7 @@ def test_the_watchdog_watches_a_replayed_graph_past_its_collectives():
     torch.cuda._sleep(int(3e9))  # ~1.5 s of spinning ahead of the replay
     graph.replay()
     c.watch_launch("graph replay", stream)
-    t0 = time.monotonic()
-    while True:
-        try:
-            c.check_healthy()
-        except _core.Error as e:
-            message = str(e)
-            break
-        assert time.monotonic() - t0 < 5, "the watchdog did not fire"
-        time.sleep(0.01)
-    print(f"watchdog fired after {(time.monotonic() - t0) * 1e3:.0f} ms: {message}")
+    message, _ = _wait_for_the_watchdog(c)
     assert "aborted by its watchdog: graph replay did not complete within 300 ms" in message
     torch.cuda.synchronize()
     del graph

@@ -14,9 +14,9 @@ import copy
 import numpy as np
 import pytest
 from dsv41rt.errors import Dsv41rtError
+from test_context_parallel import DECODE, prefill_and_decode, prompt_of
 
 PROMPTS = (1, 37, 201)
-DECODE = 6
 V4 = dict(kv_memory=64 << 20, max_num_seqs=4, kv_cache_dtype="float32", enable_prefix_caching=False)
 
 
@@ -30,22 +30,6 @@ def tiny_v4_tp_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     out = str(tmp_path_factory.mktemp("ck") / "tiny-v4-wide-o-seed1")
     make_checkpoint(cfg, out, 1)
     return out
-
-
-def prompt_of(n: int) -> list[int]:
-    return [0] + [int(t) for t in np.random.default_rng(6000 + n).integers(3, 129000, n - 1)]
-
-
-def prefill_and_decode(rt, prompt: list[int]) -> tuple[np.ndarray, list[int], np.ndarray]:
-    """The prompt's logits, then DECODE greedy steps through the caches (tokens and their logits)."""
-    h = rt.new_handle()
-    logits = rt.forward_tokens(h, prompt)
-    tokens, steps = [], []
-    for _ in range(DECODE):
-        tokens.append(int(np.argmax((steps[-1] if steps else logits)[-1])))
-        steps.append(rt.forward_tokens(h, tokens[-1:]))
-    rt.release_handle(h)
-    return logits, tokens, np.concatenate(steps)
 
 
 def check_parallel_equals_one_rank(path: str, device: str, groups: list[dict]) -> None:

@@ -9,22 +9,9 @@ from __future__ import annotations
 import numpy as np
 from dsv41rt import Runtime
 from dsv41rt.sampling import SamplingParams
+from test_prefix_cache import _drain, _prompt
 
 V4 = dict(max_num_seqs=4, kv_cache_dtype="float32")
-
-
-def _prompt(n: int, salt: int) -> list[int]:
-    return [(i * 7919 + salt * 104729 + 13) % 120000 + 3 for i in range(n)]
-
-
-def _drain(rt: Runtime) -> dict[int, tuple[list[int], list[float], int]]:
-    out: dict[int, tuple[list[int], list[float], int]] = {}
-    while rt.has_unfinished():
-        for o in rt.step():
-            tokens, lps, cached = out.get(o.request_id, ([], [], -1))
-            out[o.request_id] = (tokens + o.new_tokens, lps + o.logprobs, max(cached, o.cached_tokens))
-        rt.check_invariants()
-    return out
 
 
 def _conversation(rt: Runtime) -> list[tuple[list[int], list[float], int]]:
