@@ -128,21 +128,25 @@ LoadedModel load_model(const RuntimeOptions& o) {
                 "got ",
                 o.num_speculative_tokens);
   const char* asker = o.load_drafter ? "load_drafter" : "speculative-config (method dspark)";
+  // Speculation runs with context parallelism in this process (its verify forwards run whole on
+  // every rank: model/cp_executor.cc); not under tensor / expert parallelism (the drafter reads
+  // the whole head) nor with one process per rank.
+  const ParallelOptions& par = o.parallel;
+  const bool speculation_fits =
+      par.tensor_parallel_size == 1 && par.expert_parallel_size == 1 &&
+      (par.context_parallel_size == 1 ||
+       (par.rank < 0 && !par.worker_threads && par.context_parallel_backend != CpBackend::kSocket));
   if (drafter) {
     DSV41RT_CHECK_CODE(kInvalidArgument, plan.config.dspark && !plan.draft_layers.empty(), asker,
                        ": ", o.checkpoint, " has no DSpark drafter");
-    const ParallelOptions& p = o.parallel;
-    DSV41RT_CHECK_CODE(
-        kUnsupported,
-        p.context_parallel_size == 1 && p.tensor_parallel_size == 1 && p.expert_parallel_size == 1,
-        asker, ": the drafter is not built for context, tensor or expert parallelism");
+    DSV41RT_CHECK_CODE(kUnsupported, speculation_fits, asker,
+                       ": the drafter is not built for tensor or expert parallelism or one "
+                       "process per context-parallel rank");
   }
   if (o.draft_source) {
-    const ParallelOptions& p = o.parallel;
-    DSV41RT_CHECK_CODE(
-        kUnsupported,
-        p.context_parallel_size == 1 && p.tensor_parallel_size == 1 && p.expert_parallel_size == 1,
-        "draft_source: speculation is not built for context, tensor or expert parallelism");
+    DSV41RT_CHECK_CODE(kUnsupported, speculation_fits,
+                       "draft_source: speculation is not built for tensor or expert parallelism "
+                       "or one process per context-parallel rank");
   }
   model::ModelWeights weights =
       model::load_weights(ck, plan, /*host_values=*/o.device.device == "cpu", o.progress,

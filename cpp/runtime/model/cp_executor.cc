@@ -79,7 +79,8 @@ class CpExecutor final : public DelegatingExecutor {
   HostStateCopy* host_state_copy() override { return host_copy_.get(); }
 
   void forward(std::vector<BatchItem>& batch) override {
-    check_cp_batch(*this, batch);  // bad input fails here, before any rank runs
+    // bad input fails here, before any rank runs
+    check_cp_batch(*this, batch, /*speculation=*/context_parallel_ && group_.size == 1);
     if (!context_parallel_) {
       on_every_rank(batch, [&](int r, std::vector<BatchItem>& mine) { ranks_[r]->forward(mine); });
       return;
@@ -87,9 +88,54 @@ class CpExecutor final : public DelegatingExecutor {
     bool prefill = false;
     for (const BatchItem& b : batch) prefill = prefill || b.n > 1;
     cp_forwards_ += prefill ? 1 : 0;
+    // Speculation: every rank writes the same state, so rank 0's undo record serves every rank
+    // (undo() restores each rank's slot from it). A drafter's features of a context-parallel
+    // forward come from the rank that computed each row (its query rows), merged into rank 0's.
+    const int P = int(ranks_.size());
+    std::vector<std::vector<std::vector<float>>> features{size_t(P)};
     on_every_rank(batch, [&](int r, std::vector<BatchItem>& mine) {
+      if (r > 0) {
+        features[size_t(r)].resize(mine.size());
+        for (size_t i = 0; i < mine.size(); ++i) {
+          mine[i].undo = nullptr;
+          if (mine[i].dspark_features) {
+            mine[i].dspark_features = prefill ? &features[size_t(r)][i] : nullptr;
+          }
+        }
+      }
       run_cp_forward(*ranks_[r], *comms_[r], mine);
     });
+    if (!prefill) return;  // a replicated forward: rank 0's features are every row's
+    int64_t g = 0;         // the batch's global rows, in item order
+    for (size_t i = 0; i < batch.size(); ++i) {
+      BatchItem& b = batch[i];
+      if (b.dspark_features) {
+        const size_t row = b.dspark_features->size() / size_t(b.n);
+        for (int64_t j = 0; j < b.n; ++j) {
+          const int owner = int((g + j) % P);
+          if (owner == 0) continue;
+          const std::vector<float>& src = features[size_t(owner)][i];
+          std::copy(src.begin() + ptrdiff_t(size_t(j) * row),
+                    src.begin() + ptrdiff_t(size_t(j + 1) * row),
+                    b.dspark_features->begin() + ptrdiff_t(size_t(j) * row));
+        }
+      }
+      g += b.n;
+    }
+  }
+
+  // Speculation (context parallelism alone): every rank holds the same state, so rank 0's record
+  // restores each rank's slot, and rank 0's drafter drafts for the group.
+  void undo(const RequestView& request, const UndoRecord& record, int64_t length) override {
+    require_speculation("rollback");
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      ranks_[r]->undo(translate(int(r), request), record, length);
+    }
+  }
+  bool has_drafter() const override { return speculation() && ranks_[0]->has_drafter(); }
+  void draft_greedy(const DraftInputs& in, DraftOutputs& out) override {
+    require_speculation("drafting");
+    ranks_[0]->draft_greedy(in, out);
   }
 
   void forward_cp(std::vector<BatchItem>&, comm::Communicator&) override {
@@ -177,6 +223,12 @@ class CpExecutor final : public DelegatingExecutor {
     }
   }
 
+  bool speculation() const { return context_parallel_ && group_.size == 1; }
+  void require_speculation(const char* what) const {
+    DSV41RT_CHECK_CODE(kUnsupported, speculation(), what,
+                       " is not built for tensor- or expert-parallel groups");
+  }
+
   void abort_all(const std::string& reason) {
     for (auto& c : comms_) c->abort(reason);
     for (auto& c : group_.inner) c->abort(reason);
@@ -192,17 +244,18 @@ class CpExecutor final : public DelegatingExecutor {
 
 }  // namespace
 
-void check_cp_batch(const Executor& e, const std::vector<BatchItem>& batch) {
+void check_cp_batch(const Executor& e, const std::vector<BatchItem>& batch, bool speculation) {
   const ModelConfig& c = e.plan().config;
   DSV41RT_CHECK(!batch.empty(), "forward needs at least one item");
   for (size_t i = 0; i < batch.size(); ++i) {
     const BatchItem& b = batch[i];
     DSV41RT_CHECK(b.n > 0 && b.tokens, "batch item ", i, " has no tokens");
     DSV41RT_CHECK(b.request.slot != nullptr, "batch item ", i, " has no state slot");
-    DSV41RT_CHECK_CODE(kUnsupported, b.undo == nullptr && b.dspark_features == nullptr,
+    DSV41RT_CHECK_CODE(kUnsupported,
+                       speculation || (b.undo == nullptr && b.dspark_features == nullptr),
                        "batch item ", i,
                        ": keeping a forward undoable (rollback) or its drafter features is not "
-                       "built for context-, tensor- or expert-parallel groups");
+                       "built for tensor- or expert-parallel groups or one process per rank");
     DSV41RT_CHECK(b.request.n_pages * e.layout().page_tokens() >= b.request.length + b.n,
                   "batch item ", i, ": pages cover ", b.request.n_pages * e.layout().page_tokens(),
                   " positions, the forward needs ", b.request.length + b.n);

@@ -47,8 +47,11 @@ std::shared_ptr<Executor> make_cp_grid_executor(
     std::vector<std::unique_ptr<comm::Communicator>> cp_comms, GroupShape group);
 
 /// What every rank's forward would refuse, checked once on the host before any rank runs (so bad
-/// input leaves the group usable). Throws Error naming the item.
-void check_cp_batch(const Executor& e, const std::vector<BatchItem>& batch);
+/// input leaves the group usable). Throws Error naming the item. `speculation`: items may be kept
+/// undoable or give drafter features (context parallelism in one process: such forwards run
+/// whole on every rank).
+void check_cp_batch(const Executor& e, const std::vector<BatchItem>& batch,
+                    bool speculation = false);
 
 /// One rank's part of a group forward: forward_cp when an item carries a prefill chunk (more than
 /// one token), else the plain forward on the whole batch (decode runs replicated).

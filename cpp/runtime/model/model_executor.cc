@@ -139,9 +139,6 @@ void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicat
       std::any_of(batch.begin(), batch.end(), [](const BatchItem& b) { return b.undo; });
   const bool features =
       std::any_of(batch.begin(), batch.end(), [](const BatchItem& b) { return b.dspark_features; });
-  DSV41RT_CHECK_CODE(kUnsupported, !(undo || features) || !comm,
-                     "keeping a forward undoable (rollback) or its drafter features is not built "
-                     "for context parallelism");
   DSV41RT_CHECK_CODE(kInvalidArgument, !features || c.dspark,
                      "drafter features asked of a model without DSpark");
   // A tensor/expert-parallel rank captures its group's collectives into its graphs only over a
@@ -187,7 +184,7 @@ void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicat
     }
     runner_->capture_dspark_features = false;
     if (undo) finish_undo(batch);
-    if (features) copy_dspark_features(f, batch);
+    if (features) copy_dspark_features(f, batch, comm);
     ++eager_forwards_;
     copy_results(f, batch);
   }

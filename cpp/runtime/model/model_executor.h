@@ -54,7 +54,10 @@ class ModelExecutor final : public Executor {
   std::shared_ptr<void> begin_undo(const ForwardPlan& f, std::vector<BatchItem>& batch);
   void finish_undo(std::vector<BatchItem>& batch);
   // The items' rows of the drafter's target features, from the forward's capture.
-  void copy_dspark_features(const ForwardPlan& f, std::vector<BatchItem>& batch);
+  // Under context parallelism (`comm`) only this rank's query rows (global row g with
+  // g % size == rank, local row g / size); the other rows stay zero for the group to merge.
+  void copy_dspark_features(const ForwardPlan& f, std::vector<BatchItem>& batch,
+                            const comm::Communicator* comm);
   int32_t* history(const uint8_t* slot);
 
   ModelPlan plan_;

@@ -59,10 +59,12 @@ void ModelExecutor::finish_undo(std::vector<BatchItem>& batch) {
   runner_->capture_compressor.clear();
 }
 
-void ModelExecutor::copy_dspark_features(const ForwardPlan& f, std::vector<BatchItem>& batch) {
+void ModelExecutor::copy_dspark_features(const ForwardPlan& f, std::vector<BatchItem>& batch,
+                                         const comm::Communicator* comm) {
   const ModelConfig& c = plan_.config;
   const std::vector<int>& layers = c.dspark->target_layer_ids;
   const int64_t H = c.hidden_size, T = int64_t(layers.size());
+  const int64_t P = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
   const Decisions& d = runner_->decisions();
   for (size_t i = 0; i < batch.size(); ++i) {
     BatchItem& b = batch[i];
@@ -70,9 +72,13 @@ void ModelExecutor::copy_dspark_features(const ForwardPlan& f, std::vector<Batch
     std::vector<float>& out = *b.dspark_features;
     out.assign(size_t(b.n * T * H), 0.0f);
     for (int64_t t = 0; t < T; ++t) {
-      const std::vector<float>& rows = d.dspark_features.at(layers[size_t(t)]);
+      auto found = d.dspark_features.find(layers[size_t(t)]);
+      if (found == d.dspark_features.end()) continue;  // a CP rank without query rows
+      const std::vector<float>& rows = found->second;
       for (int64_t r = 0; r < b.n; ++r) {
-        const float* src = rows.data() + (f.row0[i] + r) * H;
+        const int64_t g = f.row0[i] + r;  // the batch's global row
+        if (g % P != rank) continue;      // another rank's query row
+        const float* src = rows.data() + (g / P) * H;
         std::copy(src, src + H, out.begin() + (r * T + t) * H);
       }
     }
