@@ -93,7 +93,7 @@ struct RuntimeOptions {
   bool record_decisions = false;  ///< keep each forward's decisions (Decisions; debug)
   /// Load the DSpark drafter (spec 4.2) with the weights, for draft_greedy on direct sequences,
   /// which then keep the target features of their last positions (their forwards run eagerly).
-  /// Not with context, tensor or expert parallelism.
+  /// Not with tensor or expert parallelism or one process per context-parallel rank.
   bool load_drafter = false;
   /// Speculative decoding in the engine (vLLM's speculative-config, method "dspark"): draft
   /// tokens the DSpark drafter proposes per decode step, verified in the step's forward
