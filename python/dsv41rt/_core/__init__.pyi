@@ -555,6 +555,9 @@ class BackendStats:
     def weight_host_bytes(self) -> int: ...
 
     @property
+    def weight_host_in_place_bytes(self) -> int: ...
+
+    @property
     def d2h_bytes(self) -> int: ...
 
     @property
@@ -766,6 +769,11 @@ class DSparkDrafter:
         """
         Per stage, the last draft's keys entering their FP8 QDQ, float32 [ring + block, head_dim] (ring rows, then block rows); empty unless record_window_kv.
         """
+
+def grammar_accepted_prefix(tokens: Sequence[bytes], vocab_size: int, stop_token_ids: Sequence[int], grammar: dict, token_ids: Sequence[int]) -> tuple[int, bool]:
+    """
+    (how many leading token_ids the grammar accepts, whether it then ended on a stop token). tokens, vocab_size, stop_token_ids as Runtime.set_grammar_vocab; grammar as add_request's.
+    """
 
 def cuda_device_count() -> int:
     """

@@ -39,6 +39,11 @@ class NcclComm:
     def check_healthy(self) -> None:
         """Raises the watchdog's reason once it has aborted the communicator."""
 
+    def watch_launch(self, what: str, stream: int) -> None:
+        """
+        Has the watchdog watch `stream` past work holding this group's collectives that no call of it enqueued (a replayed CUDA graph that captured them).
+        """
+
     @property
     def rank(self) -> int: ...
 
