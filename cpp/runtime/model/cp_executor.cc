@@ -80,7 +80,7 @@ class CpExecutor final : public DelegatingExecutor {
 
   void forward(std::vector<BatchItem>& batch) override {
     // bad input fails here, before any rank runs
-    check_cp_batch(*this, batch, /*speculation=*/context_parallel_ && group_.size == 1);
+    check_cp_batch(*this, batch, speculation());
     if (!context_parallel_) {
       on_every_rank(batch, [&](int r, std::vector<BatchItem>& mine) { ranks_[r]->forward(mine); });
       return;
@@ -92,21 +92,24 @@ class CpExecutor final : public DelegatingExecutor {
     // (undo() restores each rank's slot from it). A drafter's features of a context-parallel
     // forward come from the rank that computed each row (its query rows), merged into rank 0's.
     const int P = int(ranks_.size());
-    std::vector<std::vector<std::vector<float>>> features{size_t(P)};
+    const bool merge = prefill && std::any_of(batch.begin(), batch.end(), [](const BatchItem& b) {
+                         return b.dspark_features != nullptr;
+                       });
+    std::vector<std::vector<std::vector<float>>> features{size_t(merge ? P : 0)};
     on_every_rank(batch, [&](int r, std::vector<BatchItem>& mine) {
       if (r > 0) {
-        features[size_t(r)].resize(mine.size());
+        if (merge) features[size_t(r)].resize(mine.size());
         for (size_t i = 0; i < mine.size(); ++i) {
           mine[i].undo = nullptr;
           if (mine[i].dspark_features) {
-            mine[i].dspark_features = prefill ? &features[size_t(r)][i] : nullptr;
+            mine[i].dspark_features = merge ? &features[size_t(r)][i] : nullptr;
           }
         }
       }
       run_cp_forward(*ranks_[r], *comms_[r], mine);
     });
-    if (!prefill) return;  // a replicated forward: rank 0's features are every row's
-    int64_t g = 0;         // the batch's global rows, in item order
+    if (!merge) return;  // none asked, or a replicated forward: rank 0's are every row's
+    int64_t g = 0;       // the batch's global rows, in item order
     for (size_t i = 0; i < batch.size(); ++i) {
       BatchItem& b = batch[i];
       if (b.dspark_features) {

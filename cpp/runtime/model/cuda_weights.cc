@@ -74,8 +74,9 @@ HostRegistry& cuda_host_registry() {
 class Uploader {
  public:
   explicit Uploader(BackendWeights& out, bool engram_host = false)
-      : engram_host(engram_host), out_(out) {}
+      : engram_host(engram_host), in_place(engram_host && reads_registered_memory()), out_(out) {}
   const bool engram_host;
+  const bool in_place;  ///< Engram tables read from the checkpoint's pages (host_mapped)
 
   /// host[0, n), a checkpoint's read-only mapping, for the device to read over PCIe: its own
   /// pages registered (once per process, host_registration.h; the page cache holds them once per
@@ -85,7 +86,7 @@ class Uploader {
   const T* host_mapped(const T* host, int64_t n) {
     if (host == nullptr || n == 0) return nullptr;
     const size_t bytes = size_t(n) * sizeof(T);
-    if (reads_registered_memory()) {
+    if (in_place) {
       std::vector<std::shared_ptr<void>> spans = cuda_host_registry().cover(host, bytes);
       if (!spans.empty()) {
         for (std::shared_ptr<void>& s : spans) out_.owned.push_back(std::move(s));
