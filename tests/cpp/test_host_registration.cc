@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "runtime/model/host_registration.h"
@@ -110,6 +111,30 @@ TEST(HostRegistry, AFailedRegistrationLeavesNothingNewRegistered) {
   EXPECT_TRUE(r.cover(nullptr, 10).empty());
   EXPECT_TRUE(r.cover(at(0), 0).empty());
   EXPECT_THROW(HostRegistry(3000, nullptr, nullptr), std::exception);
+}
+
+// A copy's source cut where registrations begin and end (cudaMemcpy refuses a source that
+// straddles a registration's edge): the tensors around a registered table share its edge pages.
+TEST(HostRegistry, PiecesCutACopyAtTheEdgesOfLiveSpans) {
+  using Pieces = std::vector<std::pair<size_t, size_t>>;
+  FakeDriver d;
+  HostRegistry r = d.registry();
+  EXPECT_EQ(r.pieces(at(10), 100), (Pieces{{0, 100}}));  // nothing registered: one piece
+  auto a = r.cover(at(kPage + 5), 2 * kPage);            // pages 1..3, one span
+  auto b = r.cover(at(5 * kPage), 10);                   // page 5
+  // From page 0 to the middle of page 6: outside, span [1, 4), outside, span [5, 6), outside.
+  const size_t from = 100, to = 6 * kPage + 7;
+  EXPECT_EQ(r.pieces(at(from), to - from), (Pieces{{0, kPage - from},
+                                                   {kPage - from, 3 * kPage},
+                                                   {4 * kPage - from, kPage},
+                                                   {5 * kPage - from, kPage},
+                                                   {6 * kPage - from, 7}}));
+  // Inside one span: one piece; starting inside a span and leaving it: cut at its end.
+  EXPECT_EQ(r.pieces(at(2 * kPage), 50), (Pieces{{0, 50}}));
+  EXPECT_EQ(r.pieces(at(3 * kPage + 1), kPage), (Pieces{{0, kPage - 1}, {kPage - 1, 1}}));
+  b.clear();  // an expired span no longer cuts
+  EXPECT_EQ(r.pieces(at(4 * kPage), 2 * kPage), (Pieces{{0, 2 * kPage}}));
+  EXPECT_TRUE(r.pieces(at(0), 0).empty());
 }
 
 }  // namespace

@@ -15,6 +15,10 @@ namespace dsv41rt::model::cudart {
 
 inline void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
+    // A failed call also leaves its error as the thread's last error: taken here, so that the
+    // next kernel launch's check (cudaGetLastError) does not report it again. A sticky error
+    // stays in the context and fails every later call anyway.
+    cudaGetLastError();
     DSV41RT_THROW_CODE(kInternal, what, " failed: ", cudaGetErrorName(e), ": ",
                        cudaGetErrorString(e));
   }

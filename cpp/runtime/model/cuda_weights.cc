@@ -73,8 +73,13 @@ HostRegistry& cuda_host_registry() {
 
 class Uploader {
  public:
-  explicit Uploader(BackendWeights& out, bool engram_host = false)
-      : engram_host(engram_host), in_place(engram_host && reads_registered_memory()), out_(out) {}
+  /// `mapping`: what keeps the checkpoint's pages mapped (held as long as the device reads
+  /// them in place, and released only after their registration is undone).
+  Uploader(BackendWeights& out, bool engram_host, std::shared_ptr<const void> mapping)
+      : engram_host(engram_host),
+        in_place(engram_host && reads_registered_memory()),
+        out_(out),
+        mapping_(std::move(mapping)) {}
   const bool engram_host;
   const bool in_place;  ///< Engram tables read from the checkpoint's pages (host_mapped)
 
@@ -89,7 +94,14 @@ class Uploader {
     if (in_place) {
       std::vector<std::shared_ptr<void>> spans = cuda_host_registry().cover(host, bytes);
       if (!spans.empty()) {
-        for (std::shared_ptr<void>& s : spans) out_.owned.push_back(std::move(s));
+        // Members go in reverse order: the span (unregisters) before the mapping (unmaps).
+        struct MappedSpan {
+          std::shared_ptr<const void> mapping;
+          std::shared_ptr<void> span;
+        };
+        for (std::shared_ptr<void>& s : spans) {
+          out_.owned.push_back(std::make_shared<MappedSpan>(MappedSpan{mapping_, std::move(s)}));
+        }
         out_.host_bytes += int64_t(bytes);
         out_.host_in_place_bytes += int64_t(bytes);
         return host;  // the device reads registered memory by its host address
@@ -168,8 +180,17 @@ class Uploader {
   const T* raw(const T* host, int64_t n) {
     if (host == nullptr || n == 0) return nullptr;
     T* d = alloc<T>(n);
-    DSV41RT_CU(cudaMemcpy(d, host, size_t(n) * sizeof(T), cudaMemcpyHostToDevice));
+    to_device(d, host, size_t(n) * sizeof(T));
     return d;
+  }
+  /// A synchronous host-to-device copy, cut at the edges of this process's registrations
+  /// (HostRegistry::pieces: a source straddling one is refused, and tensors share the edge
+  /// pages of a registered Engram table).
+  static void to_device(void* dst, const void* src, size_t bytes) {
+    for (const auto& [at, n] : cuda_host_registry().pieces(src, bytes)) {
+      DSV41RT_CU(cudaMemcpy(static_cast<uint8_t*>(dst) + at, static_cast<const uint8_t*>(src) + at,
+                            n, cudaMemcpyHostToDevice));
+    }
   }
   /// FP32 values (vectors and small tensors; decoded on the host when loaded lazily).
   const float* f32(const Tensor& t) {
@@ -209,11 +230,9 @@ class Uploader {
         synthesize(s, data + i * one.data_bytes, scale + i * one.scale_bytes, one.scale_bytes);
         continue;
       }
-      DSV41RT_CU(cudaMemcpy(data + i * one.data_bytes, s.data, size_t(one.data_bytes),
-                            cudaMemcpyHostToDevice));
+      to_device(data + i * one.data_bytes, s.data, size_t(one.data_bytes));
       if (one.scale_bytes > 0) {
-        DSV41RT_CU(cudaMemcpy(scale + i * one.scale_bytes, s.scale, size_t(one.scale_bytes),
-                              cudaMemcpyHostToDevice));
+        to_device(scale + i * one.scale_bytes, s.scale, size_t(one.scale_bytes));
       }
     }
     Matrix m;
@@ -246,6 +265,7 @@ class Uploader {
 
  private:
   BackendWeights& out_;
+  const std::shared_ptr<const void> mapping_;
 };
 
 // One block's weights (a backbone layer or a DSpark stage) with its RoPE table.
@@ -326,7 +346,7 @@ BackendWeights upload_weights(const ModelPlan& plan, const ModelWeights& w,
                               const std::vector<std::vector<float>>& inv_freq, bool engram_host) {
   const ModelConfig& c = plan.config;
   BackendWeights d;
-  Uploader up(d, engram_host);
+  Uploader up(d, engram_host, w.checkpoint);
   if (w.embed_bf16) {
     d.embed_bf16 = up.raw(w.embed_bf16, c.vocab_size * c.hidden_size);
   } else {

@@ -56,6 +56,29 @@ std::vector<std::shared_ptr<void>> HostRegistry::cover(const void* p, size_t byt
   return owners;
 }
 
+std::vector<std::pair<size_t, size_t>> HostRegistry::pieces(const void* p, size_t bytes) const {
+  std::vector<std::pair<size_t, size_t>> out;
+  if (bytes == 0) return out;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + bytes;
+  std::vector<uintptr_t> cuts;  // span edges strictly inside (begin, end), ascending
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = spans_.upper_bound(begin);
+    if (it != spans_.begin() && std::prev(it)->second.end > begin) --it;
+    for (; it != spans_.end() && it->first < end; ++it) {
+      if (it->second.owner.expired()) continue;
+      if (it->first > begin) cuts.push_back(it->first);
+      if (it->second.end < end) cuts.push_back(it->second.end);
+    }
+  }
+  uintptr_t at = begin;
+  for (uintptr_t c : cuts) {
+    if (c > at) out.emplace_back(size_t(at - begin), size_t(c - at)), at = c;
+  }
+  out.emplace_back(size_t(at - begin), size_t(end - at));
+  return out;
+}
+
 size_t HostRegistry::registered_pages() const {
   std::lock_guard<std::mutex> lock(mu_);
   size_t pages = 0;

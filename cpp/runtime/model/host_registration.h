@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "core/export.h"
@@ -35,6 +36,12 @@ class DSV41RT_API HostRegistry {
   /// spans. Returns owners of every span covering the range (hold them as long as the memory is
   /// read), or an empty vector when a registration failed (then nothing new stays registered).
   std::vector<std::shared_ptr<void>> cover(const void* p, size_t bytes);
+
+  /// [p, p + bytes) cut at the edges of the live spans: {offset, length} pieces, each inside one
+  /// span or outside every span. A host-to-device copy (cudaMemcpy) whose source straddles the
+  /// edge of a registration fails with an invalid argument, and a file's other tensors share
+  /// the registered pages' edges: uploads copy piece by piece.
+  std::vector<std::pair<size_t, size_t>> pieces(const void* p, size_t bytes) const;
 
   /// Pages currently registered (live spans), for tests and accounting.
   size_t registered_pages() const;
