@@ -263,7 +263,9 @@ def main() -> int:
     loaded = stored["read"] + stored["gathered"] + stored["expert"] * stored["experts_per_layer"] * stored["layers"]
     print(
         f"loaded in {time.perf_counter() - t0:.1f} s: {weight_bytes / 2**30:.2f} GiB of weights on {rt.device} "
-        f"({rt.backend_stats().get('weight_host_bytes', 0) / 2**30:.2f} GiB of them in pinned host memory); "
+        f"({rt.backend_stats().get('weight_host_bytes', 0) / 2**30:.2f} GiB of them in host memory, "
+        f"{rt.backend_stats().get('weight_host_in_place_bytes', 0) / 2**30:.2f} GiB read in place "
+        "from the checkpoint's pages); "
         f"the checkpoint stores the loaded tensors in {loaded / 2**30:.2f} GiB "
         f"(ratio {weight_bytes / max(loaded, 1):.3f})"
     )
