@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -55,6 +57,16 @@ bool reads_registered_memory() {
   return host_pointer == 1 && read_only == 1;
 }
 
+// Whether Engram tables are registered in place (experimental; DSV41RT_ENGRAM_REGISTER=1), else
+// one pinned copy per process. Why opt-in: on bench-40 (one H100, driver 580.159.04, session 36)
+// a load with the tables registered in place did not finish in 220 s (the loading thread busy
+// on the CPU, its resident memory flat) where the pinned copy loads in seconds; on tiny-v41 the
+// in-place path passed its tests (bitwise the device tables', virtual ranks sharing the pages).
+bool register_in_place_requested() {
+  const char* v = std::getenv("DSV41RT_ENGRAM_REGISTER");
+  return v != nullptr && std::string(v) == "1";
+}
+
 // The process's registrations of host memory for the devices (one registry: a page can be
 // registered once per process, whichever rank asks).
 HostRegistry& cuda_host_registry() {
@@ -77,7 +89,7 @@ class Uploader {
   /// them in place, and released only after their registration is undone).
   Uploader(BackendWeights& out, bool engram_host, std::shared_ptr<const void> mapping)
       : engram_host(engram_host),
-        in_place(engram_host && reads_registered_memory()),
+        in_place(engram_host && register_in_place_requested() && reads_registered_memory()),
         out_(out),
         mapping_(std::move(mapping)) {}
   const bool engram_host;
