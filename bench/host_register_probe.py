@@ -1,0 +1,60 @@
+"""How long cudaHostRegister takes on a read-only file mapping, a /dev/shm mapping and anonymous
+memory (diagnosis for Engram tables registered in place; docs/design/parallelism.md).
+
+Usage: python bench/host_register_probe.py {file,shm,anon} MIB   (one registration per process:
+run each case under `timeout`, a registration that hangs cannot be cancelled)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import mmap
+import os
+import sys
+import time
+
+PORTABLE, MAPPED, READ_ONLY = 1, 2, 8
+
+
+def cudart() -> ctypes.CDLL:
+    found = sorted(
+        glob.glob("/usr/local/cuda*/lib64/libcudart.so*")
+        + glob.glob("/usr/local/cuda*/targets/*/lib/libcudart.so*")
+        + glob.glob("/usr/local/lib/python3*/*-packages/nvidia/**/libcudart.so*", recursive=True)
+        + glob.glob("/usr/lib/python3*/*-packages/nvidia/**/libcudart.so*", recursive=True)
+    )
+    if not found:
+        raise SystemExit("no libcudart found")
+    return ctypes.CDLL(found[0])
+
+
+def main() -> None:
+    kind, mib = sys.argv[1], int(sys.argv[2])
+    n = mib << 20
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    if kind in ("file", "shm"):
+        path = "/tmp/register_probe.bin" if kind == "file" else "/dev/shm/register_probe.bin"
+        if not os.path.exists(path) or os.path.getsize(path) < n:
+            with open(path, "wb") as f:
+                f.write(os.urandom(n))
+        fd = os.open(path, os.O_RDONLY)
+        share = mmap.MAP_PRIVATE if kind == "file" else mmap.MAP_SHARED
+        p = libc.mmap(None, n, mmap.PROT_READ, share, fd, 0)
+        flags = PORTABLE | MAPPED | READ_ONLY
+    else:
+        p = libc.mmap(None, n, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+        ctypes.memset(p, 1, n)
+        flags = PORTABLE | MAPPED
+    rt = cudart()
+    rt.cudaFree(ctypes.c_void_p(0))  # the context first: its creation is not the registration's cost
+    start = time.perf_counter()
+    err = rt.cudaHostRegister(ctypes.c_void_p(p), ctypes.c_size_t(n), ctypes.c_uint(flags))
+    print(f"{kind:5s} {mib:5d} MiB: cudaHostRegister -> {err} in {time.perf_counter() - start:.3f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
