@@ -237,7 +237,9 @@ _ROWS = (
         "engram_host_memory",
         parse_bool,
         "",
-        "CUDA: Engram tables in pinned host memory, gathered over PCIe (zero-copy), not in device memory",
+        "CUDA: Engram tables in pinned host memory (one copy per process), gathered over PCIe (zero-copy), "
+        "not in device memory; experimental: `DSV41RT_ENGRAM_REGISTER=1` reads them in place from the "
+        "checkpoint's pages (docs/design/parallelism.md)",
     ),
     Option("context_parallel_size", parse_int, "", "prefill split over this many ranks"),
     Option(
