@@ -21,6 +21,7 @@ import numpy as np
 
 def main() -> None:
     from dsv41rt.runtime import Runtime
+    from spec_decode_engine_bench import differences  # bench/ is the script's directory
 
     path, prec, k = sys.argv[1], sys.argv[2], int(sys.argv[4])
     batches = [int(b) for b in sys.argv[3].split(",")]
@@ -65,12 +66,8 @@ def main() -> None:
             if name == "plain graphs":
                 reference[b] = out
             else:
-                firsts = [
-                    next((j for j, (x, y) in enumerate(zip(g, w, strict=False)) if x != y), None)
-                    for g, w in zip(out, reference[b], strict=True)
-                ]
-                firsts = [f for f in firsts if f is not None]
-                line += f", {len(firsts)} differ (first at {min(firsts) if firsts else -1})"
+                differing, first = differences(out, reference[b])
+                line += f", {differing} differ (first at {first})"
             print(line, flush=True)
         rt.close()
 
