@@ -1,8 +1,10 @@
 """How long cudaHostRegister takes on a read-only file mapping, a /dev/shm mapping and anonymous
 memory (diagnosis for Engram tables registered in place; docs/design/parallelism.md).
 
-Usage: python bench/host_register_probe.py {file,shm,anon} MIB   (one registration per process:
-run each case under `timeout`, a registration that hangs cannot be cancelled)
+Usage: python bench/host_register_probe.py {file,filesub,shm,anon} MIB   (one registration per
+process: run each case under `timeout`, a registration that hangs cannot be cancelled). `filesub`
+registers MIB in the middle of a 1 GiB file's whole mapping, as the loader registers a table inside
+the checkpoint's mapping.
 """
 
 from __future__ import annotations
@@ -36,14 +38,19 @@ def main() -> None:
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    if kind in ("file", "shm"):
-        path = "/tmp/register_probe.bin" if kind == "file" else "/dev/shm/register_probe.bin"
-        if not os.path.exists(path) or os.path.getsize(path) < n:
+    offset = 0
+    if kind in ("file", "filesub", "shm"):
+        path = "/dev/shm/register_probe.bin" if kind == "shm" else f"/tmp/register_probe_{kind}.bin"
+        size = (1 << 30) if kind == "filesub" else n
+        if not os.path.exists(path) or os.path.getsize(path) < size:
             with open(path, "wb") as f:
-                f.write(os.urandom(n))
+                for _ in range(0, size, 1 << 24):
+                    f.write(os.urandom(1 << 24))
         fd = os.open(path, os.O_RDONLY)
-        share = mmap.MAP_PRIVATE if kind == "file" else mmap.MAP_SHARED
-        p = libc.mmap(None, n, mmap.PROT_READ, share, fd, 0)
+        share = mmap.MAP_SHARED if kind == "shm" else mmap.MAP_PRIVATE
+        base = libc.mmap(None, size, mmap.PROT_READ, share, fd, 0)
+        offset = (size - n) // 2 // 4096 * 4096
+        p = base + offset
         flags = PORTABLE | MAPPED | READ_ONLY
     else:
         p = libc.mmap(None, n, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -75,7 +77,18 @@ HostRegistry& cuda_host_registry() {
       [](void* base, size_t bytes) {
         const unsigned flags =
             cudaHostRegisterMapped | cudaHostRegisterPortable | cudaHostRegisterReadOnly;
-        if (cudaHostRegister(base, bytes, flags) == cudaSuccess) return true;
+        const auto start = std::chrono::steady_clock::now();
+        const cudaError_t e = cudaHostRegister(base, bytes, flags);
+        // Diagnosis of the slow in-place load (docs/design/parallelism.md): each registration's
+        // size and time on stderr.
+        if (const char* log = std::getenv("DSV41RT_LOG_HOST_REGISTER"); log && *log == '1') {
+          const double ms =
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                  .count();
+          std::fprintf(stderr, "cudaHostRegister(%p, %zu bytes) -> %d in %.3f ms\n", base, bytes,
+                       int(e), ms);
+        }
+        if (e == cudaSuccess) return true;
         cudaGetLastError();  // not sticky: the caller falls back to a pinned copy
         return false;
       },
