@@ -82,8 +82,9 @@ int main(int argc, char** argv) {
   const int64_t min_total = int64_t(200) << 20;
 
   std::printf(
-      "| shape | n x k | format | m | splits | us / call | MB moved | GB/s | %% of copy |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+      "| shape | n x k | format | m | splits | us / call | MB moved | GB/s | %% of copy | y hash "
+      "|\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Shape& sh : shapes) {
     WeightView w;
     w.format = sh.fmt, w.rows = sh.n, w.cols = sh.k;
@@ -124,7 +125,7 @@ int main(int argc, char** argv) {
       });
       const double bytes = double(data_b + scale_b) + double(m) * double(sh.k + sh.n) * 4.0;
       const double gbs = bytes / (t * 1e-6) / 1e9;
-      std::printf("| %s | %lld x %lld | %s A16 | %lld | %lld | %.2f | %.1f | %.0f | %.0f%% |\n",
+      std::printf("| %s | %lld x %lld | %s A16 | %lld | %lld | %.2f | %.1f | %.0f | %.0f%% | |\n",
                   sh.name, (long long)sh.n, (long long)sh.k, fmt_name(sh.fmt), (long long)m,
                   (long long)kc::decode_gemv_splits(calls[0]), t, bytes / 1e6, gbs,
                   100.0 * gbs / copy_gbs);
@@ -153,12 +154,21 @@ int main(int argc, char** argv) {
           });
           const double b8 = double(data_b + scale_b) + double(m) * double(ldq + sh.n * 4);
           const double g8 = b8 / (t8 * 1e-6) / 1e9;
+          // The last call's output (copy (launches - 1) % copies), hashed: two builds of a kernel
+          // that should give the same bits can be compared from their tables.
+          CHECK(kc::decode_gemv_a8(a8[(launches - 1) % copies], ws8, wsf8, s));
+          std::vector<uint32_t> out(size_t(m * sh.n));
+          CHECK(cudaMemcpyAsync(out.data(), y, out.size() * 4, cudaMemcpyDeviceToHost, s));
+          CHECK(cudaStreamSynchronize(s));
+          uint64_t hash = 1469598103934665603ull;  // FNV-1a over the output words
+          for (const uint32_t v : out) hash = (hash ^ v) * 1099511628211ull;
           std::printf(
               "| %s | %lld x %lld | %s A8 %s (+ %.2f us quantise) | %lld | %lld | %.2f | %.1f | "
-              "%.0f | %.0f%% |\n",
+              "%.0f | %.0f%% | %016llx |\n",
               sh.name, (long long)sh.n, (long long)sh.k, fmt_name(sh.fmt),
               path == kc::A8Path::kWgmma ? "wgmma" : "mma.sync", tq, (long long)m,
-              (long long)kc::decode_gemv_a8_splits(a8[0]), t8, b8 / 1e6, g8, 100.0 * g8 / copy_gbs);
+              (long long)kc::decode_gemv_a8_splits(a8[0]), t8, b8 / 1e6, g8, 100.0 * g8 / copy_gbs,
+              (unsigned long long)hash);
           std::fflush(stdout);
           if (ws8) CHECK(cudaFree(ws8));
         }

@@ -182,11 +182,10 @@ struct Kernel {
     return c;
   }
 
-  // Loads the stage whose first piece is pc into the slot at slot_addr: the weights by TMA
-  // (thread 0; rows past n arrive as zeros), completing on bar; the activations by cp.async
-  // (tokens past m zero-filled), completing in this thread's cp.async group.
-  __device__ static void load_stage(const CUtensorMap* wmap, const Copies& c, uint32_t slot_addr,
-                                    uint32_t bar, int64_t pc, int64_t pc1) {
+  // Loads the weights of the stage whose first piece is pc into the slot at slot_addr by TMA
+  // (thread 0; rows past n arrive as zeros), completing on bar.
+  __device__ static void load_weights(const CUtensorMap* wmap, uint32_t slot_addr, uint32_t bar,
+                                      int64_t pc, int64_t pc1) {
     const int pieces = int(min(int64_t(C::kPieces), pc1 - pc));
     if (threadIdx.x == 0) {
       tma::mbar_expect_tx(bar, uint32_t(pieces * kWPiece));
@@ -195,6 +194,11 @@ struct Kernel {
                      int(blockIdx.x) * kRows, bar);
       }
     }
+  }
+  // Loads the activations of that stage by cp.async (tokens past m zero-filled), completing in
+  // this thread's cp.async group.
+  __device__ static void load_acts(const Copies& c, uint32_t slot_addr, int64_t pc, int64_t pc1) {
+    const int pieces = int(min(int64_t(C::kPieces), pc1 - pc));
 #pragma unroll
     for (int q = 0; q < C::kPieces; ++q) {
       if (q >= pieces) break;  // uniform: the split's last stage may be short
@@ -254,6 +258,28 @@ struct Kernel {
     }
   }
 
+  // One stage of P pieces (N <= 16) whose first piece's descriptors are da / db. Two sets of
+  // block sums: piece q + 1's wgmmas run while piece q is promoted.
+  template <int P>
+  __device__ static void whole_stage(uint64_t da, uint64_t db, const float* sws, const float* sxs,
+                                     int max_pieces, int i0, float (&acc)[N / 2]) {
+    constexpr uint64_t kStep = C::kPieceBytes >> 4;  // one piece in the descriptors' units
+    float d[2][C::kBatch][N / 2];
+    issue(d[0], da, db, 0);
+#pragma unroll
+    for (int q = 0; q < P; ++q) {
+      if (q + 1 < P) {
+        issue(d[(q + 1) % 2], da + (q + 1) * kStep, db + (q + 1) * kStep, 0);
+        tma::wgmma_wait<1>();
+      } else {
+        tma::wgmma_wait<0>();
+      }
+#pragma unroll
+      for (int bb = 0; bb < C::kBatch; ++bb) fence_regs(d[q % 2][bb]);
+      promote(d[q % 2], 0, sws, sxs, max_pieces, i0 + q, acc);
+    }
+  }
+
   __device__ static void run(const Params& p, const CUtensorMap* wmap, uint8_t* smem_raw) {
     const int warp = threadIdx.x / 32;
     const int64_t row0 = int64_t(blockIdx.x) * kRows + warp * 16;  // this warp's 16 rows
@@ -274,11 +300,13 @@ struct Kernel {
     __syncthreads();
     const Copies cp = copies(p);
 
+    // The weights and their scales are never written by a kernel of the step, so their first
+    // stages are requested before waiting for the grids this one depends on (programmatic
+    // dependent launch in decode graphs: the previous kernel may still be running); everything
+    // that reads the activations or writes comes after the wait (pdl_entry).
 #pragma unroll
     for (int s = 0; s < C::kStages - 1; ++s) {
-      if (s < nst)
-        load_stage(wmap, cp, base + s * C::kStageBytes, bar(s), pc0 + s * C::kPieces, pc1);
-      cp_async_commit();  // empty groups keep the wait count uniform
+      if (s < nst) load_weights(wmap, base + s * C::kStageBytes, bar(s), pc0 + s * C::kPieces, pc1);
     }
 
     // The split's scales, while the first stages are in flight: sws[w][i] = warp w's 4 weight
@@ -300,6 +328,13 @@ struct Kernel {
         v.w = e8m0_to_f32(__ldg(srow + (blk0 + 3) / p.blocks_per_scale));
       }
       reinterpret_cast<float4*>(sws)[w * p.max_pieces + i] = v;
+    }
+
+    pdl_entry();
+#pragma unroll
+    for (int s = 0; s < C::kStages - 1; ++s) {
+      if (s < nst) load_acts(cp, base + s * C::kStageBytes, pc0 + s * C::kPieces, pc1);
+      cp_async_commit();  // empty groups keep the wait count uniform
     }
     for (int idx = threadIdx.x; idx < N * npc; idx += kWgThreads) {
       const int tok = idx / npc, i = idx % npc;
@@ -323,8 +358,9 @@ struct Kernel {
       __syncthreads();  // everyone's copies landed; stage st - 1's slot is no longer read
       const int next = st + C::kStages - 1;
       if (next < nst) {
-        load_stage(wmap, cp, base + (next % C::kStages) * C::kStageBytes, bar(next % C::kStages),
-                   pc0 + next * C::kPieces, pc1);
+        const uint32_t slot = base + (next % C::kStages) * C::kStageBytes;
+        load_weights(wmap, slot, bar(next % C::kStages), pc0 + next * C::kPieces, pc1);
+        load_acts(cp, slot, pc0 + next * C::kPieces, pc1);
       }
       cp_async_commit();
 
@@ -333,21 +369,16 @@ struct Kernel {
       auto da = [&](int q) { return da0 + ((slot_off + q * C::kPieceBytes) >> 4); };
       auto db = [&](int q) { return db0 + ((slot_off + q * C::kPieceBytes) >> 4); };
       if constexpr (C::kWholePiece) {
-        // Two sets of block sums: piece q + 1's wgmmas run while piece q is promoted.
-        float d[2][C::kBatch][N / 2];
-        issue(d[0], da(0), db(0), 0);
-#pragma unroll
-        for (int q = 0; q < C::kPieces; ++q) {
-          if (q >= pieces) break;  // uniform
-          if (q + 1 < pieces) {
-            issue(d[(q + 1) % 2], da(q + 1), db(q + 1), 0);
-            tma::wgmma_wait<1>();
-          } else {
-            tma::wgmma_wait<0>();
-          }
-#pragma unroll
-          for (int bb = 0; bb < C::kBatch; ++bb) fence_regs(d[q % 2][bb]);
-          promote(d[q % 2], 0, sws, sxs, p.max_pieces, i0 + q, acc);
+        // The piece count as a compile-time constant: with a runtime count (a split's last
+        // stage may be short) the unrolled loop had early exits and ptxas serialised the wgmmas
+        // (C7518, "WG.DP in divergent path").
+        static_assert(C::kPieces == 3, "whole-piece stages dispatch on 1..3 pieces");
+        if (pieces == 3) {
+          whole_stage<3>(da(0), db(0), sws, sxs, p.max_pieces, i0, acc);
+        } else if (pieces == 2) {
+          whole_stage<2>(da(0), db(0), sws, sxs, p.max_pieces, i0, acc);
+        } else {
+          whole_stage<1>(da(0), db(0), sws, sxs, p.max_pieces, i0, acc);
         }
       } else {
 #pragma unroll
@@ -382,7 +413,7 @@ struct Kernel {
 template <int N>
 __global__ void __launch_bounds__(kWgThreads, Cfg<N>::kMinCtas)
     a8_wgmma_kernel(const Params p, const __grid_constant__ CUtensorMap wmap) {
-  pdl_entry();
+  // pdl_entry() inside run(), after the weights' first stages are requested.
   extern __shared__ __align__(16) uint8_t smem[];
   Kernel<N>::run(p, &wmap, smem);
 }
