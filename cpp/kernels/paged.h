@@ -6,7 +6,8 @@
 // replays correctly after the host rewrites the metadata (plan/run split). Entries whose item is
 // < 0 are padding: skipped on writes, their outputs left untouched (or -1 for index outputs).
 // Row formats encode and decode bit for bit as the cache codecs of kernels/quant.h; kF32 is the
-// cache_quant = false store (raw FP32 rows).
+// cache_quant = false store (raw FP32 rows). kV4Row is DeepSeek-V4's 584-byte window / compressed
+// row (quant.h v4_row_*; head_dim 512 only, CPU backend only: the CUDA kernels refuse it).
 //
 // CPU reference: kernels/cpu/paged.cc (host pointers); CUDA: kernels/cuda/paged.cuh (device
 // pointers, the same semantics bit for bit — except compress_pool_gather, whose device expf differs
@@ -19,9 +20,9 @@
 
 namespace dsv41rt::kernels {
 
-enum class RowFormat : int { kF32 = 0, kFp8Window = 1, kNvfp4 = 2, kMxfp4 = 3 };
+enum class RowFormat : int { kF32 = 0, kFp8Window = 1, kNvfp4 = 2, kMxfp4 = 3, kV4Row = 4 };
 
-/// Bytes of one stored row of `dim` channels.
+/// Bytes of one stored row of `dim` channels (kV4Row: dim must be 512, else an Error naming it).
 DSV41RT_API int64_t row_bytes(RowFormat f, int64_t dim);
 
 /// Entries of one kind (compressed KV or index keys) of one KV source in the token pages: entry

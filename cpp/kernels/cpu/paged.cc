@@ -21,6 +21,11 @@ int64_t row_bytes(RowFormat f, int64_t dim) {
       return nvfp4_row_bytes(dim);
     case RowFormat::kMxfp4:
       return mxfp4_row_bytes(dim);
+    case RowFormat::kV4Row:
+      DSV41RT_CHECK(dim == kV4RowDim,
+                    "row_bytes: DeepSeek-V4's row format (kV4Row) holds head_dim ", kV4RowDim,
+                    " only, got dim ", dim);
+      return kV4RowBytes;
   }
   DSV41RT_THROW_CODE(kInternal, "unknown row format ", int(f));
 }
@@ -29,6 +34,11 @@ namespace cpu {
 namespace {
 
 void check_format(RowFormat f, int64_t dim, const char* op) {
+  if (f == RowFormat::kV4Row) {
+    DSV41RT_CHECK(dim == kV4RowDim, op, ": DeepSeek-V4's row format (kV4Row) holds head_dim ",
+                  kV4RowDim, " only, got dim ", dim);
+    return;
+  }
   const int64_t block = f == RowFormat::kF32 ? 1 : f == RowFormat::kNvfp4 ? kNvfp4Block : 32;
   DSV41RT_CHECK(dim > 0 && dim % block == 0, op, ": dim ", dim, " is not a positive multiple of ",
                 block, " for row format ", int(f));
@@ -45,6 +55,8 @@ void encode_row(RowFormat f, const float* x, int64_t dim, uint8_t* row) {
       return nvfp4_pack(x, 1, dim, row);
     case RowFormat::kMxfp4:
       return mxfp4_pack(x, 1, dim, row);
+    case RowFormat::kV4Row:
+      return v4_row_pack(x, 1, dim, row);
   }
 }
 
@@ -70,6 +82,8 @@ void decode_row(RowFormat f, const uint8_t* row, int64_t dim, float* out) {
       return nvfp4_unpack(row, 1, dim, out);
     case RowFormat::kMxfp4:
       return mxfp4_unpack(row, 1, dim, out);
+    case RowFormat::kV4Row:
+      return v4_row_unpack(row, 1, dim, out);
   }
 }
 

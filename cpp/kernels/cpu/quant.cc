@@ -53,17 +53,27 @@ inline uint8_t e2m1_code(float n) {
 
 inline bool all_finite(float amax) { return amax <= std::numeric_limits<float>::max(); }
 
-enum class Format { kFp8Window, kNvfp4, kMxfp4 };
+// kFp8B64 is V4's nope part (spec 5.4): fp8_window's rule in blocks of 64 (the block size is
+// the only difference; v4_row_* below add the BF16 tail and the row layout).
+enum class Format { kFp8Window, kNvfp4, kMxfp4, kFp8B64 };
+
+template <Format F>
+constexpr bool is_fp8() {
+  return F == Format::kFp8Window || F == Format::kFp8B64;
+}
 
 template <Format F>
 constexpr int64_t block_size() {
-  return F == Format::kFp8Window ? kFp8WindowBlock
-                                 : (F == Format::kNvfp4 ? kNvfp4Block : kMxfp4Block);
+  return F == Format::kFp8B64      ? kV4RowBlock
+         : F == Format::kFp8Window ? kFp8WindowBlock
+                                   : (F == Format::kNvfp4 ? kNvfp4Block : kMxfp4Block);
 }
 
 template <Format F>
 constexpr const char* format_name() {
-  return F == Format::kFp8Window ? "fp8_window" : (F == Format::kNvfp4 ? "nvfp4" : "mxfp4");
+  return F == Format::kFp8B64      ? "v4_row"
+         : F == Format::kFp8Window ? "fp8_window"
+                                   : (F == Format::kNvfp4 ? "nvfp4" : "mxfp4");
 }
 
 template <Format F>
@@ -85,14 +95,14 @@ float quantize_block(const float* x, uint8_t* codes, uint8_t* scale_code) {
     *scale_code = f32_to_fp8_e4m3(clamp_min(amax, kNvfp4AmaxFloor) / 6.0f);  // saturating RNE
     s = fp8_e4m3_to_f32(*scale_code);
   } else {
-    const float floor = F == Format::kFp8Window ? kFp8AmaxFloor : kMxfp4AmaxFloor;
-    const float inv = F == Format::kFp8Window ? kInv448 : kInv6;
+    const float floor = is_fp8<F>() ? kFp8AmaxFloor : kMxfp4AmaxFloor;
+    const float inv = is_fp8<F>() ? kInv448 : kInv6;
     s = pow2ceil_bits(clamp_min(amax, floor) * inv);
     *scale_code = all_finite(amax) ? static_cast<uint8_t>(f32_to_bits(s) >> 23) : kE8M0Nan;
   }
   for (int64_t i = 0; i < b; ++i) {
     const float q = x[i] / s;  // true division, as NeMo (grouped / scale)
-    if constexpr (F == Format::kFp8Window) {
+    if constexpr (is_fp8<F>()) {
       codes[i] = f32_to_fp8_e4m3(clamp(q, -448.0f, 448.0f));
     } else {
       codes[i] = e2m1_code(clamp(q, -6.0f, 6.0f));
@@ -103,7 +113,7 @@ float quantize_block(const float* x, uint8_t* codes, uint8_t* scale_code) {
 
 template <Format F>
 inline float decode_element(uint8_t code) {
-  if constexpr (F == Format::kFp8Window) {
+  if constexpr (is_fp8<F>()) {
     return fp8_e4m3_to_f32(code);
   } else {
     return fp4_e2m1_to_f32(code);
@@ -184,7 +194,76 @@ void unpack(const uint8_t* in, int64_t rows, int64_t dim, float* y, const char* 
   }
 }
 
+// ---- DeepSeek-V4 rows: the nope part through the fp8 block codec above (block 64), the rope
+// tail rounded to BF16. The scale bytes sit after the nope codes, the pad byte is written 0.
+
+void check_v4_dims(const char* op, int64_t rows, int64_t dim) {
+  DSV41RT_CHECK(rows >= 0, op, ": rows must be >= 0, got ", rows);
+  DSV41RT_CHECK(dim == kV4RowDim, op, ": dim ", dim, " is not DeepSeek-V4's row width ", kV4RowDim,
+                " (", kV4RowNope, " FP8 channels in blocks of ", kV4RowBlock, " + ",
+                kV4RowDim - kV4RowNope, " BF16; spec 5.4)");
+}
+
+constexpr int64_t kV4Blocks = kV4RowNope / kV4RowBlock;  // 7
+
+inline float bf16_round(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+
 }  // namespace
+
+void v4_row_qdq(const float* x, int64_t rows, int64_t dim, float* y) {
+  check_v4_dims("v4_row_qdq", rows, dim);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* yr = y + r * dim;
+    for (int64_t k = 0; k < kV4Blocks; ++k) {
+      uint8_t codes[kV4RowBlock];
+      uint8_t sc;
+      const float s = quantize_block<Format::kFp8B64>(xr + k * kV4RowBlock, codes, &sc);
+      for (int64_t i = 0; i < kV4RowBlock; ++i) {
+        yr[k * kV4RowBlock + i] = decode_element<Format::kFp8B64>(codes[i]) * s;
+      }
+    }
+    for (int64_t c = kV4RowNope; c < kV4RowDim; ++c) yr[c] = bf16_round(xr[c]);
+  }
+}
+
+void v4_row_pack(const float* x, int64_t rows, int64_t dim, uint8_t* out) {
+  check_v4_dims("v4_row_pack", rows, dim);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    uint8_t* row = out + r * kV4RowBytes;
+    for (int64_t k = 0; k < kV4Blocks; ++k) {
+      quantize_block<Format::kFp8B64>(xr + k * kV4RowBlock, row + k * kV4RowBlock,
+                                      row + kV4RowNope + k);
+    }
+    for (int64_t k = kV4Blocks; k < kV4RowScaleBytes; ++k) row[kV4RowNope + k] = 0;
+    uint8_t* tail = row + kV4RowNope + kV4RowScaleBytes;
+    for (int64_t c = kV4RowNope; c < kV4RowDim; ++c) {
+      const uint16_t b = f32_to_bf16(xr[c]);
+      tail[2 * (c - kV4RowNope)] = uint8_t(b & 0xFFu);
+      tail[2 * (c - kV4RowNope) + 1] = uint8_t(b >> 8);
+    }
+  }
+}
+
+void v4_row_unpack(const uint8_t* in, int64_t rows, int64_t dim, float* y) {
+  check_v4_dims("v4_row_unpack", rows, dim);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = in + r * kV4RowBytes;
+    float* yr = y + r * dim;
+    for (int64_t c = 0; c < kV4RowNope; ++c) {
+      yr[c] = fp8_e4m3_to_f32(row[c]) * e8m0_to_f32(row[kV4RowNope + c / kV4RowBlock]);
+    }
+    const uint8_t* tail = row + kV4RowNope + kV4RowScaleBytes;
+    for (int64_t c = kV4RowNope; c < kV4RowDim; ++c) {
+      const int64_t i = 2 * (c - kV4RowNope);
+      yr[c] = bf16_to_f32(uint16_t(tail[i] | (uint16_t(tail[i + 1]) << 8)));
+    }
+  }
+}
 
 void fp8_window_qdq(const float* x, int64_t rows, int64_t dim, float* y) {
   qdq<Format::kFp8Window>(x, rows, dim, y, "fp8_window_qdq");

@@ -245,6 +245,8 @@ bool bad_format(RowFormat f, int64_t dim) {
     case RowFormat::kFp8Window:
     case RowFormat::kMxfp4:
       return dim <= 0 || dim % 32 != 0;
+    case RowFormat::kV4Row:  // no device codec for DeepSeek-V4's rows (CPU backend only)
+      return true;
   }
   return true;
 }
@@ -265,6 +267,8 @@ cudaError_t dispatch(RowFormat f, Launch&& launch) {
     case RowFormat::kMxfp4:
       launch.template operator()<RowFormat::kMxfp4>();
       break;
+    case RowFormat::kV4Row:  // refused by bad_format before any launch
+      return cudaErrorInvalidValue;
   }
   return launch_status();
 }

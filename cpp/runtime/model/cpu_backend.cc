@@ -12,6 +12,7 @@
 #include "kernels/attention_cached.h"
 #include "kernels/compressor.h"
 #include "kernels/engram.h"
+#include "kernels/hadamard.h"
 #include "kernels/indexer.h"
 #include "kernels/indexer_cached.h"
 #include "kernels/linear.h"
@@ -314,6 +315,7 @@ class CpuBackend final : public Backend {
     if (f == RowFormat::kFp8Window) k::fp8_window_qdq(x, rows, dim, x);
     if (f == RowFormat::kNvfp4) k::nvfp4_qdq(x, rows, dim, x);
     if (f == RowFormat::kMxfp4) k::mxfp4_qdq(x, rows, dim, x);
+    if (f == RowFormat::kV4Row) k::v4_row_qdq(x, rows, dim, x);
   }
   void unpack_paged(RowFormat f, const kernels::PagedRows& src, int64_t dim, int64_t items,
                     int64_t max_count, const int64_t* count, const int64_t* out_offset, float* out,
@@ -381,6 +383,9 @@ class CpuBackend final : public Backend {
   void visible_entries(const int64_t* n_visible, int64_t S, int64_t kk, int32_t* idx,
                        Stream) override {
     k::visible_entries(n_visible, S, kk, idx);
+  }
+  void walsh_hadamard(const float* x, int64_t rows, int64_t dim, float* y, Stream) override {
+    if (rows > 0) k::walsh_hadamard(x, rows, dim, y);
   }
   void sparse_attention(const float* q, const float* kv_a, int64_t T_a, const float* kv_b,
                         int64_t T_b, const int32_t* idx, const float* sink, int64_t S,
@@ -514,6 +519,12 @@ void Backend::moe_route_hash(const float*, const float*, const int32_t*, const i
   DSV41RT_THROW_CODE(kUnsupported,
                      "moe_route_hash (DeepSeek-V4 hash routing) is not implemented "
                      "by the ",
+                     device(), " backend");
+}
+void Backend::walsh_hadamard(const float*, int64_t, int64_t, float*, Stream) {
+  DSV41RT_THROW_CODE(kUnsupported,
+                     "walsh_hadamard (DeepSeek-V4's indexer rotation, quantised caches) is not "
+                     "implemented by the ",
                      device(), " backend");
 }
 void Backend::visible_entries(const int64_t*, int64_t, int64_t, int32_t*, Stream) {

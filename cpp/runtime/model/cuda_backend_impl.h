@@ -341,6 +341,11 @@ class CudaBackend final : public Backend {
     DSV41RT_THROW_CODE(kUnsupported, "the CUDA backend splits experts by partial sums");
   }
   void cache_qdq(RowFormat f, float* x, int64_t rows, int64_t dim, Stream s) override {
+    // DeepSeek-V4's rows have no device codec yet: the executor refuses V4 with cache_quant on
+    // cuda (v4_support.cc); this keeps a stray call from leaving the rows unquantised.
+    DSV41RT_CHECK_CODE(kUnsupported, f != RowFormat::kV4Row,
+                       "cache_qdq: DeepSeek-V4's 584-byte cache rows (kV4Row) run on the cpu "
+                       "backend only");
     if (f == RowFormat::kFp8Window) DSV41RT_CU(kc::fp8_window_qdq(x, rows, dim, x, cs(s)));
     if (f == RowFormat::kNvfp4) DSV41RT_CU(kc::nvfp4_qdq(x, rows, dim, x, cs(s)));
     if (f == RowFormat::kMxfp4) DSV41RT_CU(kc::mxfp4_qdq(x, rows, dim, x, cs(s)));
