@@ -15,6 +15,10 @@ export DSV41RT_TEST_CHECKPOINT=${DSV41RT_TEST_CHECKPOINT:-$PWD/build/tiny-v41-se
 export DSV41RT_TEST_V4_CHECKPOINT=${DSV41RT_TEST_V4_CHECKPOINT:-$PWD/build/tiny-v4-seed0}
 [ -f "$DSV41RT_TEST_V4_CHECKPOINT/dsv41rt_generated.json" ] ||
   dsv41rt make-checkpoint --preset tiny-v4 --seed 0 --out "$DSV41RT_TEST_V4_CHECKPOINT" >/dev/null
+# V4's quantised cache rows hold head_dim 512 only: tiny-v4 at that width (test_v4_forward).
+export DSV41RT_TEST_V4_D512_CHECKPOINT=${DSV41RT_TEST_V4_D512_CHECKPOINT:-$PWD/build/tiny-v4-d512-seed0}
+[ -f "$DSV41RT_TEST_V4_D512_CHECKPOINT/dsv41rt_generated.json" ] ||
+  dsv41rt make-checkpoint --preset tiny-v4-d512 --seed 0 --out "$DSV41RT_TEST_V4_D512_CHECKPOINT" >/dev/null
 
 # ctest with the skip policy of the Python suites: only the CUDA instances of the backend op
 # tests may skip (no GPU here); any other skipped test fails the run.

@@ -54,7 +54,8 @@ nb::dict cache_bytes_dict(const model::CacheBytes& b) {
 nb::dict memory_plan_dict(const ModelPlan& plan, int64_t kv_memory, int64_t max_num_seqs,
                           int64_t max_num_batched_tokens, int64_t max_model_len, int64_t page_size,
                           bool cache_quant) {
-  const model::StateLayout layout(plan, model::CacheFormats::of(cache_quant), page_size);
+  const model::StateLayout layout(plan, model::CacheFormats::of(plan.config, cache_quant),
+                                  page_size);
   const model::MemoryPlan m = model::plan_memory(plan, layout, kv_memory, max_num_seqs,
                                                  max_num_batched_tokens, max_model_len);
   nb::dict d;

@@ -3,9 +3,12 @@
 // one-shot prefill's logits bitwise (the CPU's rows do not depend on the batch; every compressor's
 // decode form is its prefill form), and two requests in one forward give each one's own logits.
 // Agreement with transformers is tests/python/test_oracle_v4.py's; here the forward also runs
-// under the sanitizer builds.
+// under the sanitizer builds. The same with V4's quantised cache rows (cache_quant: 584-byte
+// window / compressed rows, Hadamard-rotated MXFP4 index keys) on a tiny-v4-d512 checkpoint
+// (DSV41RT_TEST_V4_D512_CHECKPOINT: the one head_dim those rows hold).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -27,18 +30,23 @@ namespace {
 using testing::Held;
 
 const char* checkpoint() { return std::getenv("DSV41RT_TEST_V4_CHECKPOINT"); }
+const char* d512_checkpoint() { return std::getenv("DSV41RT_TEST_V4_D512_CHECKPOINT"); }
 
 #define REQUIRE_V4_CHECKPOINT() \
   if (!checkpoint()) GTEST_SKIP() << "set DSV41RT_TEST_V4_CHECKPOINT to a tiny-v4 checkpoint"
+#define REQUIRE_D512_CHECKPOINT()                                          \
+  if (!d512_checkpoint())                                                  \
+  GTEST_SKIP() << "set DSV41RT_TEST_V4_D512_CHECKPOINT to a tiny-v4-d512 " \
+                  "checkpoint (dsv41rt make-checkpoint --preset tiny-v4-d512)"
 
-std::shared_ptr<model::Executor> load_v4() {
-  const std::string dir = checkpoint();
+std::shared_ptr<model::Executor> load_v4(const std::string& dir = checkpoint(),
+                                         bool cache_quant = false) {
   ModelPlan plan = build_model_plan(load_model_config(dir));
   model::EngramTables tables = model::load_engram_tables(dir, plan.config);
   model::ModelWeights weights =
       model::load_weights(std::make_shared<Checkpoint>(dir), plan, /*host_values=*/true);
   model::ExecutorOptions o;
-  o.cache_quant = false;  // V4's quantised rows are not built
+  o.cache_quant = cache_quant;
   o.page_tokens = 128;
   o.kv_memory = 64ll << 20;
   o.max_num_seqs = 4;
@@ -56,9 +64,8 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-TEST(V4Forward, ChunksAndDecodeEqualOneShotPrefill) {
-  REQUIRE_V4_CHECKPOINT();
-  auto e = load_v4();
+void chunks_and_decode_equal_one_shot(model::Executor& ex) {
+  model::Executor* e = &ex;
   const std::vector<int32_t> p = prompt(140, 1);  // crosses the HCA group at 128 while decoding
   Held whole(*e), parts(*e);
   const std::vector<float> want = whole.run(p);
@@ -77,9 +84,8 @@ TEST(V4Forward, ChunksAndDecodeEqualOneShotPrefill) {
   EXPECT_TRUE(bitwise_equal(got, want));
 }
 
-TEST(V4Forward, TwoRequestsInOneForwardEqualEachAlone) {
-  REQUIRE_V4_CHECKPOINT();
-  auto e = load_v4();
+void two_requests_equal_each_alone(model::Executor& ex) {
+  model::Executor* e = &ex;
   const std::vector<int32_t> a = prompt(130, 2), b = prompt(9, 3);
   std::vector<float> alone_a, alone_b;
   {
@@ -100,6 +106,47 @@ TEST(V4Forward, TwoRequestsInOneForwardEqualEachAlone) {
   e->forward(batch);
   EXPECT_TRUE(bitwise_equal(la, alone_a));
   EXPECT_TRUE(bitwise_equal(lb, alone_b));
+}
+
+TEST(V4Forward, ChunksAndDecodeEqualOneShotPrefill) {
+  REQUIRE_V4_CHECKPOINT();
+  chunks_and_decode_equal_one_shot(*load_v4());
+}
+
+TEST(V4Forward, TwoRequestsInOneForwardEqualEachAlone) {
+  REQUIRE_V4_CHECKPOINT();
+  two_requests_equal_each_alone(*load_v4());
+}
+
+// The forward QDQs its own rows with the cache codec (cache_qdq), so tokens read back from the
+// 584-byte rows and this forward's agree: chunking and batching stay bitwise.
+TEST(V4ForwardQuantised, ChunksAndDecodeEqualOneShotPrefill) {
+  REQUIRE_D512_CHECKPOINT();
+  chunks_and_decode_equal_one_shot(*load_v4(d512_checkpoint(), true));
+}
+
+TEST(V4ForwardQuantised, TwoRequestsInOneForwardEqualEachAlone) {
+  REQUIRE_D512_CHECKPOINT();
+  two_requests_equal_each_alone(*load_v4(d512_checkpoint(), true));
+}
+
+TEST(V4ForwardQuantised, TheQuantisedRowsAreReallyUsed) {
+  REQUIRE_D512_CHECKPOINT();
+  auto q = load_v4(d512_checkpoint(), true), f = load_v4(d512_checkpoint(), false);
+  EXPECT_EQ(q->layout().window_row_bytes(), 584);
+  EXPECT_EQ(f->layout().window_row_bytes(), 512 * 4);
+  const std::vector<int32_t> p = prompt(40, 4);
+  Held hq(*q), hf(*f);
+  const std::vector<float> lq = hq.run(p), lf = hf.run(p);
+  ASSERT_EQ(lq.size(), lf.size());
+  double worst = 0.0, scale = 0.0;
+  for (size_t i = 0; i < lq.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(lq[i]));
+    worst = std::max(worst, double(std::fabs(lq[i] - lf[i])));
+    scale = std::max(scale, double(std::fabs(lf[i])));
+  }
+  EXPECT_GT(worst, 0.0);    // the QDQ moved something
+  EXPECT_LT(worst, scale);  // and the rows still carry the values (closeness: the oracle test)
 }
 
 }  // namespace

@@ -212,7 +212,9 @@ TEST(V4Weights, TheRuntimeRefusesWhatV4CannotRunYetByName) {
     StatusCode code;
   };
   const Case cases[] = {
-      {"kv_cache_dtype float32",
+      // tiny-v4's head_dim 64: V4's 584-byte rows hold head_dim 512 only (on cpu; cuda refuses
+      // them by device, V4Weights.QuantisedCachesRunOnTheCpuOnly).
+      {"this config has head_dim 64, qk_rope_head_dim 16",
        [](RuntimeOptions& o) { o.numerics.kv_cache_dtype = KvCacheDtype::kAuto; },
        StatusCode::kUnsupported},
       {"page_size 192", [](RuntimeOptions& o) { o.pool.page_size = 192; },
@@ -234,6 +236,27 @@ TEST(V4Weights, TheRuntimeRefusesWhatV4CannotRunYetByName) {
     }
   }
   Runtime rt(runnable());  // the default page size (64) becomes 128 for V4
+}
+
+TEST(V4Weights, QuantisedCachesRunOnTheCpuOnly) {
+  REQUIRE_CHECKPOINT();
+  const OpenedCheckpoint ck = open_checkpoint(checkpoint());
+  model::ExecutorOptions o;
+  o.page_tokens = 128;
+  o.cache_quant = true;
+  o.device = "cuda:0";
+  try {
+    model::check_v4_options(ck.plan, o);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), StatusCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("run on the cpu backend only, not on cuda:0; use "
+                                         "kv_cache_dtype float32 on cuda"),
+              std::string::npos)
+        << e.what();
+  }
+  o.cache_quant = false;
+  EXPECT_NO_THROW(model::check_v4_options(ck.plan, o));
 }
 
 // A backend without the V4 ops is refused by name at the executor's construction (a stand-in flag:

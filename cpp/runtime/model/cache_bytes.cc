@@ -1,5 +1,7 @@
 #include "runtime/model/cache_bytes.h"
 
+#include "core/status.h"
+#include "kernels/quant.h"
 #include "kernels/v4_compressor.h"
 
 namespace dsv41rt::model {
@@ -31,12 +33,25 @@ CacheFormats CacheFormats::of(bool cache_quant) {
   return {kernels::RowFormat::kF32, kernels::RowFormat::kF32, kernels::RowFormat::kF32};
 }
 
+CacheFormats CacheFormats::of(const ModelConfig& c, bool cache_quant) {
+  if (c.is_v41() || !cache_quant) return of(cache_quant);
+  DSV41RT_CHECK_CODE(
+      kUnsupported,
+      c.head_dim == kernels::kV4RowDim && c.head_dim - c.qk_rope_head_dim == kernels::kV4RowNope,
+      c.source, ": DeepSeek-V4's quantised cache rows (584 B: ", kernels::kV4RowNope,
+      " FP8 channels + ", kernels::kV4RowDim - kernels::kV4RowNope, " BF16) hold head_dim ",
+      kernels::kV4RowDim, " with qk_rope_head_dim ", kernels::kV4RowDim - kernels::kV4RowNope,
+      " only; this config has head_dim ", c.head_dim, ", qk_rope_head_dim ", c.qk_rope_head_dim,
+      " (use kv_cache_dtype float32)");
+  return {kernels::RowFormat::kV4Row, kernels::RowFormat::kV4Row, kernels::RowFormat::kMxfp4};
+}
+
 CacheRowBytes cache_row_bytes(const ModelConfig& c, const CacheFormats& f) {
   const int64_t index_key = kernels::row_bytes(f.key, c.index_head_dim);
   if (!c.is_v41()) {
     // With cache_quant off (FP32 caches) V4 keeps FP32 rows like V4.1; else its 584-byte rows.
-    if (f.window == kernels::RowFormat::kF32) {
-      const int64_t row = kernels::row_bytes(kernels::RowFormat::kF32, c.head_dim);
+    if (f.window == kernels::RowFormat::kF32 || f.window == kernels::RowFormat::kV4Row) {
+      const int64_t row = kernels::row_bytes(f.window, c.head_dim);
       return {row, row, index_key};
     }
     const int64_t row = v4_row_bytes(c.head_dim, c.qk_rope_head_dim);

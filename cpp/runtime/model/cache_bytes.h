@@ -21,13 +21,18 @@
 
 namespace dsv41rt::model {
 
-/// The row formats of the three caches: the release's (FP8 window, NVFP4 compressed KV, MXFP4
-/// index keys), or FP32 everywhere with cache_quant off.
+/// The row formats of the three caches: V4.1's release formats (FP8 window, NVFP4 compressed KV,
+/// MXFP4 index keys), or FP32 everywhere with cache_quant off.
 struct DSV41RT_API CacheFormats {
   kernels::RowFormat window = kernels::RowFormat::kFp8Window;
   kernels::RowFormat kv = kernels::RowFormat::kNvfp4;
   kernels::RowFormat key = kernels::RowFormat::kMxfp4;
+  /// V4.1's formats (also what a V4.1-only caller such as the drafter asks for).
   static CacheFormats of(bool cache_quant);
+  /// The formats `c` runs with: V4.1's above; for V4 with cache_quant on its own (spec 5.4): the
+  /// 584-byte kV4Row for window and compressed KV, kMxfp4 index keys. V4's row holds head_dim 512
+  /// with a rope part of 64 only: other dims are kUnsupported naming them.
+  static CacheFormats of(const ModelConfig& c, bool cache_quant);
 };
 
 /// Bytes of one row of each cache (one position of one layer or KV source).
@@ -35,8 +40,9 @@ struct CacheRowBytes {
   int64_t window = 0, compressed_kv = 0, index_key = 0;
 };
 
-/// V4 has one quantised layout of its own (584-byte window / compressed rows, not run by the
-/// executor yet): `formats` all FP32 (cache_quant off) gives V4 FP32 rows, anything else V4's.
+/// V4: `formats` all FP32 (cache_quant off) gives FP32 rows, kV4Row its 584-byte rows, and the
+/// default (the release formats, what `inspect` prints) V4's row size in closed form for any dims
+/// (nope FP8 + scales per 64 padded to 8 B + rope BF16; 584 B at the release's 512 / 64).
 DSV41RT_API CacheRowBytes cache_row_bytes(const ModelConfig& c, const CacheFormats& formats = {});
 
 /// The compressor state `layer` keeps per request between compression groups (FP32): a V4.1

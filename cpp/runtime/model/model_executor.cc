@@ -77,8 +77,8 @@ ModelExecutor::ModelExecutor(ModelPlan plan, ModelWeights weights, EngramTables 
   check_engram_tables(plan_.config, engram_);
   backend_->keep_engram_in_host_memory(options_.engram_host_memory);
   weights_ = backend_->load_weights(plan_, weights, rope_inv_freqs(plan_));
-  layout_ = std::make_unique<StateLayout>(plan_, CacheFormats::of(options_.cache_quant),
-                                          options_.page_tokens);
+  layout_ = std::make_unique<StateLayout>(
+      plan_, CacheFormats::of(plan_.config, options_.cache_quant), options_.page_tokens);
   memory_ = plan_memory(plan_, *layout_, options_.kv_memory, options_.max_num_seqs,
                         options_.max_num_batched_tokens, options_.max_model_len);
   const PoolGeometry g = layout_->geometry();

@@ -80,6 +80,11 @@ void ModelRunner::indexer(const LayerPlan& layer, const LayerWeights& w, const F
   float* wts = buf(wts_, N * HI);
   be_.linear(qr_.get(), w.idx_wq_b, N, c.q_lora_rank, HI * DI, qi, false, s);
   be_.apply_rope(qi, N, HI, DI, R, meta_.q_positions, w.inv_freq, false, s);
+  // V4 with quantised keys rotates its queries as its keys (spec 2.7.1; orthogonal, so only the
+  // FP4 rounding moves); V4.1 has no rotation and FP32 caches none either.
+  if (!c.is_v41() && key_format != kernels::RowFormat::kF32) {
+    be_.walsh_hadamard(qi, N * HI, DI, qi, s);
+  }
   be_.cache_qdq(key_format, qi, N * HI, DI, s);  // the queries are MXFP4 too
   be_.linear(xn_.get(), w.idx_weights_proj, N, H, HI, wts, false, s);
   const float wscale = float(std::pow(double(DI), -0.5) * std::pow(double(HI), -0.5));

@@ -52,6 +52,7 @@ void ModelRunner::v4_compressors(const LayerPlan& layer, const LayerWeights& w,
     t.state_offset = state_offset;
     t.pages = paged(layer.index, key, f);
     t.format = format;
+    t.rotate = key && format != kernels::RowFormat::kF32;  // quantised index keys (spec 2.6.4)
     float* a = buf(cv_, N * cw.width());
     float* sc = buf(cs_, N * cw.width());
     float* entries = buf(latent_, b.groups * cw.D);

@@ -20,6 +20,7 @@ void v4_compressor_stage(Backend& be, const kernels::V4CompressorWeights& w, con
                  entries, stream);
   if (b.groups == 0) return;
   be.apply_rope(entries, b.groups, 1, w.D, rope_dim, b.group_position, inv_freq, false, stream);
+  if (t.rotate) be.walsh_hadamard(entries, b.groups, w.D, entries, stream);
   be.pack_paged(t.format, t.pages, w.D, b.groups, entries, b.group_item, b.group_entry, stream);
 }
 

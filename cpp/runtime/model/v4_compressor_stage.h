@@ -40,6 +40,10 @@ struct V4CompressorTarget {
   int64_t state_offset = 0;
   kernels::PagedRows pages;
   kernels::RowFormat format = kernels::RowFormat::kF32;
+  /// The CSA indexer's keys under cache_quant (spec 2.6.4): Walsh-Hadamard rotated after RoPE,
+  /// before the MXFP4 store (Backend::walsh_hadamard). FP32 caches keep them unrotated, as
+  /// transformers does (the rotation is orthogonal: it only moves the FP4 rounding).
+  bool rotate = false;
 };
 
 /// Scratch (backend memory): a, s [rows, w.width()], entries [groups, w.D]; entries holds the

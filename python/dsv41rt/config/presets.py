@@ -10,6 +10,8 @@ Released configs (no weights): `deepseek-v4.1-flash`, `deepseek-v4-flash`, `deep
 * `tiny-v41-released-schedule` — tiny widths with the released 40-layer V4.1-Flash schedule and role
   lists (and 3 DSpark stages).
 * `tiny-v4` — V4 at tiny width: SWA, CSA (ratio 4), HCA (ratio 128), hash-routed MoE, one MTP layer.
+* `tiny-v4-d512` — tiny-v4 with the release's head_dim 512 / qk_rope_head_dim 64 (index_head_dim 64), the one width
+  V4's quantised cache rows (584 B, `kv_cache_dtype auto`) hold.
 * `bench-40` — released V4.1-Flash widths and 40-layer schedule with 32 routed experts and small
   Engram tables, for benchmarks on one GPU.
 * `flash-full` — the released V4.1-Flash text config (384 routed experts, full Engram tables): about
@@ -325,6 +327,12 @@ def _tiny_v4() -> dict[str, Any]:
     )
 
 
+def _tiny_v4_d512() -> dict[str, Any]:
+    # V4's 584-byte cache rows hold head_dim 512 with a 64-channel rope part only (spec 5.4).
+    # The indexer ropes the same 64 channels of its keys, so index_head_dim grows to 64 too.
+    return {**_tiny_v4(), "head_dim": 512, "qk_rope_head_dim": 64, "index_head_dim": 64}
+
+
 def _bench_40() -> dict[str, Any]:
     text = dict(V41_FLASH_TEXT, n_routed_experts=32, engram_vocab_size=20000, dspark_n_routed_experts=32)
     return v41_config_json(_with_engram_rows(text))
@@ -339,6 +347,7 @@ GENERATOR = {
     "tiny-v41": _tiny_v41,
     "tiny-v41-released-schedule": _tiny_v41_released_schedule,
     "tiny-v4": _tiny_v4,
+    "tiny-v4-d512": _tiny_v4_d512,
     "bench-40": _bench_40,
     "flash-full": lambda: v41_config_json(V41_FLASH_TEXT),
 }
