@@ -313,7 +313,11 @@ struct Kernel {
 
     Buf<F> buf[2];
     XRegs xr;
+    // The weights are never written by a kernel of the step: the first piece is requested before
+    // waiting for the grids this one depends on (programmatic dependent launch in decode graphs);
+    // the activations and every write come after the wait.
     load_w(p, wrow, srow, pc0 * T::KP, buf[0]);
+    pdl_entry();
     if constexpr (kPrefetchX) load_x(p, x, pc0 * T::KP, xr);
     // Two pieces per iteration so the register double buffer needs no copies.
     auto piece = [&](int64_t pc, Buf<F>& cur, Buf<F>& next) {
@@ -343,8 +347,7 @@ struct Kernel {
 template <int F, int NT>
 __global__ void __launch_bounds__(kBlockThreads, NT == 1 ? 2 : 1)
     decode_gemv_kernel(const Params p) {
-  pdl_entry();
-  Kernel<F, NT>::run(p);
+  Kernel<F, NT>::run(p);  // pdl_entry() inside, after the first weight loads are issued
 }
 
 template <int F>
