@@ -105,6 +105,17 @@ def tiny_v4_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_v4_d512_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """tiny-v4 at head_dim 512 / qk_rope_head_dim 64 (what V4's quantised cache rows hold), seed 1."""
+    from dsv41rt.checkpoint.generator import make_checkpoint
+    from dsv41rt.config.presets import preset_config_json
+
+    out = str(tmp_path_factory.mktemp("ck") / "tiny-v4-d512-seed1")
+    make_checkpoint(preset_config_json("tiny-v4-d512"), out, 1)
+    return out
+
+
+@pytest.fixture(scope="session")
 def released_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A tiny checkpoint with the released layer schedule (40 layers), seed 0."""
     from dsv41rt.checkpoint.generator import make_checkpoint

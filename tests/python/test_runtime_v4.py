@@ -2,8 +2,11 @@
 decode, fork / export-import of a handle, the engine, and the refusal of rollback.
 
 The CPU's rows do not depend on the batch and the V4 compressors' state lives in the request slot,
-which fork and export copy whole, so each of these is bitwise the single-handle path. transformers
-agreement itself is tests/python/test_oracle_v4.py's.
+which fork and export copy whole, so each of these is bitwise the single-handle path; with V4's
+quantised caches too (`kv_cache_dtype auto` on a tiny-v4-d512 checkpoint: the forward QDQs its own
+rows with the cache codec, so rows read back from the 584-byte cache and this forward's agree).
+transformers agreement itself is tests/python/test_oracle_v4.py's (test_oracle_v4_quant.py's with
+quantised caches).
 """
 
 from __future__ import annotations
@@ -22,6 +25,15 @@ def rt(tiny_v4_dir: str) -> Any:  # dsv41rt.runtime.Runtime
     return Runtime(tiny_v4_dir, kv_cache_dtype="float32", enable_prefix_caching=False)
 
 
+@pytest.fixture(scope="module", params=["float32", "auto"])
+def any_rt(request: pytest.FixtureRequest, tiny_v4_dir: str, tiny_v4_d512_dir: str) -> Any:
+    """FP32 caches on tiny-v4, quantised caches (auto) on tiny-v4-d512."""
+    from dsv41rt.runtime import Runtime
+
+    ck = tiny_v4_dir if request.param == "float32" else tiny_v4_d512_dir
+    return Runtime(ck, kv_cache_dtype=request.param, enable_prefix_caching=False)
+
+
 def _decode_alone(rt: Any, prompt: list[int], tokens: list[int]) -> np.ndarray:
     h = rt.new_handle()
     rt.forward_tokens(h, prompt)
@@ -30,9 +42,10 @@ def _decode_alone(rt: Any, prompt: list[int], tokens: list[int]) -> np.ndarray:
     return np.stack(rows)
 
 
-def test_batched_decode_equals_each_handle_alone(rt: Any) -> None:
+def test_batched_decode_equals_each_handle_alone(any_rt: Any) -> None:
     """Three requests (125 tokens, crossing the HCA group at 128 while decoding; 30; 1) decoded in
     one batch per step give each request's own logits bitwise."""
+    rt = any_rt
     prompts = [prompt_of(125), prompt_of(30), prompt_of(1)]
     tokens = [7, 8, 9, 10, 11, 12]
     alone = [_decode_alone(rt, p, tokens) for p in prompts]
@@ -46,8 +59,9 @@ def test_batched_decode_equals_each_handle_alone(rt: Any) -> None:
         assert np.array_equal(batched[i], a), f"request {i}: differs by {np.abs(batched[i] - a).max()}"
 
 
-def test_fork_and_import_continue_exactly(rt: Any) -> None:
+def test_fork_and_import_continue_exactly(any_rt: Any) -> None:
     """The slot (window rings and every compressor's state) and the pages travel whole."""
+    rt = any_rt
     h = rt.new_handle()
     rt.forward_tokens(h, prompt_of(127))
     forked = rt.fork_handle(h)

@@ -192,32 +192,34 @@ class V4Limit:
     server resolves or refuses them first, by their key, before it binds the port or loads."""
 
     name: str  # the RuntimeOptions field
-    supported: Callable[[Any], bool]
+    supported: Callable[[Any, RuntimeOptions], bool]  # (value, all the options)
     value: Any  # what the option's default becomes for V4
     why: str
 
 
 V4_LIMITS = (
+    # auto (V4's 584-byte rows, FP4 index keys) runs on the cpu backend (head_dim 512 only: the
+    # runtime names the dims otherwise); the default stays float32, which every V4 config runs.
     V4Limit(
         "kv_cache_dtype",
-        lambda v: v == "float32",
+        lambda v, rt: v == "float32" or rt.device == "cpu",
         "float32",
-        "DeepSeek-V4's quantised cache rows (584-byte rows, FP4 index keys) are not built yet",
+        "DeepSeek-V4's quantised cache rows (584-byte rows, FP4 index keys) run on the cpu backend only",
     ),
-    V4Limit("precision", lambda v: v == "fp32", "fp32", "DeepSeek-V4 runs in fp32 only so far"),
+    V4Limit("precision", lambda v, rt: v == "fp32", "fp32", "DeepSeek-V4 runs in fp32 only so far"),
     V4Limit(
         "page_size",
-        lambda v: v % 128 == 0,
+        lambda v, rt: v % 128 == 0,
         128,
         "DeepSeek-V4's HCA compresses groups of 128 positions (pages hold a multiple of 128)",
     ),
     V4Limit(
         "speculative_config",
-        lambda v: v is None,
+        lambda v, rt: v is None,
         None,
         "speculative decoding (rollback) is not built for DeepSeek-V4 yet",
     ),
-    V4Limit("load_drafter", lambda v: v is False, False, "DeepSeek-V4 has no drafter in this runtime yet"),
+    V4Limit("load_drafter", lambda v, rt: v is False, False, "DeepSeek-V4 has no drafter in this runtime yet"),
 )
 
 
@@ -232,20 +234,21 @@ def _yaml(value: Any) -> str:
 
 def resolve_for_v4(runtime: RuntimeOptions, explicit: set[str]) -> RuntimeOptions:
     """`runtime` for a DeepSeek-V4 checkpoint: each option of V4_LIMITS that `explicit` (the field
-    names the user set) does not name takes V4's value where its default is not what V4 runs with;
-    an explicit value V4 cannot run with is a Dsv41rtError naming the key, the value and why."""
+    names the user set) does not name takes V4's value (`V4Limit.value`); an explicit value V4
+    cannot run with is a Dsv41rtError naming the key, the value and why."""
     changes: dict[str, Any] = {}
     for limit in V4_LIMITS:
         value = getattr(runtime, limit.name)
-        if limit.supported(value):
-            continue
         key = OPTIONS[limit.name].key
         if limit.name in explicit:
+            if limit.supported(value, runtime):
+                continue
             fix = "remove it" if limit.value is None else f"remove it or set {_yaml(limit.value)}"
             raise Dsv41rtError(
                 f"{key}: {_yaml(value)} is not supported with a DeepSeek-V4 checkpoint: {limit.why}; {fix}"
             )
-        changes[limit.name] = limit.value
+        if value != limit.value:  # a default V4 runs otherwise (kv-cache-dtype auto stays opt-in)
+            changes[limit.name] = limit.value
     return runtime.replace(**changes) if changes else runtime
 
 
