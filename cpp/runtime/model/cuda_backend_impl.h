@@ -469,6 +469,12 @@ class CudaBackend final : public Backend {
   void sparse_attention_cached(const float* q, const kernels::CachedKeys& keys, const int32_t* idx,
                                const float* sink, int64_t S, int64_t n_heads, int64_t D, int64_t K,
                                float scale, float* out, Stream s) override {
+    // The device row decode (cache_row_decode.cuh) knows V4.1's formats only.
+    DSV41RT_CHECK_CODE(
+        kUnsupported,
+        keys.window_format != RowFormat::kV4Row && keys.comp_format != RowFormat::kV4Row,
+        "sparse_attention_cached: DeepSeek-V4's 584-byte cache rows (kV4Row) run on "
+        "the cpu backend only");
     DSV41RT_CU(
         kc::sparse_attention_tc_cached(q, keys, idx, sink, S, n_heads, D, K, scale, out, cs(s)));
   }
@@ -479,8 +485,8 @@ class CudaBackend final : public Backend {
   // 32k prefill the scores took 942 ms in place against 882 ms over the unpacked keys (H200,
   // single runs).
   bool indexer_reads_caches(kernels::RowFormat format, int64_t H, int64_t D) const override {
-    return format != kernels::RowFormat::kF32 && !staged_gemm_ &&
-           kc::indexer_scores_tc_supported(H, D, nullptr, nullptr);
+    return format != kernels::RowFormat::kF32 && format != kernels::RowFormat::kV4Row &&
+           !staged_gemm_ && kc::indexer_scores_tc_supported(H, D, nullptr, nullptr);
   }
   void indexer_scores_cached(const float* q, const kernels::IndexKeys& keys, const float* w,
                              const int64_t* n_visible, int64_t S, int64_t H, int64_t D, int64_t T,
