@@ -10,8 +10,8 @@ Released configs (no weights): `deepseek-v4.1-flash`, `deepseek-v4-flash`, `deep
 * `tiny-v41-released-schedule` — tiny widths with the released 40-layer V4.1-Flash schedule and role
   lists (and 3 DSpark stages).
 * `tiny-v4` — V4 at tiny width: SWA, CSA (ratio 4), HCA (ratio 128), hash-routed MoE, one MTP layer.
-* `tiny-v4-d512` — tiny-v4 with the release's head_dim 512 / qk_rope_head_dim 64 (index_head_dim 64), the one width
-  V4's quantised cache rows (584 B, `kv_cache_dtype auto`) hold.
+* `tiny-v4-d512` — tiny-v4 with the release's head_dim 512 / qk_rope_head_dim 64 (index_head_dim 64),
+  the one width V4's quantised cache rows (584 B, `kv_cache_dtype auto`) hold.
 * `bench-40` — released V4.1-Flash widths and 40-layer schedule with 32 routed experts and small
   Engram tables, for benchmarks on one GPU.
 * `flash-full` — the released V4.1-Flash text config (384 routed experts, full Engram tables): about
