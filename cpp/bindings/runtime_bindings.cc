@@ -57,7 +57,8 @@ F32Out logits_array(int64_t rows, int64_t cols, Fill&& fill) {
 }
 
 // Decisions as numpy arrays keyed "topk_L<l>" / "experts_L<l>" (int32), "window_kv_L<l>" and
-// "dspark_features_L<l>" (float32), rows x width.
+// "dspark_features_L<l>" (float32), V4's MTP "mtp_streams_S<s>" / "mtp_logits_S<s>" (float32),
+// rows x width.
 // One numpy array per layer of `values` (rows x width(layer)), under prefix + layer.
 template <typename T, typename Width>
 void add_layer_arrays(nb::dict& out, const char* prefix,
@@ -78,6 +79,8 @@ nb::dict decisions_dict(const Decisions& d) {
   add_layer_arrays(out, "experts_L", d.experts, [&](int l) { return d.experts_width.at(l); });
   add_layer_arrays(out, "window_kv_L", d.window_kv, [&](int) { return d.window_kv_width; });
   add_layer_arrays(out, "dspark_features_L", d.dspark_features, [&](int) { return d.hidden; });
+  add_layer_arrays(out, "mtp_streams_S", d.mtp_streams, [&](int) { return d.mtp_streams_width; });
+  add_layer_arrays(out, "mtp_logits_S", d.mtp_logits, [&](int) { return d.mtp_logits_width; });
   return out;
 }
 

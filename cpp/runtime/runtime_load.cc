@@ -58,14 +58,24 @@ const char* backend_name(CpBackend b) {
   return "?";
 }
 
-// DeepSeek-V4: speculation (its rollback does not know V4's slot yet, and V4 has no drafter here)
-// is refused by name; the executor checks the rest (model/v4_support.h). The prefix cache copies
-// whole slots and pages, V4's compressor state included (docs/design/v4.md step 6).
+// DeepSeek-V4: speculation (its rollback does not know V4's slot yet) is refused by name;
+// load_drafter loads the MTP layer (spec 4.3; its logits in Decisions, cpu only, no parallelism).
+// The executor checks the rest (model/v4_support.h). The prefix cache copies whole slots and
+// pages, V4's compressor state (and the MTP's ring) included (docs/design/v4.md step 6).
 void check_v4_runtime(const RuntimeOptions& o, const ModelPlan& plan) {
   const std::string& src = plan.config.source;
-  DSV41RT_CHECK_CODE(kUnsupported,
-                     o.num_speculative_tokens == 0 && !o.load_drafter && !o.draft_source, src,
+  DSV41RT_CHECK_CODE(kUnsupported, o.num_speculative_tokens == 0 && !o.draft_source, src,
                      ": speculative decoding (rollback) is not built for DeepSeek-V4");
+  if (!o.load_drafter) return;
+  const ParallelOptions& par = o.parallel;
+  DSV41RT_CHECK_CODE(kUnsupported, !plan.draft_layers.empty(), "load_drafter: ", src,
+                     " has no MTP layer (num_nextn_predict_layers = 0)");
+  DSV41RT_CHECK_CODE(kUnsupported,
+                     o.device.device == "cpu" && par.tensor_parallel_size == 1 &&
+                         par.expert_parallel_size == 1 && par.context_parallel_size == 1,
+                     "load_drafter: V4's MTP layer runs on the cpu backend without parallelism "
+                     "only (device ",
+                     o.device.device, ")");
 }
 
 // V4 pages hold whole HCA groups: the default page size (64) becomes 128 for a V4 checkpoint;
@@ -137,8 +147,10 @@ LoadedModel load_model(const RuntimeOptions& o) {
       (par.context_parallel_size == 1 ||
        (par.rank < 0 && !par.worker_threads && par.context_parallel_backend != CpBackend::kSocket));
   if (drafter) {
-    DSV41RT_CHECK_CODE(kInvalidArgument, plan.config.dspark && !plan.draft_layers.empty(), asker,
-                       ": ", o.checkpoint, " has no DSpark drafter");
+    // V4's MTP layer loads the same way (check_v4_runtime allowed it).
+    DSV41RT_CHECK_CODE(kInvalidArgument,
+                       (plan.config.dspark || !plan.config.is_v41()) && !plan.draft_layers.empty(),
+                       asker, ": ", o.checkpoint, " has no DSpark drafter");
     DSV41RT_CHECK_CODE(kUnsupported, speculation_fits, asker,
                        ": the drafter is not built for tensor or expert parallelism or one "
                        "process per context-parallel rank");

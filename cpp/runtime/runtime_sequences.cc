@@ -35,6 +35,11 @@ void Sequences::forward(int64_t seq, const int32_t* tokens, int64_t n, bool all_
   if (undoable) batch[0].undo = &record;
   std::vector<float> features;
   if (exec_.has_drafter()) batch[0].dspark_features = &features;
+  // V4's MTP layer reads the token after the last row: the greedy one.
+  model::SampleSpec greedy;
+  greedy.params.temperature = 0.0f;
+  kernels::SampledToken sampled;
+  if (exec_.has_mtp()) batch[0].sample = &greedy, batch[0].sampled = &sampled;
   s.undo = {};  // the state it described is about to change
   exec_.forward(batch);
   s.length += n;
@@ -142,7 +147,12 @@ void Sequences::decode(const std::vector<int64_t>& seqs, const int32_t* tokens, 
 
 void Sequences::run_decode(const std::vector<int64_t>& seqs, std::vector<model::BatchItem>& batch) {
   std::vector<std::vector<float>> features(batch.size());
+  model::SampleSpec greedy;  // V4's MTP layer reads each item's next token (the greedy one)
+  greedy.params.temperature = 0.0f;
+  std::vector<kernels::SampledToken> sampled(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
+    if (exec_.has_mtp() && !batch[i].sample)
+      batch[i].sample = &greedy, batch[i].sampled = &sampled[i];
     if (exec_.has_drafter()) batch[i].dspark_features = &features[i];
     find(seqs[i]).undo = {};
   }

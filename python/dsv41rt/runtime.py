@@ -423,6 +423,18 @@ class Runtime:
         prefix = "dspark_features_L"
         return {int(k[len(prefix) :]): v for k, v in self._rt.decisions().items() if k.startswith(prefix)}
 
+    def mtp_outputs(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Per DeepSeek-V4 MTP layer s (a Runtime with load_drafter=True, recording decisions), the last
+        forward's final streams fed in [rows, hc_mult * hidden] (before the hyper-head) and its logits
+        [rows, vocab] (float32; row t predicts token t + 2)."""
+        d = self._rt.decisions()
+        prefix = "mtp_logits_S"
+        return {
+            int(k[len(prefix) :]): (d[f"mtp_streams_S{k[len(prefix) :]}"], v)
+            for k, v in d.items()
+            if k.startswith(prefix)
+        }
+
     # Direct handles: a request's state outside the scheduler (the facade's sequences).
     def new_handle(self) -> int:
         """A direct handle (outside the scheduler) for scoring and parity tests."""

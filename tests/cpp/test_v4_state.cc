@@ -72,8 +72,10 @@ TEST(V4StateLayout, EveryCompressedLayerIsASourceOfItsOwn) {
   EXPECT_EQ(layout.geometry().page_bytes, 2 * (csa_page + hca_page));
   EXPECT_THROW(layout.entry_offset(3, true), Error);   // HCA: no index keys
   EXPECT_THROW(layout.entry_offset(1, false), Error);  // SWA: no entries
-  // Slot: six window rings, then the states in layer order (CSA: main, then indexer).
-  const int64_t rings = 6 * kWindow * kv;
+  // Slot: six backbone window rings and the MTP layer's (mtp.0, ring 6), then the states in layer
+  // order (CSA: main, then indexer).
+  const int64_t rings = 7 * kWindow * kv;
+  EXPECT_EQ(layout.window_offset(6), 6 * kWindow * kv);
   EXPECT_EQ(layout.pending_offset(2), rings);
   EXPECT_EQ(layout.indexer_pending_offset(2), rings + kCsaMain);
   EXPECT_EQ(layout.pending_offset(3), rings + kCsaMain + kCsaIndexer);

@@ -223,6 +223,10 @@ TEST(V4Weights, TheRuntimeRefusesWhatV4CannotRunYetByName) {
        StatusCode::kUnsupported},
       {"precision bf16", [](RuntimeOptions& o) { o.numerics.precision = Precision::kBf16; },
        StatusCode::kUnsupported},
+      // The MTP layer (load_drafter) runs on the cpu backend without parallelism only.
+      {"V4's MTP layer runs on the cpu backend without parallelism only",
+       [](RuntimeOptions& o) { o.load_drafter = true, o.parallel.expert_parallel_size = 2; },
+       StatusCode::kUnsupported},
   };
   for (const Case& c : cases) {
     RuntimeOptions o = runnable();
@@ -236,6 +240,9 @@ TEST(V4Weights, TheRuntimeRefusesWhatV4CannotRunYetByName) {
     }
   }
   Runtime rt(runnable());  // the default page size (64) becomes 128 for V4
+  RuntimeOptions with_mtp = runnable();
+  with_mtp.load_drafter = true;  // V4: loads the MTP layer (docs/design/v4.md step 8)
+  Runtime mtp(with_mtp);
 }
 
 TEST(V4Weights, QuantisedCachesRunOnTheCpuOnly) {

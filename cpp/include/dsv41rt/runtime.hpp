@@ -266,6 +266,10 @@ struct Decisions {
   int64_t window_kv_width = 0;
   std::map<int, std::vector<float>> dspark_features;
   int64_t hidden = 0;
+  /// DeepSeek-V4 MTP layer s (loaded with load_drafter): the final streams fed in [rows, hc * H]
+  /// (before the hyper-head) and its logits [rows, V], every query row.
+  std::map<int, std::vector<float>> mtp_streams, mtp_logits;
+  int64_t mtp_streams_width = 0, mtp_logits_width = 0;
 };
 
 /// Switches for A/B measurements between forwards.

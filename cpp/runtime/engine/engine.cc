@@ -122,6 +122,10 @@ class Engine::Impl {
       b.request = {pool.slot_data(r.slot), r.pages.data(), int64_t(r.pages.size()), ch.start};
       b.tokens = v ? v->fed.data() : r.tokens.data() + ch.start;
       b.n = v ? int64_t(v->fed.size()) : ch.count;
+      // A prefill chunk with more prompt after it: V4's MTP layer reads that token at its last row.
+      if (!v && !ch.samples && ch.start + ch.count < int64_t(r.tokens.size())) {
+        b.mtp_next = r.tokens[size_t(ch.start + ch.count)];
+      }
       b.logits = nullptr;  // only the sampled token leaves the device
       if (spec_.needs_features() && speculates(m.params)) b.dspark_features = &features[i];
       tokens_computed_ += b.n;

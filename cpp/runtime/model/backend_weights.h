@@ -101,10 +101,15 @@ inline bool moe_fp8_inputs(const LayerWeights& w) {
 /// The DSpark drafter's tensors beside its stages (ModelWeights::drafts): main_proj [H, T * H] and
 /// main_norm on stage 0; the final norm, the Markov head (embed [V, r] read by row, head [V, r])
 /// and the confidence head [1, H + r] on the last stage.
+/// V4's MTP (spec 4.3): e_proj / h_proj [H, H], enorm / hnorm and its own hyper-head (norm is
+/// `norm` above); the DSpark fields stay empty there.
 struct DraftHeadWeights {
   Matrix main_proj;
   const float *main_norm = nullptr, *norm = nullptr, *markov_embed = nullptr;
   Matrix markov_head, confidence;
+  Matrix e_proj, h_proj;
+  const float *enorm = nullptr, *hnorm = nullptr;
+  const float *hc_head_fn = nullptr, *hc_head_base = nullptr, *hc_head_scale = nullptr;
 };
 
 struct BackendWeights {

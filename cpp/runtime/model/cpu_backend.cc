@@ -104,6 +104,10 @@ class CpuWeightView {
     h.confidence = matrix(d.confidence);
     out_.bytes +=
         (d.main_norm.numel() + d.norm.numel() + d.markov_embed.numel()) * int64_t(sizeof(float));
+    h.e_proj = matrix(d.e_proj), h.h_proj = matrix(d.h_proj);  // V4 MTP (empty for DSpark)
+    h.enorm = floats(d.enorm), h.hnorm = floats(d.hnorm);
+    h.hc_head_fn = floats(d.hc_head_fn), h.hc_head_base = floats(d.hc_head_base);
+    h.hc_head_scale = floats(d.hc_head_scale);
   }
 
   // inv_freq index `rope`: the layer's RoPE table.

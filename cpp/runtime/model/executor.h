@@ -145,6 +145,10 @@ struct BatchItem {
   /// config order, the drafter's input: Decisions::dspark_features), filled by the forward.
   /// Null: not computed. Only where has_drafter().
   std::vector<float>* dspark_features = nullptr;
+  /// DeepSeek-V4 MTP (an executor holding the MTP layer): the token after this item's last row
+  /// when the item does not sample (the next prompt token of a chunked prefill). Negative and
+  /// not sampling: the forward is refused after the backbone ran (the MTP ring would miss it).
+  int32_t mtp_next = -1;
 };
 
 class DSV41RT_API Executor {
@@ -182,6 +186,10 @@ class DSV41RT_API Executor {
   virtual void undo(const RequestView& request, const UndoRecord& record, int64_t length);
   /// Whether the DSpark drafter was loaded with the weights (ExecutorOptions::drafter).
   virtual bool has_drafter() const { return false; }
+  /// DeepSeek-V4: the MTP layer runs after every forward (its logits in decisions(); loaded with
+  /// load_drafter). Its last row per item reads the item's next token: callers that do not
+  /// sample give the greedy one (runtime_sequences.cc) or BatchItem::mtp_next.
+  virtual bool has_mtp() const { return false; }
   /// One greedily drafted block (DraftRunner::run_greedy) over this executor's backend and
   /// weights; Error(kUnsupported) without a drafter.
   virtual void draft_greedy(const DraftInputs& in, DraftOutputs& out);

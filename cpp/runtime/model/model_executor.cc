@@ -98,7 +98,11 @@ ModelExecutor::ModelExecutor(ModelPlan plan, ModelWeights weights, EngramTables 
   runner_->expert_comm = options_.ep_size > 1 ? options_.group_comm : nullptr;
   if (runner_->expert_comm) check_expert_split(*backend_, weights_);
   runner_->tensor_comm = options_.tp_size > 1 ? options_.group_comm : nullptr;
-  if (!weights_.drafts.empty() && !options_.group_comm) {
+  mtp_ = !plan_.config.dspark && !weights_.drafts.empty();
+  DSV41RT_CHECK_CODE(kUnsupported, !mtp_ || (!options_.group_comm && options_.device == "cpu"),
+                     plan_.config.source,
+                     ": V4's MTP layer runs on the cpu backend without parallelism only");
+  if (plan_.config.dspark && !weights_.drafts.empty() && !options_.group_comm) {
     drafter_ = std::make_unique<DraftRunner>(plan_, *backend_, weights_, layout_->formats().window);
   }
 }
@@ -147,7 +151,7 @@ void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicat
   const bool group_capturable = !options_.group_comm || options_.group_comm->device_buffers();
   const bool graphs = options_.cuda_graphs && backend_->supports_graphs() &&
                       !runner_->record_decisions && !comm && !masked && !undo && !features &&
-                      group_capturable;
+                      !mtp_ && group_capturable;
   const DecodeBucket bucket = graphs ? decode_bucket(c, batch) : DecodeBucket{};
   // Precision "bf16" / "fp8" runs every forward with BF16 / FP8 GEMM inputs; the backend picks
   // its kernels by the forward's rows (decode-sized forwards on the skinny decode kernels).
@@ -187,6 +191,7 @@ void ModelExecutor::forward_impl(std::vector<BatchItem>& batch, comm::Communicat
     if (features) copy_dspark_features(f, batch, comm);
     ++eager_forwards_;
     copy_results(f, batch);
+    if (mtp_) run_mtp(f, batch);
   }
   backend_->record_time(kForwardEnd, s);
   backend_->synchronize(s);

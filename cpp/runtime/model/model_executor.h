@@ -33,6 +33,7 @@ class ModelExecutor final : public Executor {
   void copy_state(const RequestView& src, const RequestView& dst) override;
   void undo(const RequestView& request, const UndoRecord& record, int64_t length) override;
   bool has_drafter() const override { return drafter_ != nullptr; }
+  bool has_mtp() const override { return mtp_; }
   void draft_greedy(const DraftInputs& in, DraftOutputs& out) override;
   HostStateCopy* host_state_copy() override { return host_copy_.get(); }
 
@@ -59,6 +60,9 @@ class ModelExecutor final : public Executor {
   void copy_dspark_features(const ForwardPlan& f, std::vector<BatchItem>& batch,
                             const comm::Communicator* comm);
   int32_t* history(const uint8_t* slot);
+  // V4's MTP layer after an eager forward (model_executor_mtp.cc): each row's next token from the
+  // items' tokens, their sampled tokens or BatchItem::mtp_next.
+  void run_mtp(const ForwardPlan& f, const std::vector<BatchItem>& batch);
 
   ModelPlan plan_;
   EngramTables engram_;
@@ -73,6 +77,7 @@ class ModelExecutor final : public Executor {
   std::unique_ptr<BackendHostCopy> host_copy_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<DraftRunner> drafter_;  // when the weights hold the drafts
+  bool mtp_ = false;  // V4: the weights hold the MTP layer (its ring follows every forward)
   DecodeGraphs graphs_;
   bool bf16_gemm_ = false;  // tensor-core GEMM inputs (precision "bf16" or "fp8")
   bool fp8_act_ = false;    // precision "fp8": FP8 inputs of FP8 / FP4 matrices

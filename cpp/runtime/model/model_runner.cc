@@ -58,15 +58,15 @@ void ModelRunner::embed_and_layers(const ForwardPlan& f) {
   float* X = buf(X_, N * hc * H);
   float* X1 = buf(X1_, N * hc * H);
   float* u = buf(u_, NA * H);
-  float* xn = buf(xn_, NA * H);
+  buf(xn_, NA * H);
   buf(yv_, N * H);
   float* pre = buf(pre_, N * hc);
-  float* a_pre = buf(a_pre_, N * hc);
-  float* a_post = buf(a_post_, N * hc);
-  float* a_comb = buf(a_comb_, N * hc * hc);
+  buf(a_pre_, N * hc);
+  buf(a_post_, N * hc);
+  buf(a_comb_, N * hc * hc);
   float* f_pre = buf(f_pre_, N * hc);
-  float* f_post = buf(f_post_, N * hc);
-  float* f_comb = buf(f_comb_, N * hc * hc);
+  buf(f_post_, N * hc);
+  buf(f_comb_, N * hc * hc);
 
   // A CP rank may own no rows of a short batch: it still takes part in the all-gathers and
   // writes every row's state (attention), and skips the row-wise ops.
@@ -92,23 +92,7 @@ void ModelRunner::embed_and_layers(const ForwardPlan& f) {
     if ((record_decisions || capture_dspark_features) && rows_here && dspark_target(layer.index)) {
       record_dspark_features(layer.index, X, N, hc, H);
     }
-    if (rows_here) {
-      be_.hc_mix(X, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale, N, hc, H, eps, hc_eps,
-                 c.hc_sinkhorn_iters, a_pre, a_post, a_comb, scratch(mix_scratch_), s);
-      // V4 collapses each sublayer's streams with the pre of their own mix; V4.1 with the pre
-      // the previous sublayer's mix computed (single-pass mHC).
-      be_.hc_collapse(X, v4 ? a_pre : pre, N, hc, H, u, s);
-      be_.rms_norm(u, w.attn_norm, N, H, eps, xn, s);
-    }
-    attention(layer, w, f);
-    if (rows_here) {
-      be_.hc_expand(X, yv_.get(), a_post, a_comb, N, hc, H, X1, s);
-      be_.hc_mix(X1, w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale, N, hc, H, eps, hc_eps,
-                 c.hc_sinkhorn_iters, f_pre, f_post, f_comb, scratch(mix_scratch_), s);
-      be_.hc_collapse(X1, v4 ? f_pre : a_pre, N, hc, H, u, s);
-      be_.rms_norm(u, w.ffn_norm, N, H, eps, xn, s);
-      ffn(layer, w, X1, X, f_post, f_comb);
-    }
+    block(layer, w, f, X, X1, pre, f_pre);
     std::swap(pre, f_pre);
   }
   if (rows_here && v4) {  // the hyper-head's own collapse weights
@@ -123,6 +107,39 @@ void ModelRunner::embed_and_layers(const ForwardPlan& f) {
     u_all = ug;
   }
   head_and_sample(f, u_all);
+}
+
+// One block on the streams X (X1: the streams between the sublayers): mHC mix -> collapse ->
+// attention -> expand -> mix -> collapse -> MoE -> expand, back into X. `pre` is V4.1's collapse
+// weights from the previous sublayer's mix; `f_pre` receives the FFN mix's pre. The buffers
+// embed_and_layers sized are reused (the MTP layer runs on the same rows).
+void ModelRunner::block(const LayerPlan& layer, const LayerWeights& w, const ForwardPlan& f,
+                        float* X, float* X1, const float* pre, float* f_pre) {
+  const ModelConfig& c = plan_.config;
+  const int64_t H = c.hidden_size, hc = c.hc_mult, N = meta_.nq;
+  const float eps = float(c.rms_norm_eps), hc_eps = float(c.hc_eps);
+  const bool v4 = !c.is_v41();
+  const Stream s = main();
+  float *u = u_.get(), *xn = xn_.get(), *a_pre = a_pre_.get(), *a_post = a_post_.get();
+  float *a_comb = a_comb_.get(), *f_post = f_post_.get(), *f_comb = f_comb_.get();
+  const bool rows_here = N > 0;
+  if (rows_here) {
+    be_.hc_mix(X, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale, N, hc, H, eps, hc_eps,
+               c.hc_sinkhorn_iters, a_pre, a_post, a_comb, scratch(mix_scratch_), s);
+    // V4 collapses each sublayer's streams with the pre of their own mix; V4.1 with the pre
+    // the previous sublayer's mix computed (single-pass mHC).
+    be_.hc_collapse(X, v4 ? a_pre : pre, N, hc, H, u, s);
+    be_.rms_norm(u, w.attn_norm, N, H, eps, xn, s);
+  }
+  attention(layer, w, f);
+  if (rows_here) {
+    be_.hc_expand(X, yv_.get(), a_post, a_comb, N, hc, H, X1, s);
+    be_.hc_mix(X1, w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale, N, hc, H, eps, hc_eps,
+               c.hc_sinkhorn_iters, f_pre, f_post, f_comb, scratch(mix_scratch_), s);
+    be_.hc_collapse(X1, v4 ? f_pre : a_pre, N, hc, H, u, s);
+    be_.rms_norm(u, w.ffn_norm, N, H, eps, xn, s);
+    ffn(layer, w, X1, X, f_post, f_comb);
+  }
 }
 
 // MoE (spec §5): route, routed + shared experts, then the stream expansion.

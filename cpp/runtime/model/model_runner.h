@@ -84,6 +84,13 @@ class ModelRunner {
   /// The forward's launch sequence on the main stream. Capture-safe after a begin() without
   /// a communicator while nothing is recorded.
   void run(const ForwardPlan& f);
+  /// DeepSeek-V4's MTP layer s (spec 4.3, model_runner_mtp.cc) after run(f), on the final
+  /// streams run() left (before the hyper-head): `next` [f.rows] is each row's next token
+  /// x_{t+1}. Writes the layer's own window ring (slot ring plan.layers.size() + s) and leaves
+  /// the logits of every query row [rows, V] at mtp_logits(). With record_decisions the streams
+  /// fed in and the logits go to decisions() (mtp_streams / mtp_logits under stage s).
+  void run_mtp(const ForwardPlan& f, const std::vector<int32_t>& next, int s = 0);
+  const float* mtp_logits() const { return mtp_logits_.get(); }
   /// Resets the per-forward layer state run() consumes (a capture records run() without
   /// executing it; the eager run before it needs the same starting state).
   void reset_forward_state();
@@ -115,6 +122,8 @@ class ModelRunner {
   Stream side(int i) { return multistream ? be_.stream(1 + i) : main(); }
 
   void embed_and_layers(const ForwardPlan& f);
+  void block(const LayerPlan& layer, const LayerWeights& w, const ForwardPlan& f, float* X,
+             float* X1, const float* pre, float* f_pre);
   void ffn(const LayerPlan& layer, const LayerWeights& w, float* X1, float* X, const float* f_post,
            const float* f_comb);
   void head_and_sample(const ForwardPlan& f, const float* u);
@@ -170,6 +179,9 @@ class ModelRunner {
   DeviceArray<uint8_t> engram_scratch_, moe_scratch_, sample_scratch_, mix_scratch_;
   DeviceArray<int32_t> tokens_, top_ids_;
   DeviceArray<float> logprobs_, top_lps_;
+  // V4 MTP (run_mtp): its streams, the embedded next tokens, constants of the broadcast add.
+  DeviceArray<float> mtp_X_, mtp_e_, mtp_ones_, mtp_eye_, mtp_logits_;
+  DeviceArray<int32_t> mtp_next_;
 
   // Context parallelism, set for the duration of a forward begun with a communicator.
   comm::Communicator* comm_ = nullptr;

@@ -15,7 +15,10 @@ StateLayout::StateLayout(const ModelPlan& plan, CacheFormats formats, int64_t pa
   kv_row_bytes_ = rows.compressed_kv;
   key_row_bytes_ = rows.index_key;
   window_layer_bytes_ = sliding_window_ * window_row_bytes_;
-  int64_t slot = window_layer_bytes_ * int64_t(plan.layers.size());
+  // V4's MTP layers keep a window ring each after the backbone's (window_offset(layers + s));
+  // DSpark stages rebuild theirs from the target features and keep none.
+  const int64_t rings = int64_t(plan.layers.size()) + (c.dspark ? 0 : c.num_nextn_predict_layers);
+  int64_t slot = window_layer_bytes_ * rings;
   int64_t page = 0;
   for (const LayerPlan& layer : plan.layers) {
     // V4.1 Full layers and every V4 compressed layer (CSA, HCA: no sharing) own their entries.

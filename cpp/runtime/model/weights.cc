@@ -247,19 +247,28 @@ BlockWeights load_block(const Checkpoint& ck, const Loader& L, const LayerPlan& 
   return b;
 }
 
-// The DSpark stages and their heads (names as tensor_spec.cc drafts() lists them).
+// The DSpark stages and their heads, or V4's MTP layer with its projections, norms and
+// hyper-head (names as tensor_spec.cc drafts() lists them).
 DraftWeights load_drafts(const Checkpoint& ck, const Loader& L, const ModelPlan& plan) {
-  DSV41RT_CHECK_CODE(kUnsupported, plan.config.dspark.has_value() && !plan.draft_layers.empty(),
-                     ck.path(),
-                     ": the config has no DSpark drafter (dspark_* keys and "
-                     "num_nextn_predict_layers > 0) to load");
+  DSV41RT_CHECK_CODE(kUnsupported, !plan.draft_layers.empty(), ck.path(),
+                     ": the config has no draft stages (num_nextn_predict_layers = 0) to load");
   DraftWeights d;
   for (const LayerPlan& layer : plan.draft_layers) d.stages.push_back(load_block(ck, L, layer));
   const std::string first = plan.draft_layers.front().name_prefix();
   const std::string last = plan.draft_layers.back().name_prefix();
+  d.norm = L.load(last + "norm.weight");
+  if (!plan.config.dspark) {  // V4 MTP (spec 4.3): one layer, mtp.0
+    d.e_proj = L.load(first + "e_proj.weight");
+    d.h_proj = L.load(first + "h_proj.weight");
+    d.enorm = L.load(first + "enorm.weight");
+    d.hnorm = L.load(first + "hnorm.weight");
+    d.hc_head_fn = L.load(first + "hc_head_fn");
+    d.hc_head_base = L.load(first + "hc_head_base");
+    d.hc_head_scale = L.load(first + "hc_head_scale");
+    return d;
+  }
   d.main_proj = L.load(first + "main_proj.weight");
   d.main_norm = L.load(first + "main_norm.weight");
-  d.norm = L.load(last + "norm.weight");
   d.markov_embed = L.load(last + "markov_head.embed.weight");
   d.markov_head = L.load(last + "markov_head.head.weight");
   d.confidence = L.load(last + "confidence_head.proj.weight");
@@ -508,8 +517,9 @@ int64_t materialize_host_values(ModelWeights& w) {
   if (w.drafts) {
     for (BlockWeights& b : w.drafts->stages) block(b);
     DraftWeights& d = *w.drafts;
-    for (Tensor* t :
-         {&d.main_proj, &d.main_norm, &d.norm, &d.markov_embed, &d.markov_head, &d.confidence}) {
+    for (Tensor* t : {&d.main_proj, &d.main_norm, &d.norm, &d.markov_embed, &d.markov_head,
+                      &d.confidence, &d.e_proj, &d.h_proj, &d.enorm, &d.hnorm, &d.hc_head_fn,
+                      &d.hc_head_base, &d.hc_head_scale}) {
       values(*t);
     }
   }

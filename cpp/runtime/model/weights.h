@@ -106,10 +106,14 @@ struct BlockWeights {
 /// The DSpark drafter (V4.1, spec 4.2): the stages `mtp.s` (blocks like the backbone's) and the
 /// tensors beside them: main_proj / main_norm on stage 0, norm and the Markov and confidence heads
 /// on the last. The embedding and the head are the backbone's.
+/// V4's MTP (spec 4.3) is one stage `mtp.0` with e_proj / h_proj [H, H], enorm / hnorm / norm [H]
+/// and its own hyper-head (hc_head_*); the DSpark-only tensors stay empty there and vice versa.
 struct DraftWeights {
   std::vector<BlockWeights> stages;
   Tensor main_proj, main_norm;                         // [H, T * H], [H]
   Tensor norm, markov_embed, markov_head, confidence;  // [H], [V, r], [V, r], [1, H + r]
+  Tensor e_proj, h_proj, enorm, hnorm;                 // V4 MTP
+  Tensor hc_head_fn, hc_head_base, hc_head_scale;      // V4 MTP: [n, n * H], [n], [1]
 };
 
 struct ModelWeights {
@@ -129,8 +133,8 @@ struct ModelWeights {
 /// keeps only the sources (the GPU executor dequantises on the device; a released checkpoint
 /// would not fit in host memory as FP32).
 /// `progress(done, total)` (optional) is called after each block's tensors are loaded.
-/// `drafts`: also the DSpark drafter's tensors (ModelWeights::drafts); throws
-/// Error(kUnsupported) when the config has no DSpark stages.
+/// `drafts`: also the DSpark drafter's tensors or V4's MTP layer (ModelWeights::drafts); throws
+/// Error(kUnsupported) when the config has no draft stages.
 /// `synthetic`: the manifest of a checkpoint opened lazily (open_checkpoint with
 /// SyntheticLoad::kLazy): its tensors are checked against the spec by their descriptors and kept
 /// lazy (TensorSource::synthetic, no host values even with host_values) until a backend takes
