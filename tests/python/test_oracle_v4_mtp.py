@@ -144,3 +144,11 @@ def test_mtp_ring_through_engine_chunks_equals_one_shot(tmp_path_factory: pytest
     assert out == [[nxt[-1]]]
     assert chunked.shape == (37 - 32, rt.config.vocab_size)  # chunks 16, 16, 5
     assert np.array_equal(chunked, whole[32:])
+
+
+def test_the_dspark_drafter_refuses_the_v4_mtp_layer(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The standalone DSpark drafter loads drafts as the runtime does; V4's MTP layer is none."""
+    from dsv41rt import _core
+
+    with pytest.raises(Exception, match="has no DSpark drafter"):
+        _core.DSparkDrafter(_checkpoint(tmp_path_factory, 1), False)

@@ -15,6 +15,10 @@ Drafter::Drafter(const std::string& checkpoint_dir, bool cache_quant, const std:
   OpenedCheckpoint opened =
       open_checkpoint(checkpoint_dir, /*validate=*/true, SyntheticLoad::kLazy);
   plan_ = std::move(opened.plan);
+  // load_weights' drafts also load V4's MTP layer, which is no DSpark drafter.
+  DSV41RT_CHECK_CODE(kUnsupported, plan_.config.dspark.has_value(), checkpoint_dir,
+                     ": the config has no DSpark drafter (dspark_* keys and "
+                     "num_nextn_predict_layers > 0)");
   ModelWeights weights = load_weights(std::move(opened.tensors), plan_, /*host_values=*/cpu, {},
                                       /*drafts=*/true, opened.synthetic);
   backend_ = cpu ? make_cpu_backend() : make_cuda_backend(device);
