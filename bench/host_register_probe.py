@@ -1,10 +1,11 @@
 """How long cudaHostRegister takes on a read-only file mapping, a /dev/shm mapping and anonymous
 memory (diagnosis for Engram tables registered in place; docs/design/parallelism.md).
 
-Usage: python bench/host_register_probe.py {file,filesub,shm,anon} MIB   (one registration per
+Usage: python bench/host_register_probe.py {file,fileshared,filesub,shm,anon} MIB   (one registration per
 process: run each case under `timeout`, a registration that hangs cannot be cancelled). `filesub`
 registers MIB in the middle of a 1 GiB file's whole mapping, as the loader registers a table inside
-the checkpoint's mapping.
+the checkpoint's mapping; `file` maps the file MAP_PRIVATE (as the loader does), `fileshared`
+MAP_SHARED.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def main() -> None:
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
     offset = 0
-    if kind in ("file", "filesub", "shm"):
+    if kind in ("file", "fileshared", "filesub", "shm"):
         path = "/dev/shm/register_probe.bin" if kind == "shm" else f"/tmp/register_probe_{kind}.bin"
         size = (1 << 30) if kind == "filesub" else n
         if not os.path.exists(path) or os.path.getsize(path) < size:
@@ -47,7 +48,7 @@ def main() -> None:
                 for _ in range(0, size, 1 << 24):
                     f.write(os.urandom(1 << 24))
         fd = os.open(path, os.O_RDONLY)
-        share = mmap.MAP_SHARED if kind == "shm" else mmap.MAP_PRIVATE
+        share = mmap.MAP_SHARED if kind in ("shm", "fileshared") else mmap.MAP_PRIVATE
         base = libc.mmap(None, size, mmap.PROT_READ, share, fd, 0)
         offset = (size - n) // 2 // 4096 * 4096
         p = base + offset

@@ -74,7 +74,11 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
     FILE_FAIL(kInvalidArgument, path_, "file is ", size_,
               " bytes, too short for the 8-byte header length (truncated?)");
   }
-  void* map = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  // MAP_SHARED (read-only): the same pages as MAP_PRIVATE for reading, and the CUDA backend can
+  // register a range of it in place (Engram tables); cudaHostRegister of a 128 MiB range of a
+  // private file mapping did not return within 40 s on an H100 host (kernel 6.18, driver
+  // 580.159.04) where a shared one took 4 ms (bench/host_register_probe.py, session 37).
+  void* map = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
   if (map == MAP_FAILED) FILE_FAIL(kIoError, path_, "mmap failed: ", std::strerror(errno));
   map_ = map;
   // From here on the destructor will not run if we throw, so unmap explicitly on failure.

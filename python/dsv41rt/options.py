@@ -238,9 +238,9 @@ _ROWS = (
         "engram_host_memory",
         parse_bool,
         "",
-        "CUDA: Engram tables in pinned host memory (one copy per process), gathered over PCIe (zero-copy), "
-        "not in device memory; experimental: `DSV41RT_ENGRAM_REGISTER=1` reads them in place from the "
-        "checkpoint's pages (docs/design/parallelism.md)",
+        "CUDA: Engram tables in host memory, gathered over PCIe (zero-copy), not in device memory: read in "
+        "place from the checkpoint's pages (once per host through the page cache; `DSV41RT_ENGRAM_REGISTER=0`: "
+        "one pinned copy per process instead; docs/design/parallelism.md)",
     ),
     Option("context_parallel_size", parse_int, "", "prefill split over this many ranks"),
     Option(

@@ -1,12 +1,10 @@
-"""Engram tables in pinned host memory (`engram_host_memory`, issue 20): the device's gathers read
-the same bytes over PCIe, so logits and greedy tokens are bitwise those of device-resident
-tables; the tables leave device memory (backend_stats weight_bytes) for pinned host memory
-(weight_host_bytes), the two adding up to the same total. By default each process holds a pinned
-copy; with DSV41RT_ENGRAM_REGISTER=1 (experimental: a bench-40 load hung with it on an H100, see
-docs/design/parallelism.md) the device reads the checkpoint file's own pages in place (registered
-once per process: weight_host_in_place_bytes; the page cache holds them once per host), so virtual
-ranks of one process share them. The CPU backend has only host memory: the option changes nothing
-there."""
+"""Engram tables in host memory (`engram_host_memory`, issue 20): the device's gathers read the
+same bytes over PCIe, so logits and greedy tokens are bitwise those of device-resident tables; the
+tables leave device memory (backend_stats weight_bytes) for host memory (weight_host_bytes), the
+two adding up to the same total. By default the device reads the checkpoint file's own pages in
+place (registered once per process: weight_host_in_place_bytes; the page cache holds them once per
+host), so virtual ranks of one process share them; DSV41RT_ENGRAM_REGISTER=0 takes one pinned copy
+per process instead. The CPU backend has only host memory: the option changes nothing there."""
 
 from __future__ import annotations
 
@@ -32,12 +30,19 @@ def run(path: str, device: str, host: bool, **group):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("in_place", [False, True], ids=["pinned copy", "registered in place"])
+@pytest.mark.parametrize(
+    ("switch", "in_place"),
+    [("0", False), ("1", True), (None, True)],
+    ids=["pinned copy", "registered in place", "default: in place"],
+)
 def test_host_tables_give_the_device_tables_bits(
-    tiny_v41_dir: str, in_place: bool, monkeypatch: pytest.MonkeyPatch
+    tiny_v41_dir: str, switch: str | None, in_place: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dev_logits, dev_tokens, dev = run(tiny_v41_dir, "cuda", False)
-    monkeypatch.setenv("DSV41RT_ENGRAM_REGISTER", "1" if in_place else "0")
+    if switch is None:
+        monkeypatch.delenv("DSV41RT_ENGRAM_REGISTER", raising=False)
+    else:
+        monkeypatch.setenv("DSV41RT_ENGRAM_REGISTER", switch)
     host_logits, host_tokens, host = run(tiny_v41_dir, "cuda", True)
     for n, a, b in zip(PROMPTS, dev_logits, host_logits, strict=True):
         assert np.array_equal(a, b), f"prompt {n}: max |Δ| {np.abs(a - b).max()}"

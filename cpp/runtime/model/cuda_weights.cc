@@ -59,14 +59,13 @@ bool reads_registered_memory() {
   return host_pointer == 1 && read_only == 1;
 }
 
-// Whether Engram tables are registered in place (experimental; DSV41RT_ENGRAM_REGISTER=1), else
-// one pinned copy per process. Why opt-in: on bench-40 (one H100, driver 580.159.04, session 36)
-// a load with the tables registered in place did not finish in 220 s (the loading thread busy
-// on the CPU, its resident memory flat) where the pinned copy loads in seconds; on tiny-v41 the
-// in-place path passed its tests (bitwise the device tables', virtual ranks sharing the pages).
+// Whether Engram tables are read in place from the checkpoint's pages (the default), else one
+// pinned copy per process (DSV41RT_ENGRAM_REGISTER=0, a diagnostic switch). The checkpoint is
+// mapped MAP_SHARED for this (core/safetensors.cc): registering a range of a MAP_PRIVATE file
+// mapping did not return (session 36-37, H100 host, kernel 6.18), a shared one takes milliseconds.
 bool register_in_place_requested() {
   const char* v = std::getenv("DSV41RT_ENGRAM_REGISTER");
-  return v != nullptr && std::string(v) == "1";
+  return v == nullptr || std::string(v) != "0";
 }
 
 // The process's registrations of host memory for the devices (one registry: a page can be
