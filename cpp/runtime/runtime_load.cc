@@ -76,6 +76,12 @@ void check_v4_runtime(const RuntimeOptions& o, const ModelPlan& plan) {
                      "load_drafter: V4's MTP layer runs on the cpu backend without parallelism "
                      "only (device ",
                      o.device.device, ")");
+  // The MTP's ring row of a position depends on the token after it, which a request sharing a
+  // cached prefix need not share.
+  DSV41RT_CHECK_CODE(kUnsupported, !o.pool.enable_prefix_caching,
+                     "load_drafter: V4's MTP layer runs without the prefix cache (its ring row at "
+                     "a cached prefix's end reads the token after it); set "
+                     "enable_prefix_caching false");
 }
 
 // V4 pages hold whole HCA groups: the default page size (64) becomes 128 for a V4 checkpoint;

@@ -227,6 +227,9 @@ TEST(V4Weights, TheRuntimeRefusesWhatV4CannotRunYetByName) {
       {"V4's MTP layer runs on the cpu backend without parallelism only",
        [](RuntimeOptions& o) { o.load_drafter = true, o.parallel.expert_parallel_size = 2; },
        StatusCode::kUnsupported},
+      {"V4's MTP layer runs without the prefix cache",
+       [](RuntimeOptions& o) { o.load_drafter = true, o.pool.enable_prefix_caching = true; },
+       StatusCode::kUnsupported},
   };
   for (const Case& c : cases) {
     RuntimeOptions o = runnable();
