@@ -30,6 +30,15 @@ def test_inspect_v4_presets(capsys) -> None:
     assert "2 SWA-only, 21 CSA, 20 HCA" in out and "3514.25 B/token" in out
     assert "69,187 tensors" in out  # spec §6.2 cross-check with the released index
     assert "145,116 tensors" in run(capsys, "deepseek-v4-pro")
+    assert "note: V4's quantised rows" not in out  # the released widths hold them
+
+
+def test_inspect_says_when_v4_rows_cannot_be_quantised(capsys) -> None:
+    """tiny-v4 (head_dim 64) cannot hold V4's 584-byte rows: the runtime runs it with FP32 caches."""
+    out = run(capsys, "tiny-v4")
+    assert "note: V4's quantised rows need head_dim 512 with a 64-channel rope tail" in out
+    assert "(head_dim 64, rope 16) runs with kv_cache_dtype float32 only" in out
+    assert "note:" not in run(capsys, "tiny-v4-d512")
 
 
 def test_inspect_generated_checkpoint(capsys, tiny_v41_dir: str) -> None:

@@ -89,11 +89,23 @@ def _tensor_summary(tensors: list[tuple[str, int]], source: str) -> list[str]:
     return lines
 
 
+# V4's quantised rows (584 B: 448 FP8 channels, 64 BF16 rope channels) exist at these widths only.
+_V4_ROW_HEAD_DIM, _V4_ROW_ROPE_DIM = 512, 64
+
+
 def _cache_summary(plan: ModelPlan) -> list[str]:
     cb = cache_bytes(plan)
     cfg = plan.config
+    note = []
+    if not cfg.is_v41 and (cfg.head_dim, cfg.qk_rope_head_dim) != (_V4_ROW_HEAD_DIM, _V4_ROW_ROPE_DIM):
+        note = [
+            f"  note: V4's quantised rows need head_dim {_V4_ROW_HEAD_DIM} with a {_V4_ROW_ROPE_DIM}-channel "
+            f"rope tail; this config (head_dim {cfg.head_dim}, rope {cfg.qk_rope_head_dim}) runs with "
+            "kv_cache_dtype float32 only, and the sizes below are what its rows would take at that layout"
+        ]
     return [
         "Cache footprint (stored quantised):",
+        *note,
         f"  global KV (compressed KV + index keys): {cb.global_per_token:g} B/token",
         f"  window rows: {cb.window_row} B per row; {cfg.sliding_window} rows x {cb.window_layers} layers = "
         f"{cb.window_per_request:,} B per request",
