@@ -40,6 +40,7 @@
 #   cp2bench (2 GPUs) bench-40 prefill, CP 2 one process per GPU vs CP 1 (CP_MODES processes|threads, CP_TOKENS,
 #            CP1_TOKENS, REPEATS)
 # Usage (device machine, repo root):  STEPS="tests tiny" K="fork" bash bench/device_session.sh
+# (what the call carries: bash bench/device_prepare.sh on the CPU machine, carry .whl and .devcarry)
 set -uo pipefail
 OUT=${OUT:-/tmp/dsv41rt-out}
 mkdir -p "$OUT" /tmp/site
