@@ -14,6 +14,7 @@
 // dim^-0.5 (rounded from double). So each output is a fixed binary tree of log2(dim) rounded
 // additions, then one product with the rounded scale: |y - exact| <= (log2(dim) + 2) · u · dim^-0.5
 // · Σ|x| to first order (u = 2^-24: γ_log2(dim) for the tree, u each for the scale and product).
+// CUDA: kernels/cuda/hadamard.cuh, the same sequence, so bitwise equal (dim up to 8192 there).
 #pragma once
 
 #include <cstdint>

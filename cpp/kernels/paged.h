@@ -7,7 +7,7 @@
 // < 0 are padding: skipped on writes, their outputs left untouched (or -1 for index outputs).
 // Row formats encode and decode bit for bit as the cache codecs of kernels/quant.h; kF32 is the
 // cache_quant = false store (raw FP32 rows). kV4Row is DeepSeek-V4's 584-byte window / compressed
-// row (quant.h v4_row_*; head_dim 512 only, CPU backend only: the CUDA kernels refuse it).
+// row (quant.h v4_row_*; head_dim 512 only).
 //
 // CPU reference: kernels/cpu/paged.cc (host pointers); CUDA: kernels/cuda/paged.cuh (device
 // pointers, the same semantics bit for bit — except compress_pool_gather, whose device expf differs

@@ -3,6 +3,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/paged.cuh"
 #include "kernels/cuda/quant_device.cuh"
+#include "kernels/cuda/v4_row_device.cuh"
 
 namespace dsv41rt::kernels::cuda {
 namespace {
@@ -12,6 +13,8 @@ using qdev::Format;
 // ---- row codecs ---------------------------------------------------------------------------------
 // One element of a stored row: decode (any thread) and encode (warp-collective for the block
 // formats: all 32 lanes call it on 32 consecutive elements, row == nullptr for skipped lanes).
+// kV4Row encodes a row per warp instead (its 64-channel blocks span two warps' elements):
+// pack_v4_rows below.
 
 template <RowFormat R>
 __device__ __forceinline__ float load_element(const uint8_t* row, int64_t dim, int64_t c) {
@@ -19,6 +22,8 @@ __device__ __forceinline__ float load_element(const uint8_t* row, int64_t dim, i
     return reinterpret_cast<const float*>(row)[c];
   } else if constexpr (R == RowFormat::kFp8Window) {
     return qdev::unpack_element<Format::kFp8Window>(row, dim, c);
+  } else if constexpr (R == RowFormat::kV4Row) {
+    return v4dev::unpack_element(row, c);
   } else if constexpr (R == RowFormat::kNvfp4) {
     return qdev::unpack_element<Format::kNvfp4>(row, dim, c);
   } else {
@@ -96,11 +101,32 @@ __device__ __forceinline__ void pack_rows(const float* rows, int64_t n, int64_t 
   }
 }
 
+// kV4Row: a warp-uniform grid-stride loop over the rows, one warp a row (dim is 512).
+template <class Dest>
+__device__ __forceinline__ void pack_v4_rows(const float* rows, int64_t n, Dest dest) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
+  for (int64_t r = warp; r < n; r += warps) {
+    uint8_t* row = dest(r);
+    if (row) v4dev::pack_row(rows + r * kV4RowDim, row, lane);  // warp-uniform branch
+  }
+}
+
+template <RowFormat R, class Dest>
+__device__ __forceinline__ void pack_any(const float* rows, int64_t n, int64_t dim, Dest dest) {
+  if constexpr (R == RowFormat::kV4Row) {
+    pack_v4_rows(rows, n, dest);
+  } else {
+    pack_rows<R>(rows, n, dim, dest);
+  }
+}
+
 template <RowFormat R>
 __global__ void pack_paged_kernel(PagedRows dst, int64_t dim, int64_t n, const float* rows,
                                   const int32_t* item, const int64_t* entry) {
   pdl_entry();
-  pack_rows<R>(rows, n, dim, [&](int64_t r) -> uint8_t* {
+  pack_any<R>(rows, n, dim, [&](int64_t r) -> uint8_t* {
     return item[r] < 0 ? nullptr : paged_row(dst, item[r], entry[r]);
   });
 }
@@ -110,9 +136,14 @@ __global__ void pack_ring_kernel(RingRows dst, int64_t dim, int64_t n, const flo
                                  const int32_t* item, const int64_t* positions,
                                  const uint8_t* store) {
   pdl_entry();
-  pack_rows<R>(rows, n, dim, [&](int64_t r) -> uint8_t* {
+  pack_any<R>(rows, n, dim, [&](int64_t r) -> uint8_t* {
     return (item[r] < 0 || !store[r]) ? nullptr : ring_row(dst, item[r], positions[r]);
   });
+}
+
+// Threads of a pack launch: one a row element, or one warp a row for kV4Row.
+int pack_blocks(RowFormat f, int64_t n, int64_t dim) {
+  return blocks_for(f == RowFormat::kV4Row ? n * 32 : n * dim);
 }
 
 // One thread per (group, channel): the exact per-channel sequence of compress_pool.
@@ -245,8 +276,8 @@ bool bad_format(RowFormat f, int64_t dim) {
     case RowFormat::kFp8Window:
     case RowFormat::kMxfp4:
       return dim <= 0 || dim % 32 != 0;
-    case RowFormat::kV4Row:  // no device codec for DeepSeek-V4's rows (CPU backend only)
-      return true;
+    case RowFormat::kV4Row:  // DeepSeek-V4's 584-byte rows hold head_dim 512 only
+      return dim != kV4RowDim;
   }
   return true;
 }
@@ -267,8 +298,9 @@ cudaError_t dispatch(RowFormat f, Launch&& launch) {
     case RowFormat::kMxfp4:
       launch.template operator()<RowFormat::kMxfp4>();
       break;
-    case RowFormat::kV4Row:  // refused by bad_format before any launch
-      return cudaErrorInvalidValue;
+    case RowFormat::kV4Row:
+      launch.template operator()<RowFormat::kV4Row>();
+      break;
   }
   return launch_status();
 }
@@ -291,7 +323,7 @@ cudaError_t pack_paged(RowFormat f, const PagedRows& dst, int64_t dim, int64_t n
                        const int32_t* item, const int64_t* entry, cudaStream_t stream) {
   if (bad_format(f, dim) || n < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  const int blocks = blocks_for(n * dim);
+  const int blocks = pack_blocks(f, n, dim);
   return dispatch(f, [&]<RowFormat R>() {
     pack_paged_kernel<R><<<blocks, kThreads, 0, stream>>>(dst, dim, n, rows, item, entry);
   });
@@ -315,7 +347,7 @@ cudaError_t pack_ring(RowFormat f, const RingRows& dst, int64_t dim, int64_t n, 
                       cudaStream_t stream) {
   if (bad_format(f, dim) || n < 0 || dst.ring <= 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  const int blocks = blocks_for(n * dim);
+  const int blocks = pack_blocks(f, n, dim);
   return dispatch(f, [&]<RowFormat R>() {
     pack_ring_kernel<R><<<blocks, kThreads, 0, stream>>>(dst, dim, n, rows, item, positions, store);
   });

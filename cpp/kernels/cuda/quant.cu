@@ -1,6 +1,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/quant.cuh"
 #include "kernels/cuda/quant_device.cuh"
+#include "kernels/cuda/v4_row_device.cuh"
 
 namespace dsv41rt::kernels::cuda {
 namespace {
@@ -24,6 +25,18 @@ __global__ void qdq_kernel(const float* x, int64_t total, float* y) {
     if constexpr (Bf16First) v = bf16_to_f32(f32_to_bf16(v));
     const Quantized q = quantize_lane<F>(v, active);
     if (active) y[i] = __fmul_rn(decode_element<F>(q.code), q.s);
+  }
+}
+
+// DeepSeek-V4 rows: one warp a row (its 64-channel blocks are wider than a warp), warp-uniform
+// grid-stride over the rows.
+__global__ void v4_row_qdq_kernel(const float* x, int64_t rows, float* y) {
+  pdl_entry();
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t warps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  for (int64_t r = warp; r < rows; r += warps) {
+    v4dev::qdq_row(x + r * kV4RowDim, y + r * kV4RowDim, lane);
   }
 }
 
@@ -84,6 +97,12 @@ cudaError_t fp8_window_qdq(const float* x, int64_t rows, int64_t dim, float* y,
 }
 cudaError_t fp8_act_qdq(const float* x, int64_t rows, int64_t dim, float* y, cudaStream_t stream) {
   return launch_qdq<Format::kFp8Window, true>(x, rows, dim, y, stream);
+}
+cudaError_t v4_row_qdq(const float* x, int64_t rows, int64_t dim, float* y, cudaStream_t stream) {
+  if (rows < 0 || dim != kV4RowDim) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  v4_row_qdq_kernel<<<blocks_for(rows * 32), kThreads, 0, stream>>>(x, rows, y);
+  return launch_status();
 }
 cudaError_t nvfp4_qdq(const float* x, int64_t rows, int64_t dim, float* y, cudaStream_t stream) {
   return launch_qdq<Format::kNvfp4>(x, rows, dim, y, stream);

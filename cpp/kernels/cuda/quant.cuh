@@ -4,7 +4,8 @@
 // contraction on the single products involved), max-reductions being order-independent.
 //
 // Shapes as in kernels/quant.h; all pointers are device pointers. dim must be a positive multiple
-// of the format's block and rows >= 0 (cudaErrorInvalidValue otherwise); y may alias x for QDQ.
+// of the format's block (v4_row: 512) and rows >= 0 (cudaErrorInvalidValue otherwise); y may
+// alias x for QDQ.
 // (Packed cache rows are written and read by the paged ops, kernels/cuda/paged.cuh.)
 #pragma once
 
@@ -22,6 +23,9 @@ DSV41RT_API cudaError_t fp8_window_qdq(const float* x, int64_t rows, int64_t dim
 /// GEMM activation QDQ (spec 5.2, precision "fp8"): BF16 rounding, then fp8_window_qdq.
 DSV41RT_API cudaError_t fp8_act_qdq(const float* x, int64_t rows, int64_t dim, float* y,
                                     cudaStream_t stream);
+/// DeepSeek-V4's row QDQ (kernels/quant.h v4_row_qdq): dim must be kV4RowDim (512).
+DSV41RT_API cudaError_t v4_row_qdq(const float* x, int64_t rows, int64_t dim, float* y,
+                                   cudaStream_t stream);
 DSV41RT_API cudaError_t nvfp4_qdq(const float* x, int64_t rows, int64_t dim, float* y,
                                   cudaStream_t stream);
 DSV41RT_API cudaError_t mxfp4_qdq(const float* x, int64_t rows, int64_t dim, float* y,

@@ -87,6 +87,35 @@ struct Quantized {
   float s;             // the FP32 block scale
 };
 
+// The block scale of a block whose amax is `amax` (NaN when the block holds a NaN): NeMo's FP32
+// scale s and its storage code, as kernels/cpu/quant.cc quantize_block.
+template <Format F>
+__device__ __forceinline__ void block_scale(float amax, Quantized& q) {
+  if constexpr (F == Format::kNvfp4) {
+    q.scale_code = f32_to_fp8_e4m3(__fdiv_rn(clamp_min(amax, kNvfp4AmaxFloor), 6.0f));
+    q.s = fp8_e4m3_to_f32(q.scale_code);
+  } else {
+    const float floor = F == Format::kFp8Window ? kFp8AmaxFloor : kMxfp4AmaxFloor;
+    const float inv = F == Format::kFp8Window ? kInv448 : kInv6;
+    q.s = pow2ceil_bits(__fmul_rn(clamp_min(amax, floor), inv));
+    q.scale_code = amax <= kF32Max ? static_cast<uint8_t>(f32_to_bits(q.s) >> 23) : kE8M0Nan;
+  }
+}
+
+// The element code of v in a block of scale s.
+template <Format F>
+__device__ __forceinline__ uint8_t element_code(float v, float s) {
+  const float n = div_like_host(v, s);  // true division, as the reference
+  // The sign is taken from n before the clamp: the clamp keeps it for every value, but LLVM may
+  // canonicalise a NaN passing through the compare/select (max.NaN), which would drop the sign.
+  const uint8_t sign = static_cast<uint8_t>((f32_to_bits(n) >> 31) << 7);
+  if constexpr (F == Format::kFp8Window) {
+    return n != n ? static_cast<uint8_t>(sign | 0x7Fu) : f32_to_fp8_e4m3(clamp(n, -448.0f, 448.0f));
+  } else {
+    return e2m1_code(clamp(n, -6.0f, 6.0f), sign != 0);
+  }
+}
+
 // Quantises one element per lane; the lanes of an aligned group of block_of<F>() lanes form one
 // quantisation block. Must be called by all 32 lanes of the warp (inactive lanes pass
 // active = false and are ignored: a group is either entirely active or entirely inactive).
@@ -101,27 +130,9 @@ __device__ __forceinline__ Quantized quantize_lane(float v, bool active) {
     m = fmaxf(m, __shfl_xor_sync(kFullMask, m, off));
     nan |= __shfl_xor_sync(kFullMask, nan, off);
   }
-  const float amax = nan ? f32_from_bits(0x7FC00000u) : m;
   Quantized q;
-  if constexpr (F == Format::kNvfp4) {
-    q.scale_code = f32_to_fp8_e4m3(__fdiv_rn(clamp_min(amax, kNvfp4AmaxFloor), 6.0f));
-    q.s = fp8_e4m3_to_f32(q.scale_code);
-  } else {
-    const float floor = F == Format::kFp8Window ? kFp8AmaxFloor : kMxfp4AmaxFloor;
-    const float inv = F == Format::kFp8Window ? kInv448 : kInv6;
-    q.s = pow2ceil_bits(__fmul_rn(clamp_min(amax, floor), inv));
-    q.scale_code = amax <= kF32Max ? static_cast<uint8_t>(f32_to_bits(q.s) >> 23) : kE8M0Nan;
-  }
-  const float n = div_like_host(v, q.s);  // true division, as the reference
-  // The sign is taken from n before the clamp: the clamp keeps it for every value, but LLVM may
-  // canonicalise a NaN passing through the compare/select (max.NaN), which would drop the sign.
-  const uint8_t sign = static_cast<uint8_t>((f32_to_bits(n) >> 31) << 7);
-  if constexpr (F == Format::kFp8Window) {
-    q.code =
-        n != n ? static_cast<uint8_t>(sign | 0x7Fu) : f32_to_fp8_e4m3(clamp(n, -448.0f, 448.0f));
-  } else {
-    q.code = e2m1_code(clamp(n, -6.0f, 6.0f), sign != 0);
-  }
+  block_scale<F>(nan ? f32_from_bits(0x7FC00000u) : m, q);
+  q.code = element_code<F>(v, q.s);
   return q;
 }
 

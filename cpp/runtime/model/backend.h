@@ -233,8 +233,7 @@ class DSV41RT_API Backend {
                            const int64_t* entry0, float* entries, Stream stream);
   /// DeepSeek-V4's indexer keys and queries under cache_quant: y = x · H_dim · dim^-0.5 row by row
   /// (kernels/hadamard.h walsh_hadamard; y may alias x). A V4-only op of the quantised cache mode
-  /// (CPU only: the default throws kUnsupported naming it; the executor refuses V4 with
-  /// cache_quant on other backends first).
+  /// (CPU and CUDA backends: the default throws kUnsupported naming it).
   virtual void walsh_hadamard(const float* x, int64_t rows, int64_t dim, float* y, Stream s);
   /// Whether this backend implements the V4-only ops (v4_compress, hc_head_pre, moe_route_hash,
   /// visible_entries).

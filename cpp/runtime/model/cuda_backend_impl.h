@@ -16,6 +16,7 @@
 #include "kernels/cuda/engram.cuh"
 #include "kernels/cuda/gemm_tc.cuh"
 #include "kernels/cuda/gemm_wgmma.cuh"
+#include "kernels/cuda/hadamard.cuh"
 #include "kernels/cuda/indexer.cuh"
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/mhc.cuh"
@@ -341,11 +342,7 @@ class CudaBackend final : public Backend {
     DSV41RT_THROW_CODE(kUnsupported, "the CUDA backend splits experts by partial sums");
   }
   void cache_qdq(RowFormat f, float* x, int64_t rows, int64_t dim, Stream s) override {
-    // DeepSeek-V4's rows have no device codec yet: the executor refuses V4 with cache_quant on
-    // cuda (v4_support.cc); this keeps a stray call from leaving the rows unquantised.
-    DSV41RT_CHECK_CODE(kUnsupported, f != RowFormat::kV4Row,
-                       "cache_qdq: DeepSeek-V4's 584-byte cache rows (kV4Row) run on the cpu "
-                       "backend only");
+    if (f == RowFormat::kV4Row) DSV41RT_CU(kc::v4_row_qdq(x, rows, dim, x, cs(s)));
     if (f == RowFormat::kFp8Window) DSV41RT_CU(kc::fp8_window_qdq(x, rows, dim, x, cs(s)));
     if (f == RowFormat::kNvfp4) DSV41RT_CU(kc::nvfp4_qdq(x, rows, dim, x, cs(s)));
     if (f == RowFormat::kMxfp4) DSV41RT_CU(kc::mxfp4_qdq(x, rows, dim, x, cs(s)));
@@ -426,6 +423,12 @@ class CudaBackend final : public Backend {
   void topk_select(const float* scores, int64_t S, int64_t T, int64_t k, int32_t* idx,
                    Stream s) override {
     DSV41RT_CU(kc::topk_select(scores, S, T, k, idx, cs(s)));
+  }
+  void walsh_hadamard(const float* x, int64_t rows, int64_t dim, float* y, Stream s) override {
+    DSV41RT_CHECK(dim >= 1 && (dim & (dim - 1)) == 0 && dim <= kc::kMaxHadamardDim,
+                  "walsh_hadamard: dim ", dim, " is not a power of two up to ", kc::kMaxHadamardDim,
+                  " (the CUDA kernel stages a row in shared memory)");
+    DSV41RT_CU(kc::walsh_hadamard(x, rows, dim, y, cs(s)));
   }
   void visible_entries(const int64_t* n_visible, int64_t S, int64_t k, int32_t* idx,
                        Stream s) override {
