@@ -195,7 +195,7 @@ _ROWS = (
         "kv_cache_dtype",
         _choice(KV_CACHE_DTYPES),
         "kv_cache_dtype",
-        "auto: the release's cache formats (DeepSeek-V4: its 584-byte rows, cpu backend, head_dim 512); "
+        "auto: the release's cache formats (DeepSeek-V4: its 584-byte rows, head_dim 512 only); "
         "float32: FP32 caches (debugging; DeepSeek-V4's default)",
     ),
     Option("kv_memory", parse_size, "kv_memory", "bytes for request slots, KV pages and workspaces"),

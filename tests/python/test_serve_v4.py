@@ -126,10 +126,10 @@ def test_the_defaults_resolve_to_what_v4_runs_with_and_explicit_ones_are_kept_or
             build_config({key: value}, {"model": v4_dir})  # from a file
         with pytest.raises(Dsv41rtError, match=message):
             build_config({}, {"model": v4_dir, key.replace("-", "_"): value})  # from a flag
-    # V4's quantised cache rows run on the cpu backend only: auto is kept on cpu, refused on cuda.
+    # V4's quantised cache rows run on the cpu and cuda backends: an explicit auto is kept on both.
     assert build_config({"kv-cache-dtype": "auto"}, {"model": v4_dir}).runtime.kv_cache_dtype == "auto"
-    with pytest.raises(Dsv41rtError, match="kv-cache-dtype: auto is not supported .* cpu backend only"):
-        build_config({"kv-cache-dtype": "auto", "device": "cuda"}, {"model": v4_dir})
+    on_cuda = build_config({"kv-cache-dtype": "auto", "device": "cuda"}, {"model": v4_dir}).runtime
+    assert on_cuda.kv_cache_dtype == "auto" and on_cuda.device == "cuda"
     v41 = tmp_path / "v41"
     v41.mkdir()
     (v41 / "config.json").write_text(json.dumps({"model_type": "deepseek_v41"}))
@@ -140,16 +140,14 @@ def test_the_defaults_resolve_to_what_v4_runs_with_and_explicit_ones_are_kept_or
 
 
 def test_an_explicit_option_v4_cannot_run_with_is_refused_at_start(v4_dir) -> None:
-    """`kv-cache-dtype: auto` asked for on a V4 checkpoint on cuda: exit 2 with one line naming the
-    key, before the port or the model (no traceback)."""
+    """`precision: bf16` asked for on a V4 checkpoint: exit 2 with one line naming the key, before
+    the port or the model (no traceback)."""
     cmd = [sys.executable, "-m", "dsv41rt", "serve", "--model", v4_dir, "--port", str(free_port())]
-    r = subprocess.run(
-        [*cmd, "--device", "cuda", "--kv-cache-dtype", "auto"], capture_output=True, text=True, timeout=120
-    )
+    r = subprocess.run([*cmd, "--device", "cuda", "--precision", "bf16"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert r.stderr.strip() == (
-        "dsv41rt serve: error: kv-cache-dtype: auto is not supported with a DeepSeek-V4 checkpoint: DeepSeek-V4's "
-        "quantised cache rows (584-byte rows, FP4 index keys) run on the cpu backend only; remove it or set float32"
+        "dsv41rt serve: error: precision: bf16 is not supported with a DeepSeek-V4 checkpoint: DeepSeek-V4 runs in "
+        "fp32 only so far; remove it or set fp32"
     ), r.stderr
     assert "Traceback" not in r.stdout + r.stderr
 

@@ -273,6 +273,10 @@ class DSV41RT_API Backend {
   /// (`keys_bf16`, as in sparse_attention) of head dimension D; the runner then skips the window
   /// and compressed-KV unpacks of the layer.
   virtual bool attention_reads_caches(bool keys_bf16, int64_t D) const = 0;
+  /// Whether sparse_attention_cached decodes rows stored in `format` (default: every format).
+  /// Where it does not, the runner unpacks the rows into FP32 first, as when
+  /// attention_reads_caches is false: the same bits either way.
+  virtual bool attention_reads_format(kernels::RowFormat /*format*/) const { return true; }
   /// sparse_attention over the keys `keys` locates in the ring and the pages
   /// (kernels/attention_cached.h): the same bits as unpacking them and calling sparse_attention.
   virtual void sparse_attention_cached(const float* q, const kernels::CachedKeys& keys,

@@ -469,15 +469,21 @@ class CudaBackend final : public Backend {
     return keys_bf16 && !bf16_mode && !staged_gemm_ &&
            kc::sparse_attention_tc_supported(D, nullptr, nullptr, nullptr);
   }
+  // The in-place row decode (cache_row_decode.cuh) has V4.1's formats; DeepSeek-V4's 584-byte
+  // rows are unpacked first (paged.cu's kV4Row codec: the same bits).
+  bool attention_reads_format(RowFormat format) const override {
+    return format != RowFormat::kV4Row;
+  }
   void sparse_attention_cached(const float* q, const kernels::CachedKeys& keys, const int32_t* idx,
                                const float* sink, int64_t S, int64_t n_heads, int64_t D, int64_t K,
                                float scale, float* out, Stream s) override {
-    // The device row decode (cache_row_decode.cuh) knows V4.1's formats only.
+    // The device row decode (cache_row_decode.cuh) knows V4.1's formats only: V4's rows reach
+    // the attention unpacked (attention_reads_format).
     DSV41RT_CHECK_CODE(
         kUnsupported,
         keys.window_format != RowFormat::kV4Row && keys.comp_format != RowFormat::kV4Row,
-        "sparse_attention_cached: DeepSeek-V4's 584-byte cache rows (kV4Row) run on "
-        "the cpu backend only");
+        "sparse_attention_cached: DeepSeek-V4's 584-byte cache rows (kV4Row) are not decoded in "
+        "place on cuda (attention_reads_format)");
     DSV41RT_CU(
         kc::sparse_attention_tc_cached(q, keys, idx, sink, S, n_heads, D, K, scale, out, cs(s)));
   }

@@ -211,7 +211,9 @@ void ModelRunner::attention(const LayerPlan& layer, const LayerWeights& w, const
   // enter the ring after it (store_window_rows below); otherwise they are unpacked first and the
   // store overlaps on a side stream. Read first, write last either way: a new row may replace
   // an older one another query of the forward still reads.
-  const bool in_place = attention_in_place && !comm_ && be_.attention_reads_caches(keys_bf16, D);
+  const bool in_place = attention_in_place && !comm_ && be_.attention_reads_caches(keys_bf16, D) &&
+                        be_.attention_reads_format(fmt.window) &&
+                        (layer.ratio == 0 || be_.attention_reads_format(fmt.kv));
   auto store_window_rows = [&](Stream st) {
     be_.pack_ring(fmt.window, ring, D, N, kv, meta_.row_item, meta_.positions, meta_.store_window,
                   st);

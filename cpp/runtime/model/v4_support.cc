@@ -19,11 +19,6 @@ void check_v4_options(const ModelPlan& plan, const ExecutorOptions& o) {
   DSV41RT_CHECK_CODE(kInvalidArgument, o.page_tokens % kV4PageMultiple == 0, src, ": page_size ",
                      o.page_tokens, " is not a multiple of ", kV4PageMultiple,
                      " (DeepSeek-V4's HCA compresses groups of 128 positions; use 128)");
-  // The 584-byte rows (kernels::RowFormat::kV4Row) have a CPU codec only.
-  DSV41RT_CHECK_CODE(kUnsupported, !o.cache_quant || o.device.rfind("cpu", 0) == 0, src,
-                     ": DeepSeek-V4's quantised cache rows (584-byte rows, FP4 index keys; "
-                     "kv_cache_dtype auto) run on the cpu backend only, not on ",
-                     o.device, "; use kv_cache_dtype float32 on cuda");
   // The 584-byte rows hold head_dim 512 / qk_rope_head_dim 64 only (names them otherwise).
   if (o.cache_quant) CacheFormats::of(c, true);
   DSV41RT_CHECK_CODE(kUnsupported, o.precision == "fp32", src, ": precision ", o.precision,

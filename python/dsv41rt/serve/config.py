@@ -198,13 +198,14 @@ class V4Limit:
 
 
 V4_LIMITS = (
-    # auto (V4's 584-byte rows, FP4 index keys) runs on the cpu backend (head_dim 512 only: the
-    # runtime names the dims otherwise); the default stays float32, which every V4 config runs.
+    # auto (V4's 584-byte rows, FP4 index keys) runs on the cpu and cuda backends, head_dim 512
+    # only (the runtime names the dims otherwise): the default stays float32, which every V4
+    # config runs, and an explicit auto is kept.
     V4Limit(
         "kv_cache_dtype",
-        lambda v, rt: v == "float32" or rt.device == "cpu",
+        lambda v, rt: True,
         "float32",
-        "DeepSeek-V4's quantised cache rows (584-byte rows, FP4 index keys) run on the cpu backend only",
+        "DeepSeek-V4's quantised cache rows (584-byte rows) hold head_dim 512 only",
     ),
     V4Limit("precision", lambda v, rt: v == "fp32", "fp32", "DeepSeek-V4 runs in fp32 only so far"),
     V4Limit(
