@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 from conftest import require_oracle_packages
 from test_oracle_v41 import bound_violations, check_greedy, prompt_of
+from v4_oracle_util import greedy_through_caches
 
 pytestmark = pytest.mark.oracle
 
@@ -65,16 +66,8 @@ def results(
     rt = _runtime(ck)
     out = {}
     for n in LENGTHS:
-        p = prompt_of(n)
-        h = rt.new_handle()
-        forwards = [rt.forward_tokens(h, p)]
-        greedy = []
-        for _ in range(GEN):
-            greedy.append(int(np.argmax(forwards[-1][-1])))
-            forwards.append(rt.forward_tokens(h, [greedy[-1]]))
-        rt.release_handle(h)
-        ours = np.concatenate(forwards)[: n + GEN - 1]
-        out[n] = (reference(model, p + greedy[:-1]), ours, np.asarray(greedy))
+        seq, ours, greedy = greedy_through_caches(rt, n, GEN)
+        out[n] = (reference(model, seq), ours, greedy)
     return out
 
 

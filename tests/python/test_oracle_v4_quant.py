@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from conftest import require_oracle_packages
 from test_oracle_v41 import bound_violations, check_greedy, prompt_of
+from v4_oracle_util import greedy_through_caches
 
 pytestmark = pytest.mark.oracle
 
@@ -51,20 +52,11 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Any]:
     fp32 = Runtime(ck, kv_cache_dtype="float32", enable_prefix_caching=False)
     out = {}
     for n in LENGTHS:
-        p = prompt_of(n)
-        h = rt.new_handle()
-        forwards = [rt.forward_tokens(h, p)]
-        greedy = []
-        for _ in range(GEN):
-            greedy.append(int(np.argmax(forwards[-1][-1])))
-            forwards.append(rt.forward_tokens(h, [greedy[-1]]))
-        rt.release_handle(h)
-        ours = np.concatenate(forwards)[: n + GEN - 1]
-        seq = p + greedy[:-1]
+        seq, ours, greedy = greedy_through_caches(rt, n, GEN)
         with quantised_caches(model):
             ref = reference(model, seq)
         plain = reference(model, seq)["logits"]
-        out[n] = (ref, ours, np.asarray(greedy), fp32.score(seq), plain)
+        out[n] = (ref, ours, greedy, fp32.score(seq), plain)
     return out
 
 
