@@ -23,6 +23,7 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/device.h"
@@ -228,6 +229,22 @@ class CudaKernelTest : public ::testing::Test, protected RandomInputs {
  private:
   std::unique_ptr<Backend> cuda_;
 };
+
+/// The graph-capture check of the CUDA suites: two sets of outputs from `make_outputs()`, the ops
+/// that `enqueue(outputs)` enqueues on stream 0 run eagerly into the first, captured into one graph
+/// writing the second, that graph replayed once and stream 0 synchronised. Returns {eager, graph}
+/// for the caller to compare (bitwise: no host synchronisation or allocation inside the ops).
+template <class MakeOutputs, class Enqueue>
+auto eager_and_replayed(Backend& be, MakeOutputs&& make_outputs, Enqueue&& enqueue) {
+  auto eager = make_outputs();
+  auto graph = make_outputs();
+  enqueue(eager);
+  std::unique_ptr<model::BackendGraph> g =
+      be.capture(be.stream(0), [&] { enqueue(graph); }, nullptr);
+  be.replay(*g, be.stream(0));
+  be.synchronize(be.stream(0));
+  return std::pair(std::move(eager), std::move(graph));
+}
 
 // ---- numerics --------------------------------------------------------------------------------
 

@@ -470,6 +470,7 @@ TEST_F(BackendCudaV4Ops, CapturedOpsReplayTheEagerResults) {
   struct Outputs {
     Buffer<float> pre, w, entries, slot0, slot1;
     Buffer<int32_t> idx, sel;
+    Buffer<uint8_t*> slots;  // {slot0, slot1}
   };
   auto outputs = [&] {
     Outputs o{poisoned<float>(be, S * n),
@@ -478,32 +479,24 @@ TEST_F(BackendCudaV4Ops, CapturedOpsReplayTheEagerResults) {
               Buffer<float>(be, state),
               Buffer<float>(be, state),
               poisoned<int32_t>(be, S * k, kIndexPoison),
-              poisoned<int32_t>(be, S * 8, kIndexPoison)};
+              poisoned<int32_t>(be, S * 8, kIndexPoison),
+              Buffer<uint8_t*>(be, 2)};
     o.slot0.upload(init), o.slot1.upload(init);
+    o.slots.upload(
+        {reinterpret_cast<uint8_t*>(o.slot0.get()), reinterpret_cast<uint8_t*>(o.slot1.get())});
     return o;
   };
-  auto enqueue = [&](Outputs& o, Buffer<uint8_t*>& slots) {
+  auto enqueue = [&](Outputs& o) {
     const Stream st = be.stream(0);
     be.hc_head_pre(X.get(), fn.get(), base.get(), scale.get(), S, n, H, 1e-6f, 1e-6f, o.pre.get(),
                    st);
     be.moe_route_hash(x.get(), gate.get(), dtable.get(), dtokens.get(), S, H, E, k, V, 1.5f,
                       o.idx.get(), o.w.get(), st);
     be.visible_entries(nv.get(), S, 8, o.sel.get(), st);
-    be.v4_compress(w, a.get(), s.get(), slots.get(), 0, 2, len.get(), row0.get(), cnt.get(),
+    be.v4_compress(w, a.get(), s.get(), o.slots.get(), 0, 2, len.get(), row0.get(), cnt.get(),
                    e0.get(), o.entries.get(), st);
   };
-  Outputs eager = outputs(), graph = outputs();
-  Buffer<uint8_t*> eager_slots =
-      upload(be, std::vector<uint8_t*>{reinterpret_cast<uint8_t*>(eager.slot0.get()),
-                                       reinterpret_cast<uint8_t*>(eager.slot1.get())});
-  Buffer<uint8_t*> graph_slots =
-      upload(be, std::vector<uint8_t*>{reinterpret_cast<uint8_t*>(graph.slot0.get()),
-                                       reinterpret_cast<uint8_t*>(graph.slot1.get())});
-  enqueue(eager, eager_slots);
-  std::unique_ptr<model::BackendGraph> g =
-      be.capture(be.stream(0), [&] { enqueue(graph, graph_slots); }, nullptr);
-  be.replay(*g, be.stream(0));
-  be.synchronize(be.stream(0));
+  const auto [eager, graph] = eager_and_replayed(be, outputs, enqueue);
   EXPECT_TRUE(all_written(graph.pre.download()));
   EXPECT_TRUE(all_written(graph.entries.download()));
   EXPECT_TRUE(bitwise_equal(graph.pre.download(), eager.pre.download()));

@@ -318,12 +318,7 @@ TEST_F(BackendCudaV4Rows, CapturedOpsReplayTheEagerResults) {
     be.cache_qdq(RowFormat::kV4Row, o.qdq.get(), n, kV4RowDim, st);
     be.walsh_hadamard(dq.get(), n, DI, o.rotated.get(), st);
   };
-  Outputs eager = outputs(), graph = outputs();
-  enqueue(eager);
-  std::unique_ptr<model::BackendGraph> g =
-      be.capture(be.stream(0), [&] { enqueue(graph); }, nullptr);
-  be.replay(*g, be.stream(0));
-  be.synchronize(be.stream(0));
+  const auto [eager, graph] = eager_and_replayed(be, outputs, enqueue);
   EXPECT_TRUE(all_written(graph.rotated.download(), kIndexPoison));
   EXPECT_TRUE(bitwise_equal(graph.pool.download(), eager.pool.download()));
   EXPECT_TRUE(bitwise_equal(graph.slots_mem.download(), eager.slots_mem.download()));
