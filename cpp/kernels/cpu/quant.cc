@@ -206,25 +206,51 @@ void check_v4_dims(const char* op, int64_t rows, int64_t dim) {
 
 constexpr int64_t kV4Blocks = kV4RowNope / kV4RowBlock;  // 7
 
-inline float bf16_round(float v) { return bf16_to_f32(f32_to_bf16(v)); }
+// One row's codec: encode_v4_row writes the 584-byte row and returns each block's FP32 scale
+// `s` (NeMo's, from quantize_block); decode_v4_row decodes a row with the given block scales.
+// v4_row_unpack decodes with the stored scale codes; v4_row_qdq with the encoder's scales. The
+// two agree bitwise for finite blocks (s is a positive normal power of two, e8m0(code) == s);
+// a non-finite block's stored code is 0xFF (NaN) while NeMo's s is -0 (NaN in the block) or inf
+// (quant.h), so qdq must decode with s to keep NeMo's arithmetic.
+void encode_v4_row(const float* xr, uint8_t* row, float* scales) {
+  for (int64_t k = 0; k < kV4Blocks; ++k) {
+    scales[k] = quantize_block<Format::kFp8B64>(xr + k * kV4RowBlock, row + k * kV4RowBlock,
+                                                row + kV4RowNope + k);
+  }
+  for (int64_t k = kV4Blocks; k < kV4RowScaleBytes; ++k) row[kV4RowNope + k] = 0;
+  uint8_t* tail = row + kV4RowNope + kV4RowScaleBytes;
+  for (int64_t c = kV4RowNope; c < kV4RowDim; ++c) {
+    const uint16_t b = f32_to_bf16(xr[c]);
+    tail[2 * (c - kV4RowNope)] = uint8_t(b & 0xFFu);
+    tail[2 * (c - kV4RowNope) + 1] = uint8_t(b >> 8);
+  }
+}
+
+void decode_v4_row(const uint8_t* row, const float* scales, float* yr) {
+  for (int64_t c = 0; c < kV4RowNope; ++c) {
+    // scale * code, v4_row_unpack's order before the codec was shared: where both are NaN (scale
+    // code 0xFF and a NaN element code) x86 keeps one operand's NaN, with this order the scale's.
+    yr[c] = scales[c / kV4RowBlock] * decode_element<Format::kFp8B64>(row[c]);
+  }
+  const uint8_t* tail = row + kV4RowNope + kV4RowScaleBytes;
+  for (int64_t c = kV4RowNope; c < kV4RowDim; ++c) {
+    const int64_t i = 2 * (c - kV4RowNope);
+    yr[c] = bf16_to_f32(uint16_t(tail[i] | (uint16_t(tail[i + 1]) << 8)));
+  }
+}
 
 }  // namespace
 
+// qdq is pack + decode: one codec (encode_v4_row), the row held in a local buffer (so x == y
+// works in place).
 void v4_row_qdq(const float* x, int64_t rows, int64_t dim, float* y) {
   check_v4_dims("v4_row_qdq", rows, dim);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * dim;
-    float* yr = y + r * dim;
-    for (int64_t k = 0; k < kV4Blocks; ++k) {
-      uint8_t codes[kV4RowBlock];
-      uint8_t sc;
-      const float s = quantize_block<Format::kFp8B64>(xr + k * kV4RowBlock, codes, &sc);
-      for (int64_t i = 0; i < kV4RowBlock; ++i) {
-        yr[k * kV4RowBlock + i] = decode_element<Format::kFp8B64>(codes[i]) * s;
-      }
-    }
-    for (int64_t c = kV4RowNope; c < kV4RowDim; ++c) yr[c] = bf16_round(xr[c]);
+    uint8_t row[kV4RowBytes];
+    float scales[kV4Blocks];
+    encode_v4_row(x + r * dim, row, scales);
+    decode_v4_row(row, scales, y + r * dim);
   }
 }
 
@@ -232,19 +258,8 @@ void v4_row_pack(const float* x, int64_t rows, int64_t dim, uint8_t* out) {
   check_v4_dims("v4_row_pack", rows, dim);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * dim;
-    uint8_t* row = out + r * kV4RowBytes;
-    for (int64_t k = 0; k < kV4Blocks; ++k) {
-      quantize_block<Format::kFp8B64>(xr + k * kV4RowBlock, row + k * kV4RowBlock,
-                                      row + kV4RowNope + k);
-    }
-    for (int64_t k = kV4Blocks; k < kV4RowScaleBytes; ++k) row[kV4RowNope + k] = 0;
-    uint8_t* tail = row + kV4RowNope + kV4RowScaleBytes;
-    for (int64_t c = kV4RowNope; c < kV4RowDim; ++c) {
-      const uint16_t b = f32_to_bf16(xr[c]);
-      tail[2 * (c - kV4RowNope)] = uint8_t(b & 0xFFu);
-      tail[2 * (c - kV4RowNope) + 1] = uint8_t(b >> 8);
-    }
+    float scales[kV4Blocks];
+    encode_v4_row(x + r * dim, out + r * kV4RowBytes, scales);
   }
 }
 
@@ -253,15 +268,9 @@ void v4_row_unpack(const uint8_t* in, int64_t rows, int64_t dim, float* y) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* row = in + r * kV4RowBytes;
-    float* yr = y + r * dim;
-    for (int64_t c = 0; c < kV4RowNope; ++c) {
-      yr[c] = fp8_e4m3_to_f32(row[c]) * e8m0_to_f32(row[kV4RowNope + c / kV4RowBlock]);
-    }
-    const uint8_t* tail = row + kV4RowNope + kV4RowScaleBytes;
-    for (int64_t c = kV4RowNope; c < kV4RowDim; ++c) {
-      const int64_t i = 2 * (c - kV4RowNope);
-      yr[c] = bf16_to_f32(uint16_t(tail[i] | (uint16_t(tail[i + 1]) << 8)));
-    }
+    float scales[kV4Blocks];
+    for (int64_t k = 0; k < kV4Blocks; ++k) scales[k] = e8m0_to_f32(row[kV4RowNope + k]);
+    decode_v4_row(row, scales, y + r * dim);
   }
 }
 
