@@ -58,14 +58,17 @@ const char* backend_name(CpBackend b) {
   return "?";
 }
 
-// DeepSeek-V4: speculation (its rollback does not know V4's slot yet) is refused by name;
+// DeepSeek-V4: speculation is refused by name (rollback of V4 slots is built, state_undo_v4.cc;
+// the engine's drafter is V4.1's DSpark, speculation with V4's MTP layer is not built, and
+// draft_source is not tested on V4);
 // load_drafter loads the MTP layer (spec 4.3; its logits in Decisions, cpu only, no parallelism).
 // The executor checks the rest (model/v4_support.h). The prefix cache copies whole slots and
 // pages, V4's compressor state (and the MTP's ring) included (docs/design/v4.md step 6).
 void check_v4_runtime(const RuntimeOptions& o, const ModelPlan& plan) {
   const std::string& src = plan.config.source;
   DSV41RT_CHECK_CODE(kUnsupported, o.num_speculative_tokens == 0 && !o.draft_source, src,
-                     ": speculative decoding (rollback) is not built for DeepSeek-V4");
+                     ": speculative decoding is not built for DeepSeek-V4 yet (the engine drafts "
+                     "with V4.1's DSpark; speculation with V4's MTP layer is not built)");
   if (!o.load_drafter) return;
   const ParallelOptions& par = o.parallel;
   DSV41RT_CHECK_CODE(kUnsupported, !plan.draft_layers.empty(), "load_drafter: ", src,

@@ -1,5 +1,5 @@
 """The DeepSeek-V4 forward through the runtime's other paths on the CPU (docs/design/v4.md): batched
-decode, fork / export-import of a handle, the engine, and the refusal of rollback.
+decode, fork / export-import of a handle and the engine (rollback: tests/python/test_rollback_v4.py).
 
 The CPU's rows do not depend on the batch and the V4 compressors' state lives in the request slot,
 which fork and export copy whole, so each of these is bitwise the single-handle path; with V4's
@@ -85,12 +85,3 @@ def test_engine_generates_the_greedy_tokens_of_the_handles(rt: Any) -> None:
             logits = rt.forward_tokens(h, [want[-1]])
         rt.release_handle(h)
         assert tokens == want
-
-
-def test_rollback_is_refused_by_name(rt: Any) -> None:
-    from dsv41rt.errors import Dsv41rtError
-
-    h = rt.new_handle()
-    with pytest.raises(Dsv41rtError, match="rollback .speculative decoding. is not built for DeepSeek-V4"):
-        rt.forward_tokens(h, prompt_of(5), undoable=True)
-    rt.release_handle(h)

@@ -11,14 +11,18 @@ namespace dsv41rt::model {
 
 std::shared_ptr<void> ModelExecutor::begin_undo(const ForwardPlan& f,
                                                 std::vector<BatchItem>& batch) {
-  // V4's slots hold its compressors' state, which the undo records do not copy yet.
-  DSV41RT_CHECK_CODE(kUnsupported, plan_.config.is_v41(), plan_.config.source,
-                     ": rollback (speculative decoding) is not built for DeepSeek-V4");
+  // V4's MTP layer writes its own ring row of a position from the token after it (the next row's,
+  // or the sampled one for the last row): a state cut back to a shorter length would keep the
+  // row of its new last position made from the dropped token, which a fresh forward does not.
+  DSV41RT_CHECK_CODE(kUnsupported, !mtp_, plan_.config.source,
+                     ": rollback (speculative decoding) is not built for DeepSeek-V4's MTP layer "
+                     "(loaded by load_drafter): its ring row of the last kept position reads the "
+                     "token after it");
   const std::vector<PendingSource> sources = pending_sources(plan_, *layout_);
-  const int64_t D = plan_.config.head_dim;
   int64_t floats = 0;
   for (const BatchItem& b : batch) {
-    if (b.undo) floats += int64_t(sources.size()) * 2 * b.n * D;
+    if (!b.undo) continue;
+    for (const PendingSource& ps : sources) floats += ps.capture_floats(b.n);
   }
   std::shared_ptr<void> buffer =
       floats > 0 ? backend_->alloc(floats * int64_t(sizeof(float))) : nullptr;
@@ -34,8 +38,8 @@ std::shared_ptr<void> ModelExecutor::begin_undo(const ForwardPlan& f,
     k.row0 = f.row0[i];
     k.n = b.n;
     for (const PendingSource& ps : sources) {
-      k.rows[ps.layer] = next;
-      next += 2 * b.n * D;
+      k.rows[ps.key()] = next;
+      next += ps.capture_floats(b.n);
     }
     runner_->capture_compressor.push_back(std::move(k));
   }
@@ -44,15 +48,20 @@ std::shared_ptr<void> ModelExecutor::begin_undo(const ForwardPlan& f,
 
 void ModelExecutor::finish_undo(std::vector<BatchItem>& batch) {
   const Stream s = runner_->main();
+  const std::vector<PendingSource> sources = pending_sources(plan_, *layout_);
   size_t next = 0;
+  std::vector<float> captured;
   for (BatchItem& b : batch) {
     if (!b.undo || runner_->capture_compressor.empty()) continue;
     const CompressorCapture& k = runner_->capture_compressor[next++];
     float* out = b.undo->compressor_rows.data();
-    const int64_t D = plan_.config.head_dim;
-    for (const auto& [layer, rows] : k.rows) {  // layer order: pending_sources()'s order
-      backend_->to_host(out, rows, 2 * k.n * D * int64_t(sizeof(float)), s);
-      out += 2 * k.n * D;
+    for (const PendingSource& ps : sources) {  // the record's order: pending_sources()'s
+      captured.resize(size_t(ps.capture_floats(k.n)));
+      backend_->to_host(captured.data(), k.rows.at(ps.key()),
+                        int64_t(captured.size() * sizeof(float)), s);
+      backend_->synchronize(s);
+      finish_capture(ps, b.undo->length, k.n, captured.data(), out);
+      out += 2 * k.n * ps.width;
     }
   }
   backend_->synchronize(s);
@@ -99,7 +108,7 @@ void ModelExecutor::undo(const RequestView& request, const UndoRecord& record, i
                request.length, length);
   // No workspace row outlives a forward; still, the sources' entries past `length` are gone.
   for (const LayerPlan& layer : plan_.layers) {
-    if (layer.role == LayerRole::kFull) workspaces_.note_source_write(layer.index);
+    if (layer.owns_compressor()) workspaces_.note_source_write(layer.index);
   }
 }
 

@@ -74,8 +74,9 @@ class ModelRunner {
   /// is bitwise the one-rank one. Null or size 1: the weights are whole.
   comm::Communicator* tensor_comm = nullptr;
   bool cp_timing = false;  ///< time the CP all-gather against the Q projection
-  /// Rollback (state_undo.h): batch rows whose raw compressor rows (ratio >= 2 Full layers) are
-  /// also copied out as they are computed. Set by the executor for one eager forward.
+  /// Rollback (state_undo.h): batch rows whose compressor rows (ratio >= 2 Full layers; V4: every
+  /// compressor's projected rows and its APE) are also copied out as they are computed. Set by
+  /// the executor for one eager forward.
   std::vector<CompressorCapture> capture_compressor;
 
   /// Host bookkeeping of a forward and the upload of its plan, outside any capture. With `comm`

@@ -45,7 +45,7 @@ void ModelRunner::compressor(const LayerPlan& layer, const LayerWeights& w, cons
     be_.store_pending(cv, cs, meta_.slots, pend, m, D, int64_t(rp.left_item.size()), mr.left_item,
                       mr.left_src, mr.left_dst, s);
     for (const CompressorCapture& k : capture_compressor) {
-      float* dst = k.rows.at(layer.index);
+      float* dst = k.rows.at(capture_key(layer.index, false));
       be_.copy(dst, cv + k.row0 * D, k.n * D * int64_t(sizeof(float)), s);
       be_.copy(dst + k.n * D, cs + k.row0 * D, k.n * D * int64_t(sizeof(float)), s);
     }

@@ -58,6 +58,15 @@ void ModelRunner::v4_compressors(const LayerPlan& layer, const LayerWeights& w,
     float* entries = buf(latent_, b.groups * cw.D);
     v4_compressor_stage(be_, cw, wkv, wgate, b, t, c.qk_rope_head_dim, w.inv_freq, a, sc, entries,
                         s);
+    // Rollback (state_undo.h): the rows of the items whose forward may be undone, and the APE
+    // (finish_capture adds it to the scores as v4_compress does).
+    const int64_t W = cw.width(), F = int64_t(sizeof(float));
+    for (const CompressorCapture& k : capture_compressor) {
+      float* dst = k.rows.at(capture_key(layer.index, key));
+      be_.copy(dst, a + k.row0 * W, k.n * W * F, s);
+      be_.copy(dst + k.n * W, sc + k.row0 * W, k.n * W * F, s);
+      be_.copy(dst + 2 * k.n * W, cw.ape, m * W * F, s);
+    }
   };
   run(compressor_weights(H, c.head_dim, m, w.comp_ape, w.comp_norm, eps), w.comp_wkv, w.comp_wgate,
       layout_.pending_offset(layer.index), false, fmt.kv);

@@ -15,13 +15,49 @@ bool UndoRecord::can_restore(int64_t current, int64_t target) const {
 }
 
 std::vector<PendingSource> pending_sources(const ModelPlan& plan, const StateLayout& layout) {
+  const ModelConfig& c = plan.config;
   std::vector<PendingSource> out;
   for (const LayerPlan& layer : plan.layers) {
-    if (layer.role != LayerRole::kFull || layer.ratio < 2) continue;
-    out.push_back({layer.index, layer.ratio, layout.pending_offset(layer.index),
-                   pending_compressor_bytes(plan.config, layer)});
+    if (!layer.owns_compressor() || layer.ratio < 2) continue;
+    PendingSource ps;
+    ps.layer = layer.index;
+    ps.ratio = layer.ratio;
+    ps.offset = layout.pending_offset(layer.index);
+    ps.D = ps.width = c.head_dim;
+    if (layer.role == LayerRole::kFull) {
+      ps.bytes = pending_compressor_bytes(c, layer);
+      out.push_back(ps);
+      continue;
+    }
+    // DeepSeek-V4: the layer's compressor, then (CSA) its indexer's, as the slot holds them.
+    ps.v4 = true;
+    ps.overlap = layer.role == LayerRole::kCsa;  // ratio 4, overlapping windows
+    ps.width = ps.overlap ? 2 * ps.D : ps.D;
+    ps.bytes = v4_compressor_state_bytes(c, layer, false);
+    out.push_back(ps);
+    if (layer.role != LayerRole::kCsa) continue;
+    ps.indexer = true;
+    ps.offset = layout.indexer_pending_offset(layer.index);
+    ps.D = c.index_head_dim;
+    ps.width = 2 * ps.D;
+    ps.bytes = v4_compressor_state_bytes(c, layer, true);
+    out.push_back(ps);
   }
   return out;
+}
+
+void finish_capture(const PendingSource& ps, int64_t length, int64_t n, const float* captured,
+                    float* out) {
+  const int64_t W = ps.width;
+  std::copy(captured, captured + 2 * n * W, out);
+  if (!ps.v4) return;
+  // V4 captures s before v4_compress adds ape[t mod ratio]: the same one float add per element.
+  const float* ape = captured + 2 * n * W;
+  float* scores = out + n * W;
+  for (int64_t r = 0; r < n; ++r) {
+    const float* a = ape + ((length + r) % ps.ratio) * W;
+    for (int64_t c = 0; c < W; ++c) scores[r * W + c] += a[c];
+  }
 }
 
 void save_undo(Backend& be, const ModelPlan& plan, const StateLayout& layout, const uint8_t* slot,
@@ -38,10 +74,13 @@ void save_undo(Backend& be, const ModelPlan& plan, const StateLayout& layout, co
   rec.tokens.assign(tokens, tokens + n);
   if (hist > 0) rec.history.assign(history, history + hist);
   rec.ring.resize(size_t(layers * k * RB));
-  int64_t pending_bytes = 0;
-  for (const PendingSource& ps : sources) pending_bytes += ps.bytes;
+  int64_t pending_bytes = 0, rows = 0;
+  for (const PendingSource& ps : sources) {
+    pending_bytes += ps.bytes;
+    rows += 2 * n * ps.width;
+  }
   rec.pending.resize(size_t(pending_bytes));
-  rec.compressor_rows.resize(sources.size() * size_t(2 * n * plan.config.head_dim));
+  rec.compressor_rows.resize(size_t(rows));
 
   const Stream s = be.stream(0);
   for (int64_t l = 0; l < layers; ++l) {
@@ -70,7 +109,7 @@ void restore_undo(Backend& be, const ModelPlan& plan, const StateLayout& layout,
                      rec.recorded() ? "" : " (no forward recorded)");
   if (target == current) return;
   const int64_t L0 = rec.length, W = rec.window, k = std::min(rec.n, W);
-  const int64_t RB = layout.window_row_bytes(), D = plan.config.head_dim;
+  const int64_t RB = layout.window_row_bytes();
   const int64_t layers = int64_t(plan.layers.size());
   const Stream s = be.stream(0);
   // Ring rows of the dropped positions get back what they replaced. Under the rule every dropped
@@ -83,15 +122,21 @@ void restore_undo(Backend& be, const ModelPlan& plan, const StateLayout& layout,
     }
   }
   // Pending rows: those before the forward, then the raw rows of the forward's positions in the
-  // group `target` ends in (target - target % m .. target - 1 that are >= L0).
+  // group `target` ends in (target - target % m .. target - 1 that are >= L0). V4's states are
+  // rebuilt whole (state_undo_v4.cc).
   const std::vector<PendingSource> sources = pending_sources(plan, layout);
-  int64_t off = 0;
-  for (size_t si = 0; si < sources.size(); ++si) {
-    const PendingSource& ps = sources[si];
-    be.to_device(slot + ps.offset, rec.pending.data() + off, ps.bytes, s);
+  int64_t off = 0, row_off = 0;
+  for (const PendingSource& ps : sources) {
+    const float* values = rec.compressor_rows.data() + row_off;
+    const uint8_t* saved = rec.pending.data() + off;
     off += ps.bytes;
-    const int64_t m = ps.ratio, base = target - target % m;
-    const float* values = rec.compressor_rows.data() + int64_t(si) * 2 * rec.n * D;
+    row_off += 2 * rec.n * ps.width;
+    if (ps.v4) {
+      restore_v4_compressor(be, ps, slot, saved, values, L0, rec.n, target, s);
+      continue;
+    }
+    be.to_device(slot + ps.offset, saved, ps.bytes, s);
+    const int64_t m = ps.ratio, base = target - target % m, D = ps.D;
     const float* scores = values + rec.n * D;
     auto* pending = reinterpret_cast<float*>(slot + ps.offset);
     for (int64_t p = std::max(base, L0); p < target; ++p) {

@@ -13,7 +13,12 @@
 //     (pooled into an entry and no longer pending after it): the forward copies its raw rows into
 //     the record as it runs (ModelRunner::capture_compressor), the rows pending before it are
 //     kept too;
-//   - the Engram history: the last max_ngram - 1 ids of (history before, the forward's tokens).
+//   - the Engram history: the last max_ngram - 1 ids of (history before, the forward's tokens);
+//   - DeepSeek-V4 (state_undo_v4.cc): every compressor's flat state (kernels/v4_compressor.h:
+//     each CSA / HCA layer's, each CSA layer's indexer compressor's) is saved whole, and the
+//     forward's projected rows (a, s with the APE added, as the state stores them) are captured;
+//     the state of a length L is rebuilt from the two: each pending row holds the latest position
+//     < L of its residue, the previous group's A-halves those of group L / m - 1.
 // Dequantised workspace rows never outlive a forward (DequantWorkspaces::begin_forward), so
 // nothing there can hold a dropped entry; the restore starts a new workspace epoch anyway.
 //
@@ -43,9 +48,10 @@ struct UndoRecord {
   /// Per layer, the ring rows of positions L0 .. L0 + min(n, W) - 1 before the forward, in that
   /// order (what those positions overwrote).
   std::vector<uint8_t> ring;
-  /// Every ratio >= 2 source's pending rows before the forward (pending_compressor_bytes each).
+  /// Every pending source's rows before the forward (PendingSource::bytes each).
   std::vector<uint8_t> pending;
-  /// Per ratio >= 2 source, the forward's raw compressor rows: values [n, D] then scores [n, D].
+  /// Per pending source, the forward's compressor rows: values [n, width] then scores
+  /// [n, width] (V4: a, then s with the APE added).
   std::vector<float> compressor_rows;
 
   bool recorded() const { return length >= 0; }
@@ -54,12 +60,28 @@ struct UndoRecord {
   bool can_restore(int64_t current, int64_t target) const;
 };
 
-/// A compressor whose raw rows stay pending between forwards (a Full layer of ratio >= 2).
+/// The key of a compressor in CompressorCapture::rows: a layer's (main) compressor, or (V4 CSA)
+/// its indexer's compressor.
+inline int capture_key(int layer, bool indexer) { return 2 * layer + (indexer ? 1 : 0); }
+
+/// A compressor whose rows stay pending between forwards: a V4.1 Full layer of ratio >= 2, or
+/// (DeepSeek-V4) each CSA / HCA layer's compressor and each CSA layer's indexer compressor.
 struct PendingSource {
   int layer = -1;
   int64_t ratio = 0;
   int64_t offset = 0;  ///< in the slot
-  int64_t bytes = 0;   ///< (ratio - 1) value rows, then (ratio - 1) score rows, FP32 head_dim
+  /// V4.1: (ratio - 1) value rows, then (ratio - 1) score rows, FP32 head_dim; V4: the flat state
+  /// of kernels/v4_compressor.h (pending_a, pending_s [ratio, width], prev_a, prev_s [ratio, D])
+  int64_t bytes = 0;
+  bool v4 = false;
+  bool indexer = false;  ///< V4 CSA: the indexer's compressor (index_head_dim)
+  bool overlap = false;  ///< V4 CSA and its indexer: the state keeps the last group's A-halves
+  int64_t D = 0;         ///< entry width
+  int64_t width = 0;     ///< floats of one captured row: V4.1 head_dim, V4 2D with overlap else D
+  int key() const { return capture_key(layer, indexer); }
+  /// Floats the forward's capture of `n` rows takes in backend memory: values [n, width], scores
+  /// [n, width], and for V4 the APE [ratio, width] (the scores are captured before it is added).
+  int64_t capture_floats(int64_t n) const { return 2 * n * width + (v4 ? ratio * width : 0); }
 };
 std::vector<PendingSource> pending_sources(const ModelPlan& plan, const StateLayout& layout);
 
@@ -69,12 +91,25 @@ void save_undo(Backend& be, const ModelPlan& plan, const StateLayout& layout, co
                const int32_t* history, int64_t length, const int32_t* tokens, int64_t n,
                UndoRecord& rec);
 
-/// Where the forward copies its raw compressor rows: per ratio >= 2 source layer, `n` value rows
-/// then `n` score rows of head_dim floats, in backend memory.
+/// Where the forward copies its compressor rows, in backend memory: per pending source (keyed by
+/// PendingSource::key) PendingSource::capture_floats(n) floats.
 struct CompressorCapture {
   int64_t row0 = 0, n = 0;  ///< the item's first row in the forward, its rows
   std::map<int, float*> rows;
 };
+
+/// Into `out` (2 * n * ps.width floats of UndoRecord::compressor_rows) the rows of one source's
+/// capture (host copy, ps.capture_floats(n) floats) of a forward of n rows at `length`: V4.1's
+/// as they are, V4's scores with the APE of their position added (as v4_compress adds it).
+void finish_capture(const PendingSource& ps, int64_t length, int64_t n, const float* captured,
+                    float* out);
+
+/// DeepSeek-V4: puts one compressor's flat state at `slot` + ps.offset back to the state of length
+/// `target` in [L0, L0 + n] from its state before the forward (`saved`, ps.bytes, host) and the
+/// forward's rows (`rows`: a [n, width], then s [n, width] with the APE; state_undo_v4.cc).
+void restore_v4_compressor(Backend& be, const PendingSource& ps, uint8_t* slot,
+                           const uint8_t* saved, const float* rows, int64_t L0, int64_t n,
+                           int64_t target, Stream s);
 
 /// Puts `slot` (and `history`) back to the state of length `target`, from a state of length
 /// `current` that `rec`'s forward produced. Throws Error(kOutOfRange) when the rule does not

@@ -218,7 +218,7 @@ V4_LIMITS = (
         "speculative_config",
         lambda v, rt: v is None,
         None,
-        "speculative decoding (rollback) is not built for DeepSeek-V4 yet",
+        "speculative decoding is not built for DeepSeek-V4 yet (speculation with its MTP layer is not built)",
     ),
     V4Limit("load_drafter", lambda v, rt: v is False, False, "DeepSeek-V4 has no drafter in this runtime yet"),
 )

@@ -1,0 +1,87 @@
+"""Runtime.rollback_handle on DeepSeek-V4 checkpoints through the bindings (tests/cpp/test_v4_rollback.cc
+covers the lengths and the slot bytes in depth): positions fed undoably and taken back leave a handle
+that continues bitwise as a fresh one fed only the kept tokens, with its pages given back, for FP32
+caches (tiny-v4) and V4's quantised caches (`kv_cache_dtype auto`, tiny-v4-d512). Each V4
+compressor's state (CSA ratio 4 with overlap, its indexer's, HCA ratio 128) is rebuilt from the
+record (docs/design/v4.md step 10). With the MTP layer loaded, undoable forwards are refused by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from dsv41rt.errors import Dsv41rtError
+
+
+def ids(n: int, seed: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(3, 120000, n)]
+
+
+@pytest.fixture(scope="module", params=["float32", "auto"])
+def rt(request: pytest.FixtureRequest, tiny_v4_dir: str, tiny_v4_d512_dir: str) -> Any:
+    """FP32 caches on tiny-v4, quantised caches (auto) on tiny-v4-d512."""
+    from dsv41rt.runtime import Runtime
+
+    ck = tiny_v4_dir if request.param == "float32" else tiny_v4_d512_dir
+    runtime = Runtime(ck, kv_cache_dtype=request.param, enable_prefix_caching=False)
+    yield runtime
+    runtime.close()
+
+
+# (prefix, kept, rolled back, second rollback): CSA groups of 4 (before / after the first complete
+# group, on a boundary), HCA's group of 128 (across it, exactly on it), the window of 8.
+CASES = [(1, 2, 3, 0), (3, 1, 4, 0), (10, 4, 4, 0), (124, 6, 2, 0), (125, 3, 5, 0), (126, 6, 2, 3)]
+
+
+@pytest.mark.parametrize(("a", "k", "r", "r2"), CASES)
+def test_rollback_continues_as_a_fresh_handle(rt: Any, a: int, k: int, r: int, r2: int) -> None:
+    kept = a + k - r2
+    text = ids(kept + 3, seed=a)
+    h = rt.new_handle()
+    rt.forward_tokens(h, text[:a], all_logits=False)
+    pages_before = rt.stats()["pages_used"]
+    rt.forward_tokens(h, text[a : a + k] + ids(r, seed=1000 + r), all_logits=False, undoable=True)
+    assert rt.rollback_limit(h) == k + r
+    rt.rollback_handle(h, r)
+    if r2:
+        rt.rollback_handle(h, r2)
+    rt.check_invariants()
+    page = rt.stats()["page_size"]
+    assert rt.stats()["pages_used"] == pages_before + -(-kept // page) - -(-a // page)
+    after = rt.forward_tokens(h, text[kept:])
+    fresh = rt.new_handle()
+    rt.forward_tokens(fresh, text[:kept], all_logits=False)
+    assert np.array_equal(after, rt.forward_tokens(fresh, text[kept:]))
+    rt.release_handle(h)
+    rt.release_handle(fresh)
+    assert rt.stats()["pages_used"] == 0
+
+
+def test_a_forward_longer_than_the_window_goes_back_whole(rt: Any) -> None:
+    h = rt.new_handle()
+    text = ids(20, seed=5)
+    rt.forward_tokens(h, text[:12], all_logits=False)
+    rt.forward_tokens(h, ids(9, seed=6), all_logits=False, undoable=True)
+    with pytest.raises(Dsv41rtError, match="only all of them") as e:
+        rt.rollback_handle(h, 4)
+    assert e.value.code == "out_of_range"
+    rt.rollback_handle(h, 9)
+    after = rt.forward_tokens(h, text[12:])
+    fresh = rt.new_handle()
+    rt.forward_tokens(fresh, text[:12], all_logits=False)
+    assert np.array_equal(after, rt.forward_tokens(fresh, text[12:]))
+    rt.release_handle(h)
+    rt.release_handle(fresh)
+
+
+def test_undoable_forwards_are_refused_with_the_mtp_layer(tiny_v4_dir: str) -> None:
+    from dsv41rt.runtime import Runtime
+
+    runtime = Runtime(tiny_v4_dir, kv_cache_dtype="float32", enable_prefix_caching=False, load_drafter=True)
+    h = runtime.new_handle()
+    with pytest.raises(Dsv41rtError, match="not built for DeepSeek-V4's MTP layer") as e:
+        runtime.forward_tokens(h, ids(5, 1), undoable=True)
+    assert e.value.code == "unsupported"
+    runtime.release_handle(h)
+    runtime.close()
