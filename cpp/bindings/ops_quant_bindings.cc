@@ -143,6 +143,11 @@ void register_ops_quant(nb::module_& ops) {
       "mxfp4_qdq", [](const F32In& x) { return qdq_np(x, k::mxfp4_qdq, "mxfp4_qdq"); },
       nb::arg("x"), "Indexer cache QDQ: E2M1, blocks of 32, UE8M0 scales. x float32 [..., dim].");
   ops.def(
+      "v4_row_qdq", [](const F32In& x) { return qdq_np(x, k::v4_row_qdq, "v4_row_qdq"); },
+      nb::arg("x"),
+      "DeepSeek-V4 cache-row QDQ (584-byte rows): FP8 E4M3 channels 0..447 in blocks of 64 with "
+      "UE8M0 scales, BF16 channels 448..511. x float32 [..., 512].");
+  ops.def(
       "fp8_window_pack",
       [](const F32In& x) {
         return pack_np(x, k::fp8_window_pack, kernels::fp8_window_row_bytes, "fp8_window_pack");

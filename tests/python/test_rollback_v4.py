@@ -18,13 +18,24 @@ def ids(n: int, seed: int) -> list[int]:
     return [int(t) for t in np.random.default_rng(seed).integers(3, 120000, n)]
 
 
-@pytest.fixture(scope="module", params=["float32", "auto"])
+@pytest.fixture(
+    scope="module",
+    params=[
+        ("float32", "cpu"),
+        ("auto", "cpu"),
+        pytest.param(("float32", "cuda"), marks=pytest.mark.cuda, id="float32-cuda"),
+        pytest.param(("auto", "cuda"), marks=pytest.mark.cuda, id="auto-cuda"),
+    ],
+    ids=lambda p: "-".join(p) if isinstance(p, tuple) else str(p),
+)
 def rt(request: pytest.FixtureRequest, tiny_v4_dir: str, tiny_v4_d512_dir: str) -> Any:
-    """FP32 caches on tiny-v4, quantised caches (auto) on tiny-v4-d512."""
+    """FP32 caches on tiny-v4, quantised caches (auto) on tiny-v4-d512; the CPU backend, and the
+    CUDA backend (the same undo code over Backend copies) where a GPU is present."""
     from dsv41rt.runtime import Runtime
 
-    ck = tiny_v4_dir if request.param == "float32" else tiny_v4_d512_dir
-    runtime = Runtime(ck, kv_cache_dtype=request.param, enable_prefix_caching=False)
+    kv, device = request.param
+    ck = tiny_v4_dir if kv == "float32" else tiny_v4_d512_dir
+    runtime = Runtime(ck, device, kv_cache_dtype=kv, enable_prefix_caching=False)
     yield runtime
     runtime.close()
 
