@@ -35,7 +35,7 @@ pytestmark = pytest.mark.oracle
 
 SEEDS = (1, 2, 3)
 LENGTHS = (1, 7, 37, 200)
-GEN = 8
+GEN = 32
 
 
 def _runtime(ck: str) -> Any:  # dsv41rt.runtime.Runtime
