@@ -24,6 +24,11 @@ def mxfp4_qdq(x: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu',
     Indexer cache QDQ: E2M1, blocks of 32, UE8M0 scales. x float32 [..., dim].
     """
 
+def v4_row_qdq(x: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu', writable=False)]) -> NDArray:
+    """
+    DeepSeek-V4 cache-row QDQ (584-byte rows): FP8 E4M3 channels 0..447 in blocks of 64 with UE8M0 scales, BF16 channels 448..511. x float32 [..., 512].
+    """
+
 def fp8_window_pack(x: Annotated[NDArray[numpy.float32], dict(order='C', device='cpu', writable=False)]) -> NDArray:
     """float32 [..., dim] -> uint8 [..., dim + dim/32]."""
 
