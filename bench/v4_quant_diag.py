@@ -12,21 +12,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "python"))
-
-
-def prompt_of(n: int) -> list[int]:
-    return [0] + [int(t) for t in np.random.default_rng(1000 + n).integers(3, 129000, n - 1)]
-
-
-def run_prompt(rt, prompt, gen, greedy=None):
-    h = rt.new_handle()
-    logits = [rt.forward_tokens(h, prompt)]
-    chosen = []
-    for i in range(gen):
-        chosen.append(int(np.argmax(logits[-1][-1])) if greedy is None else greedy[i])
-        logits.append(rt.forward_tokens(h, [chosen[-1]]))
-    rt.release_handle(h)
-    return np.concatenate(logits), chosen
+from test_cuda_executor import prompt_of, run_prompt  # noqa: E402
 
 
 def one_shot(rt, tokens):

@@ -33,22 +33,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from test_cuda_executor import prompt_of, run_prompt
+from test_cuda_executor_bf16 import first_divergent_row
 
 QUANT = dict(kv_cache_dtype="auto", enable_prefix_caching=False)
 MIN_ROWS = 8  # rows compared before the first differing decision, at least
 TIE = 1e-4  # the near-tie bound on the rounding inputs, relative to the row's largest value
-
-
-def first_divergent_row(a: dict[str, np.ndarray], b: dict[str, np.ndarray], n: int) -> int:
-    """The first row at which two runs' recorded top-k / expert decisions differ (n: none)."""
-    assert sorted(a) == sorted(b), (sorted(a), sorted(b))
-    first = n
-    for key in a:
-        x, y = np.asarray(a[key]).reshape(n, -1), np.asarray(b[key]).reshape(n, -1)
-        differ = np.flatnonzero((x != y).any(-1))
-        if differ.size:
-            first = min(first, int(differ[0]))
-    return first
 
 
 def first_rounding_flip(a: dict[int, np.ndarray], b: dict[int, np.ndarray], n: int) -> tuple[int, float]:
