@@ -121,8 +121,9 @@ void* CudaBackend::eager_workspace(DeviceArray<uint8_t>& array, int64_t bytes, S
 
 size_t CudaBackend::stream_index(Stream s) const {
   size_t i = 0;
-  while (i < streams_.size() && streams_[i]->get() != cs(s)) ++i;
-  DSV41RT_CHECK_CODE(kInternal, i < streams_.size(), "a linear on a foreign stream");
+  while (i < kLinearStreams && streams_[i]->get() != cs(s)) ++i;
+  DSV41RT_CHECK_CODE(kInternal, i < kLinearStreams,
+                     "a linear or attention on a stream without its workspaces");
   return i;
 }
 

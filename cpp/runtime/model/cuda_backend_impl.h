@@ -532,8 +532,10 @@ class CudaBackend final : public Backend {
   }
 
   int device_ = 0;
-  std::array<std::unique_ptr<cudart::Stream>, 4>
-      streams_;  // main, window store, compressor, indexer
+  // main, window store, compressor, indexer (the streams linears and attention run on: one
+  // workspace of each kind per stream below), then the mHC mix stream (no linears).
+  static constexpr size_t kLinearStreams = 4;
+  std::array<std::unique_ptr<cudart::Stream>, kLinearStreams + 1> streams_;
   std::map<int, std::unique_ptr<cudart::Event>> events_;
   std::map<int, std::unique_ptr<cudart::TimingEvent>> timing_;
   // The skinny decode kernels take forwards of at most this many rows (a power of two: a decode
@@ -566,16 +568,16 @@ class CudaBackend final : public Backend {
   bool engram_host_ = false;  // the next load_weights keeps the Engram tables in host memory
   // Split-K partials of the decode GEMV, one per stream (ops on different streams overlap);
   // sized at load for every matrix of the model, so they never move under a captured graph.
-  std::array<DeviceArray<float>, 4> gemv_ws_;
+  std::array<DeviceArray<float>, kLinearStreams> gemv_ws_;
   // Precision "fp8": the quantised activations of a linear, one per stream; act_ws_ sized at load
   // for decode-sized forwards (never moves under a captured graph), act_grown_ for larger ones
   // (eager forwards only).
-  std::array<DeviceArray<uint8_t>, 4> act_ws_, act_grown_;
+  std::array<DeviceArray<uint8_t>, kLinearStreams> act_ws_, act_grown_;
   // The BF16 operands of the wgmma prefill GEMM (activations; a chunk of decoded weight rows),
   // one pair per stream; prefill-sized forwards only (never captured).
-  std::array<DeviceArray<uint8_t>, 4> wgmma_a_, wgmma_b_;
+  std::array<DeviceArray<uint8_t>, kLinearStreams> wgmma_a_, wgmma_b_;
   // The prefill attention kernel's BF16 copy of the key arrays, per stream (eager forwards only).
-  std::array<DeviceArray<uint8_t>, 4> attn_keys_;
+  std::array<DeviceArray<uint8_t>, kLinearStreams> attn_keys_;
   uint64_t wgmma_generation_ = 0;
   uint64_t gemv_generation_ = 0;
   int64_t d2h_bytes_ = 0, graph_updates_ = 0;

@@ -123,28 +123,32 @@ void ModelRunner::block(const LayerPlan& layer, const LayerWeights& w, const For
   float *u = u_.get(), *xn = xn_.get(), *a_pre = a_pre_.get(), *a_post = a_post_.get();
   float *a_comb = a_comb_.get(), *f_post = f_post_.get(), *f_comb = f_comb_.get();
   const bool rows_here = N > 0;
+  const Stream ms = mix_stream(v4);
   if (rows_here) {
+    mix_forked(ms);
     be_.hc_mix(X, w.hc_attn_fn, w.hc_attn_base, w.hc_attn_scale, N, hc, H, eps, hc_eps,
-               c.hc_sinkhorn_iters, a_pre, a_post, a_comb, scratch(mix_scratch_), s);
+               c.hc_sinkhorn_iters, a_pre, a_post, a_comb, scratch(mix_scratch_), ms);
     // V4 collapses each sublayer's streams with the pre of their own mix; V4.1 with the pre
-    // the previous sublayer's mix computed (single-pass mHC).
+    // the previous sublayer's mix computed (single-pass mHC), beside this mix.
     be_.hc_collapse(X, v4 ? a_pre : pre, N, hc, H, u, s);
     be_.rms_norm(u, w.attn_norm, N, H, eps, xn, s);
   }
   attention(layer, w, f);
   if (rows_here) {
+    mix_joined(ms);
     be_.hc_expand(X, yv_.get(), a_post, a_comb, N, hc, H, X1, s);
+    mix_forked(ms);
     be_.hc_mix(X1, w.hc_ffn_fn, w.hc_ffn_base, w.hc_ffn_scale, N, hc, H, eps, hc_eps,
-               c.hc_sinkhorn_iters, f_pre, f_post, f_comb, scratch(mix_scratch_), s);
+               c.hc_sinkhorn_iters, f_pre, f_post, f_comb, scratch(mix_scratch_), ms);
     be_.hc_collapse(X1, v4 ? f_pre : a_pre, N, hc, H, u, s);
     be_.rms_norm(u, w.ffn_norm, N, H, eps, xn, s);
-    ffn(layer, w, X1, X, f_post, f_comb);
+    ffn(layer, w, X1, X, f_post, f_comb, ms);
   }
 }
 
 // MoE (spec §5): route, routed + shared experts, then the stream expansion.
 void ModelRunner::ffn(const LayerPlan& layer, const LayerWeights& w, float* X1, float* X,
-                      const float* f_post, const float* f_comb) {
+                      const float* f_post, const float* f_comb, Stream mix) {
   const ModelConfig& c = plan_.config;
   const int64_t H = c.hidden_size, N = meta_.nq, E = layer.n_experts, k = layer.experts_per_tok;
   const Stream s = main();
@@ -188,6 +192,7 @@ void ModelRunner::ffn(const LayerPlan& layer, const LayerWeights& w, float* X1, 
   if (record_decisions) {
     record(decisions_.experts, decisions_.experts_width, layer.index, midx, N, k);
   }
+  mix_joined(mix);  // f_post, f_comb
   be_.hc_expand(X1, yv_.get(), f_post, f_comb, N, c.hc_mult, H, X, s);
 }
 

@@ -114,19 +114,26 @@ class ModelRunner {
   CpTiming read_cp_timing();
 
  private:
-  enum Event : int { kFork, kQr, kKv, kStore, kComp, kIdx };
+  enum Event : int { kFork, kQr, kKv, kStore, kComp, kIdx, kMixFork, kMixDone };
   template <typename T>
   T* buf(DeviceArray<T>& a, int64_t n) {
     return a.ensure(alloc_, std::max<int64_t>(n, 1), generation_);
   }
   Scratch scratch(DeviceArray<uint8_t>& a) { return Scratch(alloc_, a, generation_); }
   Stream side(int i) { return multistream ? be_.stream(1 + i) : main(); }
+  /// Where a sublayer's mHC mix runs. V4.1's mix feeds only the next sublayer's collapse (pre) and
+  /// this sublayer's expansion (post, comb), so it runs on its own stream beside the collapse, the
+  /// norm and the sublayer, joined before the expansion (mix_joined). V4 collapses with the mix's
+  /// own pre: the main stream.
+  Stream mix_stream(bool v4) { return v4 ? main() : side(3); }
+  void mix_forked(Stream m) { be_.link(kMixFork, main(), m); }
+  void mix_joined(Stream m) { be_.link(kMixDone, m, main()); }
 
   void embed_and_layers(const ForwardPlan& f);
   void block(const LayerPlan& layer, const LayerWeights& w, const ForwardPlan& f, float* X,
              float* X1, const float* pre, float* f_pre);
   void ffn(const LayerPlan& layer, const LayerWeights& w, float* X1, float* X, const float* f_post,
-           const float* f_comb);
+           const float* f_comb, Stream mix);
   void head_and_sample(const ForwardPlan& f, const float* u);
   // model_runner_attention.cc
   void attention(const LayerPlan& layer, const LayerWeights& w, const ForwardPlan& f);
