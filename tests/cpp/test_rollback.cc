@@ -7,25 +7,29 @@
 // Needs DSV41RT_TEST_CHECKPOINT (tiny-v41).
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-#include <cstring>
-#include <functional>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "core/status.h"
 #include "direct_sequence_test_util.h"
 #include "dsv41rt/runtime.hpp"
-#include "runtime/sequence_state.h"
+#include "rollback_test_util.h"
 
 namespace {
 
 using dsv41rt::Runtime;
 using dsv41rt::RuntimeOptions;
 using dsv41rt::StatusCode;
-
 using dsv41rt::testing::code_of;
+using dsv41rt::testing::run;
+using dsv41rt::testing::slice;
+using dsv41rt::testing::slot_state;
+using dsv41rt::testing::tokens;
+using Case = dsv41rt::testing::RollbackCase;
+
 const char* checkpoint() { return dsv41rt::testing::tiny_checkpoint(); }
+constexpr int64_t kWindow = 8;  // tiny-v41's sliding_window: longer forwards go back only whole
 
 RuntimeOptions options(int64_t page_size) {
   RuntimeOptions o;
@@ -37,79 +41,14 @@ RuntimeOptions options(int64_t page_size) {
   return o;
 }
 
-// Deterministic token ids in [3, 129000): the text that is kept, and other ids for the
-// positions rolled back (so that undoing them matters).
-std::vector<int32_t> tokens(int64_t n, uint32_t seed) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  uint32_t x = seed * 2654435761u + 12345u;
-  for (auto& v : t) {
-    x = x * 1664525u + 1013904223u;
-    v = int32_t(3 + (x >> 8) % 129000u);
-  }
-  return t;
-}
-
-std::vector<int32_t> slice(const std::vector<int32_t>& t, int64_t from, int64_t n) {
-  return {t.begin() + from, t.begin() + from + n};
-}
-
-// The slot state (window rings, pending rows, Engram history) of `seq`'s exported blob.
-std::vector<uint8_t> slot_state(Runtime& rt, int64_t seq) {
-  const std::vector<uint8_t> blob = rt.export_sequence(seq);
-  dsv41rt::SequenceStateHeader h{};
-  std::memcpy(&h, blob.data(), sizeof h);
-  const auto first = blob.begin() + std::ptrdiff_t(sizeof h);
-  return {first, first + h.slot_bytes};
-}
-
-std::vector<float> run(Runtime& rt, int64_t seq, const std::vector<int32_t>& t, bool all,
-                       bool undoable = false) {
-  std::vector<float> logits(size_t((all ? int64_t(t.size()) : 1) * rt.info().vocab_size));
-  rt.forward(seq, t.data(), int64_t(t.size()), all, logits.data(), undoable);
-  return logits;
-}
-
-struct Case {
-  int64_t a, k, r, c;  // prefix, kept of the undoable forward, rolled back, fed after
-  int64_t r2 = 0;      // a second rollback right after the first (then k - r2 are kept)
-};
-
 // One case on `rt` over the text `text`: see the file comment.
 void check_case(Runtime& rt, const std::vector<int32_t>& text, const Case& cs) {
-  SCOPED_TRACE("a " + std::to_string(cs.a) + " k " + std::to_string(cs.k) + " r " +
-               std::to_string(cs.r) + " r2 " + std::to_string(cs.r2) + " c " +
-               std::to_string(cs.c));
-  const int64_t page = rt.stats().pool.page_size;
-  auto pages_for = [&](int64_t n) { return (n + page - 1) / page; };
-  const int64_t kept = cs.k - cs.r2, length = cs.a + kept;
-
+  SCOPED_TRACE(cs.name());
   const int64_t seq = rt.open_sequence();
   if (cs.a > 0) run(rt, seq, slice(text, 0, cs.a), false);
-  const int64_t used_before = rt.stats().pool.pages_used;
-  std::vector<int32_t> fed = slice(text, cs.a, cs.k);
-  const std::vector<int32_t> other = tokens(cs.r, uint32_t(cs.a * 131 + cs.k * 7 + cs.r));
-  fed.insert(fed.end(), other.begin(), other.end());
-  run(rt, seq, fed, false, /*undoable=*/true);
-  const int64_t n = cs.k + cs.r;
-  EXPECT_EQ(rt.rollback_limit(seq), n);  // a whole forward can always go back
-  rt.rollback(seq, cs.r);
-  rt.check_invariants();
-  if (cs.r2 > 0) {
-    rt.rollback(seq, cs.r2);
-    rt.check_invariants();
-  }
-  EXPECT_EQ(rt.rollback_limit(seq), n <= 8 ? kept : 0);
-  EXPECT_EQ(rt.stats().pool.pages_used, used_before + pages_for(length) - pages_for(cs.a));
-
-  const std::vector<float> after = run(rt, seq, slice(text, length, cs.c), true);
-
-  // Logits: a fresh sequence fed prefix + kept tokens in one chunk, then the same c tokens.
-  const int64_t fresh = rt.open_sequence();
-  if (length > 0) run(rt, fresh, slice(text, 0, length), false);
-  const std::vector<float> want = run(rt, fresh, slice(text, length, cs.c), true);
-  EXPECT_TRUE(after == want) << "logits after the rollback differ from a fresh sequence";
-  rt.check_invariants();
-  for (const int64_t s : {seq, fresh}) rt.close_sequence(s);
+  dsv41rt::testing::feed_and_roll_back(rt, seq, text, cs, kWindow, 129000u);
+  dsv41rt::testing::expect_continues_as_fresh(rt, seq, text, cs);
+  rt.close_sequence(seq);
 }
 
 }  // namespace
@@ -128,8 +67,7 @@ TEST(Rollback, SlotStateIsBitwiseTheShorterSequences) {
                                           {62, 1, 4, 0},
                                           {60, 0, 20, 0},
                                           {20, 4, 2, 0, 3}}) {
-    SCOPED_TRACE("a " + std::to_string(cs.a) + " k " + std::to_string(cs.k) + " r " +
-                 std::to_string(cs.r));
+    SCOPED_TRACE(cs.name());
     const int64_t base = rt.open_sequence();
     if (cs.a > 0) run(rt, base, slice(text, 0, cs.a), false);
     // Both start from the same slot bytes: copies of `base`.

@@ -10,15 +10,15 @@
 // (DSV41RT_TEST_V4_D512_CHECKPOINT). With the MTP layer loaded, undoable forwards are refused.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "core/status.h"
 #include "direct_sequence_test_util.h"
 #include "dsv41rt/runtime.hpp"
-#include "runtime/sequence_state.h"
+#include "rollback_test_util.h"
 
 namespace {
 
@@ -27,6 +27,16 @@ using dsv41rt::Runtime;
 using dsv41rt::RuntimeOptions;
 using dsv41rt::StatusCode;
 using dsv41rt::testing::code_of;
+using dsv41rt::testing::run;
+using dsv41rt::testing::slice;
+using dsv41rt::testing::slot_state;
+using Case = dsv41rt::testing::RollbackCase;
+
+constexpr uint32_t kRange = 120000u;  // token ids below tiny-v4's vocabulary
+constexpr int64_t kWindow = 8;  // tiny-v4's sliding_window: longer forwards go back only whole
+std::vector<int32_t> tokens(int64_t n, uint32_t seed) {
+  return dsv41rt::testing::tokens(n, seed, kRange);
+}
 
 const char* v4_checkpoint() { return std::getenv("DSV41RT_TEST_V4_CHECKPOINT"); }
 const char* d512_checkpoint() { return std::getenv("DSV41RT_TEST_V4_D512_CHECKPOINT"); }
@@ -51,45 +61,6 @@ RuntimeOptions options(const char* checkpoint, bool quantised, bool mtp = false)
   return o;
 }
 
-std::vector<int32_t> tokens(int64_t n, uint32_t seed) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  uint32_t x = seed * 2654435761u + 12345u;
-  for (auto& v : t) {
-    x = x * 1664525u + 1013904223u;
-    v = int32_t(3 + (x >> 8) % 120000u);
-  }
-  return t;
-}
-
-std::vector<int32_t> slice(const std::vector<int32_t>& t, int64_t from, int64_t n) {
-  return {t.begin() + from, t.begin() + from + n};
-}
-
-std::vector<uint8_t> slot_state(Runtime& rt, int64_t seq) {
-  const std::vector<uint8_t> blob = rt.export_sequence(seq);
-  dsv41rt::SequenceStateHeader h{};
-  std::memcpy(&h, blob.data(), sizeof h);
-  const auto first = blob.begin() + std::ptrdiff_t(sizeof h);
-  return {first, first + h.slot_bytes};
-}
-
-std::vector<float> run(Runtime& rt, int64_t seq, const std::vector<int32_t>& t, bool all,
-                       bool undoable = false) {
-  std::vector<float> logits(size_t((all ? int64_t(t.size()) : 1) * rt.info().vocab_size));
-  rt.forward(seq, t.data(), int64_t(t.size()), all, logits.data(), undoable);
-  return logits;
-}
-
-struct Case {
-  int64_t a, k, r, c;  // prefix, kept of the undoable forward, rolled back, fed after
-  int64_t r2 = 0;      // a second rollback right after the first (then k - r2 are kept)
-};
-
-std::string name(const Case& cs) {
-  return "a " + std::to_string(cs.a) + " k " + std::to_string(cs.k) + " r " + std::to_string(cs.r) +
-         " r2 " + std::to_string(cs.r2) + " c " + std::to_string(cs.c);
-}
-
 // CSA ratio 4 (groups end at 4, 8, ...), HCA ratio 128, window 8 (n <= 8 undoes in part).
 const std::vector<Case> kCases = {
     {0, 0, 5, 3},       // a whole forward at length 0
@@ -112,45 +83,21 @@ const std::vector<Case> kCases = {
 // The slot bytes after the rollback equal those of a copy fed only the kept tokens (forked from the
 // same prefix, so stale bytes agree too), and the same sequence continues as a fresh one.
 void check(Runtime& rt, const Case& cs) {
-  SCOPED_TRACE(name(cs));
+  SCOPED_TRACE(cs.name());
   const std::vector<int32_t> text = tokens(200, 7);
-  const int64_t page = rt.stats().pool.page_size;
-  auto pages_for = [&](int64_t n) { return (n + page - 1) / page; };
-  const int64_t n = cs.k + cs.r, kept = cs.k - cs.r2, length = cs.a + kept;
-
   const int64_t base = rt.open_sequence();
   if (cs.a > 0) run(rt, base, slice(text, 0, cs.a), false);
   const int64_t seq = rt.fork(base), twin = rt.fork(base);
   const std::vector<uint8_t> before = slot_state(rt, seq);
-  const int64_t used_before = rt.stats().pool.pages_used;
-  std::vector<int32_t> fed = slice(text, cs.a, cs.k);
-  const std::vector<int32_t> other = tokens(cs.r, uint32_t(cs.a * 131 + cs.k * 7 + cs.r));
-  fed.insert(fed.end(), other.begin(), other.end());
-  run(rt, seq, fed, false, /*undoable=*/true);
-  EXPECT_NE(slot_state(rt, seq), before);
-  EXPECT_EQ(rt.rollback_limit(seq), n);
-  rt.rollback(seq, cs.r);
-  rt.check_invariants();
-  if (cs.r2 > 0) {
-    rt.rollback(seq, cs.r2);
-    rt.check_invariants();
-  }
-  EXPECT_EQ(rt.rollback_limit(seq), n <= 8 ? kept : 0);
-  EXPECT_EQ(rt.stats().pool.pages_used, used_before + pages_for(length) - pages_for(cs.a));
-
-  if (kept > 0) run(rt, twin, slice(text, cs.a, kept), false);
+  dsv41rt::testing::feed_and_roll_back(rt, seq, text, cs, kWindow, kRange,
+                                       [&] { EXPECT_NE(slot_state(rt, seq), before); });
+  if (cs.kept() > 0) run(rt, twin, slice(text, cs.a, cs.kept()), false);
   EXPECT_TRUE(slot_state(rt, seq) == slot_state(rt, twin)) << "slot state differs";
-  if (kept == 0) {
+  if (cs.kept() == 0) {
     EXPECT_TRUE(slot_state(rt, seq) == before);
   }
-
-  const std::vector<float> after = run(rt, seq, slice(text, length, cs.c), true);
-  const int64_t fresh = rt.open_sequence();
-  if (length > 0) run(rt, fresh, slice(text, 0, length), false);
-  const std::vector<float> want = run(rt, fresh, slice(text, length, cs.c), true);
-  EXPECT_TRUE(after == want) << "logits after the rollback differ from a fresh sequence";
-  rt.check_invariants();
-  for (const int64_t s : {base, seq, twin, fresh}) rt.close_sequence(s);
+  dsv41rt::testing::expect_continues_as_fresh(rt, seq, text, cs);
+  for (const int64_t s : {base, seq, twin}) rt.close_sequence(s);
 }
 
 void check_all(Runtime& rt) {

@@ -5,13 +5,16 @@ Dsv41rtError with the status code."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+import rollback_util
 from dsv41rt.errors import Dsv41rtError
+from rollback_util import check_rollback_continues
+
+HIGH = 129000  # token ids below tiny-v41's vocabulary
 
 
 def ids(n: int, seed: int) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(3, 129000, n)]
+    return rollback_util.ids(n, seed, HIGH)
 
 
 @pytest.fixture(scope="module")
@@ -25,23 +28,7 @@ def rt(tiny_v41_dir):
 
 @pytest.mark.parametrize(("a", "k", "r"), [(1, 0, 6), (9, 3, 4), (61, 2, 5), (70, 0, 20)])
 def test_rollback_continues_as_a_fresh_handle(rt, a: int, k: int, r: int) -> None:
-    text = ids(a + k + 4, seed=a)
-    h = rt.new_handle()
-    rt.forward_tokens(h, text[:a], all_logits=False)
-    pages_before = rt.stats()["pages_used"]
-    rt.forward_tokens(h, text[a : a + k] + ids(r, seed=1000 + r), all_logits=False, undoable=True)
-    assert rt.rollback_limit(h) == k + r
-    rt.rollback_handle(h, r)
-    rt.check_invariants()
-    page = rt.stats()["page_size"]
-    assert rt.stats()["pages_used"] == pages_before + -(-(a + k) // page) - -(-a // page)
-    after = rt.forward_tokens(h, text[a + k :])
-    fresh = rt.new_handle()
-    rt.forward_tokens(fresh, text[: a + k], all_logits=False)
-    assert np.array_equal(after, rt.forward_tokens(fresh, text[a + k :]))
-    rt.release_handle(h)
-    rt.release_handle(fresh)
-    assert rt.stats()["pages_used"] == 0
+    check_rollback_continues(rt, a, k, r, 0, HIGH)
 
 
 def test_bad_rollbacks_raise_with_their_code(rt) -> None:

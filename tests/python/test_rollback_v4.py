@@ -11,11 +11,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+import rollback_util
 from dsv41rt.errors import Dsv41rtError
+from rollback_util import check_rollback_continues
+
+HIGH = 120000  # token ids below tiny-v4's vocabulary
 
 
 def ids(n: int, seed: int) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(3, 120000, n)]
+    return rollback_util.ids(n, seed, HIGH)
 
 
 @pytest.fixture(
@@ -47,26 +51,7 @@ CASES = [(1, 2, 3, 0), (3, 1, 4, 0), (10, 4, 4, 0), (124, 6, 2, 0), (125, 3, 5, 
 
 @pytest.mark.parametrize(("a", "k", "r", "r2"), CASES)
 def test_rollback_continues_as_a_fresh_handle(rt: Any, a: int, k: int, r: int, r2: int) -> None:
-    kept = a + k - r2
-    text = ids(kept + 3, seed=a)
-    h = rt.new_handle()
-    rt.forward_tokens(h, text[:a], all_logits=False)
-    pages_before = rt.stats()["pages_used"]
-    rt.forward_tokens(h, text[a : a + k] + ids(r, seed=1000 + r), all_logits=False, undoable=True)
-    assert rt.rollback_limit(h) == k + r
-    rt.rollback_handle(h, r)
-    if r2:
-        rt.rollback_handle(h, r2)
-    rt.check_invariants()
-    page = rt.stats()["page_size"]
-    assert rt.stats()["pages_used"] == pages_before + -(-kept // page) - -(-a // page)
-    after = rt.forward_tokens(h, text[kept:])
-    fresh = rt.new_handle()
-    rt.forward_tokens(fresh, text[:kept], all_logits=False)
-    assert np.array_equal(after, rt.forward_tokens(fresh, text[kept:]))
-    rt.release_handle(h)
-    rt.release_handle(fresh)
-    assert rt.stats()["pages_used"] == 0
+    check_rollback_continues(rt, a, k, r, r2, HIGH)
 
 
 def test_a_forward_longer_than_the_window_goes_back_whole(rt: Any) -> None:
