@@ -1,3 +1,5 @@
+#include <cuda_bf16.h>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/quant.cuh"
 #include "kernels/cuda/quant_device.cuh"
@@ -25,6 +27,46 @@ __global__ void qdq_kernel(const float* x, int64_t total, float* y) {
     if constexpr (Bf16First) v = bf16_to_f32(f32_to_bf16(v));
     const Quantized q = quantize_lane<F>(v, active);
     if (active) y[i] = __fmul_rn(decode_element<F>(q.code), q.s);
+  }
+}
+
+// fp8_act_qdq_bf16: a warp takes 128 consecutive columns of a row, a lane 4 of them (one float4),
+// 8 lanes one quantisation block (k % 32 == 0: a block is whole or entirely past the row's end).
+// The values are those of qdq_kernel<kFp8Window, true>; the BF16 conversion is rows_to_bf16's.
+__global__ void fp8_act_qdq_bf16_kernel(const float* __restrict__ x, int64_t ldx, int64_t rows,
+                                        int64_t k, uint16_t* __restrict__ y, int64_t ldy) {
+  pdl_entry();
+  const int lane = threadIdx.x & 31;
+  const int64_t chunks = (k + 127) / 128, warps = int64_t(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; w < rows * chunks;
+       w += warps) {
+    const int64_t r = w / chunks, c = (w - r * chunks) * 128 + 4 * lane;
+    const bool active = c < k;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (active) {
+      const float4 t = *reinterpret_cast<const float4*>(x + r * ldx + c);
+      v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+    }
+    uint32_t m = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      v[e] = bf16_to_f32(f32_to_bf16(v[e]));  // the GEMM activation's BF16 rounding first
+      m = max(m, abs_bits(v[e]));
+    }
+    for (int off = 4; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(kFullMask, m, off));
+    Quantized q;
+    block_scale<Format::kFp8Window>(amax_of_bits(m), q);
+    if (active) {
+      uint16_t h[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint8_t code = element_code<Format::kFp8Window>(v[e], q.s);
+        const float d = __fmul_rn(decode_element<Format::kFp8Window>(code), q.s);
+        h[e] = __bfloat16_as_ushort(__float2bfloat16_rn(d));
+      }
+      *reinterpret_cast<uint2*>(y + r * ldy + c) =
+          make_uint2(h[0] | (uint32_t(h[1]) << 16), h[2] | (uint32_t(h[3]) << 16));
+    }
   }
 }
 
@@ -97,6 +139,20 @@ cudaError_t fp8_window_qdq(const float* x, int64_t rows, int64_t dim, float* y,
 }
 cudaError_t fp8_act_qdq(const float* x, int64_t rows, int64_t dim, float* y, cudaStream_t stream) {
   return launch_qdq<Format::kFp8Window, true>(x, rows, dim, y, stream);
+}
+bool fp8_act_qdq_bf16_supported(const float* x, int64_t ldx, int64_t k, const uint16_t* y,
+                                int64_t ldy) {
+  return k > 0 && k % 32 == 0 && ldx >= k && ldy >= k && ldx % 4 == 0 && ldy % 4 == 0 &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 8 == 0;
+}
+cudaError_t fp8_act_qdq_bf16(const float* x, int64_t ldx, int64_t rows, int64_t k, uint16_t* y,
+                             int64_t ldy, cudaStream_t stream) {
+  if (rows < 0 || !fp8_act_qdq_bf16_supported(x, ldx, k, y, ldy)) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  if (!x || !y) return cudaErrorInvalidValue;
+  const int64_t warps = rows * ((k + 127) / 128);
+  fp8_act_qdq_bf16_kernel<<<blocks_for(warps * 32), kThreads, 0, stream>>>(x, ldx, rows, k, y, ldy);
+  return launch_status();
 }
 cudaError_t v4_row_qdq(const float* x, int64_t rows, int64_t dim, float* y, cudaStream_t stream) {
   if (rows < 0 || dim != kV4RowDim) return cudaErrorInvalidValue;

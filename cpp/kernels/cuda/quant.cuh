@@ -1,7 +1,9 @@
 // CUDA cache quantisers and release-weight dequantisation (contract: kernels/quant.h). Every
 // output is BITWISE equal to the CPU reference (kernels/cpu/quant.cc): the same scalar codecs
-// (core/dtype.h), the same FP32 operations in the same order (true IEEE division, no FMA
-// contraction on the single products involved), max-reductions being order-independent.
+// (core/dtype.h), the same FP32 operations in the same order (IEEE division; by a power-of-two
+// scale, the product with its exact reciprocal, which is the same quotient: quant_device.cuh
+// div_pow2_like_host; no FMA contraction on the single products involved), max-reductions being
+// order-independent.
 //
 // Shapes as in kernels/quant.h; all pointers are device pointers. dim must be a positive multiple
 // of the format's block (v4_row: 512) and rows >= 0 (cudaErrorInvalidValue otherwise); y may
@@ -23,6 +25,15 @@ DSV41RT_API cudaError_t fp8_window_qdq(const float* x, int64_t rows, int64_t dim
 /// GEMM activation QDQ (spec 5.2, precision "fp8"): BF16 rounding, then fp8_window_qdq.
 DSV41RT_API cudaError_t fp8_act_qdq(const float* x, int64_t rows, int64_t dim, float* y,
                                     cudaStream_t stream);
+/// fp8_act_qdq of x [rows, k] (row stride ldx) written as BF16 bits y [rows, k] (row stride ldy):
+/// the staging of a precision-"fp8" linear's activations for the BF16 wgmma GEMM in one pass,
+/// bitwise rows_to_bf16 of fp8_act_qdq's output (an E4M3 value times a power of two is exact in
+/// BF16). Needs k % 32 == 0, ldx % 4 == 0, ldy % 4 == 0, x 16-byte and y 8-byte aligned
+/// (fp8_act_qdq_bf16_supported); otherwise cudaErrorInvalidValue.
+DSV41RT_API bool fp8_act_qdq_bf16_supported(const float* x, int64_t ldx, int64_t k,
+                                            const uint16_t* y, int64_t ldy);
+DSV41RT_API cudaError_t fp8_act_qdq_bf16(const float* x, int64_t ldx, int64_t rows, int64_t k,
+                                         uint16_t* y, int64_t ldy, cudaStream_t stream);
 /// DeepSeek-V4's row QDQ (kernels/quant.h v4_row_qdq): dim must be kV4RowDim (512).
 DSV41RT_API cudaError_t v4_row_qdq(const float* x, int64_t rows, int64_t dim, float* y,
                                    cudaStream_t stream);

@@ -72,6 +72,17 @@ __device__ __forceinline__ float div_like_host(float a, float b) {
   return f32_from_bits(0xFFC00000u);
 }
 
+// v / s for the block scale s of a power-of-two format (fp8 window, MXFP4): s is 2^e with
+// e <= 126 (pow2ceil_bits of amax / 448 or amax / 6, amax finite), +inf (an infinite amax) or -0
+// (a NaN block), so its reciprocal is exact (2^-e, normal; 0; -inf) and v times it is the exact
+// quotient rounded once: the IEEE division's result wherever that is not NaN. Where the product
+// is NaN (v NaN, 0 * inf, inf * 0: exactly where the quotient is NaN) the division gives its
+// host-like NaN. The per-element IEEE division was the quantisers' largest instruction count.
+__device__ __forceinline__ float div_pow2_like_host(float v, float s) {
+  const float q = __fmul_rn(v, __frcp_rn(s));
+  return q == q ? q : div_like_host(v, s);
+}
+
 template <Format F>
 __device__ __forceinline__ float decode_element(uint8_t code) {
   if constexpr (F == Format::kFp8Window) {
@@ -105,7 +116,8 @@ __device__ __forceinline__ void block_scale(float amax, Quantized& q) {
 // The element code of v in a block of scale s.
 template <Format F>
 __device__ __forceinline__ uint8_t element_code(float v, float s) {
-  const float n = div_like_host(v, s);  // true division, as the reference
+  // The reference's true division (NVFP4's E4M3 scales are not powers of two).
+  const float n = F == Format::kNvfp4 ? div_like_host(v, s) : div_pow2_like_host(v, s);
   // The sign is taken from n before the clamp: the clamp keeps it for every value, but LLVM may
   // canonicalise a NaN passing through the compare/select (max.NaN), which would drop the sign.
   const uint8_t sign = static_cast<uint8_t>((f32_to_bits(n) >> 31) << 7);
@@ -119,19 +131,26 @@ __device__ __forceinline__ uint8_t element_code(float v, float s) {
 // Quantises one element per lane; the lanes of an aligned group of block_of<F>() lanes form one
 // quantisation block. Must be called by all 32 lanes of the warp (inactive lanes pass
 // active = false and are ignored: a group is either entirely active or entirely inactive).
+/// |v| as bits: for non-negative floats the unsigned order is the float order and every NaN lies
+/// above +inf, so one max-reduction of these gives both a block's amax and whether it holds a NaN
+/// (exact and order-independent: the group max equals the CPU's sequential max).
+__device__ __forceinline__ uint32_t abs_bits(float v) { return f32_to_bits(v) & 0x7FFFFFFFu; }
+/// The amax block_scale takes from a block's max abs_bits: the quiet NaN for a block with a NaN.
+__device__ __forceinline__ float amax_of_bits(uint32_t m) {
+  return m > 0x7F800000u ? f32_from_bits(0x7FC00000u) : f32_from_bits(m);
+}
+
 template <Format F>
 __device__ __forceinline__ Quantized quantize_lane(float v, bool active) {
   constexpr int kB = block_of<F>();
-  const float a = active ? fabsf(v) : 0.0f;
-  int nan = a != a ? 1 : 0;
-  float m = nan ? 0.0f : a;
-  // max is exact and order-independent: the group max equals the CPU's sequential max.
-  for (int off = kB / 2; off > 0; off >>= 1) {
-    m = fmaxf(m, __shfl_xor_sync(kFullMask, m, off));
-    nan |= __shfl_xor_sync(kFullMask, nan, off);
+  uint32_t m = active ? abs_bits(v) : 0u;
+  if constexpr (kB == 32) {
+    m = __reduce_max_sync(kFullMask, m);
+  } else {
+    for (int off = kB / 2; off > 0; off >>= 1) m = max(m, __shfl_xor_sync(kFullMask, m, off));
   }
   Quantized q;
-  block_scale<F>(nan ? f32_from_bits(0x7FC00000u) : m, q);
+  block_scale<F>(amax_of_bits(m), q);
   q.code = element_code<F>(v, q.s);
   return q;
 }

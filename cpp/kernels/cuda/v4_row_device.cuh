@@ -23,15 +23,10 @@ static_assert(kV4RowBlock == 64 && kV4RowDim - kV4RowNope == 64, "two channels a
 // lanes of the warp call it with the same k.
 __device__ __forceinline__ qdev::Quantized quantize_block(float v0, float v1, uint8_t* code1) {
   using qdev::Format;
-  const float a0 = fabsf(v0), a1 = fabsf(v1);
-  int nan = (a0 != a0 || a1 != a1) ? 1 : 0;
-  float m = fmaxf(a0 != a0 ? 0.0f : a0, a1 != a1 ? 0.0f : a1);
-  for (int off = 16; off > 0; off >>= 1) {
-    m = fmaxf(m, __shfl_xor_sync(qdev::kFullMask, m, off));
-    nan |= __shfl_xor_sync(qdev::kFullMask, nan, off);
-  }
+  const uint32_t m =
+      __reduce_max_sync(qdev::kFullMask, max(qdev::abs_bits(v0), qdev::abs_bits(v1)));
   qdev::Quantized q;
-  qdev::block_scale<Format::kFp8Window>(nan ? f32_from_bits(0x7FC00000u) : m, q);
+  qdev::block_scale<Format::kFp8Window>(qdev::amax_of_bits(m), q);
   q.code = qdev::element_code<Format::kFp8Window>(v0, q.s);
   *code1 = qdev::element_code<Format::kFp8Window>(v1, q.s);
   return q;

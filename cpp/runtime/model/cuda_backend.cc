@@ -66,13 +66,23 @@ bool CudaBackend::wgmma_linear_applies(int64_t m, int64_t k) const {
   return staged_gemm_ && m > 0 && k % 8 == 0;
 }
 
+// Whether fp8_act_qdq_bf16 stages x (row stride ldx) into the wgmma workspace (256-byte aligned,
+// row stride k).
+bool CudaBackend::fp8_staging_fused(const float* x, int64_t ldx, int64_t k) {
+  static const uint16_t* const kAligned = reinterpret_cast<const uint16_t*>(uintptr_t(256));
+  return kc::fp8_act_qdq_bf16_supported(x, ldx, k, kAligned, k);
+}
+
 bool CudaBackend::wgmma_linear(const float* x, int64_t ldx, const kernels::WeightView& v,
                                int64_t row0, int64_t m, int64_t k, int64_t n, float* y, int64_t ldy,
-                               bool accumulate, Stream s) {
+                               bool accumulate, Stream s, bool fp8_qdq) {
   if (!wgmma_linear_applies(m, k) || v.format == WeightFormat::kF32) return false;
+  if (fp8_qdq && !fp8_staging_fused(x, ldx, k)) return false;
   const size_t i = stream_index(s);
   auto* a = static_cast<uint16_t*>(eager_workspace(wgmma_a_[i], m * k * 2, s));
-  DSV41RT_CU(kc::rows_to_bf16(x, ldx, m, k, a, k, cs(s)));
+  // Precision fp8: the activation QDQ and the BF16 staging in one pass (bitwise the two passes).
+  DSV41RT_CU(fp8_qdq ? kc::fp8_act_qdq_bf16(x, ldx, m, k, a, k, cs(s))
+                     : kc::rows_to_bf16(x, ldx, m, k, a, k, cs(s)));
   const int64_t chunk =
       std::min(n, std::max<int64_t>(128, kWgmmaWeightChunkBytes / (k * 2) / 128 * 128));
   auto* b = static_cast<uint16_t*>(eager_workspace(wgmma_b_[i], chunk * k * 2, s));

@@ -226,6 +226,7 @@ class CudaBackend final : public Backend {
     }
     if (fp8_ && w.fp8_input) {
       if (decode_gemv_a8(x, v, m, k, n, y, accumulate, s, w.whole_rows)) return;
+      if (wgmma_linear(x, k, v, 0, m, k, n, y, n, accumulate, s, /*fp8_qdq=*/true)) return;
       x = fp8_act_qdq(x, m, k, s);
     }
     kc::DecodeGemv d;
@@ -243,6 +244,15 @@ class CudaBackend final : public Backend {
     const kernels::WeightView v = w.view(groups * n, k);
     if (!tc_ || !w.bf16_exact || v.format == WeightFormat::kF32) {
       DSV41RT_CU(kc::grouped_linear(x, v, m, groups, k, n, y, cs(s)));
+      return;
+    }
+    if (fp8_ && w.fp8_input && wgmma_linear_applies(m, k) && v.format != WeightFormat::kF32 &&
+        fp8_staging_fused(x, groups * k, k)) {
+      for (int64_t gi = 0; gi < groups; ++gi) {
+        const bool ran = wgmma_linear(x + gi * k, groups * k, v, gi * n, m, k, n, y + gi * n,
+                                      groups * n, false, s, /*fp8_qdq=*/true);
+        DSV41RT_CHECK_CODE(kInternal, ran, "grouped_linear: fused fp8 staging refused group ", gi);
+      }
       return;
     }
     if (fp8_ && w.fp8_input) x = fp8_act_qdq(x, m * groups, k, s);
@@ -551,9 +561,12 @@ class CudaBackend final : public Backend {
   bool wgmma_linear_applies(int64_t m, int64_t k) const;
   bool engram_kv_tensor_cores(const float* emb, const Matrix& wkv, int64_t S, int64_t kvw,
                               int64_t D, float* kv, Stream s);
+  // fp8_qdq: x is the raw FP32 input of a precision-"fp8" linear; its QDQ is fused into the BF16
+  // staging (false, nothing enqueued, where fp8_staging_fused does not hold).
   bool wgmma_linear(const float* x, int64_t ldx, const kernels::WeightView& v, int64_t row0,
                     int64_t m, int64_t k, int64_t n, float* y, int64_t ldy, bool accumulate,
-                    Stream s);
+                    Stream s, bool fp8_qdq = false);
+  static bool fp8_staging_fused(const float* x, int64_t ldx, int64_t k);
   void* eager_workspace(DeviceArray<uint8_t>& array, int64_t bytes, Stream s);
   void size_gemv_workspaces(const BackendWeights& w, const ModelConfig& c);
   size_t stream_index(Stream s) const;
