@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm_wgmma.cuh"
@@ -78,8 +79,72 @@ struct Params {
   bool accumulate;
   const int32_t* tiles;
   int max_tiles, b_rows_per_group, group_lo, group_hi;
+  WeightView bw;  // stored B (kStored): rows bw_row0 + ..., k = bw.cols columns
+  int64_t bw_row0;
 };
 
+// ---- B decoded by the producer warpgroup (kStored) -------------------------------------------
+// Thread r of the producer warpgroup owns row r of every stage's 128 x 64 B tile: it loads the
+// row's stored codes one stage ahead into registers, then writes the 8 decoded 16-byte chunks
+// where a 128-byte-swizzled TMA box would put them (chunk j of row r at 16 (j ^ (r mod 8))), so
+// the consumers' descriptors and wgmmas are the staged kernel's. Columns past k and rows past n
+// are zeros (as TMA's fill; rows past n only meet discarded outputs).
+template <WeightFormat F>
+struct StoredChunks {
+  // FP8: 8 codes per chunk (uint2); MXFP4: 8 nibbles (uint32); BF16: 8 values (uint4).
+  using Word = std::conditional_t<F == WeightFormat::kFp8Block, uint2,
+                                  std::conditional_t<F == WeightFormat::kMxfp4, uint32_t, uint4>>;
+  Word q[8];
+  uint8_t se[8];
+};
+
+template <WeightFormat F>
+__device__ __forceinline__ void load_stored(const WeightView& w, int64_t row, bool row_ok, int kt,
+                                            StoredChunks<F>& out) {
+  using Word = typename StoredChunks<F>::Word;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int64_t col = int64_t(kt) * 64 + 8 * j;
+    out.q[j] = Word{};
+    out.se[j] = 127;  // 2^0: zero codes decode to +0 on the fast path
+    if (!row_ok || col >= w.cols) continue;
+    const uint8_t* base = static_cast<const uint8_t*>(w.data);
+    if constexpr (F == WeightFormat::kFp8Block) {
+      out.q[j] = __ldg(reinterpret_cast<const uint2*>(base + row * w.cols + col));
+      out.se[j] =
+          __ldg(&w.scale[(row / w.block_rows) * ((w.cols + w.block_cols - 1) / w.block_cols) +
+                         col / w.block_cols]);
+    } else if constexpr (F == WeightFormat::kMxfp4) {
+      out.q[j] = __ldg(reinterpret_cast<const uint32_t*>(base + row * (w.cols / 2) + col / 2));
+      out.se[j] = __ldg(&w.scale[row * ((w.cols + kMxfp4WeightBlock - 1) / kMxfp4WeightBlock) +
+                                 col / kMxfp4WeightBlock]);
+    } else {
+      out.q[j] = __ldg(reinterpret_cast<const uint4*>(base + (row * w.cols + col) * 2));
+    }
+  }
+}
+
+template <WeightFormat F>
+__device__ __forceinline__ void store_stored(const StoredChunks<F>& in, uint32_t row_dst, int r) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    uint4 v;
+    if constexpr (F == WeightFormat::kFp8Block) {
+      v = bf16x8_of_fp8(in.q[j], in.se[j]);
+    } else if constexpr (F == WeightFormat::kMxfp4) {
+      v = bf16x8_of_fp4(in.q[j], in.se[j]);
+    } else {
+      v = in.q[j];
+    }
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(row_dst + 16 * (j ^ (r & 7))),
+                 "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+  }
+}
+
+// kStored: B is p.bw in its stored format F, decoded by the producer warpgroup (above); else B is
+// the BF16 matrix of map_b (F unused).
+template <bool kStored, WeightFormat F>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     gemm_wgmma_kernel(const __grid_constant__ CUtensorMap map_a,
                       const __grid_constant__ CUtensorMap map_b, const Params p) {
@@ -90,22 +155,46 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   const int tid = threadIdx.x, wg = tid / 128;
   const int n0 = blockIdx.x * kBN;
   int m0 = blockIdx.y * kBM, m_end = p.m, b_row0 = n0;
+  int64_t bw_row = p.bw_row0 + n0;  // kStored: the stored row of the tile's column 0
   if (p.tiles) {  // grouped: the whole CTA leaves together, before any barrier is set up
     const int t = blockIdx.y, group = p.tiles[t];
     if (group < p.group_lo || group >= p.group_hi) return;
     m0 = p.tiles[p.max_tiles + t];
     m_end = min(p.tiles[2 * p.max_tiles + t], p.m);
     b_row0 = (group - p.group_lo) * p.b_rows_per_group + n0;
+    bw_row = p.bw_row0 + int64_t(group) * p.b_rows_per_group + n0;
   }
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      tma::mbar_init(smem_u32(&full[s]), 1);
+      // kStored: the A load's arrival (with its bytes) and one per producer thread's B row.
+      tma::mbar_init(smem_u32(&full[s]), kStored ? 1 + 128 : 1);
       tma::mbar_init(smem_u32(&empty[s]), kConsumers * 4);
     }
     tma::mbar_init_fence();
   }
   __syncthreads();
 
+  if (wg == 0 && kStored) {
+    const int r = tid;  // this thread's row of every B tile
+    const bool row_ok = n0 + r < p.n;
+    StoredChunks<F> next;
+    load_stored<F>(p.bw, bw_row + r, row_ok, 0, next);
+    for (int kt = 0; kt < p.k_stages; ++kt) {
+      const int s = kt % kStages;
+      const StoredChunks<F> cur = next;
+      if (kt + 1 < p.k_stages) load_stored<F>(p.bw, bw_row + r, row_ok, kt + 1, next);
+      if (kt >= kStages) tma::mbar_wait(smem_u32(&empty[s]), ((kt / kStages) - 1) & 1);
+      const uint32_t bar = smem_u32(&full[s]), a_dst = ring + s * kStageBytes;
+      if (r == 0) {
+        tma::mbar_expect_tx(bar, kATile);
+        tma::load_2d(a_dst, &map_a, kt * kBKBytes, m0, bar);
+      }
+      store_stored<F>(cur, a_dst + kATile + r * kBKBytes, r);
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the wgmmas
+      tma::mbar_arrive(bar);
+    }
+    return;
+  }
   if (wg == 0) {
     if (tid == 0) {
       for (int kt = 0; kt < p.k_stages; ++kt) {
@@ -237,10 +326,25 @@ int grid_for(int64_t items) {
 
 }  // namespace
 
+// The stored B of g (bw): a format the producer decodes, read with its vector loads, k columns,
+// and every row a tile may read inside the matrix.
+bool stored_b_ok(const WgmmaGemm& g) {
+  const WeightView& w = g.bw;
+  if (!w.data || w.format == WeightFormat::kF32 || !weight_vec8_ok(w) || w.cols != g.k) {
+    return false;
+  }
+  if (w.format != WeightFormat::kBF16 && !w.scale) return false;
+  if (w.format == WeightFormat::kFp8Block && (w.block_rows < 1 || w.block_cols < 8)) return false;
+  const int64_t last = g.tiles ? int64_t(g.group_hi) * g.b_rows_per_group : g.n;
+  return g.bw_row0 >= 0 && g.bw_row0 + last <= w.rows;
+}
+
 bool gemm_bf16_wgmma_supported(const WgmmaGemm& g) {
-  const bool shape = g.a && g.b && g.c && g.m > 0 && g.n > 0 && g.k > 0 && g.k % 8 == 0 &&
-                     g.lda % 8 == 0 && g.ldb % 8 == 0 && g.lda >= g.k && g.ldb >= g.k &&
-                     g.ldc >= g.n && aligned16(g.a) && aligned16(g.b) &&
+  const bool stored = g.bw.data != nullptr;
+  const bool b_ok =
+      stored ? stored_b_ok(g) : g.b && g.ldb % 8 == 0 && g.ldb >= g.k && aligned16(g.b);
+  const bool shape = g.a && b_ok && g.c && g.m > 0 && g.n > 0 && g.k > 0 && g.k % 8 == 0 &&
+                     g.lda % 8 == 0 && g.lda >= g.k && g.ldc >= g.n && aligned16(g.a) &&
                      g.m <= (int64_t(1) << 30) && g.n <= (int64_t(1) << 30);
   if (!shape || !g.tiles) return shape;
   return g.max_tiles > 0 && g.tile_entries > 0 && g.tile_entries <= g.max_tiles &&
@@ -251,18 +355,31 @@ bool gemm_bf16_wgmma_supported(const WgmmaGemm& g) {
 
 cudaError_t gemm_bf16_wgmma(const WgmmaGemm& g, cudaStream_t stream) {
   if (!gemm_bf16_wgmma_supported(g)) return cudaErrorInvalidValue;
+  const bool stored = g.bw.data != nullptr;
   CUtensorMap map_a, map_b;
   cudaError_t e = tma::byte_matrix_map(&map_a, g.a, g.k * 2, g.m, kBKBytes, kBM,
                                        CU_TENSOR_MAP_SWIZZLE_128B, g.lda * 2);
   if (e != cudaSuccess) return e;
-  const int64_t b_rows = g.tiles ? int64_t(g.group_hi - g.group_lo) * g.b_rows_per_group : g.n;
-  e = tma::byte_matrix_map(&map_b, g.b, g.k * 2, b_rows, kBKBytes, kBN, CU_TENSOR_MAP_SWIZZLE_128B,
-                           g.ldb * 2);
-  if (e != cudaSuccess) return e;
+  if (stored) {
+    map_b = map_a;  // unused: the producer decodes B from g.bw
+  } else {
+    const int64_t b_rows = g.tiles ? int64_t(g.group_hi - g.group_lo) * g.b_rows_per_group : g.n;
+    e = tma::byte_matrix_map(&map_b, g.b, g.k * 2, b_rows, kBKBytes, kBN,
+                             CU_TENSOR_MAP_SWIZZLE_128B, g.ldb * 2);
+    if (e != cudaSuccess) return e;
+  }
+  // The kernel instance: the BF16 operand, or the stored format's decoding producer.
+  auto kernel = gemm_wgmma_kernel<false, WeightFormat::kBF16>;
+  if (stored) {
+    dispatch_format(g.bw.format, [&]<WeightFormat F>() {
+      if constexpr (F != WeightFormat::kF32) kernel = gemm_wgmma_kernel<true, F>;
+    });
+  }
   const cudaError_t attr =
-      cudaFuncSetAttribute(gemm_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (attr != cudaSuccess) return attr;
   Params p;
+  p.bw = g.bw, p.bw_row0 = g.bw_row0;
   p.c = g.c, p.ldc = g.ldc, p.m = int(g.m), p.n = int(g.n);
   p.k_stages = int((g.k * 2 + kBKBytes - 1) / kBKBytes);
   p.accumulate = g.accumulate;
@@ -271,7 +388,7 @@ cudaError_t gemm_bf16_wgmma(const WgmmaGemm& g, cudaStream_t stream) {
   const int64_t m_tiles = g.tiles ? g.tile_entries : (g.m + kBM - 1) / kBM;
   const dim3 grid(unsigned((g.n + kBN - 1) / kBN), unsigned(m_tiles));
   if (grid.y > 65535) return cudaErrorInvalidValue;
-  gemm_wgmma_kernel<<<grid, kGemmThreads, kSmem, stream>>>(map_a, map_b, p);
+  kernel<<<grid, kGemmThreads, kSmem, stream>>>(map_a, map_b, p);
   return launch_status();
 }
 

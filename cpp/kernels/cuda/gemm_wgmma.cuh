@@ -13,6 +13,7 @@
 //
 // Preconditions (gemm_bf16_wgmma_supported): sm_90a; k % 8 == 0 and lda, ldb % 8 == 0 (TMA rows
 // are 16-byte multiples); a, b 16-byte aligned. Parts of a tile past m, n or k read as zeros.
+// B may instead be a stored weight decoded inside the kernel (WgmmaGemm::bw): the same C.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -45,6 +46,15 @@ struct WgmmaGemm {
   const int32_t* tiles = nullptr;
   int64_t max_tiles = 0, tile_entries = 0, b_rows_per_group = 0;
   int32_t group_lo = 0, group_hi = 0;
+  // B in its stored format instead of `b` (bw.data set; b and ldb unused): the kernel's producer
+  // warpgroup decodes each stage's tile of bw into shared memory as weight_to_bf16 decodes it, so C
+  // is bitwise that of staging bw's rows with weight_to_bf16 and passing them as b — without the
+  // BF16 copy in global memory (issue 19: the staged decode wrote and re-read 4x the MXFP4 bytes).
+  // Needs bw.cols == k, weight_vec8_ok(bw), a BF16 / FP8-block / MXFP4 format. B row j (< n) of
+  // the tile table's group g (absolute, not relative to group_lo) is bw row bw_row0 +
+  // g * b_rows_per_group + j; without tiles, bw row bw_row0 + j.
+  WeightView bw;
+  int64_t bw_row0 = 0;
 };
 
 /// Whether the kernel takes these operands (see the preconditions above).

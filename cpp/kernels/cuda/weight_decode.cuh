@@ -61,55 +61,85 @@ __host__ __device__ inline bool weight_vec8_ok(const WeightView& w) {
   return false;
 }
 
+/// 8 BF16 codes packed two per word (element 0 in the low half of the first word).
+__device__ __forceinline__ uint4 pack_bf16x8(const uint16_t (&h)[8]) {
+  return make_uint4(h[0] | (uint32_t(h[1]) << 16), h[2] | (uint32_t(h[3]) << 16),
+                    h[4] | (uint32_t(h[5]) << 16), h[6] | (uint32_t(h[7]) << 16));
+}
+
+/// 8 E4M3 codes (q.x holds codes 0..3, low byte first) times 2^(se - 127) as BF16 codes.
+__device__ __forceinline__ uint4 bf16x8_of_fp8(uint2 q, uint8_t se) {
+  // The fast exact decode and the hardware BF16 conversion (exact here) for every real scale;
+  // the general (branchy) path only for the rest and for NaN codes.
+  const bool fast = se >= kFp8FastScaleMin && se <= kFp8FastScaleMax;
+  uint16_t h[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const uint8_t code = uint8_t(((e < 4 ? q.x : q.y) >> (8 * (e % 4))) & 0xFF);
+    if (fast && (code & 0x7F) != 0x7F) {
+      h[e] = __bfloat16_as_ushort(__float2bfloat16_rn(fp8_scaled_value(code, se)));
+    } else {
+      h[e] = f32_to_bf16(__fmul_rn(fp8_e4m3_to_f32(code), e8m0_to_f32(se)));
+    }
+  }
+  return pack_bf16x8(h);
+}
+
+/// 8 E2M1 nibbles (nibble e of q is element e) times 2^(se - 127) as BF16 codes.
+__device__ __forceinline__ uint4 bf16x8_of_fp4(uint32_t q, uint8_t se) {
+  const bool fast = se >= kFp4FastScaleMin && se <= kFp4FastScaleMax;
+  uint16_t h[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const uint8_t code = uint8_t((q >> (4 * e)) & 0xF);
+    if (fast) {
+      h[e] = __bfloat16_as_ushort(__float2bfloat16_rn(fp4_scaled_value(code, se)));
+    } else {
+      h[e] = f32_to_bf16(__fmul_rn(code == 8 ? 0.0f : fp4_e2m1_to_f32(code), e8m0_to_f32(se)));
+    }
+  }
+  return pack_bf16x8(h);
+}
+
+/// 8 FP32 values rounded to BF16 codes (f32_to_bf16).
+__device__ __forceinline__ uint4 bf16x8_of_f32(float4 a, float4 b) {
+  const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  uint16_t h[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) h[e] = f32_to_bf16(v[e]);
+  return pack_bf16x8(h);
+}
+
+/// The scale code of `w` (kFp8Block / kMxfp4) for element (r, c).
+template <WeightFormat F>
+__device__ __forceinline__ uint8_t weight_scale_code(const WeightView& w, int64_t r, int64_t c) {
+  if constexpr (F == WeightFormat::kFp8Block) {
+    const int64_t sc = (w.cols + w.block_cols - 1) / w.block_cols;
+    return w.scale[(r / w.block_rows) * sc + c / w.block_cols];
+  } else {
+    const int64_t sc = (w.cols + kMxfp4WeightBlock - 1) / kMxfp4WeightBlock;
+    return w.scale[r * sc + c / kMxfp4WeightBlock];
+  }
+}
+
 /// Weights [r, c .. c + 8) as 8 BF16 codes (c % 8 == 0, c + 8 <= cols, weight_vec8_ok).
 template <WeightFormat F>
 __device__ __forceinline__ uint4 weight_bf16x8(const WeightView& w, int64_t r, int64_t c) {
   if constexpr (F == WeightFormat::kBF16) {
     return *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(w.data) + r * w.cols + c);
-  }
-  uint16_t h[8] = {};
-  if constexpr (F == WeightFormat::kF32) {
+  } else if constexpr (F == WeightFormat::kF32) {
     const float* p = static_cast<const float*>(w.data) + r * w.cols + c;
-    const float4 a = *reinterpret_cast<const float4*>(p);
-    const float4 b = *reinterpret_cast<const float4*>(p + 4);
-    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-    for (int e = 0; e < 8; ++e) h[e] = f32_to_bf16(v[e]);
+    return bf16x8_of_f32(*reinterpret_cast<const float4*>(p),
+                         *reinterpret_cast<const float4*>(p + 4));
   } else if constexpr (F == WeightFormat::kFp8Block) {
     const uint2 q =
         *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(w.data) + r * w.cols + c);
-    const int64_t sc = (w.cols + w.block_cols - 1) / w.block_cols;
-    const uint8_t se = w.scale[(r / w.block_rows) * sc + c / w.block_cols];
-    // The fast exact decode and the hardware BF16 conversion (exact here) for every real scale;
-    // the general (branchy) path only for the rest and for NaN codes.
-    const bool fast = se >= kFp8FastScaleMin && se <= kFp8FastScaleMax;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const uint8_t code = uint8_t(((e < 4 ? q.x : q.y) >> (8 * (e % 4))) & 0xFF);
-      if (fast && (code & 0x7F) != 0x7F) {
-        h[e] = __bfloat16_as_ushort(__float2bfloat16_rn(fp8_scaled_value(code, se)));
-      } else {
-        h[e] = f32_to_bf16(__fmul_rn(fp8_e4m3_to_f32(code), e8m0_to_f32(se)));
-      }
-    }
+    return bf16x8_of_fp8(q, weight_scale_code<F>(w, r, c));
   } else {
     const uint32_t q = *reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(w.data) +
                                                           r * (w.cols / 2) + c / 2);
-    const int64_t sc = (w.cols + kMxfp4WeightBlock - 1) / kMxfp4WeightBlock;
-    const uint8_t se = w.scale[r * sc + c / kMxfp4WeightBlock];
-    const bool fast = se >= kFp4FastScaleMin && se <= kFp4FastScaleMax;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const uint8_t code = uint8_t((q >> (4 * e)) & 0xF);
-      if (fast) {
-        h[e] = __bfloat16_as_ushort(__float2bfloat16_rn(fp4_scaled_value(code, se)));
-      } else {
-        h[e] = f32_to_bf16(__fmul_rn(code == 8 ? 0.0f : fp4_e2m1_to_f32(code), e8m0_to_f32(se)));
-      }
-    }
+    return bf16x8_of_fp4(q, weight_scale_code<F>(w, r, c));
   }
-  return make_uint4(h[0] | (uint32_t(h[1]) << 16), h[2] | (uint32_t(h[3]) << 16),
-                    h[4] | (uint32_t(h[5]) << 16), h[6] | (uint32_t(h[7]) << 16));
 }
 
 /// Calls f.template operator()<F>() for the runtime format of `w` (one kernel instance each).
