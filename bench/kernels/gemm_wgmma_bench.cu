@@ -1,6 +1,6 @@
 // Throughput of the prefill GEMM (kernels/cuda/gemm_wgmma.cuh) at bench-40 prefill shapes,
-// M = 4096 and 8192 rows, with its staging kernels, and of the Engram kv projection's FP32-exact
-// split (gemm_f32_split3).
+// M = 1024, 4096 and 8192 rows, with its staging kernels, with B decoded from the stored FP8 inside
+// the kernel (WgmmaGemm::bw), and of the Engram kv projection's FP32-exact split (gemm_f32_split3).
 //
 // Method: per shape, a CUDA graph of `launches` calls timed with events over whole replays
 // (median of the replays). GEMM rows: 2 M n k FLOPs over the time, as a share of the 790 TFLOP/s
@@ -28,13 +28,13 @@ using dsv41rt::kernels::WeightView;
 constexpr double kBf16Roofline = 790e12;
 
 struct Shape {
-  const char *name;
+  const char* name;
   int64_t n, k;
 };
 
 }  // namespace
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -44,13 +44,13 @@ int main(int argc, char **argv) {
   std::vector<Shape> shapes = {
       {"wq_a", 1280, 5120}, {"wq_b", 32768, 1280},     {"wo_a (one group)", 1024, 4096},
       {"wo_b", 5120, 8192}, {"shared w1", 2304, 5120}, {"shared w2", 5120, 2304}};
-  std::vector<int64_t> ms = {4096, 8192};
+  std::vector<int64_t> ms = {1024, 4096, 8192};
   if (quick) shapes.resize(2), ms = {4096};
   const int launches = quick ? 5 : 10, reps = quick ? 3 : 7;
 
   std::printf("| kernel | shape (n x k) | M | us / call | TFLOP/s or GB/s | %% of roofline |\n");
   std::printf("|---|---|---|---|---|---|\n");
-  for (const Shape &sh : shapes) {
+  for (const Shape& sh : shapes) {
     // Stored FP8 32 x 32 weights, their BF16 staging, activations FP32 and BF16, C FP32.
     uint8_t *w8 = nullptr, *sc = nullptr;
     uint16_t *wb = nullptr, *ab = nullptr;
@@ -87,6 +87,19 @@ int main(int argc, char **argv) {
       std::printf("| gemm_bf16_wgmma | %s %lld x %lld | %lld | %.1f | %.0f TFLOP/s | %.0f%% |\n",
                   sh.name, (long long)sh.n, (long long)sh.k, (long long)m, us, tflops,
                   100.0 * tflops * 1e12 / kBf16Roofline);
+      // The same GEMM with B decoded from the stored FP8 inside the kernel (WgmmaGemm::bw), against
+      // the staged pair weight_to_bf16 + gemm above.
+      kc::WgmmaGemm gs = g;
+      gs.b = nullptr, gs.ldb = 0, gs.bw = w;
+      const double st_us =
+          time_graph(s, launches, reps, [&](int) { CHECK(kc::gemm_bf16_wgmma(gs, s)); });
+      const double st_tflops =
+          2.0 * double(m) * double(sh.n) * double(sh.k) / (st_us * 1e-6) / 1e12;
+      std::printf(
+          "| gemm, B stored FP8 (staged: %.1f us) | %s %lld x %lld | %lld | %.1f | %.0f TFLOP/s | "
+          "%.0f%% |\n",
+          wt_us + us, sh.name, (long long)sh.n, (long long)sh.k, (long long)m, st_us, st_tflops,
+          100.0 * st_tflops * 1e12 / kBf16Roofline);
     }
     CHECK(cudaFree(w8));
     CHECK(cudaFree(sc));
