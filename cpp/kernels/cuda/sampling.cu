@@ -126,26 +126,36 @@ __global__ void sampling_kernel(
     const int32_t* out = output_off ? output + output_off[r] : nullptr;
     const int64_t n_output = output_off ? output_off[r + 1] - output_off[r] : 0;
 
-    // 1. Penalties.
-    for (int64_t t = threadIdx.x; t < V; t += blockDim.x) rw.cnt[t] = 0, rw.seen[t] = 0;
-    __syncthreads();
-    for (int64_t i = threadIdx.x; i < n_prompt; i += blockDim.x) rw.seen[pr[i]] = 1;
-    for (int64_t i = threadIdx.x; i < n_output; i += blockDim.x) {
-      rw.seen[out[i]] = 1;
-      atomicAdd(&rw.cnt[out[i]], 1);
-    }
-    __syncthreads();
+    // 1. Penalties (the counts only when a penalty reads them).
     const bool rep = p.repetition_penalty != 1.0f;
     const bool freq = p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
+    const bool greedy = double(p.temperature) < 1e-5;
+    if (rep || freq) {
+      for (int64_t t = threadIdx.x; t < V; t += blockDim.x) rw.cnt[t] = 0, rw.seen[t] = 0;
+      __syncthreads();
+      for (int64_t i = threadIdx.x; i < n_prompt; i += blockDim.x) rw.seen[pr[i]] = 1;
+      for (int64_t i = threadIdx.x; i < n_output; i += blockDim.x) {
+        rw.seen[out[i]] = 1;
+        atomicAdd(&rw.cnt[out[i]], 1);
+      }
+      __syncthreads();
+    }
     const double rp = p.repetition_penalty, fp = p.frequency_penalty, pp = p.presence_penalty;
+    // The penalised logits w, and (2. greedy / 3. temperature) their argmax (first maximum),
+    // also the max for the softmax, in the same pass. A greedy row without probabilities to
+    // write needs only the argmax: w is not stored.
+    const bool keep_w = !greedy || probs;
     int bad = 0, finite = 0;
+    double mx = -INFINITY;
+    int32_t best = INT_MAX;
     for (int64_t t = threadIdx.x; t < V; t += blockDim.x) {
       double l = lr[t];
       bad |= isnan(lr[t]) || lr[t] == INFINITY;
       finite |= isfinite(lr[t]);
       if (rep && rw.seen[t]) l = l > 0 ? __ddiv_rn(l, rp) : __dmul_rn(l, rp);
       if (freq && rw.cnt[t] > 0) l = __dsub_rn(l, __dadd_rn(__dmul_rn(fp, double(rw.cnt[t])), pp));
-      w[t] = l;
+      if (keep_w) w[t] = l;
+      if (before(l, int32_t(t), mx, best)) mx = l, best = int32_t(t);
     }
     // Logits the CPU sampler refuses (NaN, +inf, no finite one): token -1, for the caller to
     // report (block-uniform, so every thread skips the row together).
@@ -154,17 +164,12 @@ __global__ void sampling_kernel(
       __syncthreads();
       continue;
     }
-
-    // 2. Greedy / 3. temperature. The argmax (first maximum) is also the max for the softmax.
-    double mx = -INFINITY;
-    int32_t best = INT_MAX;
-    for (int64_t t = threadIdx.x; t < V; t += blockDim.x) {
-      if (before(w[t], int32_t(t), mx, best)) mx = w[t], best = int32_t(t);
-    }
-    block_argmax(mx, best);  // ends with a barrier: every w read above is done
-    if (double(p.temperature) < 1e-5) {
-      for (int64_t t = threadIdx.x; t < V; t += blockDim.x) w[t] = t == best ? 1.0 : 0.0;
-      __syncthreads();
+    block_argmax(mx, best);  // ends with a barrier: every w written above is visible
+    if (greedy) {
+      if (probs) {
+        for (int64_t t = threadIdx.x; t < V; t += blockDim.x) w[t] = t == best ? 1.0 : 0.0;
+        __syncthreads();
+      }
     } else {
       const double temp = p.temperature;
       for (int64_t t = threadIdx.x; t < V; t += blockDim.x) {
@@ -212,7 +217,7 @@ __global__ void sampling_kernel(
     // 7. Total in token-id order (std::accumulate), then probs and / or the draw. Greedy: the
     // weights are one-hot at `best`, so the total is exactly 1 and the draw is `best` (the
     // sequential sum over the vocabulary would cost a millisecond for nothing).
-    if (threadIdx.x == 0 && double(p.temperature) < 1e-5) {
+    if (threadIdx.x == 0 && greedy) {
       s_total = 1.0;
       if (tokens) s_token = tokens[r] = best;
     } else if (threadIdx.x == 0) {
@@ -241,13 +246,17 @@ __global__ void sampling_kernel(
       }
     }
     if (tokens) {
-      // Raw logprobs: log_softmax of the unmodified logits.
-      double rmx = -INFINITY;
-      int32_t rid = INT_MAX;
-      for (int64_t t = threadIdx.x; t < V; t += blockDim.x) {
-        if (before(double(lr[t]), int32_t(t), rmx, rid)) rmx = lr[t], rid = int32_t(t);
+      // Raw logprobs: log_softmax of the unmodified logits. Without penalties their max is the
+      // argmax above (w was the logits).
+      double rmx = mx;
+      if (rep || freq) {
+        int32_t rid = INT_MAX;
+        rmx = -INFINITY;
+        for (int64_t t = threadIdx.x; t < V; t += blockDim.x) {
+          if (before(double(lr[t]), int32_t(t), rmx, rid)) rmx = lr[t], rid = int32_t(t);
+        }
+        block_argmax(rmx, rid);
       }
-      block_argmax(rmx, rid);
       double sum = 0;
       for (int64_t t = threadIdx.x; t < V; t += blockDim.x) sum += exp(double(lr[t]) - rmx);
       sum = block_sum(sum);
