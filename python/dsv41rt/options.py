@@ -233,7 +233,7 @@ _ROWS = (
         " to bring them back instead of recomputing them; 0 = off",
     ),
     Option("enforce_eager", parse_bool, "enforce_eager", "CUDA: no decode CUDA graphs"),
-    Option("multistream", parse_bool, "", "CUDA: window store, compressor and indexer on side streams"),
+    Option("multistream", parse_bool, "", "CUDA: window store, compressor, indexer and V4.1's mHC mix on side streams"),
     Option(
         "engram_host_memory",
         parse_bool,

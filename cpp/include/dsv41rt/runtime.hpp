@@ -58,7 +58,7 @@ struct NumericsOptions {
 struct DeviceOptions {
   std::string device = "cpu";  ///< "cpu", "cuda" or "cuda:N"
   bool enforce_eager = false;  ///< CUDA: no decode graphs
-  bool multistream = true;     ///< CUDA: window store, compressor, indexer on side streams
+  bool multistream = true;     ///< CUDA: window store, compressor, indexer, mHC mix side streams
   /// CUDA: the Engram tables in pinned host memory, gathered by the device over PCIe (zero-copy)
   /// instead of copied to device memory.
   bool engram_host_memory = false;
