@@ -118,6 +118,7 @@ void register_options(nb::module_& m) {
       .def_rw("max_model_len", &PoolOptions::max_model_len)
       .def_rw("page_size", &PoolOptions::page_size)
       .def_rw("max_prefill_tokens_while_decoding", &PoolOptions::max_prefill_tokens_while_decoding)
+      .def_rw("max_decode_slowdown", &PoolOptions::max_decode_slowdown)
       .def_rw("enable_prefix_caching", &PoolOptions::enable_prefix_caching)
       .def_rw("host_cache_memory", &PoolOptions::host_cache_memory);
   nb::class_<NumericsOptions>(m, "NumericsOptions")
@@ -183,6 +184,7 @@ void register_options(nb::module_& m) {
     d["page_size"] = p.page_size;
     d["enforce_eager"] = p.enforce_eager != 0;
     d["max_prefill_tokens_while_decoding"] = p.max_prefill_tokens_while_decoding;
+    d["max_decode_slowdown"] = p.max_decode_slowdown;
     d["enable_prefix_caching"] = p.enable_prefix_caching != 0;
     d["host_cache_memory"] = p.host_cache_memory;
     d["tensor_parallel_size"] = p.tensor_parallel_size;

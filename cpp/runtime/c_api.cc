@@ -168,6 +168,7 @@ dsv41rt::RuntimeOptions options_from(const dsv41rt_runtime_params& p) {
   o.pool.max_model_len = p.max_model_len;
   o.pool.page_size = p.page_size;
   o.pool.max_prefill_tokens_while_decoding = p.max_prefill_tokens_while_decoding;
+  o.pool.max_decode_slowdown = p.max_decode_slowdown;
   o.pool.enable_prefix_caching = p.enable_prefix_caching != 0;
   o.pool.host_cache_memory = p.host_cache_memory;
   o.parallel.tensor_parallel_size = p.tensor_parallel_size;
@@ -314,6 +315,7 @@ void dsv41rt_runtime_default_params(dsv41rt_runtime_params* p) {
   p->page_size = d.pool.page_size;
   p->enforce_eager = d.device.enforce_eager ? 1 : 0;
   p->max_prefill_tokens_while_decoding = d.pool.max_prefill_tokens_while_decoding;
+  p->max_decode_slowdown = d.pool.max_decode_slowdown;
   p->enable_prefix_caching = d.pool.enable_prefix_caching ? 1 : 0;
   p->host_cache_memory = d.pool.host_cache_memory;
   p->tensor_parallel_size = d.parallel.tensor_parallel_size;
@@ -363,18 +365,19 @@ dsv41rt_status dsv41rt_runtime_create(uint32_t abi_version, const dsv41rt_runtim
   if (!params) return fail(nullptr, DSV41RT_E_INVALID_ARGUMENT, "params is NULL");
   // Older layouts end before a field added since (0.1.0 before max_prefill_tokens_while_decoding,
   // the next before enable_prefix_caching, the next before host_cache_memory, the next before
-  // tensor_parallel_size, the next before speculative_config): read only the bytes the caller has,
-  // the rest keeps this library's defaults.
+  // tensor_parallel_size, the next before speculative_config, the next before max_decode_slowdown):
+  // read only the bytes the caller has, the rest keeps this library's defaults.
   constexpr size_t kSize010 = offsetof(dsv41rt_runtime_params, max_prefill_tokens_while_decoding);
   constexpr size_t kSizePrefill = offsetof(dsv41rt_runtime_params, enable_prefix_caching);
   constexpr size_t kSizePrefixCaching = offsetof(dsv41rt_runtime_params, host_cache_memory);
   constexpr size_t kSizeHostCache = offsetof(dsv41rt_runtime_params, tensor_parallel_size);
   constexpr size_t kSizeParallel = offsetof(dsv41rt_runtime_params, speculative_config);
+  constexpr size_t kSizeSpeculative = offsetof(dsv41rt_runtime_params, max_decode_slowdown);
   dsv41rt_runtime_params p;
   dsv41rt_runtime_default_params(&p);
   if (params->struct_size == kSize010 || params->struct_size == kSizePrefill ||
       params->struct_size == kSizePrefixCaching || params->struct_size == kSizeHostCache ||
-      params->struct_size == kSizeParallel) {
+      params->struct_size == kSizeParallel || params->struct_size == kSizeSpeculative) {
     std::memcpy(&p, params, params->struct_size);
     p.struct_size = sizeof(p);
   } else if (dsv41rt_status s =

@@ -3,6 +3,8 @@
 // validated once, the Engram inputs read from engram_tables.st, the executor built for the device.
 #include "runtime/runtime_load.h"
 
+#include <cmath>
+
 #include "core/safetensors.h"
 #include "core/status.h"
 #include "runtime/model/checkpoint_validation.h"
@@ -28,6 +30,10 @@ void check_options(const RuntimeOptions& o) {
   DSV41RT_CHECK(p.max_prefill_tokens_while_decoding >= 0,
                 "max_prefill_tokens_while_decoding must be >= 0 (0: no cap), got ",
                 p.max_prefill_tokens_while_decoding);
+  DSV41RT_CHECK(std::isfinite(p.max_decode_slowdown) &&
+                    (p.max_decode_slowdown == 0 || p.max_decode_slowdown >= 1),
+                "max_decode_slowdown must be a finite number >= 1 (0: off), got ",
+                p.max_decode_slowdown);
   DSV41RT_CHECK(p.host_cache_memory >= 0, "host_cache_memory must be >= 0 (0: off), got ",
                 p.host_cache_memory);
   DSV41RT_CHECK(o.num_speculative_tokens >= -1,
@@ -183,6 +189,7 @@ LoadedModel load_model(const RuntimeOptions& o) {
   m.engine.max_num_batched_tokens = o.pool.max_num_batched_tokens;
   m.engine.max_model_len = o.pool.max_model_len;
   m.engine.max_prefill_tokens_while_decoding = o.pool.max_prefill_tokens_while_decoding;
+  m.engine.max_decode_slowdown = o.pool.max_decode_slowdown;
   m.engine.enable_prefix_caching = o.pool.enable_prefix_caching;
   // A worker rank (rank > 0 of a group of processes) replays rank 0's calls: the host tier lives in
   // rank 0's engine, whose state copies reach the worker through the group's channel.

@@ -39,6 +39,7 @@ class RuntimeOptions:
     max_model_len: int = 0
     page_size: int = 64
     max_prefill_tokens_while_decoding: int = 0
+    max_decode_slowdown: float = 0.0
     enable_prefix_caching: bool = True
     host_cache_memory: int = 0
     enforce_eager: bool = False
@@ -72,6 +73,11 @@ class RuntimeOptions:
             self.max_prefill_tokens_while_decoding >= 0,
             "max_prefill_tokens_while_decoding",
             f"must be >= 0 (0: no cap), got {self.max_prefill_tokens_while_decoding}",
+        )
+        need(
+            self.max_decode_slowdown == 0 or self.max_decode_slowdown >= 1,
+            "max_decode_slowdown",
+            f"must be >= 1 (0: off), got {self.max_decode_slowdown}",
         )
         need(
             self.host_cache_memory >= 0,
@@ -132,6 +138,18 @@ def parse_int(value: Any, key: str) -> int:
             return int(value)
         raise Dsv41rtError(f"{key}: expected an integer, got {value!r}")
     return value
+
+
+def parse_float(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise Dsv41rtError(f"{key}: expected a number, got {value!r}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise Dsv41rtError(f"{key}: expected a number, got {value!r}") from None
+    if number != number or number in (float("inf"), float("-inf")):
+        raise Dsv41rtError(f"{key}: expected a finite number, got {value!r}")
+    return number
 
 
 def parse_bool(value: Any, key: str) -> bool:
@@ -218,6 +236,13 @@ _ROWS = (
         parse_int,
         "max_prefill_tokens_while_decoding",
         "prefill tokens an engine step may carry while requests decode (bounds inter-token latency); 0 = no cap",
+    ),
+    Option(
+        "max_decode_slowdown",
+        parse_float,
+        "max_decode_slowdown",
+        "a step carrying prefill while requests decode may take up to this many times a decode-only step:"
+        " its prefill tokens are capped from measured step times (docs/design/engine.md); 0 = off",
     ),
     Option(
         "enable_prefix_caching",

@@ -101,6 +101,7 @@ def core_options(
     c.pool.max_model_len = o.max_model_len
     c.pool.page_size = o.page_size
     c.pool.max_prefill_tokens_while_decoding = o.max_prefill_tokens_while_decoding
+    c.pool.max_decode_slowdown = o.max_decode_slowdown
     c.pool.enable_prefix_caching = o.enable_prefix_caching
     c.pool.host_cache_memory = o.host_cache_memory
     c.numerics.precision = _core.Precision.__members__[o.precision]

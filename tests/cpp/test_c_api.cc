@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -143,6 +144,37 @@ TEST(CApi, PrefillCapAndThe010ParamsLayout) {
     EXPECT_EQ(total, 3u) << "request " << id;
   }
   EXPECT_EQ(dsv41rt_runtime_destroy(rt), DSV41RT_OK);
+}
+
+// max_decode_slowdown (after speculative_config): 0 by default, below 1 or not finite refused by
+// name, a host built before it (struct_size ending at the field) gets it off; on, one request's
+// greedy tokens are unchanged (the cap only applies beside decodes).
+TEST(CApi, DecodeSlowdownAndTheLayoutBeforeIt) {
+  dsv41rt_runtime_params p;
+  dsv41rt_runtime_default_params(&p);
+  EXPECT_EQ(p.max_decode_slowdown, 0.0);
+  p.checkpoint_dir = "x";
+  for (double bad : {0.5, -1.0, std::numeric_limits<double>::quiet_NaN()}) {
+    dsv41rt_runtime* rt = nullptr;
+    p.max_decode_slowdown = bad;
+    EXPECT_EQ(dsv41rt_runtime_create(DSV41RT_ABI_VERSION, &p, &rt), DSV41RT_E_INVALID_ARGUMENT)
+        << bad;
+    EXPECT_NE(std::string(dsv41rt_last_error(nullptr)).find("max_decode_slowdown"),
+              std::string::npos)
+        << dsv41rt_last_error(nullptr);
+    EXPECT_EQ(rt, nullptr);
+  }
+  NEED_CHECKPOINT();
+  p.checkpoint_dir = checkpoint();
+  p.max_decode_slowdown = 0;
+  const std::vector<int32_t> want = dsv41rt::testing::c_api_generate(p, kPrompt, 4);
+  EXPECT_EQ(want.size(), 4u);
+  dsv41rt_runtime_params old = p;  // 0.5 sits in bytes an older host does not have
+  old.max_decode_slowdown = 0.5;
+  old.struct_size = offsetof(dsv41rt_runtime_params, max_decode_slowdown);
+  EXPECT_EQ(dsv41rt::testing::c_api_generate(old, kPrompt, 4), want);
+  p.max_decode_slowdown = 2.0;
+  EXPECT_EQ(dsv41rt::testing::c_api_generate(p, kPrompt, 4), want);
 }
 
 // Tensor x expert parallelism through the C API: the same greedy tokens as one rank; a size that

@@ -71,11 +71,19 @@ def test_batch_invariance_with_staggered_arrival(tiny_v41_dir: str, alone: Runti
     assert s["finished"] == 16 and s["pages_used"] == 0 and s["slots_used"] == 0
 
 
-def test_prefill_cap_while_decoding_keeps_every_request_bitwise(tiny_v41_dir: str, alone: Runtime) -> None:
-    # Prompts arriving while others decode go in chunks of at most 8 tokens per step (the
-    # scheduler test pins the chunks); the tokens and logprobs must not notice.
+@pytest.mark.parametrize(
+    "cap",
+    [{"max_prefill_tokens_while_decoding": 8}, {"max_decode_slowdown": 1.5}],
+    ids=["fixed-cap", "decode-slowdown"],
+)
+def test_prefill_cap_while_decoding_keeps_every_request_bitwise(
+    tiny_v41_dir: str, alone: Runtime, cap: dict[str, float]
+) -> None:
+    # Prompts arriving while others decode go in chunks of at most 8 tokens per step, or as many as
+    # keep a step within 1.5 decode-only steps by the measured step times (the scheduler tests pin
+    # the chunks); the tokens and logprobs must not notice.
     prompts = [prompt(n, seed=300 + i) for i, n in enumerate((5, 90, 41, 17))]
-    rt = Runtime(tiny_v41_dir, max_num_batched_tokens=96, max_num_seqs=4, max_prefill_tokens_while_decoding=8)
+    rt = Runtime(tiny_v41_dir, max_num_batched_tokens=96, max_num_seqs=4, **cap)
     ids = [rt.add_request(prompts[0], 12, ignore_eos=True)]
     out: dict[int, list] = {}
     for p in prompts[1:]:
@@ -88,6 +96,10 @@ def test_prefill_cap_while_decoding_keeps_every_request_bitwise(tiny_v41_dir: st
     assert [out[i] for i in ids] == solo_with_logprobs(alone, prompts, 12)
     with pytest.raises(Dsv41rtError, match="max-prefill-tokens-while-decoding: must be >= 0"):
         Runtime(tiny_v41_dir, max_prefill_tokens_while_decoding=-1)
+    with pytest.raises(Dsv41rtError, match=r"max-decode-slowdown: must be >= 1 \(0: off\), got 0.5"):
+        Runtime(tiny_v41_dir, max_decode_slowdown=0.5)
+    with pytest.raises(Dsv41rtError, match="max-decode-slowdown: expected a finite number"):
+        Runtime(tiny_v41_dir, max_decode_slowdown="nan")
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "seeded-sampling"])

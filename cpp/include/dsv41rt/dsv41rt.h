@@ -113,6 +113,11 @@ typedef struct dsv41rt_runtime_params {
    * "" = off (default). Added after expert_parallel_size: a struct_size ending before it is
    * accepted (off). */
   const char* speculative_config;
+  /* A step carrying prefill while requests decode may take up to this many times a decode-only
+   * step: its prefill tokens are capped from the step times the engine measures (>= 1; 0 = off,
+   * the default; both caps apply with max_prefill_tokens_while_decoding). Added after
+   * speculative_config: a struct_size ending before it is accepted (off). */
+  double max_decode_slowdown;
 } dsv41rt_runtime_params;
 
 typedef struct dsv41rt_sampling_params {

@@ -43,6 +43,9 @@ struct PoolOptions {
   int64_t page_size = 64;                  ///< positions per KV page (a multiple of every ratio)
   /// prefill tokens an engine step may carry while requests decode; 0 = no cap
   int64_t max_prefill_tokens_while_decoding = 0;
+  /// a step carrying prefill while requests decode may take up to this many times a decode-only
+  /// step (its prefill tokens capped from measured step times); 0 = off
+  double max_decode_slowdown = 0;
   /// reuse the state of prompt prefixes earlier requests computed (docs/design/prefix-cache.md)
   bool enable_prefix_caching = true;
   /// bytes of host memory (pinned on CUDA) the prefix cache keeps pages it evicts in, to bring

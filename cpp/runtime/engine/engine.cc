@@ -1,6 +1,7 @@
 #include "runtime/engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -20,7 +21,7 @@ class Engine::Impl {
             SchedulerConfig{std::min(config.max_num_seqs, exec_->pool().usage().slots_total),
                             config.max_num_batched_tokens, config.max_model_len,
                             config.max_prefill_tokens_while_decoding, config.enable_prefix_caching,
-                            config.host_cache_bytes},
+                            config.host_cache_bytes, config.max_decode_slowdown},
             exec_->pool(), [this](int32_t from, int32_t to) { copy_slot(from, to); },
             exec_->host_state_copy()),
         spec_(*exec_, config.speculation) {}
@@ -151,7 +152,11 @@ class Engine::Impl {
       b.sample = &sp;
       b.sampled = &sampled[i];
     }
-    exec_->forward(batch);
+    const auto forward_start = std::chrono::steady_clock::now();
+    exec_->forward(batch);  // returns with the sampled tokens on the host: the step is done
+    scheduler_.observe_step(
+        plan,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - forward_start).count());
     // The tokens each item emits; verifies are resolved (rejected positions taken back) before
     // complete(), which may snapshot a request's state into the prefix cache.
     std::vector<std::vector<kernels::SampledToken>> emitted(n);

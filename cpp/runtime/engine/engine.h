@@ -28,6 +28,7 @@ struct EngineConfig {
   int64_t max_num_batched_tokens = 512;  ///< tokens per step
   int64_t max_model_len = 0;             ///< 0 = what the pool holds
   int64_t max_prefill_tokens_while_decoding = 0;  ///< scheduler.h; 0 = no cap
+  double max_decode_slowdown = 0;                 ///< scheduler.h; 0 = off
   bool enable_prefix_caching = false;             ///< share cached prefixes (prefix_cache.h)
   int64_t host_cache_bytes = 0;  ///< host tier of the prefix cache (host_tier.h); 0 = off
   /// Speculative decoding (speculation.h); num_speculative_tokens 0 = off.

@@ -39,6 +39,7 @@ Scheduler::Scheduler(SchedulerConfig config, KvPool& pool, SlotCopier copier,
   DSV41RT_CHECK(config_.max_prefill_tokens_while_decoding >= 0,
                 "scheduler: max_prefill_tokens_while_decoding must be >= 0, got ",
                 config_.max_prefill_tokens_while_decoding);
+  if (config_.max_decode_slowdown != 0) cap_model_.emplace(config_.max_decode_slowdown);
   const PoolUsage u = pool_.usage();
   DSV41RT_CHECK(u.pages_total >= 1 && u.slots_total >= 1,
                 "scheduler: the KV pool needs at least one page and one slot (has ", u.pages_total,
@@ -196,8 +197,12 @@ StepPlan Scheduler::schedule() {
     if (int64_t(r.tokens.size()) - r.computed != 1) continue;
     if (secure_pages(r, r.computed + 1)) add_chunk(r, 1, /*decode=*/true);
   }
-  if (!decoding.empty() && config_.max_prefill_tokens_while_decoding > 0) {
-    prefill_cap = config_.max_prefill_tokens_while_decoding;
+  if (!decoding.empty()) {
+    if (config_.max_prefill_tokens_while_decoding > 0) {
+      prefill_cap = config_.max_prefill_tokens_while_decoding;
+    }
+    const int64_t adaptive = adaptive_prefill_cap(int64_t(decoding.size()));
+    if (adaptive >= 0) prefill_cap = prefill_cap < 0 ? adaptive : std::min(prefill_cap, adaptive);
   }
   // 2. Prefill chunks of running requests, admission order. When the queue head could be admitted
   // and its whole prompt fits in half the prefill room, that much room is kept for it: a short
@@ -284,7 +289,22 @@ StepPlan Scheduler::schedule() {
     ++stats_.admitted;
     add_chunk(r, count, /*decode=*/false);
   }
+  for (const ScheduledChunk& c : plan.chunks) {  // victims' chunks are gone from both
+    if (std::find(decoding.begin(), decoding.end(), c.request_id) != decoding.end()) {
+      ++plan.decodes;
+    } else {
+      plan.prefill_tokens += c.count;
+    }
+  }
   return plan;
+}
+
+void Scheduler::observe_step(const StepPlan& plan, double seconds) {
+  if (cap_model_) cap_model_->observe(plan.decodes, plan.prefill_tokens, seconds);
+}
+
+int64_t Scheduler::adaptive_prefill_cap(int64_t decodes) const {
+  return cap_model_ ? cap_model_->cap(decodes) : -1;
 }
 
 int64_t Scheduler::chunk_limit(const SchedRequest& r, int64_t count) const {

@@ -10,7 +10,9 @@
 //   When step 1 scheduled any decode, steps 2 and 3 together take at most
 //   max_prefill_tokens_while_decoding tokens (0 = no cap beyond the step budget): a prefill chunk
 //   lengthens the step every decoding request waits on, so this bounds inter-token latency while
-//   prompts arrive, at the cost of their time to first token.
+//   prompts arrive, at the cost of their time to first token. max_decode_slowdown caps them
+//   instead (or as well) by time: as many as keep the step within that many times a decode-only
+//   step, learned from the step times the engine reports (prefill_cap_model.h).
 //   Each scheduled chunk's pages are allocated before the step. If a running request cannot get a
 //   page, the most recently admitted running request is preempted (its slot and pages freed, its
 //   computed tokens dropped; it returns to the FRONT of the queue and later recomputes prompt +
@@ -44,10 +46,12 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/export.h"
+#include "runtime/engine/prefill_cap_model.h"
 #include "runtime/engine/prefix_cache.h"
 #include "runtime/model/kv_pool.h"
 
@@ -65,6 +69,10 @@ struct SchedulerConfig {
   /// Bytes of host memory the prefix cache keeps evicted pages and snapshots in (0 = no host
   /// tier; needs prefix caching and a host copier).
   int64_t host_cache_bytes = 0;
+  /// A step with prefill chunks beside decodes may take up to this many times a decode-only step:
+  /// its prefill tokens are capped by a model of measured step times (prefill_cap_model.h,
+  /// observe_step()); 0 = off. Both caps apply when both are set.
+  double max_decode_slowdown = 0;
 };
 
 enum class FinishReason { kNone, kLength, kStop, kAborted };
@@ -103,6 +111,8 @@ struct StepPlan {
   /// Requests preempted while planning this step: the engine must forget their cached state
   /// (their slot and pages are already back in the pool).
   std::vector<int64_t> preempted;
+  int64_t decodes = 0;         ///< decode chunks among `chunks`
+  int64_t prefill_tokens = 0;  ///< tokens of the other chunks
 };
 
 struct SchedulerStats {
@@ -148,6 +158,12 @@ class DSV41RT_API Scheduler {
 
   /// After the engine ran `plan`: marks the chunks' tokens computed.
   void complete(const StepPlan& plan);
+  /// The engine ran `plan` in `seconds` (its forward, wall clock): what max_decode_slowdown's
+  /// cap learns from. No-op when that option is off.
+  void observe_step(const StepPlan& plan, double seconds);
+  /// The prefill cap max_decode_slowdown gives a step with `decodes` decode chunks: 0 = a probe
+  /// (decode-only) step, -1 = no cap (off, or nothing measured yet).
+  int64_t adaptive_prefill_cap(int64_t decodes) const;
   /// Appends a sampled token to a request (after complete()).
   void append_token(int64_t id, int32_t token);
 
@@ -202,6 +218,7 @@ class DSV41RT_API Scheduler {
   KvPool& pool_;
   SlotCopier copier_;
   std::unique_ptr<PrefixCache> cache_;
+  std::optional<PrefillCapModel> cap_model_;  // max_decode_slowdown > 0
   std::map<int64_t, SchedRequest> requests_;
   std::deque<int64_t> waiting_;
   std::vector<int64_t> running_;  // admission order
