@@ -16,6 +16,7 @@
 
 #include "backend_test_util.h"
 #include "core/dtype.h"
+#include "grouped_tile_table_util.h"
 #include "host_weights.h"
 #include "kernels/cuda/gemm_wgmma.cuh"
 #include "kernels/weight_view.h"
@@ -145,20 +146,10 @@ TEST_F(BackendCudaGemmWgmmaStored, GraphReplayIsEager) {
 // path reads the stack, in one launch over all groups and in the same passes.
 TEST_F(BackendCudaGemmWgmmaStored, GroupedTilesBitwiseTheStagedPasses) {
   const std::vector<int32_t> counts = {0, 130, 1, 257, 40};
-  const int64_t E = 5, n = 96, k = 160, tm = kc::kWgmmaTileM;
-  std::vector<int32_t> group, row0, row_end;
-  int32_t m = 0;
-  for (int32_t e = 0; e < E; ++e) {
-    for (int32_t r = 0; r < counts[e]; r += int32_t(tm)) {
-      group.push_back(e), row0.push_back(m + r), row_end.push_back(m + counts[e]);
-    }
-    m += counts[e];
-  }
-  const int64_t entries = int64_t(group.size()) + 2, max_tiles = entries + 3;
-  std::vector<int32_t> table(size_t(3 * max_tiles), -1);
-  for (size_t t = 0; t < group.size(); ++t) {
-    table[t] = group[t], table[max_tiles + t] = row0[t], table[2 * max_tiles + t] = row_end[t];
-  }
+  const int64_t E = 5, n = 96, k = 160;
+  const GroupedTileTable tiles = grouped_tile_table(counts, kc::kWgmmaTileM);
+  const std::vector<int32_t>& table = tiles.table;
+  const int64_t m = tiles.m, entries = tiles.entries, max_tiles = tiles.max_tiles;
   Buffer<int32_t> dt = upload(cuda(), table);
   Buffer<float> dx = upload(cuda(), normal(m * k));
   Buffer<uint16_t> da = poisoned<uint16_t>(cuda(), m * k);

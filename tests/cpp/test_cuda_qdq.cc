@@ -97,6 +97,21 @@ class BackendCudaQdq : public CudaKernelTest {
     }
   }
 
+  // The codec's kernel on `x` (rows of c.dim) into a poisoned output, and in place when asked
+  // (the contract allows it): the reference's values, NaN for NaN.
+  void expect_matches_reference(const Codec& c, const std::vector<float>& x, bool also_in_place) {
+    const int64_t rows = int64_t(x.size()) / c.dim;
+    std::vector<float> want(x.size());
+    c.host(x.data(), rows, c.dim, want.data());
+    Buffer<float> dx = upload(cuda(), x);
+    Buffer<float> dy = poisoned<float>(cuda(), int64_t(x.size()));
+    ASSERT_EQ(c.device(dx.get(), rows, c.dim, dy.get(), stream()), cudaSuccess);
+    EXPECT_TRUE(nan_aware_equal(dy.download(), want));
+    if (!also_in_place) return;
+    ASSERT_EQ(c.device(dx.get(), rows, c.dim, dx.get(), stream()), cudaSuccess);
+    EXPECT_TRUE(nan_aware_equal(dx.download(), want)) << "in place";
+  }
+
   std::vector<float> inputs(int64_t rows, int64_t dim, int64_t block, float largest) {
     std::vector<float> x(size_t(rows * dim));
     for (int64_t b = 0; b < rows * dim / block; ++b)
@@ -120,15 +135,7 @@ TEST_F(BackendCudaQdq, EveryCodecMatchesTheReferenceOnHardBlocks) {
     SCOPED_TRACE(c.name);
     const int64_t rows = 300;
     const std::vector<float> x = inputs(rows, c.dim, c.block, c.largest);
-    std::vector<float> want(x.size());
-    c.host(x.data(), rows, c.dim, want.data());
-    Buffer<float> dx = upload(cuda(), x);
-    Buffer<float> dy = poisoned<float>(cuda(), int64_t(x.size()));
-    ASSERT_EQ(c.device(dx.get(), rows, c.dim, dy.get(), stream()), cudaSuccess);
-    EXPECT_TRUE(nan_aware_equal(dy.download(), want));
-    // In place, as the contract allows.
-    ASSERT_EQ(c.device(dx.get(), rows, c.dim, dx.get(), stream()), cudaSuccess);
-    EXPECT_TRUE(nan_aware_equal(dx.download(), want));
+    expect_matches_reference(c, x, /*also_in_place=*/true);
   }
 }
 
@@ -155,12 +162,7 @@ TEST_F(BackendCudaQdq, EveryPowerOfTwoScaleDividesLikeTheReference) {
     for (float& v : x) v = std::isfinite(v) ? v : FLT_MAX;
     const int64_t rows = int64_t(x.size()) / c.dim;
     x.resize(size_t(rows * c.dim));
-    std::vector<float> want(x.size());
-    c.host(x.data(), rows, c.dim, want.data());
-    Buffer<float> dx = upload(cuda(), x);
-    Buffer<float> dy = poisoned<float>(cuda(), int64_t(x.size()));
-    ASSERT_EQ(c.device(dx.get(), rows, c.dim, dy.get(), stream()), cudaSuccess);
-    EXPECT_TRUE(nan_aware_equal(dy.download(), want));
+    expect_matches_reference(c, x, /*also_in_place=*/false);
   }
 }
 
