@@ -33,8 +33,9 @@
 #            those of this call's build named in KBENCH_BUILT (e.g. "moe_decode_bench"; needs gtestdev)
 #   cp2      (2 GPUs) CP 2 over NCCL vs CP 1 on the tiny presets, threads and one process per GPU
 #   bf16diag GPU precision bf16 vs the CPU emulation of it, per position (errors saved for analysis)
-#   serve    `dsv41rt serve` on bench-40 (precision bf16) + `dsv41rt bench`: concurrency 1, then 16 with each
-#            prefill cap in SERVE_CAPS (default "0 32"); needs the serve extras carried as wheels in .whl
+#   serve    `dsv41rt serve` on bench-40 (SERVE_PRECISION, default fp8) + `dsv41rt bench`: concurrency 1, then
+#            16 with each prefill cap in SERVE_CAPS (default "0 32") and each max-decode-slowdown in
+#            SERVE_SLOWDOWNS (default "2"); needs the serve extras carried as wheels in .whl
 #   tpep2    (2 GPUs) TP/EP over NCCL: test_tensor_expert_parallel_cuda.py, then bench-40 TP/EP 2 vs one GPU
 #            (bench/tp_ep_check.py; TPEP_SIZES, default 2x1,1x2,2x2)
 #   cp2bench (2 GPUs) bench-40 prefill, CP 2 one process per GPU vs CP 1 (CP_MODES processes|threads, CP_TOKENS,
@@ -253,14 +254,18 @@ for step in ${STEPS:-tests}; do
       done
       ;;
     serve)
-      echo "== serving bench-40 (bf16, ${SERVE_IN:-1024} in / ${SERVE_OUT:-128} out)"
+      echo "== serving bench-40 (${SERVE_PRECISION:-fp8}, ${SERVE_IN:-1024} in / ${SERVE_OUT:-128} out)"
       [ -d /tmp/bench-40 ] || python3 -m dsv41rt make-checkpoint --preset bench-40 --seed 0 --out /tmp/bench-40 --workers 16 | tail -1
-      export DEVICE=cuda PRECISION=bf16 KV_MEMORY=${SERVE_KV_MEMORY:-8G} INPUT_LEN=${SERVE_IN:-1024} OUTPUT_LEN=${SERVE_OUT:-128} PYTHON=python3
+      export DEVICE=cuda PRECISION=${SERVE_PRECISION:-fp8} KV_MEMORY=${SERVE_KV_MEMORY:-8G} INPUT_LEN=${SERVE_IN:-1024} OUTPUT_LEN=${SERVE_OUT:-128} PYTHON=python3
       echo "-- concurrency 1"
       CONCURRENCY=1 NUM_PROMPTS=${SERVE_C1_PROMPTS:-4} timeout 300 bash bench/serve_itl_cap.sh 0 8100 /tmp/bench-40
       for cap in ${SERVE_CAPS:-0 32}; do
         echo "-- concurrency 16, prefill cap $cap"
         CONCURRENCY=16 NUM_PROMPTS=16 timeout 400 bash bench/serve_itl_cap.sh "$cap" $((8101 + cap)) /tmp/bench-40
+      done
+      for sd in ${SERVE_SLOWDOWNS:-2}; do
+        echo "-- concurrency 16, max decode slowdown $sd"
+        SLOWDOWN=$sd CONCURRENCY=16 NUM_PROMPTS=16 timeout 400 bash bench/serve_itl_cap.sh 0 $((8200 + ${sd%.*})) /tmp/bench-40
       done
       ;;
     bf16diag)
