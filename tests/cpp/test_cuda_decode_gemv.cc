@@ -43,22 +43,8 @@ class BackendCudaDecodeGemv : public CudaKernelTest {
   // Random codes and scale codes in [e_lo, e_hi] (BF16: normal values, sigma 0.05).
   HostWeights make_weights(WeightFormat f, int64_t rows, int64_t cols, int32_t br, int32_t bc,
                            int e_lo = 117, int e_hi = 123) {
-    HostWeights w;
-    w.format = f, w.rows = rows, w.cols = cols, w.br = br, w.bc = bc;
-    if (f == WeightFormat::kBF16) {
-      for (const float v : normal(rows * cols, 0.05)) {
-        const uint16_t b = f32_to_bf16(v);
-        w.data.push_back(uint8_t(b & 0xFF)), w.data.push_back(uint8_t(b >> 8));
-      }
-      return w;
-    }
-    w.data = random_bytes(f == WeightFormat::kFp8Block ? rows * cols : rows * cols / 2);
-    if (f == WeightFormat::kFp8Block) {
-      for (uint8_t& c : w.data) c = (c & 0x7F) == 0x7F ? uint8_t(c - 1) : c;  // no NaN codes
-    }
-    w.scale.resize(size_t(w.host().scale_bytes()));
-    for (uint8_t& e : w.scale) e = uint8_t(randint(e_lo, e_hi));
-    return w;
+    return random_host_weights(static_cast<RandomInputs&>(*this), f, rows, cols, br, bc, e_lo,
+                               e_hi);
   }
 
   // Runs the kernel on (x, w) with y0 as the initial y (poison unless accumulating); returns y.

@@ -21,6 +21,7 @@
 
 #include "backend_test_util.h"
 #include "core/dtype.h"
+#include "host_weights.h"
 #include "kernels/cuda/decode_gemv_a8.cuh"
 #include "kernels/linear.h"
 #include "kernels/quant.h"
@@ -35,19 +36,6 @@ using kernels::WeightView;
 
 constexpr double kEpsTc = 0x1p-10;
 
-struct HostWeights {
-  int64_t rows = 0, cols = 0;
-  int32_t br = 32, bc = 32;
-  std::vector<uint8_t> data, scale;
-  WeightView view(const void* d, const uint8_t* s) const {
-    WeightView v;
-    v.data = d, v.scale = s, v.format = WeightFormat::kFp8Block, v.block_rows = br;
-    v.block_cols = bc, v.rows = rows, v.cols = cols;
-    return v;
-  }
-  WeightView host() const { return view(data.data(), scale.data()); }
-};
-
 // Every test runs on both tensor-core paths (kc::A8Path).
 class BackendCudaDecodeGemvA8 : public CudaKernelTest,
                                 public ::testing::WithParamInterface<kc::A8Path> {
@@ -55,13 +43,8 @@ class BackendCudaDecodeGemvA8 : public CudaKernelTest,
   cudaStream_t stream() { return static_cast<cudaStream_t>(cuda().stream(0).handle); }
 
   HostWeights make_weights(int64_t rows, int64_t cols, int32_t br, int32_t bc) {
-    HostWeights w;
-    w.rows = rows, w.cols = cols, w.br = br, w.bc = bc;
-    w.data = random_bytes(rows * cols);
-    for (uint8_t& c : w.data) c = (c & 0x7F) == 0x7F ? uint8_t(c - 1) : c;  // no NaN codes
-    w.scale.resize(size_t(w.host().scale_bytes()));
-    for (uint8_t& e : w.scale) e = uint8_t(randint(117, 123));
-    return w;
+    return random_host_weights(static_cast<RandomInputs&>(*this), WeightFormat::kFp8Block, rows,
+                               cols, br, bc);
   }
 
   // Packed activation rows of the CPU codec, stride ldq.

@@ -43,23 +43,7 @@ class BackendCudaGemmWgmma : public CudaKernelTest {
   cudaStream_t stream() { return static_cast<cudaStream_t>(cuda().stream(0).handle); }
 
   HostWeights make_weights(WeightFormat f, int64_t rows, int64_t cols) {
-    HostWeights w;
-    w.format = f, w.rows = rows, w.cols = cols;
-    if (f == WeightFormat::kBF16) {
-      for (const float v : normal(rows * cols, 0.05)) {
-        const uint16_t b = f32_to_bf16(v);
-        w.data.push_back(uint8_t(b & 0xFF)), w.data.push_back(uint8_t(b >> 8));
-      }
-      return w;
-    }
-    if (f == WeightFormat::kFp8Block) w.br = w.bc = 32;
-    w.data = random_bytes(f == WeightFormat::kFp8Block ? rows * cols : rows * cols / 2);
-    if (f == WeightFormat::kFp8Block) {
-      for (uint8_t& c : w.data) c = (c & 0x7F) == 0x7F ? uint8_t(c - 1) : c;  // no NaN codes
-    }
-    w.scale.resize(size_t(w.host().scale_bytes()));
-    for (uint8_t& e : w.scale) e = uint8_t(randint(117, 123));
-    return w;
+    return random_host_weights(static_cast<RandomInputs&>(*this), f, rows, cols);
   }
 
   // x [m, k + pad] -> y [m, n + pad] through the staging kernels and the GEMM; y starts as y0
