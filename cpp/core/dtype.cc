@@ -77,44 +77,49 @@ int64_t bytes_for(DType dtype, int64_t numel) {
 
 namespace {
 
-uint16_t load_u16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
+// Checks a conversion's arguments; false when it has no elements (the pointers may then be null).
+bool has_elements(int64_t n, const void* src, const void* dst) {
+  DSV41RT_CHECK(n >= 0, "negative element count ", n);
+  if (n == 0) return false;
+  DSV41RT_CHECK(src != nullptr && dst != nullptr, "null pointer");
+  return true;
+}
+
+// A tensor's data may sit at any byte offset of its file (a 1-byte UE8M0 scale before it), so
+// the 16-bit codes are read with memcpy: an unaligned uint16_t load is UB.
+// The conversions are passed as lambdas (a type each, so each loop inlines its own).
+template <typename Code, typename ToF32>
+void decode_each(const void* src, int64_t n, float* dst, ToF32 to_f32) {
+  const auto* s = static_cast<const uint8_t*>(src);
+  for (int64_t i = 0; i < n; ++i) {
+    Code code;
+    std::memcpy(&code, s + sizeof(Code) * i, sizeof(Code));
+    dst[i] = to_f32(code);
+  }
+}
+
+template <typename Code, typename FromF32>
+void encode_each(const float* src, int64_t n, void* dst, FromF32 from_f32) {
+  auto* d = static_cast<Code*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = from_f32(src[i]);
 }
 
 }  // namespace
 
 void decode_to_f32(DType dtype, const void* src, int64_t n, float* dst) {
-  DSV41RT_CHECK(n >= 0, "negative element count ", n);
-  if (n == 0) return;
-  DSV41RT_CHECK(src != nullptr && dst != nullptr, "null pointer");
+  if (!has_elements(n, src, dst)) return;
   switch (dtype) {
     case DType::kF32:
       std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
       return;
-    // A tensor's data may sit at any byte offset of its file (a 1-byte UE8M0 scale before it), so
-    // the 16-bit values are read with memcpy: an unaligned uint16_t load is UB.
-    case DType::kBF16: {
-      const auto* s = static_cast<const uint8_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(load_u16(s + 2 * i));
-      return;
-    }
-    case DType::kF16: {
-      const auto* s = static_cast<const uint8_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(load_u16(s + 2 * i));
-      return;
-    }
-    case DType::kFP8E4M3: {
-      const auto* s = static_cast<const uint8_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = fp8_e4m3_to_f32(s[i]);
-      return;
-    }
-    case DType::kE8M0: {
-      const auto* s = static_cast<const uint8_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = e8m0_to_f32(s[i]);
-      return;
-    }
+    case DType::kBF16:
+      return decode_each<uint16_t>(src, n, dst, [](uint16_t c) { return bf16_to_f32(c); });
+    case DType::kF16:
+      return decode_each<uint16_t>(src, n, dst, [](uint16_t c) { return f16_to_f32(c); });
+    case DType::kFP8E4M3:
+      return decode_each<uint8_t>(src, n, dst, [](uint8_t c) { return fp8_e4m3_to_f32(c); });
+    case DType::kE8M0:
+      return decode_each<uint8_t>(src, n, dst, [](uint8_t c) { return e8m0_to_f32(c); });
     case DType::kFP4E2M1: {
       const auto* s = static_cast<const uint8_t*>(src);
       for (int64_t i = 0; i < n; ++i) {
@@ -136,33 +141,19 @@ void decode_to_f32(DType dtype, const void* src, int64_t n, float* dst) {
 }
 
 void encode_from_f32(DType dtype, const float* src, int64_t n, void* dst) {
-  DSV41RT_CHECK(n >= 0, "negative element count ", n);
-  if (n == 0) return;
-  DSV41RT_CHECK(src != nullptr && dst != nullptr, "null pointer");
+  if (!has_elements(n, src, dst)) return;
   switch (dtype) {
     case DType::kF32:
       std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
       return;
-    case DType::kBF16: {
-      auto* d = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
-      return;
-    }
-    case DType::kF16: {
-      auto* d = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
-      return;
-    }
-    case DType::kFP8E4M3: {
-      auto* d = static_cast<uint8_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_fp8_e4m3(src[i]);
-      return;
-    }
-    case DType::kE8M0: {
-      auto* d = static_cast<uint8_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) d[i] = f32_to_e8m0(src[i]);
-      return;
-    }
+    case DType::kBF16:
+      return encode_each<uint16_t>(src, n, dst, [](float v) { return f32_to_bf16(v); });
+    case DType::kF16:
+      return encode_each<uint16_t>(src, n, dst, [](float v) { return f32_to_f16(v); });
+    case DType::kFP8E4M3:
+      return encode_each<uint8_t>(src, n, dst, [](float v) { return f32_to_fp8_e4m3(v); });
+    case DType::kE8M0:
+      return encode_each<uint8_t>(src, n, dst, [](float v) { return f32_to_e8m0(v); });
     case DType::kFP4E2M1: {
       auto* d = static_cast<uint8_t*>(dst);
       for (int64_t i = 0; i + 1 < n; i += 2) {

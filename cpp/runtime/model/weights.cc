@@ -122,6 +122,23 @@ class Loader {
   std::shared_ptr<const SyntheticManifest> synthetic_;
 };
 
+// A V4 compressor's tensors: `<q>wkv.weight`, `<q>wgate.weight`, `<q>ape` and `<q>norm.weight`.
+void load_compressor(const Loader& L, const std::string& q, Tensor& wkv, Tensor& wgate, Tensor& ape,
+                     Tensor& norm) {
+  wkv = L.load(q + "wkv.weight");
+  wgate = L.load(q + "wgate.weight");
+  ape = L.load(q + "ape");
+  norm = L.load(q + "norm.weight");
+}
+
+// A hyper-connection's mixing parameters: `<name>_fn`, `<name>_base` and `<name>_scale`.
+void load_hyper_connection(const Loader& L, const std::string& name, Tensor& fn, Tensor& base,
+                           Tensor& scale) {
+  fn = L.load(name + "_fn");
+  base = L.load(name + "_base");
+  scale = L.load(name + "_scale");
+}
+
 void load_attention(const Loader& L, const LayerPlan& layer, const std::string& p,
                     AttentionWeights& w) {
   w.wq_a = L.load(p + "attn.wq_a.weight");
@@ -140,18 +157,11 @@ void load_attention(const Loader& L, const LayerPlan& layer, const std::string& 
     w.idx_k_norm = L.load(p + "attn.indexer.k_norm.weight");
   }
   if (layer.role == LayerRole::kCsa || layer.role == LayerRole::kHca) {  // V4
-    const std::string q = p + "attn.compressor.";
-    w.comp_wkv = L.load(q + "wkv.weight");
-    w.comp_wgate = L.load(q + "wgate.weight");
-    w.comp_ape = L.load(q + "ape");
-    w.comp_norm = L.load(q + "norm.weight");
+    load_compressor(L, p + "attn.compressor.", w.comp_wkv, w.comp_wgate, w.comp_ape, w.comp_norm);
   }
   if (layer.role == LayerRole::kCsa) {
-    const std::string q = p + "attn.indexer.compressor.";
-    w.idx_comp_wkv = L.load(q + "wkv.weight");
-    w.idx_comp_wgate = L.load(q + "wgate.weight");
-    w.idx_comp_ape = L.load(q + "ape");
-    w.idx_comp_norm = L.load(q + "norm.weight");
+    load_compressor(L, p + "attn.indexer.compressor.", w.idx_comp_wkv, w.idx_comp_wgate,
+                    w.idx_comp_ape, w.idx_comp_norm);
   }
   if (layer.owns_indexer()) {
     w.idx_wq_b = L.load(p + "attn.indexer.wq_b.weight");
@@ -235,12 +245,8 @@ BlockWeights load_block(const Checkpoint& ck, const Loader& L, const LayerPlan& 
   BlockWeights b;
   b.attn_norm = L.load(p + "attn_norm.weight");
   b.ffn_norm = L.load(p + "ffn_norm.weight");
-  b.hc_attn_fn = L.load(p + "hc_attn_fn");
-  b.hc_attn_base = L.load(p + "hc_attn_base");
-  b.hc_attn_scale = L.load(p + "hc_attn_scale");
-  b.hc_ffn_fn = L.load(p + "hc_ffn_fn");
-  b.hc_ffn_base = L.load(p + "hc_ffn_base");
-  b.hc_ffn_scale = L.load(p + "hc_ffn_scale");
+  load_hyper_connection(L, p + "hc_attn", b.hc_attn_fn, b.hc_attn_base, b.hc_attn_scale);
+  load_hyper_connection(L, p + "hc_ffn", b.hc_ffn_fn, b.hc_ffn_base, b.hc_ffn_scale);
   load_attention(L, layer, p, b.attn);
   load_moe(ck, L, layer, p, b.moe);
   if (layer.engram) b.engram = load_engram(ck, L, p);
@@ -262,9 +268,7 @@ DraftWeights load_drafts(const Checkpoint& ck, const Loader& L, const ModelPlan&
     d.h_proj = L.load(first + "h_proj.weight");
     d.enorm = L.load(first + "enorm.weight");
     d.hnorm = L.load(first + "hnorm.weight");
-    d.hc_head_fn = L.load(first + "hc_head_fn");
-    d.hc_head_base = L.load(first + "hc_head_base");
-    d.hc_head_scale = L.load(first + "hc_head_scale");
+    load_hyper_connection(L, first + "hc_head", d.hc_head_fn, d.hc_head_base, d.hc_head_scale);
     return d;
   }
   d.main_proj = L.load(first + "main_proj.weight");
@@ -311,9 +315,7 @@ ModelWeights load_weights(std::shared_ptr<Checkpoint> checkpoint, const ModelPla
   w.head = L.load("head.weight");
   w.norm = L.load("norm.weight");
   if (!c.is_v41()) {
-    w.hc_head_fn = L.load("hc_head_fn");
-    w.hc_head_base = L.load("hc_head_base");
-    w.hc_head_scale = L.load("hc_head_scale");
+    load_hyper_connection(L, "hc_head", w.hc_head_fn, w.hc_head_base, w.hc_head_scale);
   }
   for (const LayerPlan& layer : plan.layers) {
     w.layers.push_back(load_block(*checkpoint, L, layer));

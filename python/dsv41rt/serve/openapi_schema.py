@@ -105,6 +105,24 @@ def _json(schema: JsonSchema, description: str = "OK") -> JsonSchema:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
+def _json_or_events(description: str, schema: JsonSchema, event: JsonSchema) -> JsonSchema:
+    """An answer that is one JSON object, or server-sent events each described by `event`."""
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": schema}, "text/event-stream": {"schema": event}},
+    }
+
+
+def _text_part(part_type: str) -> JsonSchema:
+    """A text content part (`{"type": <part_type>, "text": ...}`) of a message's content array."""
+    return {
+        "type": "object",
+        "required": ["type", "text"],
+        "additionalProperties": False,
+        "properties": {"type": {"const": part_type}, "text": {"type": "string"}},
+    }
+
+
 def _json_or_stream(schema: JsonSchema, chunk: JsonSchema) -> JsonSchema:
     """A generation: one JSON object, or with `stream: true` server-sent events. Each event (as
     OpenAPI 3.1 describes an event stream: its `schema` is one event) is a `data:` line holding a
@@ -125,10 +143,9 @@ def _json_or_stream(schema: JsonSchema, chunk: JsonSchema) -> JsonSchema:
             }
         },
     }
-    return {
-        "description": "The result (application/json), or the stream of chunks when `stream` is true.",
-        "content": {"application/json": {"schema": schema}, "text/event-stream": {"schema": event}},
-    }
+    return _json_or_events(
+        "The result (application/json), or the stream of chunks when `stream` is true.", schema, event
+    )
 
 
 def _json_or_named_events(schema: JsonSchema, event_error: JsonSchema) -> JsonSchema:
@@ -147,22 +164,14 @@ def _json_or_named_events(schema: JsonSchema, event_error: JsonSchema) -> JsonSc
             },
         },
     }
-    return {
-        "description": "The result (application/json), or its events when `stream` is true.",
-        "content": {"application/json": {"schema": schema}, "text/event-stream": {"schema": event}},
-    }
+    return _json_or_events("The result (application/json), or its events when `stream` is true.", schema, event)
 
 
 def responses_request(api: ServedApi) -> JsonSchema:
     """OpenAI's Responses API as responses_api.py reads it: text and reasoning, stateless, function
     tools (tool_choice auto / none / required / a named function; the history's call items are not
     described here)."""
-    text_part = {
-        "type": "object",
-        "required": ["type", "text"],
-        "additionalProperties": False,
-        "properties": {"type": {"const": "input_text"}, "text": {"type": "string"}},
-    }
+    text_part = _text_part("input_text")
     item = {
         "type": "object",
         "required": ["role", "content"],
@@ -183,7 +192,7 @@ def responses_request(api: ServedApi) -> JsonSchema:
             "instructions": _nullable({"type": "string"}),
             "max_output_tokens": _nullable(_int(1, api.max_tokens_limit)),
             "temperature": _nullable(_num(0.0, 2.0)),
-            "top_p": _nullable({"type": "number", "minimum": FLOAT32_MIN_NORMAL, "maximum": 1.0}),
+            "top_p": _nullable(_num(FLOAT32_MIN_NORMAL, 1.0)),
             "stream": _nullable({"type": "boolean"}),
             "reasoning": _nullable(
                 {
@@ -205,12 +214,7 @@ def responses_request(api: ServedApi) -> JsonSchema:
 def messages_request(api: ServedApi) -> JsonSchema:
     """Anthropic's Messages API as messages_api.py reads it: text, thinking and custom tools
     (tool_choice auto / none; tool_use / tool_result blocks of a history are not described here)."""
-    text_block = {
-        "type": "object",
-        "required": ["type", "text"],
-        "additionalProperties": False,
-        "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-    }
+    text_block = _text_part("text")
     message = {
         "type": "object",
         "required": ["role", "content"],
@@ -232,7 +236,7 @@ def messages_request(api: ServedApi) -> JsonSchema:
             "max_tokens": _int(1, api.max_tokens_limit),
             "system": _nullable({"anyOf": [{"type": "string"}, {"type": "array", "items": text_block}]}),
             "temperature": _nullable(_num(0.0, 1.0)),
-            "top_p": _nullable({"type": "number", "minimum": FLOAT32_MIN_NORMAL, "maximum": 1.0}),
+            "top_p": _nullable(_num(FLOAT32_MIN_NORMAL, 1.0)),
             "top_k": _nullable(_int(-1, 1 << 30)),
             "stop_sequences": _nullable({"type": "array", "items": {"type": "string", "minLength": 1}}),
             "stream": _nullable({"type": "boolean"}),
@@ -289,10 +293,9 @@ COUNT_TOKENS_RESPONSE: JsonSchema = {
 }
 
 
-UNDESCRIBED_OK: JsonSchema = {
-    "description": "OK: JSON, or server-sent events when the request streams (not described here).",
-    "content": {"application/json": {"schema": {}}, "text/event-stream": {"schema": {}}},
-}
+UNDESCRIBED_OK: JsonSchema = _json_or_events(
+    "OK: JSON, or server-sent events when the request streams (not described here).", {}, {}
+)
 
 
 def _nullable(schema: JsonSchema) -> JsonSchema:
@@ -335,7 +338,7 @@ def _sampling_fields(api: ServedApi) -> JsonSchema:
         "max_tokens": _nullable(_int(1, api.max_tokens_limit)),
         "temperature": _nullable(_num(0.0, 2.0)),
         # top_p is used as a 32-bit float and must be > 0 there (1e-50 is a 400): from float32's smallest normal
-        "top_p": _nullable({"type": "number", "minimum": FLOAT32_MIN_NORMAL, "maximum": 1.0}),
+        "top_p": _nullable(_num(FLOAT32_MIN_NORMAL, 1.0)),
         "top_k": _nullable(_int(-1, 1 << 30)),
         "min_p": _nullable(_num(0.0, 1.0)),
         "presence_penalty": _nullable(_num(-2.0, 2.0)),
@@ -393,15 +396,7 @@ MESSAGE: JsonSchema = {
         "content": {
             "anyOf": [
                 {"type": "string"},
-                {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["type", "text"],
-                        "additionalProperties": False,
-                        "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-                    },
-                },
+                {"type": "array", "items": _text_part("text")},
             ]
         },
         "name": {"type": ["string", "null"]},
@@ -412,6 +407,10 @@ MESSAGE: JsonSchema = {
     },
 }
 
+_FUNCTION_FIELDS: JsonSchema = {
+    "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+    "description": {"type": "string"},
+}
 TOOL: JsonSchema = {
     "type": "object",
     "required": ["type", "function"],
@@ -422,19 +421,11 @@ TOOL: JsonSchema = {
             "type": "object",
             "required": ["name"],
             "additionalProperties": False,
-            "properties": {
-                "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
-                "description": {"type": "string"},
-                "parameters": {"type": "object"},
-            },
+            "properties": {**_FUNCTION_FIELDS, "parameters": {"type": "object"}},
         },
     },
 }
 
-_FUNCTION_FIELDS: JsonSchema = {
-    "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
-    "description": {"type": "string"},
-}
 RESPONSES_TOOL: JsonSchema = {
     "type": "object",
     "required": ["type", "name"],
