@@ -1,7 +1,7 @@
 // Shared pieces of the kernel micro-benchmarks (bench/kernels/*_bench.cu): the CUDA error check,
-// deterministic operand fills, the median, graph timing with events and the device-to-device copy
-// bandwidth (the decode roofline's denominator). Header-only; each benchmark is one translation
-// unit, so everything here has internal linkage.
+// deterministic operand fills (hash-based bytes, codes, scales), the median, graph timing with
+// events and the device-to-device copy bandwidth (the decode roofline's denominator). Header-only;
+// each benchmark is one translation unit, so everything here has internal linkage.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -33,6 +33,25 @@ __global__ void fill_codes(uint8_t* p, int64_t n, uint32_t seed, int fmt) {
     uint8_t b = uint8_t(h);
     if (fmt == 1 && (b & 0x7F) == 0x7F) b = 0x3F;
     if (fmt == 0 && (i & 1)) b = uint8_t(0x3C | (b & 0x80));  // BF16 high byte: |v| ~ 2^-7
+    p[i] = b;
+  }
+}
+
+// SplitMix64 of (i, seed): the fills' random bits, the same on every device and run.
+__device__ uint32_t hash(uint64_t i, uint32_t seed) {
+  uint64_t z = i * 0x9E3779B97F4A7C15ull + seed;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return uint32_t(z ^ (z >> 31));
+}
+
+// kind 0: random bytes; 1: E4M3 codes without NaN; 2: UE8M0 codes in [lo, lo + 6].
+__global__ void fill_bytes(uint8_t* p, int64_t n, uint32_t seed, int kind, int lo) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint8_t b = uint8_t(hash(uint64_t(i), seed));
+    if (kind == 1 && (b & 0x7F) == 0x7F) b ^= 1;
+    if (kind == 2) b = uint8_t(lo + b % 7);
     p[i] = b;
   }
 }

@@ -18,43 +18,17 @@
 #include <set>
 #include <vector>
 
+#include "bench_util.cuh"
 #include "kernels/cuda/moe_decode.cuh"
 
 namespace kc = dsv41rt::kernels::cuda;
 using dsv41rt::kernels::WeightFormat;
 using dsv41rt::kernels::WeightView;
 
-#define CHECK(x)                                                                                   \
-  do {                                                                                             \
-    const cudaError_t e_ = (x);                                                                    \
-    if (e_ != cudaSuccess) {                                                                       \
-      std::printf("CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #x); \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
-
 namespace {
 
 constexpr int64_t kE = 32, kK = 6, kH = 5120, kI = 2304, kIs = 2304;
 constexpr int kCalls = 10, kCopies = 2;
-
-__device__ uint32_t hash(uint64_t i, uint32_t seed) {
-  uint64_t z = i * 0x9E3779B97F4A7C15ull + seed;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return uint32_t(z ^ (z >> 31));
-}
-
-// kind 0: random codes; 1: FP8 codes without NaN; 2: UE8M0 scales in [lo, lo + 6].
-__global__ void fill_bytes(uint8_t* p, int64_t n, uint32_t seed, int kind, int lo) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    uint8_t b = uint8_t(hash(uint64_t(i), seed));
-    if (kind == 1 && (b & 0x7F) == 0x7F) b ^= 1;
-    if (kind == 2) b = uint8_t(lo + b % 7);
-    p[i] = b;
-  }
-}
 
 __global__ void fill_floats(float* p, int64_t n, uint32_t seed) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;

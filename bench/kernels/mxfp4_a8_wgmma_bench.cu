@@ -39,6 +39,7 @@
 #include <random>
 #include <vector>
 
+#include "bench_util.cuh"
 #include "core/dtype.h"
 #include "kernels/cuda/tma.cuh"
 
@@ -46,15 +47,6 @@ namespace tma = dsv41rt::kernels::cuda::tma;
 using dsv41rt::e8m0_to_f32;
 using dsv41rt::fp4_e2m1_to_f32;
 using dsv41rt::fp8_e4m3_to_f32;
-
-#define CHECK(x)                                                                                   \
-  do {                                                                                             \
-    const cudaError_t e_ = (x);                                                                    \
-    if (e_ != cudaSuccess) {                                                                       \
-      std::printf("CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #x); \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
 
 namespace {
 
@@ -456,22 +448,6 @@ void launch(const Params& p, const CUtensorMap& m0, const CUtensorMap& m1, int m
 
 // ---- host side ------------------------------------------------------------------------------
 
-__device__ uint32_t hash(uint64_t i, uint32_t seed) {
-  uint64_t z = i * 0x9E3779B97F4A7C15ull + seed;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return uint32_t(z ^ (z >> 31));
-}
-// kind 0: random bytes; 1: E4M3 codes without NaN; 2: UE8M0 codes in [lo, lo + 6].
-__global__ void fill_bytes(uint8_t* p, int64_t n, uint32_t seed, int kind, int lo) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    uint8_t b = uint8_t(hash(uint64_t(i), seed));
-    if (kind == 1 && (b & 0x7F) == 0x7F) b ^= 1;
-    if (kind == 2) b = uint8_t(lo + b % 7);
-    p[i] = b;
-  }
-}
 // Packed activation rows: k E4M3 codes then k / 32 scale codes in [120, 126].
 __global__ void fill_act_rows(uint8_t* p, int64_t rows, int k, int64_t ldq, uint32_t seed) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * ldq;
