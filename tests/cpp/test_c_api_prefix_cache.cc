@@ -30,6 +30,24 @@ std::vector<int32_t> prompt23() {
   return prompt;
 }
 
+// Submits `prompt` for 4 new tokens (EOS ignored) and waits until it finishes; its tokens.
+std::vector<int32_t> generate(dsv41rt_runtime* rt, const std::vector<int32_t>& prompt) {
+  dsv41rt_request_params rp;
+  dsv41rt_request_default_params(&rp);
+  rp.max_new_tokens = 4;
+  rp.ignore_eos = 1;
+  int64_t id = 0;
+  EXPECT_EQ(dsv41rt_submit(rt, prompt.data(), prompt.size(), &rp, &id), DSV41RT_OK);
+  std::vector<int32_t> tokens;
+  for (int done = 0; !done;) {
+    int32_t buf[8];
+    size_t n = 0;
+    EXPECT_EQ(dsv41rt_wait(rt, id, -1, buf, 8, &n, &done), DSV41RT_OK);
+    tokens.insert(tokens.end(), buf, buf + n);
+  }
+  return tokens;
+}
+
 // Runs `prompt` to completion `times` times in turn (resetting the prefix cache between runs when
 // `reset`); the tokens of each run. `counters`: the prefix cache's queries and hits at the end.
 std::vector<std::vector<int32_t>> run(const dsv41rt_runtime_params& p,
@@ -40,25 +58,11 @@ std::vector<std::vector<int32_t>> run(const dsv41rt_runtime_params& p,
       << dsv41rt_last_error(nullptr);
   std::vector<std::vector<int32_t>> out;
   if (!rt) return out;
-  dsv41rt_request_params rp;
-  dsv41rt_request_default_params(&rp);
-  rp.max_new_tokens = 4;
-  rp.ignore_eos = 1;
   for (int i = 0; i < times; ++i) {
     if (reset && i > 0) {
       EXPECT_EQ(dsv41rt_reset_prefix_cache(rt), DSV41RT_OK);
     }
-    int64_t id = 0;
-    EXPECT_EQ(dsv41rt_submit(rt, prompt.data(), prompt.size(), &rp, &id), DSV41RT_OK);
-    std::vector<int32_t> tokens;
-    int done = 0;
-    while (!done) {
-      int32_t buf[8];
-      size_t n = 0;
-      EXPECT_EQ(dsv41rt_wait(rt, id, -1, buf, 8, &n, &done), DSV41RT_OK);
-      tokens.insert(tokens.end(), buf, buf + n);
-    }
-    out.push_back(tokens);
+    out.push_back(generate(rt, prompt));
   }
   dsv41rt_stats st;
   dsv41rt_stats_init(&st);
@@ -144,22 +148,7 @@ std::vector<std::vector<int32_t>> run_prompts(const dsv41rt_runtime_params& p,
       << dsv41rt_last_error(nullptr);
   std::vector<std::vector<int32_t>> out;
   if (!rt) return out;
-  dsv41rt_request_params rp;
-  dsv41rt_request_default_params(&rp);
-  rp.max_new_tokens = 4;
-  rp.ignore_eos = 1;
-  for (const std::vector<int32_t>& prompt : prompts) {
-    int64_t id = 0;
-    EXPECT_EQ(dsv41rt_submit(rt, prompt.data(), prompt.size(), &rp, &id), DSV41RT_OK);
-    std::vector<int32_t> tokens;
-    for (int done = 0; !done;) {
-      int32_t buf[8];
-      size_t n = 0;
-      EXPECT_EQ(dsv41rt_wait(rt, id, -1, buf, 8, &n, &done), DSV41RT_OK);
-      tokens.insert(tokens.end(), buf, buf + n);
-    }
-    out.push_back(tokens);
-  }
+  for (const std::vector<int32_t>& prompt : prompts) out.push_back(generate(rt, prompt));
   dsv41rt_stats_init(&st);
   EXPECT_EQ(dsv41rt_get_stats(rt, &st), DSV41RT_OK);
   EXPECT_EQ(dsv41rt_runtime_destroy(rt), DSV41RT_OK);

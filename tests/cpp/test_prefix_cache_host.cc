@@ -74,11 +74,28 @@ void scribble(KvPool& pool) {  // so restored bytes can only have come from the 
   for (int32_t s = 0; s < pool.slot_count(); ++s) fill(pool.slot_data(s), kSlotBytes, 98);
 }
 
+// A pool of `pages` pages (4 snapshot slots) with real bytes, a prefix cache over it whose host
+// tier may hold 1 MiB, and the prefix `publish` puts in it.
+struct PublishedOnPool {
+  explicit PublishedOnPool(int64_t pages)
+      : pool(PoolGeometry{kPage, kPageBytes, kSlotBytes}, pages, 4),
+        copy(pool),
+        cache(pool, 1 << 20, &copy),
+        p(publish(pool, cache)) {}
+  KvPool pool;
+  PoolHostCopy copy;
+  PrefixCache cache;
+  const Published p;
+};
+
+void expect_no_pages_or_slots_used(const KvPool& pool) {
+  EXPECT_EQ(pool.usage().pages_used, 0);
+  EXPECT_EQ(pool.usage().slots_used, 0);
+}
+
 TEST(PrefixCacheHostTier, EvictedPagesComeBackFromTheHostBitwise) {
-  KvPool pool(PoolGeometry{kPage, kPageBytes, kSlotBytes}, 8, 4);
-  PoolHostCopy copy(pool);
-  PrefixCache cache(pool, 1 << 20, &copy);
-  const Published p = publish(pool, cache);
+  PublishedOnPool setup(8);
+  auto& [pool, copy, cache, p] = setup;
   for (int i = 0; i < 3; ++i) {
     EXPECT_TRUE(cache.evict_page());
     check(pool, cache);
@@ -91,8 +108,7 @@ TEST(PrefixCacheHostTier, EvictedPagesComeBackFromTheHostBitwise) {
   EXPECT_EQ(s.host_snapshots, 2);
   EXPECT_EQ(s.offloaded_pages, 3);
   EXPECT_EQ(s.host_bytes, 3 * kPageBytes + 2 * kSlotBytes);
-  EXPECT_EQ(pool.usage().pages_used, 0);
-  EXPECT_EQ(pool.usage().slots_used, 0);
+  expect_no_pages_or_slots_used(pool);
   scribble(pool);
 
   const PrefixHit hit = cache.lookup(p.tokens, 12);
@@ -111,15 +127,12 @@ TEST(PrefixCacheHostTier, EvictedPagesComeBackFromTheHostBitwise) {
   EXPECT_EQ(cache.lookup(p.tokens, 11).tokens, 8);
   cache.reset();
   check(pool, cache);
-  EXPECT_EQ(pool.usage().pages_used, 0);
-  EXPECT_EQ(pool.usage().slots_used, 0);
+  expect_no_pages_or_slots_used(pool);
 }
 
 TEST(PrefixCacheHostTier, AHitStopsWhereThePoolHasNoMorePages) {
-  KvPool pool(PoolGeometry{kPage, kPageBytes, kSlotBytes}, 4, 4);
-  PoolHostCopy copy(pool);
-  PrefixCache cache(pool, 1 << 20, &copy);
-  const Published p = publish(pool, cache);
+  PublishedOnPool setup(4);
+  auto& [pool, copy, cache, p] = setup;
   while (cache.evict_page()) check(pool, cache);
   std::vector<int32_t> held;  // another request holds two of the four pages
   ASSERT_TRUE(pool.ensure_pages(held, 2 * kPage));
@@ -144,10 +157,8 @@ TEST(PrefixCacheHostTier, AHitStopsWhereThePoolHasNoMorePages) {
 }
 
 TEST(PrefixCacheHostTier, RestoringEvictsOtherPagesNeverThePathsOwn) {
-  KvPool pool(PoolGeometry{kPage, kPageBytes, kSlotBytes}, 4, 4);
-  PoolHostCopy copy(pool);
-  PrefixCache cache(pool, 1 << 20, &copy);
-  const Published p = publish(pool, cache);
+  PublishedOnPool setup(4);
+  auto& [pool, copy, cache, p] = setup;
   while (cache.evict_page()) check(pool, cache);
   // Another prefix takes three of the four pages and ends; bringing p back must push its two
   // deeper blocks out to the host (its first block is an ancestor of theirs: it goes last).
@@ -218,15 +229,12 @@ TEST(PrefixCacheHostTier, TheBudgetDropsLeastRecentlyUsedSubtreesAndOversizeEntr
   small.reset();
   EXPECT_EQ(small.stats().host_pages, 0);
   EXPECT_EQ(small.stats().host_bytes, 0);
-  EXPECT_EQ(pool.usage().pages_used, 0);
-  EXPECT_EQ(pool.usage().slots_used, 0);
+  expect_no_pages_or_slots_used(pool);
 }
 
 TEST(PrefixCacheHostTier, APublisherTakesANodeOnHostBackWithItsOwnPage) {
-  KvPool pool(PoolGeometry{kPage, kPageBytes, kSlotBytes}, 8, 4);
-  PoolHostCopy copy(pool);
-  PrefixCache cache(pool, 1 << 20, &copy);
-  const Published p = publish(pool, cache);
+  PublishedOnPool setup(8);
+  auto& [pool, copy, cache, p] = setup;
   while (cache.evict_page()) check(pool, cache);
   // A request that computed the same blocks itself publishes at 8 (a fresh snapshot).
   std::vector<int32_t> pages;
@@ -244,15 +252,12 @@ TEST(PrefixCacheHostTier, APublisherTakesANodeOnHostBackWithItsOwnPage) {
   EXPECT_EQ(hit.tokens, 12);
   EXPECT_EQ(bytes_of(pool.slot_data(hit.snapshot_slot), kSlotBytes), p.snap12);
   cache.reset();
-  EXPECT_EQ(pool.usage().pages_used, 0);
-  EXPECT_EQ(pool.usage().slots_used, 0);
+  expect_no_pages_or_slots_used(pool);
 }
 
 TEST(PrefixCacheHostTier, SnapshotsEvictedAloneComeBackFromTheHost) {
-  KvPool pool(PoolGeometry{kPage, kPageBytes, kSlotBytes}, 8, 4);
-  PoolHostCopy copy(pool);
-  PrefixCache cache(pool, 1 << 20, &copy);
-  const Published p = publish(pool, cache);
+  PublishedOnPool setup(8);
+  auto& [pool, copy, cache, p] = setup;
   EXPECT_TRUE(cache.evict_snapshot());  // a slot was needed: the snapshots go to the host
   EXPECT_TRUE(cache.evict_snapshot());
   EXPECT_FALSE(cache.evict_snapshot());
@@ -303,8 +308,7 @@ TEST(PrefixCacheHostTier, SnapshotsEvictedAloneComeBackFromTheHost) {
   pool.free_pages(pages);
   cache.reset();
   check(pool, cache);
-  EXPECT_EQ(pool.usage().pages_used, 0);
-  EXPECT_EQ(pool.usage().slots_used, 0);
+  expect_no_pages_or_slots_used(pool);
   EXPECT_EQ(cache.stats().host_bytes, 0);
 }
 
@@ -322,8 +326,7 @@ TEST(PrefixCacheHostTier, ResetEmptiesTheHostAndNegativeBudgetsAreErrors) {
   EXPECT_EQ(cache.stats().host_pages, 0);
   EXPECT_EQ(cache.stats().host_bytes, 0);
   EXPECT_EQ(cache.lookup(p.tokens, 12).tokens, 0);
-  EXPECT_EQ(pool.usage().pages_used, 0);
-  EXPECT_EQ(pool.usage().slots_used, 0);
+  expect_no_pages_or_slots_used(pool);
 }
 
 }  // namespace
