@@ -53,8 +53,8 @@ class DSV41RT_API PrefillCapModel {
   int64_t decode_seen_at_ = 0;          ///< steps_ when decode_s_ was last measured
   double prefill_token_s_ = 0;          ///< seconds one prefill token adds (0: none measured)
   bool prefill_beside_decode_ = false;  ///< prefill_token_s_ comes from steps that also decoded
-  int64_t last_cap_ = 0;                ///< the cap of the last step with decodes and prefill
-  int64_t steps_ = 0;                   ///< steps observed
+  int64_t last_cap_ = 0;  ///< prefill tokens of the last step that ran them beside decodes
+  int64_t steps_ = 0;     ///< steps observed
 };
 
 }  // namespace dsv41rt::engine
